@@ -1,0 +1,1 @@
+//! Comparison benchmarks live in `benches/`.

@@ -1,0 +1,292 @@
+//! Streaming loops of the fast CPU path, written so the compiler vectorises them, and
+//! compiled three times (AVX-512, AVX2+FMA, baseline) with a run-time choice.
+//!
+//! None of these loops decides a token on its own: they find maxima, skip blocks that
+//! hold no candidate, and approximate the top-p normaliser; every value that decides a
+//! token is recomputed exactly by [`crate::pipeline`] functions.
+
+const LANES: usize = 16;
+
+/// `exp(x)` for `x <= 0` (`-inf` gives 0) with a relative error of a few 1e-7, as plain
+/// arithmetic that vectorises. Only used for the bulk of a top-p normaliser.
+#[inline(always)]
+pub fn exp_nonpos(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_145_75; // few mantissa bits: n * LN2_HI is exact
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let under = !(x > -87.0);
+    let xc = if under { -87.0 } else { x };
+    let tm = xc * LOG2E + MAGIC;
+    let n = tm - MAGIC;
+    let ni = tm.to_bits() as i32 - MAGIC.to_bits() as i32;
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let mut p = 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    let scale = f32::from_bits(((ni + 127) << 23) as u32);
+    if under {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+mod body {
+    use super::{exp_nonpos, LANES};
+
+    #[inline(always)]
+    pub fn max_nonfinite(z: &[f32]) -> (f32, u64) {
+        let mut m = [f32::NEG_INFINITY; LANES];
+        let mut bad = [0u32; LANES];
+        let chunks = z.chunks_exact(LANES);
+        let rem = chunks.remainder();
+        for c in chunks {
+            for j in 0..LANES {
+                let x = c[j];
+                m[j] = if x > m[j] { x } else { m[j] };
+                bad[j] += u32::from(!(x < f32::INFINITY));
+            }
+        }
+        let mut mm = f32::NEG_INFINITY;
+        let mut nb = 0u64;
+        for j in 0..LANES {
+            mm = if m[j] > mm { m[j] } else { mm };
+            nb += u64::from(bad[j]);
+        }
+        for &x in rem {
+            mm = if x > mm { x } else { mm };
+            nb += u64::from(!(x < f32::INFINITY));
+        }
+        (mm, nb)
+    }
+
+    #[inline(always)]
+    pub fn max(z: &[f32]) -> f32 {
+        let mut m = [f32::NEG_INFINITY; LANES];
+        let chunks = z.chunks_exact(LANES);
+        let rem = chunks.remainder();
+        for c in chunks {
+            for j in 0..LANES {
+                m[j] = if c[j] > m[j] { c[j] } else { m[j] };
+            }
+        }
+        let mut mm = rem
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
+        for v in m {
+            mm = if v > mm { v } else { mm };
+        }
+        mm
+    }
+
+    #[inline(always)]
+    pub fn collect_ge(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) {
+        let chunks = z.chunks_exact(LANES);
+        let rem_start = z.len() - chunks.remainder().len();
+        for (ci, c) in chunks.enumerate() {
+            let mut any = false;
+            for &x in c {
+                any |= x >= thr;
+            }
+            if any {
+                for (j, &x) in c.iter().enumerate() {
+                    if x >= thr {
+                        out.push((base + (ci * LANES + j) as u32, x));
+                    }
+                }
+            }
+        }
+        for (j, &x) in z[rem_start..].iter().enumerate() {
+            if x >= thr {
+                out.push((base + (rem_start + j) as u32, x));
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub fn exp_sum(z: &[f32], zmax: f32, scale: f32) -> f64 {
+        let mut acc = [0f32; LANES];
+        let chunks = z.chunks_exact(LANES);
+        let rem = chunks.remainder();
+        let mut total = 0f64;
+        for (ci, c) in chunks.enumerate() {
+            for j in 0..LANES {
+                acc[j] += exp_nonpos((c[j] - zmax) * scale);
+            }
+            if ci % 64 == 63 {
+                total += acc.iter().map(|&a| f64::from(a)).sum::<f64>();
+                acc = [0f32; LANES];
+            }
+        }
+        total += acc.iter().map(|&a| f64::from(a)).sum::<f64>();
+        total
+            + rem
+                .iter()
+                .map(|&x| f64::from(exp_nonpos((x - zmax) * scale)))
+                .sum::<f64>()
+    }
+
+    #[inline(always)]
+    pub fn count_rank(z: &[f32], v: f32, idx: usize) -> u64 {
+        // number of values > v, plus values == v at a smaller index
+        let mut gt = [0u32; LANES];
+        let chunks = z.chunks_exact(LANES);
+        let rem_start = z.len() - chunks.remainder().len();
+        for c in chunks {
+            for j in 0..LANES {
+                gt[j] += u32::from(c[j] > v);
+            }
+        }
+        let mut n: u64 = gt.iter().map(|&g| u64::from(g)).sum();
+        n += z[rem_start..].iter().filter(|&&x| x > v).count() as u64;
+        n + z[..idx].iter().filter(|&&x| x == v).count() as u64
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Level {
+    Avx512,
+    Avx2,
+    Base,
+}
+
+fn level() -> Level {
+    use std::sync::OnceLock;
+    static L: OnceLock<Level> = OnceLock::new();
+    *L.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::is_x86_feature_detected!("fma")
+            {
+                return Level::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return Level::Avx2;
+            }
+        }
+        Level::Base
+    })
+}
+
+/// The instruction set the kernels run with on this machine.
+pub fn isa() -> &'static str {
+    match level() {
+        Level::Avx512 => "avx512",
+        Level::Avx2 => "avx2",
+        Level::Base => "baseline",
+    }
+}
+
+macro_rules! dispatch {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident : $ty:ty),*) -> $ret:ty;) => {
+        $(#[$doc])*
+        pub fn $name($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                unsafe fn wide($($arg: $ty),*) -> $ret {
+                    body::$name($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) -> $ret {
+                    body::$name($($arg),*)
+                }
+                match level() {
+                    // SAFETY: `level()` detected AVX-512 F/BW/VL and FMA on this CPU.
+                    Level::Avx512 => return unsafe { wide($($arg),*) },
+                    // SAFETY: `level()` detected AVX2 and FMA on this CPU.
+                    Level::Avx2 => return unsafe { avx2($($arg),*) },
+                    Level::Base => {}
+                }
+            }
+            body::$name($($arg),*)
+        }
+    };
+}
+
+dispatch! {
+    /// The maximum of `z` and the number of NaN or `+inf` values (the max is meaningless
+    /// when that number is not 0).
+    pub fn max_nonfinite(z: &[f32]) -> (f32, u64);
+}
+dispatch! {
+    /// The maximum of `z`: the streaming pass that defines the benchmarks' memory floor.
+    pub fn max(z: &[f32]) -> f32;
+}
+dispatch! {
+    /// Appends `(base + i, z[i])` for every `z[i] >= thr`, skipping 16-wide blocks with none.
+    pub fn collect_ge(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) -> ();
+}
+dispatch! {
+    /// `sum(exp((z - zmax) * scale))` in f32 lanes gathered in f64 (approximate).
+    pub fn exp_sum(z: &[f32], zmax: f32, scale: f32) -> f64;
+}
+dispatch! {
+    /// How many values are ordered before `z[idx] == v` (greater, or equal at a smaller index).
+    pub fn count_rank(z: &[f32], v: f32, idx: usize) -> u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_accurate() {
+        let mut x = 0.0f32;
+        while x > -90.0 {
+            let a = exp_nonpos(x);
+            let b = f64::from(x).exp();
+            if b > 1e-37 {
+                assert!(((f64::from(a) - b) / b).abs() < 5e-7, "x={x}: {a} vs {b}");
+            }
+            x -= 0.013_7;
+        }
+        assert_eq!(exp_nonpos(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_nonpos(0.0), 1.0);
+    }
+
+    #[test]
+    fn kernels_agree_with_scalar() {
+        let z: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 1000) as f32 * 0.01 - 3.0)
+            .collect();
+        let (m, bad) = max_nonfinite(&z);
+        assert_eq!(m, z.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+        assert_eq!(max(&z), m);
+        assert_eq!(bad, 0);
+        let mut w = z.clone();
+        w[3] = f32::NAN;
+        w[999] = f32::INFINITY;
+        assert_eq!(max_nonfinite(&w).1, 2);
+        let mut out = Vec::new();
+        collect_ge(&z, 10, 6.0, &mut out);
+        let want: Vec<(u32, f32)> = z
+            .iter()
+            .enumerate()
+            .filter(|(_, &v)| v >= 6.0)
+            .map(|(i, &v)| (i as u32 + 10, v))
+            .collect();
+        assert_eq!(out, want);
+        let s = exp_sum(&z, m, 1.0);
+        let s_ref: f64 = z.iter().map(|&v| f64::from(v - m).exp()).sum();
+        assert!((s - s_ref).abs() / s_ref < 1e-6);
+        let v = z[500];
+        let r = count_rank(&z, v, 500);
+        let r_ref = z
+            .iter()
+            .enumerate()
+            .filter(|&(i, &x)| x > v || (x == v && i < 500))
+            .count();
+        assert_eq!(r as usize, r_ref);
+    }
+}

@@ -1,0 +1,415 @@
+//! The fast CPU sampler: O(V) streaming passes, no sort of the vocabulary, noise only for
+//! tokens that can still win, rows in parallel with rayon.
+//!
+//! How a row is drawn:
+//! 1. one pass finds `max(z)` and counts non-finite logits (bias and penalties touch only
+//!    a few tokens, applied on a copy when present);
+//! 2. the kept set is found among a small candidate list gathered by a skipping pass:
+//!    top-k by adaptive-threshold selection; top-p (without top-k) by one pass that also
+//!    accumulates the normaliser; min-p by its threshold; no filter by the Gumbel bound;
+//! 3. each candidate is divided by the temperature exactly, the filters are applied with
+//!    the shared [`crate::pipeline`] functions, and the Gumbel draw skips every token
+//!    whose best possible noise cannot reach the current leader.
+
+pub mod kernels;
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use crate::backend::Backend;
+use crate::error::{Error, Result, RowError};
+use crate::logits::{Logits, LogitsData};
+use crate::params::{LogprobsMode, Request};
+use crate::philox::{self, gumbel_bucket_bounds, GUMBEL_MAX_BOUND};
+use crate::pipeline::{self as pl, RowResult, Sample, TokenLogprobs};
+
+/// Block size of the streaming passes (fits in L1 with room to spare).
+const BLOCK: usize = 4096;
+
+/// The fast CPU sampler.
+#[derive(Debug)]
+pub struct CpuSampler {
+    pool: Option<rayon::ThreadPool>,
+    threads: usize,
+}
+
+impl Default for CpuSampler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuSampler {
+    /// A sampler on rayon's global pool (one thread per core).
+    pub fn new() -> Self {
+        Self {
+            pool: None,
+            threads: rayon::current_num_threads(),
+        }
+    }
+
+    /// A sampler with its own pool of `threads` threads (rows are spread over them).
+    pub fn with_threads(threads: usize) -> Result<Self> {
+        if threads == 0 {
+            return Err(Error::Shape("threads must be >= 1".into()));
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| Error::Shape(format!("cannot build a thread pool: {e}")))?;
+        Ok(Self {
+            pool: Some(pool),
+            threads,
+        })
+    }
+
+    /// Number of threads rows are spread over.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        match &self.pool {
+            Some(p) => p.install(f),
+            None => f(),
+        }
+    }
+}
+
+impl Backend for CpuSampler {
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
+        pl::validate_call(logits.rows(), logits.vocab(), requests)?;
+        Ok(self.run(|| {
+            requests
+                .par_iter()
+                .enumerate()
+                .with_min_len(1)
+                .map(|(r, req)| match logits.data() {
+                    LogitsData::F32(_) => {
+                        let x = logits.row_f32(r).expect("f32 batch");
+                        with_scratch(|s| sample_row(x, req, s))
+                    }
+                    _ => with_scratch(|s| {
+                        let mut conv = std::mem::take(&mut s.conv);
+                        logits.row_to_f32(r, &mut conv);
+                        let out = sample_row(&conv, req, s);
+                        s.conv = conv;
+                        out
+                    }),
+                })
+                .collect()
+        }))
+    }
+}
+
+/// Per-thread buffers, reused across rows and calls.
+#[derive(Default)]
+struct Scratch {
+    conv: Vec<f32>,
+    z: Vec<f32>,
+    y: Vec<f32>,
+    cands: Vec<(u32, f32)>,
+    tmp: Vec<(u32, f32)>,
+    q: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
+    SCRATCH.with(|s| f(&mut s.borrow_mut()))
+}
+
+/// Samples one row of f32 logits on the fast path (exposed for the benchmarks).
+pub fn sample_row_f32(x: &[f32], req: &Request) -> RowResult {
+    with_scratch(|s| sample_row(x, req, s))
+}
+
+fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
+    let (xmax, bad) = kernels::max_nonfinite(x);
+    if bad > 0 {
+        return Err(RowError::NonFiniteLogits { count: bad });
+    }
+    let mods = pl::sparse_mods(|t| x[t as usize], req);
+    let mut zbuf = std::mem::take(&mut s.z);
+    let (z, zmax): (&[f32], f32) = if mods.is_empty() {
+        (x, xmax)
+    } else {
+        let bad = mods.iter().filter(|m| !(m.1 < f32::INFINITY)).count() as u64;
+        if bad > 0 {
+            s.z = zbuf;
+            return Err(RowError::NonFiniteLogits { count: bad });
+        }
+        zbuf.clear();
+        zbuf.extend_from_slice(x);
+        for &(t, zt) in &mods {
+            zbuf[t as usize] = zt;
+        }
+        let m = kernels::max(&zbuf);
+        (&zbuf, m)
+    };
+    let out = sample_z(x, z, zmax, req, s);
+    s.z = zbuf;
+    out
+}
+
+fn sample_z(x: &[f32], z: &[f32], zmax: f32, req: &Request, s: &mut Scratch) -> RowResult {
+    let p = &req.params;
+    let v = z.len();
+    if zmax == f32::NEG_INFINITY {
+        return Err(RowError::NoCandidate);
+    }
+    let t = p.temperature;
+    if pl::is_greedy(t, zmax) {
+        let token = z.iter().position(|&zi| zi == zmax).expect("max exists") as u32;
+        let lp = p.logprobs.map(|n| match p.logprobs_mode {
+            LogprobsMode::Raw => full_logprobs(x, token, n, s),
+            LogprobsMode::Processed => full_logprobs(z, token, n, s),
+        });
+        return Ok(Sample {
+            token,
+            logprobs: lp,
+        });
+    }
+    let ymax = zmax / t;
+    let k = p.top_k as usize;
+    let top_k = k > 0 && k < v;
+    let top_p = p.top_p < 1.0;
+    let tau_m = pl::min_p_threshold(ymax, p.min_p);
+    let mut cands = std::mem::take(&mut s.cands);
+    cands.clear();
+    // Σ of top-p weights over K when it was computed over the whole row.
+    let mut sum_all: Option<f64> = None;
+    let mut unfiltered = false;
+    if top_k {
+        select_top(z, k, t, &mut cands, &mut s.tmp);
+    } else if top_p {
+        sum_all = top_p_candidates(z, zmax, ymax, t, p.top_p, &mut cands, &mut s.q);
+        if sum_all.is_none() {
+            // The nucleus is too wide for the candidate list: take the whole row.
+            cands.clear();
+            cands.extend(z.iter().enumerate().map(|(i, &zi)| (i as u32, zi / t)));
+            let sum = cands.iter().map(|c| f64::from(pl::weight(c.1, ymax))).sum();
+            sum_all = Some(sum);
+        }
+    } else {
+        let thr = if tau_m > f32::NEG_INFINITY {
+            tau_m
+        } else {
+            // No filter: only tokens within reach of the max token's draw can win.
+            unfiltered = true;
+            let i0 = z.iter().position(|&zi| zi == zmax).expect("max exists") as u32;
+            let best0 = ymax + philox::gumbel(req.state.seed, req.state.step, i0);
+            best0 - GUMBEL_MAX_BOUND - 1.0 - best0.abs() * 1e-6
+        };
+        let zl = pl::z_lower_bound(thr, t);
+        for (b, block) in z.chunks(BLOCK).enumerate() {
+            kernels::collect_ge(block, (b * BLOCK) as u32, zl, &mut cands);
+        }
+        for c in cands.iter_mut() {
+            c.1 /= t;
+        }
+    }
+
+    // Stage 7 on the candidates (which hold K, or a superset of P when top-k is off).
+    if top_p {
+        let sum = match sum_all {
+            Some(s) => s,
+            None => cands.iter().map(|c| f64::from(pl::weight(c.1, ymax))).sum(),
+        };
+        let q = &mut s.q;
+        q.clear();
+        q.extend(cands.iter().map(|c| pl::prob(pl::weight(c.1, ymax), sum)));
+        q.sort_unstable_by(|a, b| b.total_cmp(a));
+        let (tau_p, _) = pl::top_p_cut(q.iter().copied(), p.top_p);
+        cands.retain(|c| pl::prob(pl::weight(c.1, ymax), sum) >= tau_p);
+    }
+    // Stage 8.
+    if tau_m > f32::NEG_INFINITY {
+        cands.retain(|c| c.1 >= tau_m);
+    }
+    let token = draw(&cands, req.state.seed, req.state.step);
+    let lp = p.logprobs.map(|n| match p.logprobs_mode {
+        LogprobsMode::Raw => full_logprobs(x, token, n, s),
+        LogprobsMode::Processed if unfiltered => {
+            let mut y = std::mem::take(&mut s.y);
+            y.clear();
+            y.extend(z.iter().map(|&zi| zi / t));
+            let out = full_logprobs(&y, token, n, s);
+            s.y = y;
+            out
+        }
+        LogprobsMode::Processed => subset_logprobs(&cands, token, n, &mut s.tmp),
+    });
+    s.cands = cands;
+    Ok(Sample {
+        token,
+        logprobs: lp,
+    })
+}
+
+/// Gathers into `out` every `(i, y_i)` with `y_i >= τ`, `τ` the k-th largest `y = z / t`
+/// (ties kept): stage 6. `tmp` is scratch.
+fn select_top(z: &[f32], k: usize, t: f32, out: &mut Vec<(u32, f32)>, tmp: &mut Vec<(u32, f32)>) {
+    let cap = (4 * k).max(2048);
+    let mut thr = f32::NEG_INFINITY;
+    out.clear();
+    let shrink = |out: &mut Vec<(u32, f32)>| -> f32 {
+        let (_, kth, _) = out.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+        let tau = kth.1 / t;
+        let zl = pl::z_lower_bound(tau, t);
+        out.retain(|c| c.1 >= zl);
+        zl
+    };
+    for (b, block) in z.chunks(BLOCK).enumerate() {
+        kernels::collect_ge(block, (b * BLOCK) as u32, thr, out);
+        if out.len() > cap {
+            thr = shrink(out);
+        }
+    }
+    tmp.clear();
+    let (_, kth, _) = out.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+    let tau = kth.1 / t;
+    out.retain_mut(|c| {
+        c.1 /= t;
+        c.1 >= tau
+    });
+    out.sort_unstable_by_key(|c| c.0);
+}
+
+/// Top-p without top-k: one pass accumulates the normaliser over the whole row while
+/// gathering the tokens near the top. Returns the normaliser (the gathered tokens' weights
+/// exact, the rest approximated) when the gathered tokens hold the nucleus, else `None`.
+fn top_p_candidates(
+    z: &[f32],
+    zmax: f32,
+    ymax: f32,
+    t: f32,
+    p: f32,
+    out: &mut Vec<(u32, f32)>,
+    q: &mut Vec<f32>,
+) -> Option<f64> {
+    const CAP: usize = 8192;
+    let scale = 1.0 / t;
+    let mut zthr = pl::z_lower_bound(ymax - 16.0, t);
+    let mut approx = 0f64;
+    for (b, block) in z.chunks(BLOCK).enumerate() {
+        approx += kernels::exp_sum(block, zmax, scale);
+        kernels::collect_ge(block, (b * BLOCK) as u32, zthr, out);
+        if out.len() > CAP {
+            let (_, mid, _) = out.select_nth_unstable_by(CAP / 2, |a, b| b.1.total_cmp(&a.1));
+            zthr = mid.1;
+            out.retain(|c| c.1 >= zthr);
+        }
+    }
+    let mut exact = 0f64;
+    for c in out.iter_mut() {
+        approx -= f64::from(kernels::exp_nonpos((c.1 - zmax) * scale));
+        c.1 /= t;
+        exact += f64::from(pl::weight(c.1, ymax));
+    }
+    let sum = approx.max(0.0) + exact;
+    // The candidates are every token with z >= zthr, so they hold the nucleus when the walk
+    // over them reaches p strictly above their smallest q.
+    q.clear();
+    q.extend(out.iter().map(|c| pl::prob(pl::weight(c.1, ymax), sum)));
+    q.sort_unstable_by(|a, b| b.total_cmp(a));
+    let (tau_p, _) = pl::top_p_cut(q.iter().copied(), p);
+    let all_gathered = out.len() == z.len();
+    if all_gathered || q.last().is_some_and(|&last| tau_p > last) {
+        Some(sum)
+    } else {
+        None
+    }
+}
+
+/// The Gumbel-max draw over candidates `(i, y_i)`: the largest `y_i + g_i`, ties to the
+/// smallest id. Tokens whose largest possible noise cannot reach the leader are skipped
+/// before any logarithm.
+fn draw(cands: &[(u32, f32)], seed: u64, step: u64) -> u32 {
+    let bounds = gumbel_bucket_bounds();
+    let (i0, y0) = cands
+        .iter()
+        .copied()
+        .reduce(|a, b| {
+            if b.1 > a.1 || (b.1 == a.1 && b.0 < a.0) {
+                b
+            } else {
+                a
+            }
+        })
+        .expect("the kept set is never empty");
+    let mut best = (i0, y0 + philox::gumbel(seed, step, i0));
+    let key = philox::seed_key(seed);
+    let mut block = (u32::MAX, [0u32; 4]);
+    for &(i, y) in cands {
+        if i == i0 || y + GUMBEL_MAX_BOUND < best.1 {
+            continue;
+        }
+        if block.0 != i / 4 {
+            block = (
+                i / 4,
+                philox::philox4x32_10(philox::token_counter(i, step), key),
+            );
+        }
+        let bits = block.1[(i % 4) as usize];
+        if y + bounds[(bits >> 20) as usize] < best.1 {
+            continue;
+        }
+        let s = y + philox::gumbel_from_bits(bits);
+        if s > best.1 || (s == best.1 && i < best.0) {
+            best = (i, s);
+        }
+    }
+    best.0
+}
+
+/// Log-probabilities of `log_softmax(values)` over the whole row, without sorting it.
+fn full_logprobs(values: &[f32], token: u32, n: u32, s: &mut Scratch) -> TokenLogprobs {
+    let vmax = kernels::max(values);
+    let lse = kernels::exp_sum(values, vmax, 1.0).ln();
+    let chosen = (token, values[token as usize]);
+    let rank = 1 + kernels::count_rank(values, chosen.1, token as usize) as u32;
+    let mut top = std::mem::take(&mut s.tmp);
+    top.clear();
+    if n > 0 {
+        let mut scratch = Vec::new();
+        select_top(
+            values,
+            (n as usize).min(values.len()),
+            1.0,
+            &mut top,
+            &mut scratch,
+        );
+        top.sort_by(pl::rank_order);
+    }
+    let out = pl::assemble_logprobs(chosen, rank, &top, n, vmax, lse);
+    s.tmp = top;
+    out
+}
+
+/// Log-probabilities of `log_softmax` over the kept set.
+fn subset_logprobs(
+    set: &[(u32, f32)],
+    token: u32,
+    n: u32,
+    tmp: &mut Vec<(u32, f32)>,
+) -> TokenLogprobs {
+    let vmax = set.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    let lse = pl::log_sum_exp(set.iter().map(|c| c.1), vmax);
+    tmp.clear();
+    tmp.extend_from_slice(set);
+    tmp.sort_by(pl::rank_order);
+    let chosen = *set
+        .iter()
+        .find(|c| c.0 == token)
+        .expect("chosen token is kept");
+    let rank = pl::rank_of(chosen, set.iter().copied());
+    pl::assemble_logprobs(chosen, rank, tmp, n, vmax, lse)
+}

@@ -1,0 +1,74 @@
+//! The library's error types: whole-call errors ([`Error`]) and per-row errors ([`RowError`]).
+
+use serde::Serialize;
+
+/// A whole-call error: nothing was sampled. Raised before any work is done.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// A sampling parameter is outside its range.
+    #[error("row {row}: invalid {field} = {value}: expected {expected}")]
+    InvalidParameter {
+        /// Row of the batch (0-based).
+        row: usize,
+        /// Name of the field, as in the contract (`top_p`, `logit_bias`, ...).
+        field: &'static str,
+        /// The offending value, printed.
+        value: String,
+        /// What the field accepts.
+        expected: &'static str,
+    },
+    /// A token id in the row's history or logit bias is not below the vocabulary size.
+    #[error(
+        "row {row}: {field} holds token id {id}, which is not below the vocabulary size {vocab}"
+    )]
+    TokenOutOfRange {
+        /// Row of the batch (0-based).
+        row: usize,
+        /// `prompt`, `output` or `logit_bias`.
+        field: &'static str,
+        /// The offending id.
+        id: u64,
+        /// Vocabulary size V.
+        vocab: usize,
+    },
+    /// Shapes of the call's inputs do not fit together.
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+    /// No CUDA device (or driver, or NVRTC) is available; callers may fall back to the CPU.
+    #[error("no CUDA device: {0}")]
+    NoCudaDevice(String),
+    /// A CUDA driver, NVRTC or kernel error.
+    #[error("CUDA error: {0}")]
+    Cuda(String),
+    /// Invalid MoE layer configuration or input.
+    #[error("moe: {0}")]
+    Moe(String),
+}
+
+/// Result type of the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The error of one row of a batch: the other rows are unaffected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, thiserror::Error)]
+#[serde(tag = "kind")]
+pub enum RowError {
+    /// The row holds NaN or `+inf` logits (or a bias or penalty overflowed to `+inf`).
+    #[error("{count} logits are NaN or +inf")]
+    NonFiniteLogits {
+        /// How many values are non-finite.
+        count: u64,
+    },
+    /// Every logit is `-inf` after bias and penalties: there is nothing to draw.
+    #[error("every logit is -inf after bias and penalties")]
+    NoCandidate,
+}
+
+impl RowError {
+    /// The error's kind, as printed by the CLI (`NonFiniteLogits`, `NoCandidate`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RowError::NonFiniteLogits { .. } => "NonFiniteLogits",
+            RowError::NoCandidate => "NoCandidate",
+        }
+    }
+}

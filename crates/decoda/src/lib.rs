@@ -1,0 +1,45 @@
+//! # decoda
+//!
+//! The kernels at the end of an LLM decode step: reproducible per-row token sampling on
+//! the CPU (and on NVIDIA GPUs with the `cuda` feature), and mixture-of-experts dispatch
+//! that decides at run time whether to sort tokens by expert.
+//!
+//! A token is a pure function of (logits row, parameters, seed, step, history): it does
+//! not depend on the batch, the row's position, the thread count or the device. The
+//! contract is stated in the README ("The sampling contract").
+//!
+//! ```
+//! use decoda::{Backend, CpuSampler, Logits, Request, SamplingParams};
+//!
+//! let logits = vec![0.5f32, 2.0, 1.0, -1.0, 0.0, 3.0, 2.5, 1.5]; // [2, 4]
+//! let batch = Logits::f32(&logits, 2, 4)?;
+//! let rows = vec![
+//!     Request::new(SamplingParams { temperature: 0.8, top_p: 0.9, ..Default::default() }, 42),
+//!     Request::new(SamplingParams::greedy(), 7),
+//! ];
+//! let out = CpuSampler::new().sample(&batch, &rows)?;
+//! assert_eq!(out[1].as_ref().unwrap().token, 1); // greedy: the largest logit of row 1
+//! # Ok::<(), decoda::Error>(())
+//! ```
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod conformance;
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod error;
+pub mod logits;
+pub mod moe;
+pub mod params;
+pub mod philox;
+pub mod pipeline;
+pub mod reference;
+
+pub use backend::Backend;
+pub use cpu::CpuSampler;
+pub use error::{Error, Result, RowError};
+pub use logits::{DType, LogitElem, Logits, LogitsData};
+pub use params::{LogprobsMode, Request, SamplingParams, SequenceState};
+pub use pipeline::{RowResult, Sample, TokenLogprobs, TopLogprob};
+pub use reference::ReferenceSampler;

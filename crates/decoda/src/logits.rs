@@ -1,0 +1,166 @@
+//! Host views of a `[B, V]` batch of logits in f32, f16 or bf16.
+
+use half::{bf16, f16};
+
+use crate::error::{Error, Result};
+
+/// A logit element type the samplers accept.
+pub trait LogitElem: Copy + Send + Sync + 'static {
+    /// The element's name (`f32`, `f16`, `bf16`).
+    const NAME: &'static str;
+    /// Widens to f32 (exact for all three types).
+    fn to_f32(self) -> f32;
+}
+
+impl LogitElem for f32 {
+    const NAME: &'static str = "f32";
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl LogitElem for f16 {
+    const NAME: &'static str = "f16";
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+}
+
+impl LogitElem for bf16 {
+    const NAME: &'static str = "bf16";
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+}
+
+/// Element type of a logits buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE single precision.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl DType {
+    /// Size of one element in bytes.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::Bf16 => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+        })
+    }
+}
+
+/// The data of a logits batch, row-major.
+#[derive(Debug, Clone, Copy)]
+pub enum LogitsData<'a> {
+    /// f32 values.
+    F32(&'a [f32]),
+    /// f16 values.
+    F16(&'a [f16]),
+    /// bf16 values.
+    Bf16(&'a [bf16]),
+}
+
+/// A `[rows, vocab]` batch of logits on the host, row-major (C order).
+#[derive(Debug, Clone, Copy)]
+pub struct Logits<'a> {
+    data: LogitsData<'a>,
+    rows: usize,
+    vocab: usize,
+}
+
+impl<'a> Logits<'a> {
+    /// Wraps `data` as `[rows, vocab]`; an error if the length does not match or `vocab == 0`.
+    pub fn new(data: LogitsData<'a>, rows: usize, vocab: usize) -> Result<Self> {
+        let len = match data {
+            LogitsData::F32(d) => d.len(),
+            LogitsData::F16(d) => d.len(),
+            LogitsData::Bf16(d) => d.len(),
+        };
+        if vocab == 0 {
+            return Err(Error::Shape("the vocabulary size V must be >= 1".into()));
+        }
+        if rows.checked_mul(vocab) != Some(len) {
+            return Err(Error::Shape(format!(
+                "{len} logits do not form [{rows}, {vocab}] (expected {} values)",
+                rows.saturating_mul(vocab)
+            )));
+        }
+        Ok(Self { data, rows, vocab })
+    }
+
+    /// f32 logits `[rows, vocab]`.
+    pub fn f32(data: &'a [f32], rows: usize, vocab: usize) -> Result<Self> {
+        Self::new(LogitsData::F32(data), rows, vocab)
+    }
+
+    /// f16 logits `[rows, vocab]`.
+    pub fn f16(data: &'a [f16], rows: usize, vocab: usize) -> Result<Self> {
+        Self::new(LogitsData::F16(data), rows, vocab)
+    }
+
+    /// bf16 logits `[rows, vocab]`.
+    pub fn bf16(data: &'a [bf16], rows: usize, vocab: usize) -> Result<Self> {
+        Self::new(LogitsData::Bf16(data), rows, vocab)
+    }
+
+    /// Number of rows B.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Vocabulary size V.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self.data {
+            LogitsData::F32(_) => DType::F32,
+            LogitsData::F16(_) => DType::F16,
+            LogitsData::Bf16(_) => DType::Bf16,
+        }
+    }
+
+    /// The raw data.
+    pub fn data(&self) -> LogitsData<'a> {
+        self.data
+    }
+
+    /// Row `r` widened to f32, written into `out` (resized to V).
+    pub fn row_to_f32(&self, r: usize, out: &mut Vec<f32>) {
+        let range = r * self.vocab..(r + 1) * self.vocab;
+        out.clear();
+        match self.data {
+            LogitsData::F32(d) => out.extend_from_slice(&d[range]),
+            LogitsData::F16(d) => out.extend(d[range].iter().map(|v| v.to_f32())),
+            LogitsData::Bf16(d) => out.extend(d[range].iter().map(|v| v.to_f32())),
+        }
+    }
+
+    /// Row `r` if the batch is f32.
+    pub fn row_f32(&self, r: usize) -> Option<&'a [f32]> {
+        match self.data {
+            LogitsData::F32(d) => Some(&d[r * self.vocab..(r + 1) * self.vocab]),
+            _ => None,
+        }
+    }
+}

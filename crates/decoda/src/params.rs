@@ -1,0 +1,284 @@
+//! Sampling parameters, per-sequence state, and their validation (SPEC section 1).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Which log-probabilities to report (SPEC section 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogprobsMode {
+    /// `log_softmax` of the logits as given, before bias, penalties and temperature.
+    #[default]
+    Raw,
+    /// `log_softmax` over the kept set after the whole pipeline (`-inf` outside it).
+    Processed,
+}
+
+impl std::str::FromStr for LogprobsMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "raw" => Ok(Self::Raw),
+            "processed" => Ok(Self::Processed),
+            other => Err(format!(
+                "logprobs mode must be raw or processed, not {other:?}"
+            )),
+        }
+    }
+}
+
+/// Largest number of top log-probabilities a row may ask for.
+pub const MAX_LOGPROBS: u32 = 20;
+
+/// Temperatures below this are treated as greedy (as vLLM does).
+pub const GREEDY_TEMPERATURE: f32 = 1e-5;
+
+/// The sampling parameters of one row. `Default` gives the contract's defaults (every
+/// filter off, temperature 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// Divides the logits; `0` (or below `1e-5`) is greedy. Finite, `>= 0`.
+    pub temperature: f32,
+    /// Keep the `k` most likely tokens (ties kept); `0` or `>= V` is off.
+    pub top_k: u32,
+    /// Nucleus: the fewest most likely tokens whose mass reaches `p` (ties kept); `1` is off.
+    pub top_p: f32,
+    /// Keep tokens with probability `>= min_p * max probability`; `0` is off.
+    pub min_p: f32,
+    /// HF/vLLM multiplicative penalty on tokens of prompt and output; `1` is off.
+    pub repetition_penalty: f32,
+    /// OpenAI frequency penalty on output tokens, in `[-2, 2]`; `0` is off.
+    pub frequency_penalty: f32,
+    /// OpenAI presence penalty on output tokens, in `[-2, 2]`; `0` is off.
+    pub presence_penalty: f32,
+    /// Added to the logit of each listed token id; finite or `-inf` (ban).
+    #[serde(deserialize_with = "de_bias", serialize_with = "ser_bias")]
+    pub logit_bias: BTreeMap<u32, f32>,
+    /// How many top log-probabilities to report (`0..=20`), if any.
+    pub logprobs: Option<u32>,
+    /// Which log-probabilities to report.
+    pub logprobs_mode: LogprobsMode,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: BTreeMap::new(),
+            logprobs: None,
+            logprobs_mode: LogprobsMode::Raw,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Greedy decoding: temperature 0.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the temperature alone makes the row greedy (`T < 1e-5`).
+    pub fn greedy_by_temperature(&self) -> bool {
+        self.temperature < GREEDY_TEMPERATURE
+    }
+
+    /// Whether any of bias, repetition, frequency or presence changes a logit of this row.
+    pub fn modifies_logits(&self, state: &SequenceState) -> bool {
+        !self.logit_bias.is_empty()
+            || (self.repetition_penalty != 1.0
+                && !(state.prompt.is_empty() && state.output.is_empty()))
+            || ((self.frequency_penalty != 0.0 || self.presence_penalty != 0.0)
+                && !state.output.is_empty())
+    }
+
+    /// Checks every field against its range (SPEC section 1), naming field, value and row.
+    pub fn validate(&self, row: usize, vocab: usize) -> Result<()> {
+        let bad = |field: &'static str, value: String, expected: &'static str| {
+            Err(Error::InvalidParameter {
+                row,
+                field,
+                value,
+                expected,
+            })
+        };
+        let t = self.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return bad("temperature", t.to_string(), "a finite value >= 0");
+        }
+        let p = self.top_p;
+        if !(p > 0.0 && p <= 1.0) {
+            return bad("top_p", p.to_string(), "0 < top_p <= 1");
+        }
+        let m = self.min_p;
+        if !(0.0..=1.0).contains(&m) {
+            return bad("min_p", m.to_string(), "0 <= min_p <= 1");
+        }
+        let r = self.repetition_penalty;
+        if !(r.is_finite() && r > 0.0) {
+            return bad("repetition_penalty", r.to_string(), "a finite value > 0");
+        }
+        for (field, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(field, v.to_string(), "a finite value in [-2, 2]");
+            }
+        }
+        for (&id, &b) in &self.logit_bias {
+            if id as usize >= vocab {
+                return Err(Error::TokenOutOfRange {
+                    row,
+                    field: "logit_bias",
+                    id: id.into(),
+                    vocab,
+                });
+            }
+            if !(b.is_finite() || b == f32::NEG_INFINITY) {
+                return bad("logit_bias", format!("{id}: {b}"), "a finite bias or -inf");
+            }
+        }
+        if let Some(n) = self.logprobs {
+            if n > MAX_LOGPROBS {
+                return bad("logprobs", n.to_string(), "an integer in 0..=20");
+            }
+        }
+        Ok(())
+    }
+}
+
+fn de_bias<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<BTreeMap<u32, f32>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Bias {
+        Num(f32),
+        Text(String),
+    }
+    let raw: BTreeMap<u32, Bias> = BTreeMap::deserialize(d)?;
+    raw.into_iter()
+        .map(|(k, v)| match v {
+            Bias::Num(x) => Ok((k, x)),
+            Bias::Text(s) => s.trim().parse::<f32>().map(|x| (k, x)).map_err(|_| {
+                serde::de::Error::custom(format!("logit_bias {k}: {s:?} is not a number"))
+            }),
+        })
+        .collect()
+}
+
+fn ser_bias<S: serde::Serializer>(
+    m: &BTreeMap<u32, f32>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = s.serialize_map(Some(m.len()))?;
+    for (k, v) in m {
+        if v.is_finite() {
+            map.serialize_entry(k, v)?;
+        } else {
+            map.serialize_entry(k, &v.to_string())?;
+        }
+    }
+    map.end()
+}
+
+/// The decode state of one sequence: its RNG key and position, and its token history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SequenceState {
+    /// The RNG key of the sequence.
+    pub seed: u64,
+    /// The index of the token being drawn (0 for the first generated token).
+    pub step: u64,
+    /// The prompt's token ids (used by the repetition penalty).
+    pub prompt: Vec<u32>,
+    /// The generated token ids so far (repetition, frequency and presence penalties).
+    pub output: Vec<u32>,
+}
+
+impl Default for SequenceState {
+    fn default() -> Self {
+        Self::new(0)
+    }
+}
+
+impl SequenceState {
+    /// A new sequence at step 0 with an empty history.
+    pub fn new(seed: u64) -> Self {
+        Self {
+            seed,
+            step: 0,
+            prompt: Vec::new(),
+            output: Vec::new(),
+        }
+    }
+
+    /// A new sequence whose seed is drawn from the operating system's entropy; read it back
+    /// from [`SequenceState::seed`] to reproduce the sequence.
+    pub fn from_entropy() -> Result<Self> {
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b)
+            .map_err(|e| Error::Shape(format!("OS entropy unavailable: {e}")))?;
+        Ok(Self::new(u64::from_le_bytes(b)))
+    }
+
+    /// Records a drawn token: appends it to `output` and advances `step`.
+    pub fn push(&mut self, token: u32) {
+        self.output.push(token);
+        self.step += 1;
+    }
+
+    /// Checks the history ids against the vocabulary size.
+    pub fn validate(&self, row: usize, vocab: usize) -> Result<()> {
+        for (field, ids) in [("prompt", &self.prompt), ("output", &self.output)] {
+            if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+                return Err(Error::TokenOutOfRange {
+                    row,
+                    field,
+                    id: id.into(),
+                    vocab,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One row of a sampling call: its parameters and its sequence state.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Request {
+    /// The row's sampling parameters.
+    #[serde(flatten)]
+    pub params: SamplingParams,
+    /// The row's sequence state.
+    #[serde(flatten)]
+    pub state: SequenceState,
+}
+
+impl Request {
+    /// A request with `params` for a fresh sequence with `seed`.
+    pub fn new(params: SamplingParams, seed: u64) -> Self {
+        Self {
+            params,
+            state: SequenceState::new(seed),
+        }
+    }
+
+    /// Validates the parameters and the history of row `row` for vocabulary `vocab`.
+    pub fn validate(&self, row: usize, vocab: usize) -> Result<()> {
+        self.params.validate(row, vocab)?;
+        self.state.validate(row, vocab)
+    }
+}

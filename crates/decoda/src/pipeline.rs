@@ -1,0 +1,278 @@
+//! The contract's semantics that every backend shares (SPEC sections 1, 2, 5, 6): call
+//! validation, stages 1-3 (bias and penalties) as a sparse list of changed logits, the
+//! thresholds of the filters, and the shape of a row's result.
+//!
+//! Backends differ only in how they find the kept set and draw from it; every value
+//! that decides a token is computed by the functions here or by [`crate::philox`].
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result, RowError};
+use crate::params::Request;
+
+/// One of the most likely tokens, with its log-probability.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TopLogprob {
+    /// Token id.
+    pub token: u32,
+    /// Natural log-probability.
+    pub logprob: f32,
+}
+
+/// The log-probabilities reported for a drawn token (SPEC section 6).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprobs {
+    /// The chosen token's log-probability.
+    pub logprob: f32,
+    /// The chosen token's rank, 1 = most likely (ties: smaller id first).
+    pub rank: u32,
+    /// The `n` most likely tokens, most likely first (ties: smaller id first). Tokens with
+    /// probability 0 (`-inf`) are not listed, so there may be fewer than `n`.
+    pub top: Vec<TopLogprob>,
+}
+
+/// A drawn token.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sample {
+    /// The token id, always `< V`.
+    pub token: u32,
+    /// Log-probabilities, when the row asked for them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// The result of one row: a token, or that row's error.
+pub type RowResult = std::result::Result<Sample, RowError>;
+
+/// Checks a whole call before any work: the number of rows, every parameter and every
+/// history id. The first offending row and field are reported.
+pub fn validate_call(rows: usize, vocab: usize, requests: &[Request]) -> Result<()> {
+    if vocab == 0 {
+        return Err(Error::Shape("the vocabulary size V must be >= 1".into()));
+    }
+    if vocab > u32::MAX as usize {
+        return Err(Error::Shape(format!(
+            "vocabulary size {vocab} does not fit token ids in u32"
+        )));
+    }
+    if requests.len() != rows {
+        return Err(Error::Shape(format!(
+            "{} requests for {rows} rows of logits: give one request per row",
+            requests.len()
+        )));
+    }
+    for (row, r) in requests.iter().enumerate() {
+        r.validate(row, vocab)?;
+    }
+    Ok(())
+}
+
+/// Counts the NaN and `+inf` values of a row.
+pub fn count_non_finite(x: &[f32]) -> u64 {
+    x.iter().filter(|v| !(**v < f32::INFINITY)).count() as u64
+}
+
+/// Stages 1-3 of the pipeline (bias, repetition, frequency/presence) as the sorted list of
+/// `(token, z)` for the tokens whose logit they touch; every other token keeps `z = x`.
+/// `x(t)` reads the row's logit of token `t`.
+pub fn sparse_mods(x: impl Fn(u32) -> f32, req: &Request) -> Vec<(u32, f32)> {
+    let p = &req.params;
+    let s = &req.state;
+    if !p.modifies_logits(s) {
+        return Vec::new();
+    }
+    #[derive(Default, Clone, Copy)]
+    struct Touch {
+        bias: Option<f32>,
+        seen: bool,
+        count: u32,
+    }
+    let mut touched: BTreeMap<u32, Touch> = BTreeMap::new();
+    for (&t, &b) in &p.logit_bias {
+        touched.entry(t).or_default().bias = Some(b);
+    }
+    if p.repetition_penalty != 1.0 {
+        for &t in s.prompt.iter().chain(&s.output) {
+            touched.entry(t).or_default().seen = true;
+        }
+    }
+    if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+        for &t in &s.output {
+            touched.entry(t).or_default().count += 1;
+        }
+    }
+    touched
+        .into_iter()
+        .map(|(t, touch)| {
+            let mut z = x(t);
+            if let Some(b) = touch.bias {
+                z += b;
+            }
+            if touch.seen {
+                let r = p.repetition_penalty;
+                z = if z > 0.0 { z / r } else { z * r };
+            }
+            if touch.count > 0 {
+                z = z - p.frequency_penalty * touch.count as f32 - p.presence_penalty;
+            }
+            (t, z)
+        })
+        .collect()
+}
+
+/// Whether a row is drawn greedily: `T < 1e-5`, or `zmax / T` is not finite.
+pub fn is_greedy(temperature: f32, zmax: f32) -> bool {
+    temperature < crate::params::GREEDY_TEMPERATURE || !(zmax / temperature).is_finite()
+}
+
+/// A value `zl` such that every `z < zl` has `fl(z / t) < tau` (round to nearest): the
+/// bound below which a token cannot pass a threshold `tau` in temperature-scaled space.
+/// Lets a backend select in unscaled space and divide only the few tokens near the top.
+pub fn z_lower_bound(tau: f32, t: f32) -> f32 {
+    if tau == f32::NEG_INFINITY {
+        return f32::NEG_INFINITY;
+    }
+    let m = f64::from(tau) * f64::from(t); // exact: 24 + 24 bits
+    let margin = m.abs() * 2f64.powi(-21) + f64::from(t) * 2f64.powi(-148);
+    let zl = m - margin;
+    let mut f = zl as f32;
+    if f64::from(f) > zl {
+        f = f.next_down();
+    }
+    f
+}
+
+/// The min-p threshold in scaled space: `ymax + ln(min_p)` (`-inf` when `min_p = 0`).
+pub fn min_p_threshold(ymax: f32, min_p: f32) -> f32 {
+    if min_p > 0.0 {
+        ymax + min_p.ln()
+    } else {
+        f32::NEG_INFINITY
+    }
+}
+
+/// The unnormalised top-p weight of a token: `exp(y - ymax)` in f32.
+#[inline]
+pub fn weight(y: f32, ymax: f32) -> f32 {
+    (y - ymax).exp()
+}
+
+/// The top-p probability of a token of weight `e` under total weight `sum`.
+#[inline]
+pub fn prob(e: f32, sum: f64) -> f32 {
+    (f64::from(e) / sum) as f32
+}
+
+/// The walk of stage 7: `q` sorted in decreasing order; returns `τp`, the q of the m-th
+/// token where m is the fewest tokens whose q sum (in f64) reaches `p`, together with the
+/// distance of the cumulative sum to `p` at the decision (for counting floating-point
+/// ties). If the sum never reaches `p` (rounding), every token is kept.
+pub fn top_p_cut(q_desc: impl IntoIterator<Item = f32>, p: f32) -> (f32, f64) {
+    let p64 = f64::from(p);
+    let mut cum = 0f64;
+    let mut last = f32::NEG_INFINITY;
+    let mut margin = f64::INFINITY;
+    for q in q_desc {
+        let before = cum;
+        cum += f64::from(q);
+        last = q;
+        margin = margin.min((cum - p64).abs()).min((before - p64).abs());
+        if cum >= p64 {
+            return (q, margin);
+        }
+    }
+    (last.min(0.0), margin)
+}
+
+/// The log-sum-exp of `v - vmax` over `v`, in f64.
+pub fn log_sum_exp(values: impl IntoIterator<Item = f32>, vmax: f32) -> f64 {
+    let s: f64 = values.into_iter().map(|v| f64::from(v - vmax).exp()).sum();
+    s.ln()
+}
+
+/// A log-probability: `(v - vmax) - lse`.
+#[inline]
+pub fn logprob(v: f32, vmax: f32, lse: f64) -> f32 {
+    (f64::from(v - vmax) - lse) as f32
+}
+
+/// Orders by value descending, then id ascending (the contract's order for ranks and top-n).
+#[inline]
+pub fn rank_order(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// Builds the reported log-probabilities from: the chosen token and its value, its rank,
+/// and the top candidates `(id, value)` already ordered by [`rank_order`] (at least `n` of
+/// them when that many have finite values). Values become log-probabilities through
+/// `vmax` and `lse`.
+pub fn assemble_logprobs(
+    chosen: (u32, f32),
+    rank: u32,
+    top_sorted: &[(u32, f32)],
+    n: u32,
+    vmax: f32,
+    lse: f64,
+) -> TokenLogprobs {
+    TokenLogprobs {
+        logprob: logprob(chosen.1, vmax, lse),
+        rank,
+        top: top_sorted
+            .iter()
+            .filter(|(_, v)| *v > f32::NEG_INFINITY)
+            .take(n as usize)
+            .map(|&(token, v)| TopLogprob {
+                token,
+                logprob: logprob(v, vmax, lse),
+            })
+            .collect(),
+    }
+}
+
+/// The rank of `chosen` among `(id, value)` pairs: 1 + the number ordered before it.
+pub fn rank_of(chosen: (u32, f32), all: impl IntoIterator<Item = (u32, f32)>) -> u32 {
+    1 + all
+        .into_iter()
+        .filter(|c| rank_order(c, &chosen) == std::cmp::Ordering::Less)
+        .count() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn z_lower_bound_is_safe_and_tight() {
+        let mut state = 0x1234_5678_u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        for _ in 0..20000 {
+            let t = [0.3f32, 0.7, 1.0, 1.3, 2.0, 1e-4, 77.0][next() as usize % 7];
+            let z = (next() as f32 / u32::MAX as f32 - 0.5) * 200.0;
+            let tau = z / t;
+            let zl = z_lower_bound(tau, t);
+            assert!(zl <= z, "bound above a passing value");
+            // just below the bound nothing passes
+            let below = zl.next_down();
+            assert!(below / t < tau, "z={z} t={t}");
+            // and the bound is close (within a few ulps relative)
+            assert!((z - zl).abs() <= z.abs() * 1e-5 + 1e-30);
+        }
+    }
+
+    #[test]
+    fn top_p_walk() {
+        let (tau, _) = top_p_cut([0.5, 0.3, 0.2], 0.8);
+        assert_eq!(tau, 0.3);
+        let (tau, _) = top_p_cut([0.5, 0.3, 0.2], 0.81);
+        assert_eq!(tau, 0.2);
+        let (tau, _) = top_p_cut([0.5, 0.3, 0.2], 0.5);
+        assert_eq!(tau, 0.5);
+    }
+}

@@ -1,0 +1,219 @@
+//! The reference sampler: the contract written for clarity, used as the oracle in tests.
+//!
+//! It materialises every stage, sorts where the contract speaks of order, and sums the
+//! top-p walk in f64. It is slow on purpose; use [`crate::CpuSampler`] for work.
+
+use crate::backend::Backend;
+use crate::error::{Result, RowError};
+use crate::logits::Logits;
+use crate::params::{LogprobsMode, Request};
+use crate::philox::gumbel;
+use crate::pipeline::{self as pl, RowResult, Sample};
+
+/// How close a row's decision came to a floating-point tie (SPEC section 4).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TieReport {
+    /// Gap between the winner's and the runner-up's `s`, in ulps of the winner (`u32::MAX`
+    /// when there was no runner-up or the draw was greedy).
+    pub s_gap_ulps: u32,
+    /// Smallest distance of a top-p cumulative sum to `p` around the decision
+    /// (`inf` when top-p was off).
+    pub top_p_margin: f64,
+}
+
+impl TieReport {
+    /// Whether a different token on another backend is allowed by SPEC section 4.
+    pub fn is_tie(&self) -> bool {
+        self.s_gap_ulps <= 4 || self.top_p_margin <= 1e-6
+    }
+}
+
+/// The reference sampler.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReferenceSampler;
+
+impl Backend for ReferenceSampler {
+    fn name(&self) -> String {
+        "reference".into()
+    }
+
+    fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
+        pl::validate_call(logits.rows(), logits.vocab(), requests)?;
+        let mut row = Vec::new();
+        Ok(requests
+            .iter()
+            .enumerate()
+            .map(|(r, req)| {
+                logits.row_to_f32(r, &mut row);
+                reference_row(&row, req).0
+            })
+            .collect())
+    }
+}
+
+fn ulps_between(a: f32, b: f32) -> u32 {
+    if !a.is_finite() || !b.is_finite() {
+        return if a == b { 0 } else { u32::MAX };
+    }
+    let key = |v: f32| {
+        let bits = v.to_bits() as i32;
+        if bits < 0 {
+            i64::from(i32::MIN) - i64::from(bits)
+        } else {
+            i64::from(bits)
+        }
+    };
+    (key(a) - key(b)).unsigned_abs().min(u64::from(u32::MAX)) as u32
+}
+
+/// Samples one row (already widened to f32) straight from the contract, and reports how
+/// close the decision was to a floating-point tie.
+pub fn reference_row(x: &[f32], req: &Request) -> (RowResult, TieReport) {
+    let p = &req.params;
+    let v = x.len();
+    let mut tie = TieReport {
+        s_gap_ulps: u32::MAX,
+        top_p_margin: f64::INFINITY,
+    };
+
+    // Section 5: non-finite logits.
+    let bad = pl::count_non_finite(x);
+    if bad > 0 {
+        return (Err(RowError::NonFiniteLogits { count: bad }), tie);
+    }
+    // Stages 1-3.
+    let mut z = x.to_vec();
+    for (t, zt) in pl::sparse_mods(|t| x[t as usize], req) {
+        z[t as usize] = zt;
+    }
+    let bad = pl::count_non_finite(&z);
+    if bad > 0 {
+        return (Err(RowError::NonFiniteLogits { count: bad }), tie);
+    }
+    let zmax = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if zmax == f32::NEG_INFINITY {
+        return (Err(RowError::NoCandidate), tie);
+    }
+
+    // Stage 4 (and the temperature floor / overflow of stage 5): greedy.
+    let t = p.temperature;
+    if pl::is_greedy(t, zmax) {
+        let token = z.iter().position(|&zi| zi == zmax).expect("max exists") as u32;
+        let lp = p.logprobs.map(|n| match p.logprobs_mode {
+            LogprobsMode::Raw => full_logprobs(x, token, n),
+            LogprobsMode::Processed => full_logprobs(&z, token, n),
+        });
+        return (
+            Ok(Sample {
+                token,
+                logprobs: lp,
+            }),
+            tie,
+        );
+    }
+
+    // Stage 5: temperature.
+    let y: Vec<f32> = z.iter().map(|&zi| zi / t).collect();
+    let ymax = zmax / t;
+    let mut keep = vec![true; v];
+
+    // Stage 6: top-k.
+    let k = p.top_k as usize;
+    if k > 0 && k < v {
+        let mut sorted = y.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let tau_k = sorted[k - 1];
+        for i in 0..v {
+            keep[i] = y[i] >= tau_k;
+        }
+    }
+
+    // Stage 7: top-p over K.
+    if p.top_p < 1.0 {
+        let sum: f64 = (0..v)
+            .filter(|&i| keep[i])
+            .map(|i| f64::from(pl::weight(y[i], ymax)))
+            .sum();
+        let q: Vec<f32> = (0..v)
+            .map(|i| pl::prob(pl::weight(y[i], ymax), sum))
+            .collect();
+        let mut in_k: Vec<f32> = (0..v).filter(|&i| keep[i]).map(|i| q[i]).collect();
+        in_k.sort_by(|a, b| b.total_cmp(a));
+        let (tau_p, margin) = pl::top_p_cut(in_k, p.top_p);
+        tie.top_p_margin = margin;
+        for i in 0..v {
+            keep[i] = keep[i] && q[i] >= tau_p;
+        }
+    }
+
+    // Stage 8: min-p.
+    let tau_m = pl::min_p_threshold(ymax, p.min_p);
+    for i in 0..v {
+        keep[i] = keep[i] && y[i] >= tau_m;
+    }
+
+    // Stage 10: the Gumbel draw over S.
+    let mut best: Option<(u32, f32)> = None;
+    let mut runner_up = f32::NEG_INFINITY;
+    for i in 0..v {
+        if !keep[i] {
+            continue;
+        }
+        let s = y[i] + gumbel(req.state.seed, req.state.step, i as u32);
+        match best {
+            Some((_, bs)) if s <= bs => runner_up = runner_up.max(s),
+            _ => {
+                if let Some((_, bs)) = best {
+                    runner_up = runner_up.max(bs);
+                }
+                best = Some((i as u32, s));
+            }
+        }
+    }
+    let (token, s_best) = best.expect("S contains the maximum");
+    if runner_up > f32::NEG_INFINITY {
+        tie.s_gap_ulps = ulps_between(s_best, runner_up);
+    }
+
+    let lp = p.logprobs.map(|n| match p.logprobs_mode {
+        LogprobsMode::Raw => full_logprobs(x, token, n),
+        LogprobsMode::Processed => {
+            let kept: Vec<(u32, f32)> = (0..v)
+                .filter(|&i| keep[i])
+                .map(|i| (i as u32, y[i]))
+                .collect();
+            subset_logprobs(&kept, token, n)
+        }
+    });
+    (
+        Ok(Sample {
+            token,
+            logprobs: lp,
+        }),
+        tie,
+    )
+}
+
+/// Log-probabilities of `log_softmax(values)` over the whole row.
+fn full_logprobs(values: &[f32], token: u32, n: u32) -> pl::TokenLogprobs {
+    let all: Vec<(u32, f32)> = values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (i as u32, v))
+        .collect();
+    subset_logprobs(&all, token, n)
+}
+
+/// Log-probabilities of `log_softmax` over the listed `(id, value)` pairs.
+fn subset_logprobs(set: &[(u32, f32)], token: u32, n: u32) -> pl::TokenLogprobs {
+    let vmax = set.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    let lse = pl::log_sum_exp(set.iter().map(|c| c.1), vmax);
+    let mut sorted = set.to_vec();
+    sorted.sort_by(pl::rank_order);
+    let chosen = *set
+        .iter()
+        .find(|c| c.0 == token)
+        .expect("chosen token is in the set");
+    let rank = pl::rank_of(chosen, set.iter().copied());
+    pl::assemble_logprobs(chosen, rank, &sorted, n, vmax, lse)
+}
