@@ -1,1 +1,55 @@
-fn main() {}
+//! `decoda`: sample, explain, benchmark and demonstrate the decoda sampler from the shell.
+
+mod bench;
+mod demo;
+mod device;
+mod inputs;
+mod moe_bench;
+mod sample;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Reproducible LLM token sampling and MoE dispatch, on the CPU or a CUDA GPU.
+#[derive(Parser)]
+#[command(name = "decoda", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Sample tokens from logits in a .npy file.
+    Sample(sample::SampleArgs),
+    /// Show the pipeline stage by stage for one row.
+    Explain(sample::ExplainArgs),
+    /// Benchmark the sampler on synthetic Zipf-like logits.
+    Bench(bench::BenchArgs),
+    /// Show what sampling does on a small built-in distribution.
+    Demo(demo::DemoArgs),
+    /// Benchmark MoE dispatch with the sort forced on and off, and recommend a sort_cutoff.
+    MoeBench(moe_bench::MoeBenchArgs),
+    /// Run the conformance suite against a device (works without cargo).
+    Selftest(demo::SelftestArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Sample(a) => sample::run_sample(a),
+        Command::Explain(a) => sample::run_explain(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Demo(a) => demo::run_demo(a),
+        Command::MoeBench(a) => moe_bench::run(a),
+        Command::Selftest(a) => demo::run_selftest(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("decoda: error: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}

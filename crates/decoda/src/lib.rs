@@ -35,6 +35,7 @@ pub mod params;
 pub mod philox;
 pub mod pipeline;
 pub mod reference;
+pub mod workload;
 
 pub use backend::Backend;
 pub use cpu::CpuSampler;

@@ -217,3 +217,156 @@ fn subset_logprobs(set: &[(u32, f32)], token: u32, n: u32) -> pl::TokenLogprobs 
     let rank = pl::rank_of(chosen, set.iter().copied());
     pl::assemble_logprobs(chosen, rank, &sorted, n, vmax, lse)
 }
+
+/// One stage of [`explain_row`]: the distribution after the stage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageView {
+    /// The stage's name.
+    pub name: &'static str,
+    /// What the stage did, in words.
+    pub note: String,
+    /// Probabilities over the kept tokens after the stage, most likely first.
+    pub probs: Vec<(u32, f64)>,
+    /// Tokens the stage removed.
+    pub removed: usize,
+    /// Entropy of the kept distribution, in bits.
+    pub entropy_bits: f64,
+}
+
+/// The pipeline of one row stage by stage (for `decoda explain`), with the drawn token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Explanation {
+    /// The stages in order.
+    pub stages: Vec<StageView>,
+    /// The result of the row.
+    pub result: RowResult,
+}
+
+fn view(name: &'static str, note: String, vals: &[f32], keep: &[bool], before: usize) -> StageView {
+    let vmax = (0..vals.len())
+        .filter(|&i| keep[i])
+        .map(|i| vals[i])
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut probs: Vec<(u32, f64)> = (0..vals.len())
+        .filter(|&i| keep[i])
+        .map(|i| (i as u32, f64::from(vals[i] - vmax).exp()))
+        .collect();
+    let sum: f64 = probs.iter().map(|p| p.1).sum();
+    for p in probs.iter_mut() {
+        p.1 /= sum;
+    }
+    probs.retain(|p| p.1 > 0.0);
+    probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let entropy_bits = -probs.iter().map(|p| p.1 * p.1.log2()).sum::<f64>();
+    let kept = keep.iter().filter(|&&k| k).count();
+    StageView {
+        name,
+        note,
+        probs,
+        removed: before - kept,
+        entropy_bits,
+    }
+}
+
+/// Runs the contract on one row stage by stage, keeping the distribution after each one.
+pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
+    let p = &req.params;
+    let v = x.len();
+    let result = reference_row(x, req).0;
+    let mut stages = Vec::new();
+    let all = vec![true; v];
+    if pl::count_non_finite(x) > 0 {
+        return Explanation { stages, result };
+    }
+    stages.push(view(
+        "input",
+        "softmax of the logits as given".into(),
+        x,
+        &all,
+        v,
+    ));
+    let mut z = x.to_vec();
+    let mods = pl::sparse_mods(|t| x[t as usize], req);
+    let touched = mods.len();
+    for (t, zt) in mods {
+        z[t as usize] = zt;
+    }
+    let finite: Vec<bool> = z.iter().map(|&a| a > f32::NEG_INFINITY).collect();
+    stages.push(view(
+        "bias+penalties",
+        format!("{touched} logits changed by bias, repetition, frequency and presence"),
+        &z,
+        &finite,
+        v,
+    ));
+    let zmax = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if zmax == f32::NEG_INFINITY || pl::is_greedy(p.temperature, zmax) {
+        return Explanation { stages, result };
+    }
+    let t = p.temperature;
+    let y: Vec<f32> = z.iter().map(|&a| a / t).collect();
+    let ymax = zmax / t;
+    let mut keep = finite.clone();
+    let mut before = keep.iter().filter(|&&k| k).count();
+    stages.push(view(
+        "temperature",
+        format!("logits divided by T = {t}"),
+        &y,
+        &keep,
+        before,
+    ));
+    let k = p.top_k as usize;
+    if k > 0 && k < v {
+        let mut sorted = y.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let tau = sorted[k - 1];
+        for i in 0..v {
+            keep[i] = keep[i] && y[i] >= tau;
+        }
+        stages.push(view(
+            "top-k",
+            format!("kept the {k} most likely (ties kept), threshold {tau:.4}"),
+            &y,
+            &keep,
+            before,
+        ));
+        before = keep.iter().filter(|&&k| k).count();
+    }
+    if p.top_p < 1.0 {
+        let sum: f64 = (0..v)
+            .filter(|&i| keep[i])
+            .map(|i| f64::from(pl::weight(y[i], ymax)))
+            .sum();
+        let q: Vec<f32> = (0..v)
+            .map(|i| pl::prob(pl::weight(y[i], ymax), sum))
+            .collect();
+        let mut in_k: Vec<f32> = (0..v).filter(|&i| keep[i]).map(|i| q[i]).collect();
+        in_k.sort_by(|a, b| b.total_cmp(a));
+        let (tau, _) = pl::top_p_cut(in_k, p.top_p);
+        for i in 0..v {
+            keep[i] = keep[i] && q[i] >= tau;
+        }
+        stages.push(view(
+            "top-p",
+            format!("kept the nucleus of mass {}", p.top_p),
+            &y,
+            &keep,
+            before,
+        ));
+        before = keep.iter().filter(|&&k| k).count();
+    }
+    if p.min_p > 0.0 {
+        let tau = pl::min_p_threshold(ymax, p.min_p);
+        for i in 0..v {
+            keep[i] = keep[i] && y[i] >= tau;
+        }
+        stages.push(view(
+            "min-p",
+            format!("kept tokens with p >= {} * max p", p.min_p),
+            &y,
+            &keep,
+            before,
+        ));
+    }
+    Explanation { stages, result }
+}

@@ -6,6 +6,8 @@
 //! token is recomputed exactly by [`crate::pipeline`] functions.
 
 const LANES: usize = 16;
+/// Lanes of the reductions: four independent 16-wide chains.
+const WIDE: usize = 64;
 
 /// `exp(x)` for `x <= 0` (`-inf` gives 0) with a relative error of a few 1e-7, as plain
 /// arithmetic that vectorises. Only used for the bulk of a top-p normaliser.
@@ -38,16 +40,16 @@ pub fn exp_nonpos(x: f32) -> f32 {
 }
 
 mod body {
-    use super::{exp_nonpos, LANES};
+    use super::{exp_nonpos, LANES, WIDE};
 
     #[inline(always)]
     pub fn max_nonfinite(z: &[f32]) -> (f32, u64) {
-        let mut m = [f32::NEG_INFINITY; LANES];
-        let mut bad = [0u32; LANES];
-        let chunks = z.chunks_exact(LANES);
+        let mut m = [f32::NEG_INFINITY; WIDE];
+        let mut bad = [0u32; WIDE];
+        let chunks = z.chunks_exact(WIDE);
         let rem = chunks.remainder();
         for c in chunks {
-            for j in 0..LANES {
+            for j in 0..WIDE {
                 let x = c[j];
                 m[j] = if x > m[j] { x } else { m[j] };
                 bad[j] += u32::from(!(x < f32::INFINITY));
@@ -55,7 +57,7 @@ mod body {
         }
         let mut mm = f32::NEG_INFINITY;
         let mut nb = 0u64;
-        for j in 0..LANES {
+        for j in 0..WIDE {
             mm = if m[j] > mm { m[j] } else { mm };
             nb += u64::from(bad[j]);
         }
@@ -68,11 +70,11 @@ mod body {
 
     #[inline(always)]
     pub fn max(z: &[f32]) -> f32 {
-        let mut m = [f32::NEG_INFINITY; LANES];
-        let chunks = z.chunks_exact(LANES);
+        let mut m = [f32::NEG_INFINITY; WIDE];
+        let chunks = z.chunks_exact(WIDE);
         let rem = chunks.remainder();
         for c in chunks {
-            for j in 0..LANES {
+            for j in 0..WIDE {
                 m[j] = if c[j] > m[j] { c[j] } else { m[j] };
             }
         }
@@ -87,6 +89,25 @@ mod body {
     }
 
     #[inline(always)]
+    pub fn first_eq(z: &[f32], v: f32) -> Option<usize> {
+        let chunks = z.chunks_exact(WIDE);
+        let rem_start = z.len() - chunks.remainder().len();
+        for (ci, c) in chunks.enumerate() {
+            let mut any = false;
+            for &x in c {
+                any |= x == v;
+            }
+            if any {
+                return c.iter().position(|&x| x == v).map(|j| ci * WIDE + j);
+            }
+        }
+        z[rem_start..]
+            .iter()
+            .position(|&x| x == v)
+            .map(|j| rem_start + j)
+    }
+
+    #[inline(always)]
     pub fn collect_ge(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) {
         let chunks = z.chunks_exact(LANES);
         let rem_start = z.len() - chunks.remainder().len();
@@ -96,11 +117,14 @@ mod body {
                 any |= x >= thr;
             }
             if any {
+                // branch-free compaction of the hits of this block
+                let mut hits = [(0u32, 0f32); LANES];
+                let mut n = 0;
                 for (j, &x) in c.iter().enumerate() {
-                    if x >= thr {
-                        out.push((base + (ci * LANES + j) as u32, x));
-                    }
+                    hits[n] = (base + (ci * LANES + j) as u32, x);
+                    n += usize::from(x >= thr);
                 }
+                out.extend_from_slice(&hits[..n]);
             }
         }
         for (j, &x) in z[rem_start..].iter().enumerate() {
@@ -222,6 +246,10 @@ dispatch! {
 dispatch! {
     /// The maximum of `z`: the streaming pass that defines the benchmarks' memory floor.
     pub fn max(z: &[f32]) -> f32;
+}
+dispatch! {
+    /// The first index holding `v`, if any.
+    pub fn first_eq(z: &[f32], v: f32) -> Option<usize>;
 }
 dispatch! {
     /// Appends `(base + i, z[i])` for every `z[i] >= thr`, skipping 16-wide blocks with none.

@@ -167,7 +167,7 @@ fn sample_z(x: &[f32], z: &[f32], zmax: f32, req: &Request, s: &mut Scratch) -> 
     }
     let t = p.temperature;
     if pl::is_greedy(t, zmax) {
-        let token = z.iter().position(|&zi| zi == zmax).expect("max exists") as u32;
+        let token = kernels::first_eq(z, zmax).expect("max exists") as u32;
         let lp = p.logprobs.map(|n| match p.logprobs_mode {
             LogprobsMode::Raw => full_logprobs(x, token, n, s),
             LogprobsMode::Processed => full_logprobs(z, token, n, s),
@@ -190,7 +190,7 @@ fn sample_z(x: &[f32], z: &[f32], zmax: f32, req: &Request, s: &mut Scratch) -> 
     if top_k {
         select_top(z, k, t, &mut cands, &mut s.tmp);
     } else if top_p {
-        sum_all = top_p_candidates(z, zmax, ymax, t, p.top_p, &mut cands, &mut s.q);
+        sum_all = top_p_candidates(z, zmax, ymax, t, p.top_p, &mut cands, &mut s.q, &mut s.tmp);
         if sum_all.is_none() {
             // The nucleus is too wide for the candidate list: take the whole row.
             cands.clear();
@@ -204,7 +204,7 @@ fn sample_z(x: &[f32], z: &[f32], zmax: f32, req: &Request, s: &mut Scratch) -> 
         } else {
             // No filter: only tokens within reach of the max token's draw can win.
             unfiltered = true;
-            let i0 = z.iter().position(|&zi| zi == zmax).expect("max exists") as u32;
+            let i0 = kernels::first_eq(z, zmax).expect("max exists") as u32;
             let best0 = ymax + philox::gumbel(req.state.seed, req.state.step, i0);
             best0 - GUMBEL_MAX_BOUND - 1.0 - best0.abs() * 1e-6
         };
@@ -254,38 +254,72 @@ fn sample_z(x: &[f32], z: &[f32], zmax: f32, req: &Request, s: &mut Scratch) -> 
     })
 }
 
+/// A threshold in z-space that about `want` values of `z` reach, estimated from a strided
+/// sample of about 512 values (`-inf` when the sample cannot tell). Only a starting
+/// point: callers check that it kept what they need and fall back to `-inf`.
+fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> f32 {
+    let v = z.len();
+    if v < 8192 || want * 4 >= v {
+        return f32::NEG_INFINITY;
+    }
+    let stride = v / 512;
+    tmp.clear();
+    tmp.extend(z.iter().step_by(stride).map(|&zi| (0u32, zi)));
+    let n = tmp.len();
+    let r = (want * n).div_ceil(v) + 1;
+    if r >= n {
+        return f32::NEG_INFINITY;
+    }
+    let (_, at, _) = tmp.select_nth_unstable_by(r - 1, |a, b| b.1.total_cmp(&a.1));
+    at.1
+}
+
 /// Gathers into `out` every `(i, y_i)` with `y_i >= τ`, `τ` the k-th largest `y = z / t`
 /// (ties kept): stage 6. `tmp` is scratch.
 fn select_top(z: &[f32], k: usize, t: f32, out: &mut Vec<(u32, f32)>, tmp: &mut Vec<(u32, f32)>) {
-    let cap = (4 * k).max(2048);
-    let mut thr = f32::NEG_INFINITY;
+    let start = sampled_threshold(z, 4 * k + 64, tmp);
+    if !gather_top(z, k, t, start, out) {
+        gather_top(z, k, t, f32::NEG_INFINITY, out);
+    }
+    out.sort_unstable_by_key(|c| c.0);
+}
+
+/// One gathering pass from threshold `start`; false when `start` proved too high.
+fn gather_top(z: &[f32], k: usize, t: f32, start: f32, out: &mut Vec<(u32, f32)>) -> bool {
+    let cap = (4 * k).max(256);
+    let mut thr = start;
     out.clear();
     let shrink = |out: &mut Vec<(u32, f32)>| -> f32 {
         let (_, kth, _) = out.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
-        let tau = kth.1 / t;
-        let zl = pl::z_lower_bound(tau, t);
+        let zl = pl::z_lower_bound(kth.1 / t, t);
         out.retain(|c| c.1 >= zl);
         zl
     };
     for (b, block) in z.chunks(BLOCK).enumerate() {
         kernels::collect_ge(block, (b * BLOCK) as u32, thr, out);
         if out.len() > cap {
-            thr = shrink(out);
+            thr = thr.max(shrink(out));
         }
     }
-    tmp.clear();
+    if out.len() < k {
+        return false;
+    }
     let (_, kth, _) = out.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
     let tau = kth.1 / t;
+    if pl::z_lower_bound(tau, t) < start {
+        return false;
+    }
     out.retain_mut(|c| {
         c.1 /= t;
         c.1 >= tau
     });
-    out.sort_unstable_by_key(|c| c.0);
+    true
 }
 
 /// Top-p without top-k: one pass accumulates the normaliser over the whole row while
 /// gathering the tokens near the top. Returns the normaliser (the gathered tokens' weights
 /// exact, the rest approximated) when the gathered tokens hold the nucleus, else `None`.
+#[allow(clippy::too_many_arguments)]
 fn top_p_candidates(
     z: &[f32],
     zmax: f32,
@@ -294,10 +328,11 @@ fn top_p_candidates(
     p: f32,
     out: &mut Vec<(u32, f32)>,
     q: &mut Vec<f32>,
+    q_scratch: &mut Vec<(u32, f32)>,
 ) -> Option<f64> {
     const CAP: usize = 8192;
     let scale = 1.0 / t;
-    let mut zthr = pl::z_lower_bound(ymax - 16.0, t);
+    let mut zthr = pl::z_lower_bound(ymax - 16.0, t).max(sampled_threshold(z, 1024, q_scratch));
     let mut approx = 0f64;
     for (b, block) in z.chunks(BLOCK).enumerate() {
         approx += kernels::exp_sum(block, zmax, scale);

@@ -1,0 +1,254 @@
+//! `decoda demo` and `decoda selftest`.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use decoda::conformance::{self, random_case, Rng};
+use decoda::reference::explain_row;
+use decoda::{Logits, Request, SamplingParams};
+
+use crate::device::{backend, Device};
+use crate::sample::bar;
+
+#[derive(Args)]
+pub struct DemoArgs {
+    /// Where to sample.
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    device: Device,
+}
+
+const WORDS: [&str; 12] = [
+    "the", "a", "cat", "dog", "sat", "ran", "on", "under", "mat", "sofa", "quietly", "zebra",
+];
+const LOGITS: [f32; 12] = [
+    3.2, 2.9, 2.4, 2.2, 1.6, 1.1, 0.9, 0.3, 0.0, -0.4, -1.2, -3.0,
+];
+
+fn show(title: &str, req: &Request) {
+    let ex = explain_row(&LOGITS, req);
+    let last = ex.stages.last().expect("stages");
+    println!(
+        "{title}  (kept {}, entropy {:.2} bits)",
+        last.probs.len(),
+        last.entropy_bits
+    );
+    let mut probs = vec![0f64; WORDS.len()];
+    for &(t, p) in &last.probs {
+        probs[t as usize] = p;
+    }
+    for (w, p) in WORDS.iter().zip(&probs) {
+        println!("  {w:>8} {:>6.1}% {}", p * 100.0, bar(*p, 40));
+    }
+    println!();
+}
+
+pub fn run_demo(a: DemoArgs) -> Result<ExitCode, String> {
+    let be = backend(a.device, 0)?;
+    println!(
+        "decoda demo on {}: a 12-token distribution, what each parameter does to it\n",
+        be.name()
+    );
+    let base = SamplingParams::default();
+    for t in [0.5f32, 1.0, 1.5] {
+        show(
+            &format!("temperature {t}"),
+            &Request::new(
+                SamplingParams {
+                    temperature: t,
+                    ..base.clone()
+                },
+                0,
+            ),
+        );
+    }
+    show(
+        "top-k 3",
+        &Request::new(
+            SamplingParams {
+                top_k: 3,
+                ..base.clone()
+            },
+            0,
+        ),
+    );
+    show(
+        "top-p 0.8",
+        &Request::new(
+            SamplingParams {
+                top_p: 0.8,
+                ..base.clone()
+            },
+            0,
+        ),
+    );
+    show(
+        "min-p 0.2",
+        &Request::new(
+            SamplingParams {
+                min_p: 0.2,
+                ..base.clone()
+            },
+            0,
+        ),
+    );
+
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        ..base.clone()
+    };
+    let seed = 42u64;
+    let draws = 16;
+    let run = |batch_around: bool, be: &dyn decoda::Backend| -> Result<Vec<u32>, String> {
+        let mut tokens = Vec::new();
+        for step in 0..draws {
+            let mut req = Request::new(params.clone(), seed);
+            req.state.step = step;
+            let (data, reqs, pos) = if batch_around {
+                // the same row at position 3 of a batch of 8 other random rows
+                let mut rng = Rng::new(step + 100);
+                let mut data = Vec::new();
+                let mut reqs = Vec::new();
+                for r in 0..8 {
+                    if r == 3 {
+                        data.extend_from_slice(&LOGITS);
+                        reqs.push(req.clone());
+                    } else {
+                        let (x, q) = random_case(&mut rng, LOGITS.len());
+                        data.extend(x);
+                        reqs.push(q);
+                    }
+                }
+                (data, reqs, 3)
+            } else {
+                (LOGITS.to_vec(), vec![req], 0)
+            };
+            let l = Logits::f32(&data, reqs.len(), LOGITS.len()).map_err(|e| e.to_string())?;
+            let out = be.sample(&l, &reqs).map_err(|e| e.to_string())?;
+            tokens.push(out[pos].as_ref().map_err(|e| e.to_string())?.token);
+        }
+        Ok(tokens)
+    };
+    let words = |t: &[u32]| {
+        t.iter()
+            .map(|&i| WORDS[i as usize])
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let first = run(false, be.as_ref())?;
+    println!(
+        "{draws} draws, temperature 0.9, top-p 0.95, seed {seed}, steps 0..{draws}:\n  {}",
+        words(&first)
+    );
+    let again = run(false, be.as_ref())?;
+    println!(
+        "same seed and steps again:\n  {}  -> {}",
+        words(&again),
+        if again == first {
+            "identical"
+        } else {
+            "DIFFERENT"
+        }
+    );
+    let batched = run(true, be.as_ref())?;
+    println!(
+        "the same row at position 3 of a batch of 8 other rows:\n  {}  -> {}",
+        words(&batched),
+        if batched == first {
+            "identical"
+        } else {
+            "DIFFERENT"
+        }
+    );
+    let cpu = run(false, &decoda::ReferenceSampler)?;
+    println!(
+        "the reference sampler (the contract, written plainly):\n  {}  -> {}",
+        words(&cpu),
+        if cpu == first {
+            "identical"
+        } else {
+            "DIFFERENT"
+        }
+    );
+    if again == first && batched == first && cpu == first {
+        println!("\nA token is a pure function of (logits, parameters, seed, step, history).");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Ok(ExitCode::from(1))
+    }
+}
+
+#[derive(Args)]
+pub struct SelftestArgs {
+    /// Which backend to test.
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    device: Device,
+    /// Random rows for the parity check against the reference.
+    #[arg(long, default_value_t = 10_000)]
+    parity_rows: usize,
+}
+
+pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
+    let be = backend(a.device, 0)?;
+    println!("conformance suite on {}", be.name());
+    let report = conformance::run_all(be.as_ref(), |name, r| match r {
+        Ok(()) => println!("  ok    {name}"),
+        Err(e) => println!("  FAIL  {name}: {e}"),
+    });
+    let mut passed = report.passed;
+    let mut failed = report.failed.len();
+    // parity with the reference on random rows across vocabulary sizes
+    let mut rng = Rng::new(31337);
+    let mut totals = conformance::Parity::default();
+    let sizes = [1usize, 3, 17, 256, 1000, 4099, 32_000, 131_072, 262_144];
+    let mut left = a.parity_rows;
+    for (i, &v) in sizes.iter().enumerate() {
+        let n = if v >= 100_000 {
+            (left / 50).clamp(1, 40)
+        } else {
+            left / (sizes.len() - i)
+        };
+        left -= n.min(left);
+        if n == 0 {
+            continue;
+        }
+        let cases: Vec<_> = (0..n).map(|_| random_case(&mut rng, v)).collect();
+        match conformance::parity(be.as_ref(), &cases) {
+            Ok(p) => {
+                passed += 1;
+                totals.rows += p.rows;
+                totals.same += p.same;
+                totals.allowed_ties += p.allowed_ties;
+                totals.max_logprob_diff = totals.max_logprob_diff.max(p.max_logprob_diff);
+                println!(
+                    "  ok    parity V={v}: {} rows, {} identical, {} allowed ties",
+                    p.rows, p.same, p.allowed_ties
+                );
+            }
+            Err(e) => {
+                failed += 1;
+                println!("  FAIL  parity V={v}: {e}");
+            }
+        }
+    }
+    println!(
+        "parity: {} rows, {} identical, {} allowed floating-point ties, max logprob diff {:.2e}",
+        totals.rows, totals.same, totals.allowed_ties, totals.max_logprob_diff
+    );
+    println!("{passed} passed, {failed} failed");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+pub fn cuda_bench(
+    _c: &[String],
+    _v: &[usize],
+    _r: &[usize],
+    _t: u64,
+    _j: bool,
+) -> Result<ExitCode, String> {
+    Err("no CUDA device: the CUDA backend is not part of this build".into())
+}

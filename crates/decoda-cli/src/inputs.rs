@@ -1,0 +1,266 @@
+//! Reading logits (.npy) and per-row parameters (flags or JSON).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use clap::Args;
+use decoda::{LogprobsMode, Request, SamplingParams, SequenceState};
+use half::f16;
+
+/// Logits read from a .npy file, widened to their own type.
+pub enum LogitsFile {
+    /// f32 values.
+    F32(Vec<f32>),
+    /// f16 values.
+    F16(Vec<f16>),
+}
+
+/// A `[rows, vocab]` batch read from disk.
+pub struct Batch {
+    pub data: LogitsFile,
+    pub rows: usize,
+    pub vocab: usize,
+}
+
+impl Batch {
+    pub fn logits(&self) -> Result<decoda::Logits<'_>, String> {
+        match &self.data {
+            LogitsFile::F32(d) => decoda::Logits::f32(d, self.rows, self.vocab),
+            LogitsFile::F16(d) => decoda::Logits::f16(d, self.rows, self.vocab),
+        }
+        .map_err(|e| e.to_string())
+    }
+
+    pub fn row_f32(&self, r: usize) -> Vec<f32> {
+        let range = r * self.vocab..(r + 1) * self.vocab;
+        match &self.data {
+            LogitsFile::F32(d) => d[range].to_vec(),
+            LogitsFile::F16(d) => d[range].iter().map(|h| h.to_f32()).collect(),
+        }
+    }
+}
+
+/// Reads a C-order f32 or f16 .npy of shape `[V]` or `[B, V]`.
+pub fn read_npy(path: &Path) -> Result<Batch, String> {
+    let shown = path.display();
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot open {shown}: {e}"))?;
+    let npy = npyz::NpyFile::new(std::io::BufReader::new(file))
+        .map_err(|e| format!("{shown} is not a valid .npy file: {e}"))?;
+    if npy.order() != npyz::Order::C {
+        return Err(format!(
+            "{shown}: Fortran-order arrays are not supported; save in C order"
+        ));
+    }
+    let shape = npy.shape().to_vec();
+    let (rows, vocab) = match shape.as_slice() {
+        [v] => (1, *v as usize),
+        [b, v] => (*b as usize, *v as usize),
+        other => {
+            return Err(format!(
+                "{shown}: logits must have shape [V] or [B, V], not {other:?}"
+            ))
+        }
+    };
+    if vocab == 0 || rows == 0 {
+        return Err(format!("{shown}: empty logits of shape {shape:?}"));
+    }
+    let dtype = npy.dtype().descr();
+    let data = match dtype.trim_start_matches(['<', '=', '|']) {
+        "f4" => LogitsFile::F32(npy.into_vec::<f32>().map_err(|e| format!("{shown}: {e}"))?),
+        "f2" => LogitsFile::F16(npy.into_vec::<f16>().map_err(|e| format!("{shown}: {e}"))?),
+        _ => {
+            return Err(format!(
+                "{shown}: logits must be float32 or float16 (little-endian), not {dtype}"
+            ))
+        }
+    };
+    Ok(Batch { data, rows, vocab })
+}
+
+/// Parameters for every row, as flags, or per row from a JSON file.
+#[derive(Args, Debug, Clone)]
+pub struct ParamArgs {
+    /// Temperature (0 = greedy).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: u32,
+    /// Nucleus mass (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Minimum probability relative to the most likely token (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Multiplicative repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Frequency penalty in [-2, 2].
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Presence penalty in [-2, 2].
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// RNG seed (default: drawn from OS entropy per row, and reported).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Step of the first draw.
+    #[arg(long, default_value_t = 0)]
+    pub step: u64,
+    /// Logit bias, "id:bias,id:bias" (bias may be -inf).
+    #[arg(long, allow_hyphen_values = true)]
+    pub logit_bias: Option<String>,
+    /// Prompt token ids, "1,2,3".
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Output token ids so far, "4,5".
+    #[arg(long)]
+    pub output: Option<String>,
+    /// Report the N most likely tokens' logprobs (0..=20).
+    #[arg(long)]
+    pub logprobs: Option<u32>,
+    /// Which logprobs: raw or processed.
+    #[arg(long, default_value = "raw")]
+    pub logprobs_mode: LogprobsMode,
+    /// Per-row parameters: a JSON array with one object per row (overrides the flags).
+    #[arg(long)]
+    pub params: Option<std::path::PathBuf>,
+}
+
+fn parse_ids(field: &str, s: &str) -> Result<Vec<u32>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>()
+                .map_err(|_| format!("--{field}: {t:?} is not a token id"))
+        })
+        .collect()
+}
+
+fn parse_bias(s: &str) -> Result<BTreeMap<u32, f32>, String> {
+    let mut m = BTreeMap::new();
+    for item in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let (id, b) = item
+            .split_once(':')
+            .ok_or_else(|| format!("--logit-bias: {item:?} is not id:bias"))?;
+        let id = id
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| format!("--logit-bias: {id:?} is not a token id"))?;
+        let b = b
+            .trim()
+            .parse::<f32>()
+            .map_err(|_| format!("--logit-bias: {b:?} is not a number"))?;
+        m.insert(id, b);
+    }
+    Ok(m)
+}
+
+const KEYS: &[&str] = &[
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "seed",
+    "step",
+    "prompt",
+    "output",
+    "logprobs",
+    "logprobs_mode",
+];
+
+fn entropy_seed() -> Result<u64, String> {
+    SequenceState::from_entropy()
+        .map(|s| s.seed)
+        .map_err(|e| e.to_string())
+}
+
+/// The requests for `rows` rows.
+pub fn requests(a: &ParamArgs, rows: usize) -> Result<Vec<Request>, String> {
+    if let Some(path) = &a.params {
+        let shown = path.display();
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        let items: Vec<serde_json::Value> = serde_json::from_str(&text)
+            .map_err(|e| format!("{shown}: not a JSON array of objects: {e}"))?;
+        if items.len() != rows {
+            return Err(format!(
+                "{shown} has {} parameter objects for {rows} rows of logits",
+                items.len()
+            ));
+        }
+        return items
+            .into_iter()
+            .enumerate()
+            .map(|(r, item)| {
+                let obj = item
+                    .as_object()
+                    .ok_or_else(|| format!("{shown}: row {r} is not an object"))?;
+                if let Some(k) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
+                    return Err(format!(
+                        "{shown}: row {r}: unknown key {k:?} (known: {})",
+                        KEYS.join(", ")
+                    ));
+                }
+                let has_seed = obj.contains_key("seed");
+                let mut req: Request =
+                    serde_json::from_value(item).map_err(|e| format!("{shown}: row {r}: {e}"))?;
+                if !has_seed {
+                    req.state.seed = entropy_seed()?;
+                }
+                Ok(req)
+            })
+            .collect();
+    }
+    let params = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        frequency_penalty: a.frequency_penalty,
+        presence_penalty: a.presence_penalty,
+        logit_bias: a
+            .logit_bias
+            .as_deref()
+            .map(parse_bias)
+            .transpose()?
+            .unwrap_or_default(),
+        logprobs: a.logprobs,
+        logprobs_mode: a.logprobs_mode,
+    };
+    let prompt = a
+        .prompt
+        .as_deref()
+        .map(|s| parse_ids("prompt", s))
+        .transpose()?
+        .unwrap_or_default();
+    let output = a
+        .output
+        .as_deref()
+        .map(|s| parse_ids("output", s))
+        .transpose()?
+        .unwrap_or_default();
+    (0..rows)
+        .map(|_| {
+            let seed = match a.seed {
+                Some(s) => s,
+                None => entropy_seed()?,
+            };
+            Ok(Request {
+                params: params.clone(),
+                state: SequenceState {
+                    seed,
+                    step: a.step,
+                    prompt: prompt.clone(),
+                    output: output.clone(),
+                },
+            })
+        })
+        .collect()
+}
