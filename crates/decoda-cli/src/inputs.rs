@@ -64,7 +64,7 @@ pub fn read_npy(path: &Path) -> Result<Batch, String> {
     if vocab == 0 || rows == 0 {
         return Err(format!("{shown}: empty logits of shape {shape:?}"));
     }
-    let dtype = npy.dtype().descr();
+    let dtype = npy.dtype().descr().trim_matches('\'').to_string();
     let data = match dtype.trim_start_matches(['<', '=', '|']) {
         "f4" => LogitsFile::F32(npy.into_vec::<f32>().map_err(|e| format!("{shown}: {e}"))?),
         "f2" => LogitsFile::F16(npy.into_vec::<f16>().map_err(|e| format!("{shown}: {e}"))?),
@@ -81,19 +81,19 @@ pub fn read_npy(path: &Path) -> Result<Batch, String> {
 #[derive(Args, Debug, Clone)]
 pub struct ParamArgs {
     /// Temperature (0 = greedy).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub temperature: f32,
     /// Keep the k most likely tokens (0 = off).
     #[arg(long, default_value_t = 0)]
     pub top_k: u32,
     /// Nucleus mass (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
     /// Minimum probability relative to the most likely token (0 = off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub min_p: f32,
     /// Multiplicative repetition penalty (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub repetition_penalty: f32,
     /// Frequency penalty in [-2, 2].
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]

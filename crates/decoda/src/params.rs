@@ -167,8 +167,17 @@ fn de_bias<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<BTreeMap<u32,
         Num(f32),
         Text(String),
     }
-    let raw: BTreeMap<u32, Bias> = BTreeMap::deserialize(d)?;
+    // Keys arrive as strings (JSON object keys), also through `#[serde(flatten)]`.
+    let raw: BTreeMap<String, Bias> = BTreeMap::deserialize(d)?;
     raw.into_iter()
+        .map(|(k, v)| {
+            let k: u32 = k.trim().parse().map_err(|_| {
+                serde::de::Error::custom(format!("logit_bias key {k:?} is not a token id"))
+            })?;
+            Ok((k, v))
+        })
+        .collect::<std::result::Result<Vec<_>, D::Error>>()?
+        .into_iter()
         .map(|(k, v)| match v {
             Bias::Num(x) => Ok((k, x)),
             Bias::Text(s) => s.trim().parse::<f32>().map(|x| (k, x)).map_err(|_| {

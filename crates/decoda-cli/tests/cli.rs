@@ -1,0 +1,330 @@
+//! The CLI's interface: output shapes, exit status and messages on bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_decoda"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("decoda-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// Writes a C-order .npy (version 1.0) with the given descr and shape.
+fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) {
+    let shape_s = match shape {
+        [v] => format!("({v},)"),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let mut header =
+        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_s}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    std::fs::write(path, out).unwrap();
+}
+
+fn f32_npy(name: &str, shape: &[usize], vals: &[f32]) -> PathBuf {
+    let p = tmp(name);
+    let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    write_npy(&p, "<f4", shape, &bytes);
+    p
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = bin().args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn sample_json_shape_and_reproducibility() {
+    let p = f32_npy(
+        "a.npy",
+        &[2, 5],
+        &[0.1, 2.0, 0.3, 1.9, -1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+    );
+    let args = [
+        "sample",
+        "--logits",
+        p.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--seed",
+        "7",
+        "--draws",
+        "4",
+        "--top-p",
+        "0.9",
+        "--logprobs",
+        "2",
+        "--json",
+    ];
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["device"], "cpu");
+    assert_eq!(v["vocab"], 5);
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1]["row"], 1);
+    assert_eq!(rows[1]["seed"], 7);
+    assert_eq!(rows[0]["tokens"].as_array().unwrap().len(), 4);
+    assert_eq!(rows[0]["logprobs"].as_array().unwrap().len(), 4);
+    assert_eq!(rows[0]["logprobs"][0]["top"].as_array().unwrap().len(), 2);
+    let (_, again, _) = run(&args);
+    assert_eq!(out, again, "same seed, same tokens");
+}
+
+#[test]
+fn per_row_params_and_row_errors() {
+    let p = f32_npy(
+        "b.npy",
+        &[3, 4],
+        &[
+            1.0,
+            2.0,
+            3.0,
+            4.0,
+            f32::NAN,
+            0.0,
+            0.0,
+            0.0,
+            4.0,
+            3.0,
+            2.0,
+            1.0,
+        ],
+    );
+    let params = tmp("b.json");
+    std::fs::write(&params, r#"[{"temperature": 0}, {"seed": 3}, {"temperature": 0, "logit_bias": {"0": "-inf"}, "seed": 5}]"#).unwrap();
+    let (code, out, _) = run(&[
+        "sample",
+        "--logits",
+        p.to_str().unwrap(),
+        "--params",
+        params.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--json",
+    ]);
+    assert_eq!(code, 1, "a failed row is reported with status 1");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["rows"][0]["tokens"][0], 3);
+    assert_eq!(v["rows"][1]["error"]["kind"], "NonFiniteLogits");
+    assert_eq!(v["rows"][2]["tokens"][0], 1);
+    assert_eq!(v["rows"][2]["seed"], 5);
+}
+
+#[test]
+fn whole_call_errors_exit_2_with_a_message() {
+    let p = f32_npy("c.npy", &[4], &[1.0, 2.0, 3.0, 4.0]);
+    let ps = p.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "sample", "--logits", ps, "--top-p", "1.5", "--device", "cpu",
+            ],
+            "top_p",
+        ),
+        (
+            vec![
+                "sample",
+                "--logits",
+                ps,
+                "--temperature",
+                "-1",
+                "--device",
+                "cpu",
+            ],
+            "temperature",
+        ),
+        (
+            vec![
+                "sample", "--logits", ps, "--output", "1,9", "--device", "cpu",
+            ],
+            "output",
+        ),
+        (
+            vec![
+                "sample",
+                "--logits",
+                ps,
+                "--logit-bias",
+                "2:x",
+                "--device",
+                "cpu",
+            ],
+            "logit-bias",
+        ),
+        (
+            vec![
+                "sample",
+                "--logits",
+                "/nonexistent/x.npy",
+                "--device",
+                "cpu",
+            ],
+            "cannot open",
+        ),
+        (
+            vec!["explain", "--logits", ps, "--row", "3"],
+            "out of range",
+        ),
+    ];
+    for (args, needle) in cases {
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err:?} lacks {needle:?}");
+    }
+    let bad = tmp("bad.npy");
+    std::fs::write(&bad, b"not numpy").unwrap();
+    let (code, _, err) = run(&[
+        "sample",
+        "--logits",
+        bad.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("not a valid .npy"), "{err}");
+    let cube = tmp("cube.npy");
+    write_npy(&cube, "<f4", &[1, 2, 2], &[0u8; 16]);
+    let (code, _, err) = run(&[
+        "sample",
+        "--logits",
+        cube.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("shape"), "{err}");
+    let ints = tmp("ints.npy");
+    write_npy(&ints, "<i4", &[4], &[0u8; 16]);
+    let (code, _, err) = run(&[
+        "sample",
+        "--logits",
+        ints.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("float32 or float16"), "{err}");
+    let params = tmp("rows.json");
+    std::fs::write(&params, r#"[{"temprature": 1}]"#).unwrap();
+    let (code, _, err) = run(&[
+        "sample",
+        "--logits",
+        ps,
+        "--params",
+        params.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown key"), "{err}");
+}
+
+#[test]
+fn f16_input_and_explain() {
+    let p = tmp("h.npy");
+    let vals: Vec<u8> = [0.5f32, 2.0, 1.0, -1.0]
+        .iter()
+        .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+        .collect();
+    write_npy(&p, "<f2", &[4], &vals);
+    let (code, out, err) = run(&[
+        "sample",
+        "--logits",
+        p.to_str().unwrap(),
+        "--temperature",
+        "0",
+        "--device",
+        "cpu",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"tokens\":[1]"), "{out}");
+    let (code, out, _) = run(&[
+        "explain",
+        "--logits",
+        p.to_str().unwrap(),
+        "--top-k",
+        "2",
+        "--seed",
+        "1",
+    ]);
+    assert_eq!(code, 0);
+    for needle in [
+        "== input ==",
+        "== temperature ==",
+        "== top-k ==",
+        "entropy",
+        "removed 2",
+        "drawn: token",
+    ] {
+        assert!(out.contains(needle), "{needle:?} missing in {out}");
+    }
+}
+
+#[test]
+fn demo_and_bench_run() {
+    let (code, out, _) = run(&["demo", "--device", "cpu"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("identical") && !out.contains("DIFFERENT"));
+    let (code, out, err) = run(&[
+        "bench",
+        "--config",
+        "topk50,greedy",
+        "--vocab",
+        "1000",
+        "--rows",
+        "2",
+        "--threads",
+        "1",
+        "--time-ms",
+        "5",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for key in [
+        "impl",
+        "device",
+        "config",
+        "vocab",
+        "rows",
+        "threads",
+        "median_us",
+        "p10_us",
+        "p90_us",
+        "floor_us",
+    ] {
+        assert!(lines[0].get(key).is_some(), "{key}");
+    }
+    let (code, _, err) = run(&["bench", "--config", "nope"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown configuration"));
+}

@@ -1,0 +1,36 @@
+//! The fast CPU path against the reference on many thousands of random rows and
+//! parameter sets (proptest): identical tokens and logprobs (within 1e-5), except the
+//! floating-point ties that the contract allows, which are counted.
+
+use decoda::conformance::{parity, random_case, Rng};
+use decoda::CpuSampler;
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// 256 cases x 24 rows = 6144 random rows over vocabularies up to 20000.
+    #[test]
+    fn fast_path_matches_reference(seed in any::<u64>(), vocab in prop_oneof![1usize..16, 16usize..600, 8192usize..20_000]) {
+        let mut rng = Rng::new(seed);
+        let cases: Vec<_> = (0..24).map(|_| random_case(&mut rng, vocab)).collect();
+        let p = parity(&CpuSampler::new(), &cases).map_err(TestCaseError::fail)?;
+        prop_assert_eq!(p.same + p.allowed_ties, p.rows);
+        prop_assert!(p.max_logprob_diff <= 1e-5);
+    }
+}
+
+/// Large vocabularies exercise the sampled thresholds and the block passes.
+#[test]
+fn large_vocab_parity() {
+    let mut rng = Rng::new(4242);
+    let mut ties = 0;
+    let mut rows = 0;
+    for v in [32_000usize, 131_072] {
+        let cases: Vec<_> = (0..40).map(|_| random_case(&mut rng, v)).collect();
+        let p = parity(&CpuSampler::new(), &cases).unwrap();
+        ties += p.allowed_ties;
+        rows += p.rows;
+    }
+    eprintln!("{rows} rows, {ties} allowed ties");
+}
