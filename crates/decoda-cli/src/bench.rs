@@ -82,13 +82,8 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
     if a.vocab.contains(&0) || a.rows.contains(&0) {
         return Err("--vocab and --rows must be >= 1".into());
     }
-    let use_cuda = match a.device {
-        Device::Cpu => false,
-        Device::Cuda => true,
-        Device::Auto => crate::device::backend(Device::Cuda, 0).is_ok(),
-    };
-    if use_cuda {
-        return crate::demo::cuda_bench(&a.config, &a.vocab, &a.rows, a.time_ms, a.json);
+    if a.device == Device::Cuda {
+        crate::device::backend(Device::Cuda, 0)?;
     }
     let cells = a.config.len() * a.vocab.len() * a.rows.len() * a.threads.len();
     let bar = ProgressBar::new(cells as u64);

@@ -242,13 +242,3 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
         ExitCode::from(1)
     })
 }
-
-pub fn cuda_bench(
-    _c: &[String],
-    _v: &[usize],
-    _r: &[usize],
-    _t: u64,
-    _j: bool,
-) -> Result<ExitCode, String> {
-    Err("no CUDA device: the CUDA backend is not part of this build".into())
-}

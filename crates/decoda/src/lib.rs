@@ -26,11 +26,8 @@
 pub mod backend;
 pub mod conformance;
 pub mod cpu;
-#[cfg(feature = "cuda")]
-pub mod cuda;
 pub mod error;
 pub mod logits;
-pub mod moe;
 pub mod params;
 pub mod philox;
 pub mod pipeline;

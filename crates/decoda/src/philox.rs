@@ -139,7 +139,7 @@ mod tests {
         let hi = gumbel_from_bits(u32::MAX);
         // -ln(-ln(2^-24)) and -ln(-ln(1 - 2^-24)), computed in f64.
         let lo64 = -(-(2f64.powi(-24)).ln()).ln();
-        let hi64 = -(-((1.0 - 2f64.powi(-24)) as f64).ln()).ln();
+        let hi64 = -(-(1.0 - 2f64.powi(-24)).ln()).ln();
         assert!((f64::from(lo) - lo64).abs() < 1e-5, "{lo} vs {lo64}");
         assert!((f64::from(hi) - hi64).abs() < 1e-3, "{hi} vs {hi64}");
         assert!(hi.is_finite() && lo.is_finite());

@@ -71,7 +71,9 @@ pub fn validate_call(rows: usize, vocab: usize, requests: &[Request]) -> Result<
 
 /// Counts the NaN and `+inf` values of a row.
 pub fn count_non_finite(x: &[f32]) -> u64 {
-    x.iter().filter(|v| !(**v < f32::INFINITY)).count() as u64
+    x.iter()
+        .filter(|v| v.is_nan() || **v == f32::INFINITY)
+        .count() as u64
 }
 
 /// Stages 1-3 of the pipeline (bias, repetition, frequency/presence) as the sorted list of

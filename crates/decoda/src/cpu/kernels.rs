@@ -17,7 +17,7 @@ pub fn exp_nonpos(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_145_75; // few mantissa bits: n * LN2_HI is exact
     const LN2_LO: f32 = 1.428_606_8e-6;
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let under = !(x > -87.0);
+    let under = x <= -87.0 || x.is_nan();
     let xc = if under { -87.0 } else { x };
     let tm = xc * LOG2E + MAGIC;
     let n = tm - MAGIC;
@@ -52,7 +52,7 @@ mod body {
             for j in 0..WIDE {
                 let x = c[j];
                 m[j] = if x > m[j] { x } else { m[j] };
-                bad[j] += u32::from(!(x < f32::INFINITY));
+                bad[j] += u32::from(x.is_nan() || x == f32::INFINITY);
             }
         }
         let mut mm = f32::NEG_INFINITY;
@@ -63,7 +63,7 @@ mod body {
         }
         for &x in rem {
             mm = if x > mm { x } else { mm };
-            nb += u64::from(!(x < f32::INFINITY));
+            nb += u64::from(x.is_nan() || x == f32::INFINITY);
         }
         (mm, nb)
     }

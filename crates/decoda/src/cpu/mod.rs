@@ -141,7 +141,10 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
     let (z, zmax): (&[f32], f32) = if mods.is_empty() {
         (x, xmax)
     } else {
-        let bad = mods.iter().filter(|m| !(m.1 < f32::INFINITY)).count() as u64;
+        let bad = mods
+            .iter()
+            .filter(|m| m.1.is_nan() || m.1 == f32::INFINITY)
+            .count() as u64;
         if bad > 0 {
             s.z = zbuf;
             return Err(RowError::NonFiniteLogits { count: bad });
