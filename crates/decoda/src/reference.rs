@@ -120,37 +120,14 @@ pub fn reference_row(x: &[f32], req: &Request) -> (RowResult, TieReport) {
     // Stage 6: top-k.
     let k = p.top_k as usize;
     if k > 0 && k < v {
-        let mut sorted = y.clone();
-        sorted.sort_by(|a, b| b.total_cmp(a));
-        let tau_k = sorted[k - 1];
-        for i in 0..v {
-            keep[i] = y[i] >= tau_k;
-        }
+        stage_top_k(&y, k, &mut keep);
     }
-
     // Stage 7: top-p over K.
     if p.top_p < 1.0 {
-        let sum: f64 = (0..v)
-            .filter(|&i| keep[i])
-            .map(|i| f64::from(pl::weight(y[i], ymax)))
-            .sum();
-        let q: Vec<f32> = (0..v)
-            .map(|i| pl::prob(pl::weight(y[i], ymax), sum))
-            .collect();
-        let mut in_k: Vec<f32> = (0..v).filter(|&i| keep[i]).map(|i| q[i]).collect();
-        in_k.sort_by(|a, b| b.total_cmp(a));
-        let (tau_p, margin) = pl::top_p_cut(in_k, p.top_p);
-        tie.top_p_margin = margin;
-        for i in 0..v {
-            keep[i] = keep[i] && q[i] >= tau_p;
-        }
+        tie.top_p_margin = stage_top_p(&y, ymax, p.top_p, &mut keep);
     }
-
     // Stage 8: min-p.
-    let tau_m = pl::min_p_threshold(ymax, p.min_p);
-    for i in 0..v {
-        keep[i] = keep[i] && y[i] >= tau_m;
-    }
+    stage_min_p(&y, ymax, p.min_p, &mut keep);
 
     // Stage 10: the Gumbel draw over S.
     let mut best: Option<(u32, f32)> = None;
@@ -192,6 +169,45 @@ pub fn reference_row(x: &[f32], req: &Request) -> (RowResult, TieReport) {
         }),
         tie,
     )
+}
+
+/// Stage 6: keeps `y >=` the k-th largest value (ties kept); returns that value.
+fn stage_top_k(y: &[f32], k: usize, keep: &mut [bool]) -> f32 {
+    let mut sorted = y.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let tau = sorted[k - 1];
+    for (kp, &yi) in keep.iter_mut().zip(y) {
+        *kp = *kp && yi >= tau;
+    }
+    tau
+}
+
+/// Stage 7 over the kept tokens; returns the walk's distance to `p` (for tie counting).
+fn stage_top_p(y: &[f32], ymax: f32, p: f32, keep: &mut [bool]) -> f64 {
+    let v = y.len();
+    let sum: f64 = (0..v)
+        .filter(|&i| keep[i])
+        .map(|i| f64::from(pl::weight(y[i], ymax)))
+        .sum();
+    let q: Vec<f32> = y
+        .iter()
+        .map(|&yi| pl::prob(pl::weight(yi, ymax), sum))
+        .collect();
+    let mut in_k: Vec<f32> = (0..v).filter(|&i| keep[i]).map(|i| q[i]).collect();
+    in_k.sort_by(|a, b| b.total_cmp(a));
+    let (tau, margin) = pl::top_p_cut(in_k, p);
+    for (kp, &qi) in keep.iter_mut().zip(&q) {
+        *kp = *kp && qi >= tau;
+    }
+    margin
+}
+
+/// Stage 8: keeps `y >= ymax + ln(min_p)` (nothing removed when `min_p = 0`).
+fn stage_min_p(y: &[f32], ymax: f32, min_p: f32, keep: &mut [bool]) {
+    let tau = pl::min_p_threshold(ymax, min_p);
+    for (kp, &yi) in keep.iter_mut().zip(y) {
+        *kp = *kp && yi >= tau;
+    }
 }
 
 /// Log-probabilities of `log_softmax(values)` over the whole row.
@@ -317,12 +333,7 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
     ));
     let k = p.top_k as usize;
     if k > 0 && k < v {
-        let mut sorted = y.clone();
-        sorted.sort_by(|a, b| b.total_cmp(a));
-        let tau = sorted[k - 1];
-        for i in 0..v {
-            keep[i] = keep[i] && y[i] >= tau;
-        }
+        let tau = stage_top_k(&y, k, &mut keep);
         stages.push(view(
             "top-k",
             format!("kept the {k} most likely (ties kept), threshold {tau:.4}"),
@@ -333,19 +344,7 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
         before = keep.iter().filter(|&&k| k).count();
     }
     if p.top_p < 1.0 {
-        let sum: f64 = (0..v)
-            .filter(|&i| keep[i])
-            .map(|i| f64::from(pl::weight(y[i], ymax)))
-            .sum();
-        let q: Vec<f32> = (0..v)
-            .map(|i| pl::prob(pl::weight(y[i], ymax), sum))
-            .collect();
-        let mut in_k: Vec<f32> = (0..v).filter(|&i| keep[i]).map(|i| q[i]).collect();
-        in_k.sort_by(|a, b| b.total_cmp(a));
-        let (tau, _) = pl::top_p_cut(in_k, p.top_p);
-        for i in 0..v {
-            keep[i] = keep[i] && q[i] >= tau;
-        }
+        stage_top_p(&y, ymax, p.top_p, &mut keep);
         stages.push(view(
             "top-p",
             format!("kept the nucleus of mass {}", p.top_p),
@@ -356,10 +355,7 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
         before = keep.iter().filter(|&&k| k).count();
     }
     if p.min_p > 0.0 {
-        let tau = pl::min_p_threshold(ymax, p.min_p);
-        for i in 0..v {
-            keep[i] = keep[i] && y[i] >= tau;
-        }
+        stage_min_p(&y, ymax, p.min_p, &mut keep);
         stages.push(view(
             "min-p",
             format!("kept tokens with p >= {} * max p", p.min_p),
