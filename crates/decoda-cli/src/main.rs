@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod device;
 mod inputs;
+mod moe_bench;
 mod sample;
 
 use std::process::ExitCode;
@@ -28,6 +29,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Show what sampling does on a small built-in distribution.
     Demo(demo::DemoArgs),
+    /// Time an MoE layer with the sort forced on and off for each token count.
+    MoeBench(moe_bench::MoeBenchArgs),
     /// Run the conformance suite against a device (works without cargo).
     Selftest(demo::SelftestArgs),
 }
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
         Command::Explain(a) => sample::run_explain(a),
         Command::Bench(a) => bench::run(a),
         Command::Demo(a) => demo::run_demo(a),
+        Command::MoeBench(a) => moe_bench::run(a),
         Command::Selftest(a) => demo::run_selftest(a),
     };
     match result {

@@ -328,3 +328,98 @@ fn demo_and_bench_run() {
     assert_eq!(code, 2);
     assert!(err.contains("unknown configuration"));
 }
+
+#[test]
+fn moe_bench_json_lines_and_crossover() {
+    let (code, out, err) = run(&[
+        "moe-bench",
+        "--experts",
+        "8",
+        "--top-k",
+        "2",
+        "--hidden",
+        "24",
+        "--intermediate",
+        "16",
+        "--tokens",
+        "1,4,32",
+        "--time-ms",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    for (l, n) in lines.iter().zip([1, 4, 32]) {
+        for key in [
+            "experts",
+            "top_k",
+            "hidden",
+            "intermediate",
+            "dtype",
+            "tokens",
+            "sorted_us",
+            "unsorted_us",
+        ] {
+            assert!(l.get(key).is_some(), "{key} missing in {l}");
+        }
+        assert_eq!(l["tokens"], n);
+        assert_eq!(l["experts"], 8);
+        assert_eq!(l["dtype"], "bf16");
+        assert!(l["sorted_us"].as_f64().unwrap() > 0.0);
+        assert!(l["max_rel_diff"].as_f64().unwrap() <= 1e-5, "{l}");
+    }
+    let last = &lines[3];
+    assert!(last.get("crossover").is_some(), "{last}");
+    assert!(
+        last["recommended_sort_cutoff"].as_u64().unwrap() >= 1,
+        "{last}"
+    );
+
+    let (code, out, err) = run(&[
+        "moe-bench",
+        "--experts",
+        "4",
+        "--top-k",
+        "1",
+        "--hidden",
+        "8",
+        "--intermediate",
+        "4",
+        "--tokens",
+        "1,2",
+        "--time-ms",
+        "1",
+        "--dtype",
+        "f32",
+        "--separate",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("crossover"), "{out}");
+    assert!(out.contains("recommended sort_cutoff"), "{out}");
+}
+
+#[test]
+fn moe_bench_bad_arguments_exit_2() {
+    for args in [
+        &["moe-bench", "--experts", "4", "--top-k", "5"][..],
+        &["moe-bench", "--experts", "0"][..],
+        &["moe-bench", "--tokens", "0,4"][..],
+        &[
+            "moe-bench",
+            "--hidden",
+            "0",
+            "--experts",
+            "4",
+            "--top-k",
+            "1",
+        ][..],
+    ] {
+        let (code, _, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("error"), "{args:?}: {err}");
+    }
+}

@@ -40,9 +40,38 @@ pub enum Error {
     /// A CUDA driver, NVRTC or kernel error.
     #[error("CUDA error: {0}")]
     Cuda(String),
-    /// Invalid MoE layer configuration or input.
-    #[error("moe: {0}")]
-    Moe(String),
+    /// An MoE layer setting or input value is outside its range.
+    #[error("moe: invalid {field} = {value}: expected {expected}")]
+    InvalidMoe {
+        /// Name of the setting or input (`sort_cutoff`, `top_k`, `expert_weights`, ...).
+        field: &'static str,
+        /// The offending value, printed (with its position when it is an element).
+        value: String,
+        /// What the field accepts.
+        expected: &'static str,
+    },
+    /// An expert id in `expert_indices` (or `idx`) is not below the number of experts.
+    #[error("moe: token {token}, slot {slot}: expert id {expert} is not below the number of experts {experts}")]
+    ExpertOutOfRange {
+        /// Token (row of `expert_indices`), or the gathered row for `idx`.
+        token: usize,
+        /// Slot within the token's k choices (0 for `idx`).
+        slot: usize,
+        /// The offending id.
+        expert: u32,
+        /// Number of experts E.
+        experts: usize,
+    },
+    /// `idx` was declared sorted but decreases somewhere.
+    #[error("moe: idx was declared sorted but idx[{position}] = {next} follows {previous}")]
+    NotSorted {
+        /// Position of the first element smaller than its predecessor.
+        position: usize,
+        /// `idx[position - 1]`.
+        previous: u32,
+        /// `idx[position]`.
+        next: u32,
+    },
 }
 
 /// Result type of the library.

@@ -28,6 +28,7 @@ pub mod conformance;
 pub mod cpu;
 pub mod error;
 pub mod logits;
+pub mod moe;
 pub mod params;
 pub mod philox;
 pub mod pipeline;

@@ -172,6 +172,88 @@ mod body {
         n += z[rem_start..].iter().filter(|&&x| x > v).count() as u64;
         n + z[..idx].iter().filter(|&&x| x == v).count() as u64
     }
+
+    /// `a · b` in eight 16-wide f32 chains (the order of the sum depends only on the length).
+    #[inline(always)]
+    fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        const W: usize = 128;
+        let mut acc = [0f32; W];
+        let ca = a.chunks_exact(W);
+        let cb = b.chunks_exact(W);
+        let (ra, rb) = (ca.remainder(), cb.remainder());
+        for (x, y) in ca.zip(cb) {
+            for j in 0..W {
+                acc[j] += x[j] * y[j];
+            }
+        }
+        let mut tail = 0f32;
+        for (x, y) in ra.iter().zip(rb) {
+            tail += x * y;
+        }
+        reduce128(&acc) + tail
+    }
+
+    /// `a · b` where `a` holds bf16 bit patterns, widened to f32 exactly.
+    #[inline(always)]
+    fn dot_bf16(a: &[u16], b: &[f32]) -> f32 {
+        const W: usize = 128;
+        let mut acc = [0f32; W];
+        let ca = a.chunks_exact(W);
+        let cb = b.chunks_exact(W);
+        let (ra, rb) = (ca.remainder(), cb.remainder());
+        for (x, y) in ca.zip(cb) {
+            for j in 0..W {
+                acc[j] += f32::from_bits(u32::from(x[j]) << 16) * y[j];
+            }
+        }
+        let mut tail = 0f32;
+        for (x, y) in ra.iter().zip(rb) {
+            tail += f32::from_bits(u32::from(*x) << 16) * y;
+        }
+        reduce128(&acc) + tail
+    }
+
+    /// Sum of 128 lanes by halving (vertical vector adds, then a short tree).
+    #[inline(always)]
+    fn reduce128(acc: &[f32; 128]) -> f32 {
+        let mut v = [0f32; 16];
+        for c in acc.chunks_exact(16) {
+            for j in 0..16 {
+                v[j] += c[j];
+            }
+        }
+        let mut w = 16;
+        while w > 1 {
+            w /= 2;
+            for j in 0..w {
+                v[j] += v[j + w];
+            }
+        }
+        v[0]
+    }
+
+    #[inline(always)]
+    pub fn matvec_f32(w: &[f32], x: &[f32], y: &mut [f32]) {
+        let n = x.len();
+        for (r, yr) in y.iter_mut().enumerate() {
+            *yr = dot_f32(&w[r * n..(r + 1) * n], x);
+        }
+    }
+
+    #[inline(always)]
+    pub fn matvec_bf16(w: &[u16], x: &[f32], y: &mut [f32]) {
+        let n = x.len();
+        for (r, yr) in y.iter_mut().enumerate() {
+            *yr = dot_bf16(&w[r * n..(r + 1) * n], x);
+        }
+    }
+
+    #[inline(always)]
+    pub fn widen_bf16(src: &[u16], dst: &mut [f32]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits(u32::from(s) << 16);
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -262,6 +344,19 @@ dispatch! {
 dispatch! {
     /// How many values are ordered before `z[idx] == v` (greater, or equal at a smaller index).
     pub fn count_rank(z: &[f32], v: f32, idx: usize) -> u64;
+}
+
+dispatch! {
+    /// `y = W x` for a row-major `W [y.len(), x.len()]` of f32.
+    pub fn matvec_f32(w: &[f32], x: &[f32], y: &mut [f32]) -> ();
+}
+dispatch! {
+    /// `y = W x` for a row-major `W [y.len(), x.len()]` of bf16 bit patterns, in f32.
+    pub fn matvec_bf16(w: &[u16], x: &[f32], y: &mut [f32]) -> ();
+}
+dispatch! {
+    /// Widens bf16 bit patterns to f32 (exact).
+    pub fn widen_bf16(src: &[u16], dst: &mut [f32]) -> ();
 }
 
 #[cfg(test)]

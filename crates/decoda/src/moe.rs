@@ -1,0 +1,1010 @@
+//! Mixture-of-experts dispatch with a run-time sort decision (the contract's section 7).
+//!
+//! A token is routed to `k` of `E` experts. The `N * k` (token, expert) pairs are
+//! **gathered** into `x_in [N*k, D]` with their expert ids `idx [N*k]`, multiplied by their
+//! expert's matrix (**grouped matmul**), put back in token order (**scatter**) and summed
+//! with the routing weights (**combine**).
+//!
+//! Sorting the pairs by expert makes each expert's rows contiguous, so one matrix product
+//! per expert serves all its rows (prefill). With one token (decode) the sort, the gather
+//! and the scatter buy nothing, and a matrix-vector product per row is cheaper. A
+//! [`SwitchMlp`] decides per call, from the token count `N`, against the `sort_cutoff` it
+//! was built with: it sorts when `N > sort_cutoff`.
+//!
+//! ```
+//! use decoda::moe::{route, ExpertWeights, GateUp, SwitchMlp, Dispatch};
+//!
+//! let (e, d, h) = (4, 8, 6); // experts, hidden, intermediate
+//! let w = |out: usize, inp: usize| {
+//!     let v = (0..e * out * inp).map(|i| ((i % 7) as f32 - 3.0) * 0.05).collect();
+//!     ExpertWeights::from_f32(v, e, out, inp)
+//! };
+//! let layer = SwitchMlp::new(GateUp::Fused(w(2 * h, d)?), w(d, h)?, 16)?;
+//! let x = vec![0.1f32; 2 * d]; // two tokens
+//! let router_logits = vec![0.5f32, 2.0, -1.0, 1.0, 0.0, 0.0, 3.0, 0.0]; // [2, E]
+//! let routing = route(&router_logits, e, 2, true)?;
+//! let out = layer.forward(&x, &routing)?;
+//! assert_eq!(out.y.len(), 2 * d);
+//! assert_eq!(out.dispatch, Dispatch::Unsorted); // N = 2 <= sort_cutoff = 16
+//! # Ok::<(), decoda::Error>(())
+//! ```
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use half::bf16;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::cpu::kernels;
+use crate::error::{Error, Result};
+
+/// Element type of expert weights. Activations and accumulation are always f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightDtype {
+    /// 32-bit floats.
+    F32,
+    /// bfloat16, widened exactly to f32 before every product.
+    Bf16,
+}
+
+impl WeightDtype {
+    /// `"f32"` or `"bf16"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::Bf16 => "bf16",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum WeightData {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+}
+
+/// One matrix per expert, `[E, out, in]` in row-major order: expert `e` maps an `in`-vector
+/// `x` to `W[e] · x`.
+#[derive(Clone, Debug)]
+pub struct ExpertWeights {
+    experts: usize,
+    out_features: usize,
+    in_features: usize,
+    data: WeightData,
+}
+
+fn check_dims(len: usize, experts: usize, out: usize, inp: usize) -> Result<()> {
+    for (field, v) in [
+        ("experts", experts),
+        ("out_features", out),
+        ("in_features", inp),
+    ] {
+        if v == 0 {
+            return Err(Error::InvalidMoe {
+                field,
+                value: "0".into(),
+                expected: "at least 1",
+            });
+        }
+    }
+    let want = experts
+        .checked_mul(out)
+        .and_then(|v| v.checked_mul(inp))
+        .ok_or_else(|| Error::Shape(format!("[{experts}, {out}, {inp}] overflows usize")))?;
+    if len != want {
+        return Err(Error::Shape(format!(
+            "expert weights hold {len} values, but [E={experts}, out={out}, in={inp}] needs {want}"
+        )));
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// Per-thread buffer for one expert's bf16 matrix widened to f32 (sorted branch).
+    static WIDE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+impl ExpertWeights {
+    /// Weights from f32 values laid out as `[experts, out_features, in_features]`.
+    pub fn from_f32(
+        data: Vec<f32>,
+        experts: usize,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Self> {
+        check_dims(data.len(), experts, out_features, in_features)?;
+        Ok(Self {
+            experts,
+            out_features,
+            in_features,
+            data: WeightData::F32(data),
+        })
+    }
+
+    /// Weights from bf16 values laid out as `[experts, out_features, in_features]`.
+    pub fn from_bf16(
+        data: Vec<bf16>,
+        experts: usize,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Self> {
+        check_dims(data.len(), experts, out_features, in_features)?;
+        Ok(Self {
+            experts,
+            out_features,
+            in_features,
+            data: WeightData::Bf16(data),
+        })
+    }
+
+    /// Number of experts E.
+    pub fn experts(&self) -> usize {
+        self.experts
+    }
+
+    /// Rows of each expert's matrix (length of an output vector).
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    /// Columns of each expert's matrix (length of an input vector).
+    pub fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> WeightDtype {
+        match self.data {
+            WeightData::F32(_) => WeightDtype::F32,
+            WeightData::Bf16(_) => WeightDtype::Bf16,
+        }
+    }
+
+    /// Expert `e`'s matrix `[out, in]` as f32 (bf16 widened exactly). Panics if `e >= E`.
+    pub fn expert_f32(&self, e: usize) -> Vec<f32> {
+        let (s, n) = self.span(e);
+        match &self.data {
+            WeightData::F32(v) => v[s..s + n].to_vec(),
+            WeightData::Bf16(v) => v[s..s + n].iter().map(|w| w.to_f32()).collect(),
+        }
+    }
+
+    fn span(&self, e: usize) -> (usize, usize) {
+        let n = self.out_features * self.in_features;
+        (e * n, n)
+    }
+
+    /// `y = W[e] · x` (`x.len() == in`, `y.len() == out`).
+    fn matvec(&self, e: usize, x: &[f32], y: &mut [f32]) {
+        let (s, n) = self.span(e);
+        match &self.data {
+            WeightData::F32(v) => kernels::matvec_f32(&v[s..s + n], x, y),
+            WeightData::Bf16(v) => kernels::matvec_bf16(bits(&v[s..s + n]), x, y),
+        }
+    }
+
+    /// `dst [m, out] = lhs [m, in] · W[e]^T`: one matrix product for f32 weights; for bf16,
+    /// blocks of rows of `W[e]` are widened into a per-thread buffer that stays in L2 and
+    /// each block is one matrix product into its columns of `dst`.
+    fn matmul(&self, e: usize, lhs: &[f32], dst: &mut [f32]) {
+        let (s, n) = self.span(e);
+        let (inf, of) = (self.in_features, self.out_features);
+        match &self.data {
+            WeightData::F32(v) => gemm_nt(lhs, &v[s..s + n], inf, dst, of, 0),
+            WeightData::Bf16(v) => WIDE.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                let w = bits(&v[s..s + n]);
+                let block = (WIDE_BLOCK / inf).clamp(1, of);
+                buf.resize(block * inf, 0.0);
+                let mut r0 = 0;
+                while r0 < of {
+                    let r1 = (r0 + block).min(of);
+                    let wb = &mut buf[..(r1 - r0) * inf];
+                    kernels::widen_bf16(&w[r0 * inf..r1 * inf], wb);
+                    gemm_nt(lhs, wb, inf, dst, of, r0);
+                    r0 = r1;
+                }
+            }),
+        }
+    }
+}
+
+/// Floats of a widened bf16 block (256 KiB: well inside a core's L2).
+const WIDE_BLOCK: usize = 64 * 1024;
+
+fn bits(v: &[bf16]) -> &[u16] {
+    use half::slice::HalfFloatSliceExt;
+    v.reinterpret_cast()
+}
+
+/// Columns `col .. col + n` of `dst [m, width]` (row-major) get `lhs [m, k] · w^T` where
+/// `w` is `[n, k]`, all row-major, with the `gemm` crate.
+fn gemm_nt(lhs: &[f32], w: &[f32], k: usize, dst: &mut [f32], width: usize, col: usize) {
+    let m = lhs.len() / k;
+    let n = w.len() / k;
+    assert!(lhs.len() == m * k && w.len() == n * k && dst.len() == m * width && col + n <= width);
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: lhs and w hold exactly m*k and n*k values and dst m*width (asserted above).
+    // The strides address only inside them: lhs (i, kk) at i*k + kk; rhs = w^T, (kk, j) at
+    // j*k + kk; dst (i, j) at col + i*width + j <= (m-1)*width + width - 1. dst is a `&mut`
+    // and so aliases neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr().add(col),
+            1,
+            width as isize,
+            false,
+            lhs.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// The routing of `tokens` tokens: `k` expert ids and weights per token, `[N, k]` row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    /// Number of tokens N.
+    pub tokens: usize,
+    /// Experts per token k.
+    pub top_k: usize,
+    /// `expert_indices [N, k]`.
+    pub indices: Vec<u32>,
+    /// `expert_weights [N, k]`.
+    pub weights: Vec<f32>,
+}
+
+impl Routing {
+    /// A routing from explicit indices and weights (`[tokens, top_k]` each). Checks the
+    /// lengths and that every weight is finite; expert ids are checked against a layer's E
+    /// when it runs.
+    pub fn new(tokens: usize, top_k: usize, indices: Vec<u32>, weights: Vec<f32>) -> Result<Self> {
+        if top_k == 0 {
+            return Err(Error::InvalidMoe {
+                field: "top_k",
+                value: "0".into(),
+                expected: "at least 1",
+            });
+        }
+        for (name, len) in [
+            ("expert_indices", indices.len()),
+            ("expert_weights", weights.len()),
+        ] {
+            if Some(len) != tokens.checked_mul(top_k) {
+                return Err(Error::Shape(format!(
+                    "{name} holds {len} values, but [N={tokens}, k={top_k}] needs {}",
+                    tokens.saturating_mul(top_k)
+                )));
+            }
+        }
+        if let Some(i) = weights.iter().position(|w| !w.is_finite()) {
+            return Err(Error::InvalidMoe {
+                field: "expert_weights",
+                value: format!("{} at token {}, slot {}", weights[i], i / top_k, i % top_k),
+                expected: "a finite number",
+            });
+        }
+        Ok(Self {
+            tokens,
+            top_k,
+            indices,
+            weights,
+        })
+    }
+}
+
+/// Router softmax and top-k: `router_logits [N, E]` to `k` experts per token.
+///
+/// Probabilities are the softmax over the `E` logits (in f32); the `k` largest are kept,
+/// ties going to the smaller expert id, in decreasing order of probability. With
+/// `renormalize` (Qwen3-MoE's `norm_topk_prob`) the `k` weights are divided by their sum.
+pub fn route(
+    router_logits: &[f32],
+    experts: usize,
+    top_k: usize,
+    renormalize: bool,
+) -> Result<Routing> {
+    if experts == 0 {
+        return Err(Error::InvalidMoe {
+            field: "experts",
+            value: "0".into(),
+            expected: "at least 1",
+        });
+    }
+    if top_k == 0 || top_k > experts {
+        return Err(Error::InvalidMoe {
+            field: "top_k",
+            value: top_k.to_string(),
+            expected: "1 ..= experts",
+        });
+    }
+    if router_logits.len() % experts != 0 {
+        return Err(Error::Shape(format!(
+            "router_logits holds {} values, not a multiple of E = {experts}",
+            router_logits.len()
+        )));
+    }
+    let tokens = router_logits.len() / experts;
+    if let Some(i) = router_logits.iter().position(|v| !v.is_finite()) {
+        return Err(Error::InvalidMoe {
+            field: "router_logits",
+            value: format!(
+                "{} at token {}, expert {}",
+                router_logits[i],
+                i / experts,
+                i % experts
+            ),
+            expected: "a finite number",
+        });
+    }
+    let mut indices = Vec::with_capacity(tokens * top_k);
+    let mut weights = Vec::with_capacity(tokens * top_k);
+    let mut probs = vec![0f32; experts];
+    let mut ids: Vec<u32> = Vec::with_capacity(experts);
+    for row in router_logits.chunks_exact(experts) {
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for (p, &v) in probs.iter_mut().zip(row) {
+            *p = (v - m).exp();
+            sum += *p;
+        }
+        for p in probs.iter_mut() {
+            *p /= sum;
+        }
+        ids.clear();
+        ids.extend(0..experts as u32);
+        let cmp = |a: &u32, b: &u32| {
+            probs[*b as usize]
+                .total_cmp(&probs[*a as usize])
+                .then(a.cmp(b))
+        };
+        if top_k < experts {
+            ids.select_nth_unstable_by(top_k - 1, cmp);
+        }
+        ids[..top_k].sort_unstable_by(cmp);
+        let chosen = &ids[..top_k];
+        let norm = if renormalize {
+            chosen.iter().map(|&e| probs[e as usize]).sum::<f32>()
+        } else {
+            1.0
+        };
+        indices.extend_from_slice(chosen);
+        weights.extend(chosen.iter().map(|&e| probs[e as usize] / norm));
+    }
+    Ok(Routing {
+        tokens,
+        top_k,
+        indices,
+        weights,
+    })
+}
+
+/// The result of [`gather`]: the `N*k` rows in the order the grouped matmul reads them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gathered {
+    /// `x_in [N*k, D]`: row `j` is the activation of the token that pair `j` belongs to.
+    pub x_in: Vec<f32>,
+    /// `idx [N*k]`: the expert of row `j` (non-decreasing when `sorted`).
+    pub idx: Vec<u32>,
+    /// Whether the pairs were sorted by expert.
+    pub sorted: bool,
+    /// Sorted: the stable argsort of the flattened expert ids (`idx = flat[order]`).
+    /// Unsorted: empty.
+    pub order: Vec<u32>,
+    /// Sorted: the inverse permutation of `order` (`inv_order[order[j]] == j`).
+    /// Unsorted: empty.
+    pub inv_order: Vec<u32>,
+}
+
+/// The stable argsort of expert ids `flat` (each `< experts`): positions ordered by expert,
+/// and by position within an expert. A counting sort, O(len + experts).
+pub fn stable_argsort(flat: &[u32], experts: usize) -> Result<Vec<u32>> {
+    check_ids(flat, 1, experts)?;
+    let mut start = vec![0usize; experts + 1];
+    for &e in flat {
+        start[e as usize + 1] += 1;
+    }
+    for i in 0..experts {
+        start[i + 1] += start[i];
+    }
+    let mut order = vec![0u32; flat.len()];
+    for (pos, &e) in flat.iter().enumerate() {
+        let slot = &mut start[e as usize];
+        order[*slot] = pos as u32;
+        *slot += 1;
+    }
+    Ok(order)
+}
+
+fn check_ids(flat: &[u32], top_k: usize, experts: usize) -> Result<()> {
+    if let Some(i) = flat.iter().position(|&e| e as usize >= experts) {
+        return Err(Error::ExpertOutOfRange {
+            token: i / top_k,
+            slot: i % top_k,
+            expert: flat[i],
+            experts,
+        });
+    }
+    Ok(())
+}
+
+/// Gather: `x [N, D]` and `expert_indices [N, k]` to the rows of the grouped matmul.
+///
+/// Sorted (`sort = true`): `order` is the stable argsort of the flattened ids,
+/// `idx = flat[order]`, `x_in[j] = x[order[j] / k]`, and `inv_order` inverts `order`.
+/// Unsorted: `idx = flat`, `x_in[j] = x[j / k]`. Both give `x_in [N*k, D]` and `idx [N*k]`.
+pub fn gather(
+    x: &[f32],
+    hidden: usize,
+    expert_indices: &[u32],
+    top_k: usize,
+    experts: usize,
+    sort: bool,
+) -> Result<Gathered> {
+    if top_k == 0 || hidden == 0 {
+        let (field, value) = if top_k == 0 {
+            ("top_k", 0)
+        } else {
+            ("hidden", 0)
+        };
+        return Err(Error::InvalidMoe {
+            field,
+            value: value.to_string(),
+            expected: "at least 1",
+        });
+    }
+    if expert_indices.len() % top_k != 0 {
+        return Err(Error::Shape(format!(
+            "expert_indices holds {} values, not a multiple of k = {top_k}",
+            expert_indices.len()
+        )));
+    }
+    let tokens = expert_indices.len() / top_k;
+    if Some(x.len()) != tokens.checked_mul(hidden) {
+        return Err(Error::Shape(format!(
+            "x holds {} values, but [N={tokens}, D={hidden}] needs {}",
+            x.len(),
+            tokens.saturating_mul(hidden)
+        )));
+    }
+    check_ids(expert_indices, top_k, experts)?;
+    let rows = expert_indices.len();
+    if rows > u32::MAX as usize {
+        return Err(Error::Shape(format!(
+            "{rows} gathered rows: more than 2^32 - 1"
+        )));
+    }
+    let mut x_in = vec![0f32; rows * hidden];
+    if sort {
+        let order = stable_argsort(expert_indices, experts)?;
+        let idx: Vec<u32> = order.iter().map(|&p| expert_indices[p as usize]).collect();
+        let mut inv_order = vec![0u32; rows];
+        for (j, &p) in order.iter().enumerate() {
+            inv_order[p as usize] = j as u32;
+        }
+        x_in.par_chunks_mut(hidden)
+            .with_min_len(64)
+            .zip(order.par_iter())
+            .for_each(|(dst, &p)| {
+                let t = p as usize / top_k;
+                dst.copy_from_slice(&x[t * hidden..(t + 1) * hidden]);
+            });
+        Ok(Gathered {
+            x_in,
+            idx,
+            sorted: true,
+            order,
+            inv_order,
+        })
+    } else {
+        x_in.par_chunks_mut(hidden)
+            .with_min_len(64)
+            .enumerate()
+            .for_each(|(j, dst)| {
+                let t = j / top_k;
+                dst.copy_from_slice(&x[t * hidden..(t + 1) * hidden]);
+            });
+        Ok(Gathered {
+            x_in,
+            idx: expert_indices.to_vec(),
+            sorted: false,
+            order: Vec::new(),
+            inv_order: Vec::new(),
+        })
+    }
+}
+
+/// Largest number of rows given to one matrix product; longer expert segments are split so
+/// that both cores work when many tokens go to one expert.
+const PIECE: usize = 256;
+
+/// Grouped matmul: `out[j] = W[idx[j]] · x_in[j]`, giving `[N*k, out]`.
+///
+/// With `sorted`, `idx` must be non-decreasing (checked in every build: an error, not a
+/// wrong result) and each expert's contiguous rows go through one matrix product (the
+/// `gemm` crate; bf16 weights are widened to f32 once per product). Without it, each row
+/// is one matrix-vector product that reads its expert's weights directly. Rows run in
+/// parallel (rayon) either way.
+pub fn grouped_matmul(
+    x_in: &[f32],
+    idx: &[u32],
+    sorted: bool,
+    weights: &ExpertWeights,
+) -> Result<Vec<f32>> {
+    let inf = weights.in_features;
+    if Some(x_in.len()) != idx.len().checked_mul(inf) {
+        return Err(Error::Shape(format!(
+            "x_in holds {} values, but [rows={}, in={inf}] needs {}",
+            x_in.len(),
+            idx.len(),
+            idx.len().saturating_mul(inf)
+        )));
+    }
+    if let Some(j) = idx.iter().position(|&e| e as usize >= weights.experts) {
+        return Err(Error::InvalidMoe {
+            field: "idx",
+            value: format!("idx[{j}] = {}", idx[j]),
+            expected: "an expert id below E",
+        });
+    }
+    if sorted {
+        if let Some(j) = (1..idx.len()).find(|&j| idx[j] < idx[j - 1]) {
+            return Err(Error::NotSorted {
+                position: j,
+                previous: idx[j - 1],
+                next: idx[j],
+            });
+        }
+    }
+    let mut out = vec![0f32; idx.len() * weights.out_features];
+    grouped_into(x_in, idx, sorted, weights, &mut out);
+    Ok(out)
+}
+
+/// [`grouped_matmul`] on checked inputs, into `out`.
+fn grouped_into(x_in: &[f32], idx: &[u32], sorted: bool, w: &ExpertWeights, out: &mut [f32]) {
+    let (inf, of) = (w.in_features, w.out_features);
+    if !sorted {
+        out.par_chunks_mut(of)
+            .zip(x_in.par_chunks(inf))
+            .zip(idx.par_iter())
+            .for_each(|((y, x), &e)| w.matvec(e as usize, x, y));
+        return;
+    }
+    // Runs of equal ids, split into pieces of at most PIECE rows.
+    let mut jobs = Vec::new();
+    let mut rest = out;
+    let mut s = 0;
+    while s < idx.len() {
+        let e = idx[s];
+        let mut t = s + 1;
+        while t < idx.len() && idx[t] == e && t - s < PIECE {
+            t += 1;
+        }
+        let (dst, tail) = rest.split_at_mut((t - s) * of);
+        jobs.push((e as usize, &x_in[s * inf..t * inf], dst));
+        rest = tail;
+        s = t;
+    }
+    jobs.into_par_iter()
+        .for_each(|(e, lhs, dst)| w.matmul(e, lhs, dst));
+}
+
+/// Scatter: rows of the grouped matmul `out [N*k, width]` back to token order.
+/// Sorted (`inv_order` given): row `i` of the result is `out[inv_order[i]]`; unsorted
+/// (`None`): `out` as is. View the result as `[N, k, width]`.
+pub fn scatter(out: Vec<f32>, width: usize, inv_order: Option<&[u32]>) -> Result<Vec<f32>> {
+    let Some(inv) = inv_order else {
+        return Ok(out);
+    };
+    if width == 0 || Some(out.len()) != inv.len().checked_mul(width) {
+        return Err(Error::Shape(format!(
+            "out holds {} values, but [rows={}, width={width}] needs {}",
+            out.len(),
+            inv.len(),
+            inv.len().saturating_mul(width)
+        )));
+    }
+    if let Some(i) = inv.iter().position(|&p| p as usize >= inv.len()) {
+        return Err(Error::InvalidMoe {
+            field: "inv_order",
+            value: format!("inv_order[{i}] = {}", inv[i]),
+            expected: "a permutation of 0 .. N*k",
+        });
+    }
+    let mut res = vec![0f32; out.len()];
+    res.par_chunks_mut(width)
+        .with_min_len(64)
+        .zip(inv.par_iter())
+        .for_each(|(dst, &p)| {
+            let p = p as usize;
+            dst.copy_from_slice(&out[p * width..(p + 1) * width]);
+        });
+    Ok(res)
+}
+
+/// Combine: `y[n] = Σ_s expert_weights[n, s] * out[n, s]` for `out [N, k, width]`, summed in
+/// slot order `s = 0 .. k`.
+pub fn combine(
+    out: &[f32],
+    top_k: usize,
+    width: usize,
+    expert_weights: &[f32],
+) -> Result<Vec<f32>> {
+    if top_k == 0 || expert_weights.len() % top_k != 0 {
+        return Err(Error::Shape(format!(
+            "expert_weights holds {} values, not a multiple of k = {top_k}",
+            expert_weights.len()
+        )));
+    }
+    let tokens = expert_weights.len() / top_k;
+    if Some(out.len()) != expert_weights.len().checked_mul(width) {
+        return Err(Error::Shape(format!(
+            "out holds {} values, but [N={tokens}, k={top_k}, width={width}] needs {}",
+            out.len(),
+            expert_weights.len().saturating_mul(width)
+        )));
+    }
+    let mut y = vec![0f32; tokens * width];
+    if width == 0 {
+        return Ok(y);
+    }
+    y.par_chunks_mut(width)
+        .zip(out.par_chunks(top_k * width))
+        .zip(expert_weights.par_chunks(top_k))
+        .for_each(|((dst, rows), ws)| {
+            for (row, &wt) in rows.chunks_exact(width).zip(ws) {
+                for (d, &v) in dst.iter_mut().zip(row) {
+                    *d += wt * v;
+                }
+            }
+        });
+    Ok(y)
+}
+
+/// `silu(g) = g / (1 + exp(-g))`.
+#[inline]
+pub fn silu(g: f32) -> f32 {
+    g / (1.0 + (-g).exp())
+}
+
+/// The gate and up projections of SwiGLU experts.
+#[derive(Clone, Debug)]
+pub enum GateUp {
+    /// Two matrices, each `[E, H, D]`.
+    Separate {
+        /// `gate [E, H, D]`.
+        gate: ExpertWeights,
+        /// `up [E, H, D]`.
+        up: ExpertWeights,
+    },
+    /// One `[E, 2H, D]` matrix: rows `0 .. H` of each expert are the gate, `H .. 2H` the up
+    /// projection.
+    Fused(ExpertWeights),
+}
+
+/// Which branch a call took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dispatch {
+    /// Pairs sorted by expert, one matrix product per expert.
+    Sorted,
+    /// Pairs in token order, one matrix-vector product per pair.
+    Unsorted,
+}
+
+/// How many calls of a layer took each branch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DispatchCounts {
+    /// Calls that sorted.
+    pub sorted: u64,
+    /// Calls that did not.
+    pub unsorted: u64,
+}
+
+/// The output of a [`SwitchMlp`] call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeOutput {
+    /// `y [N, D]`.
+    pub y: Vec<f32>,
+    /// The branch this call took.
+    pub dispatch: Dispatch,
+}
+
+/// A layer of SwiGLU experts: `y[n] = Σ_s w[n,s] · down_e(silu(gate_e x[n]) * up_e x[n])`
+/// with `e = expert_indices[n, s]`, sorting the pairs by expert iff `N > sort_cutoff`.
+#[derive(Debug)]
+pub struct SwitchMlp {
+    gate_up: GateUp,
+    down: ExpertWeights,
+    experts: usize,
+    hidden: usize,
+    intermediate: usize,
+    sort_cutoff: usize,
+    sorted_calls: AtomicU64,
+    unsorted_calls: AtomicU64,
+}
+
+impl SwitchMlp {
+    /// A layer from gate/up weights (`[E, H, D]` twice, or fused `[E, 2H, D]`), down weights
+    /// `[E, D, H]`, and `sort_cutoff >= 1`: calls with more than `sort_cutoff` tokens sort.
+    pub fn new(gate_up: GateUp, down: ExpertWeights, sort_cutoff: usize) -> Result<Self> {
+        if sort_cutoff == 0 {
+            return Err(Error::InvalidMoe {
+                field: "sort_cutoff",
+                value: "0".into(),
+                expected: "at least 1 (calls with N > sort_cutoff sort)",
+            });
+        }
+        let (experts, hidden) = (down.experts, down.out_features);
+        let intermediate = down.in_features;
+        let shape =
+            |w: &ExpertWeights| format!("[{}, {}, {}]", w.experts, w.out_features, w.in_features);
+        let bad = |name: &str, w: &ExpertWeights, want: String| {
+            Error::Shape(format!(
+                "{name} is {} but down [E={experts}, D={hidden}, H={intermediate}] needs {name} {want}",
+                shape(w)
+            ))
+        };
+        match &gate_up {
+            GateUp::Separate { gate, up } => {
+                for (name, w) in [("gate", gate), ("up", up)] {
+                    if (w.experts, w.out_features, w.in_features) != (experts, intermediate, hidden)
+                    {
+                        return Err(bad(
+                            name,
+                            w,
+                            format!("[{experts}, {intermediate}, {hidden}]"),
+                        ));
+                    }
+                }
+            }
+            GateUp::Fused(w) => {
+                if (w.experts, w.out_features, w.in_features) != (experts, 2 * intermediate, hidden)
+                {
+                    return Err(bad(
+                        "gate_up",
+                        w,
+                        format!("[{experts}, {}, {hidden}]", 2 * intermediate),
+                    ));
+                }
+            }
+        }
+        Ok(Self {
+            gate_up,
+            down,
+            experts,
+            hidden,
+            intermediate,
+            sort_cutoff,
+            sorted_calls: AtomicU64::new(0),
+            unsorted_calls: AtomicU64::new(0),
+        })
+    }
+
+    /// Number of experts E.
+    pub fn experts(&self) -> usize {
+        self.experts
+    }
+
+    /// Model width D.
+    pub fn hidden(&self) -> usize {
+        self.hidden
+    }
+
+    /// Expert width H.
+    pub fn intermediate(&self) -> usize {
+        self.intermediate
+    }
+
+    /// Element type of the down projection (and of the gate/up weights when they agree).
+    pub fn dtype(&self) -> WeightDtype {
+        self.down.dtype()
+    }
+
+    /// The cutoff fixed at construction.
+    pub fn sort_cutoff(&self) -> usize {
+        self.sort_cutoff
+    }
+
+    /// The branch a call with `tokens` tokens takes: sorted iff `tokens > sort_cutoff`.
+    pub fn dispatch_for(&self, tokens: usize) -> Dispatch {
+        if tokens > self.sort_cutoff {
+            Dispatch::Sorted
+        } else {
+            Dispatch::Unsorted
+        }
+    }
+
+    /// How many calls took each branch since the layer was built.
+    pub fn counts(&self) -> DispatchCounts {
+        DispatchCounts {
+            sorted: self.sorted_calls.load(Ordering::Relaxed),
+            unsorted: self.unsorted_calls.load(Ordering::Relaxed),
+        }
+    }
+
+    /// `y [N, D]` for activations `x [N, D]` and a routing of the same N, choosing the
+    /// branch from N.
+    pub fn forward(&self, x: &[f32], routing: &Routing) -> Result<MoeOutput> {
+        self.forward_with(x, routing, self.dispatch_for(routing.tokens))
+    }
+
+    /// [`SwitchMlp::forward`] with the branch forced (benchmarks, tests).
+    pub fn forward_with(
+        &self,
+        x: &[f32],
+        routing: &Routing,
+        dispatch: Dispatch,
+    ) -> Result<MoeOutput> {
+        let sorted = dispatch == Dispatch::Sorted;
+        let (d, h) = (self.hidden, self.intermediate);
+        let g = gather(x, d, &routing.indices, routing.top_k, self.experts, sorted)?;
+        if routing.weights.len() != routing.indices.len() {
+            return Err(Error::Shape(format!(
+                "expert_weights holds {} values but expert_indices {}",
+                routing.weights.len(),
+                routing.indices.len()
+            )));
+        }
+        let rows = g.idx.len();
+        let mut act = vec![0f32; rows * h];
+        match &self.gate_up {
+            GateUp::Fused(w) => {
+                let mut gu = vec![0f32; rows * 2 * h];
+                grouped_into(&g.x_in, &g.idx, sorted, w, &mut gu);
+                act.par_chunks_mut(h)
+                    .with_min_len(16)
+                    .zip(gu.par_chunks(2 * h))
+                    .for_each(|(a, gu)| {
+                        let (gate, up) = gu.split_at(h);
+                        for ((a, &g), &u) in a.iter_mut().zip(gate).zip(up) {
+                            *a = silu(g) * u;
+                        }
+                    });
+            }
+            GateUp::Separate { gate, up } => {
+                let mut gv = vec![0f32; rows * h];
+                grouped_into(&g.x_in, &g.idx, sorted, gate, &mut gv);
+                grouped_into(&g.x_in, &g.idx, sorted, up, &mut act);
+                act.par_chunks_mut(h)
+                    .with_min_len(16)
+                    .zip(gv.par_chunks(h))
+                    .for_each(|(a, gate)| {
+                        for (a, &g) in a.iter_mut().zip(gate) {
+                            *a *= silu(g);
+                        }
+                    });
+            }
+        }
+        let mut out = vec![0f32; rows * d];
+        grouped_into(&act, &g.idx, sorted, &self.down, &mut out);
+        let out = scatter(out, d, sorted.then_some(g.inv_order.as_slice()))?;
+        let y = combine(&out, routing.top_k, d, &routing.weights)?;
+        let counter = if sorted {
+            &self.sorted_calls
+        } else {
+            &self.unsorted_calls
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(MoeOutput { y, dispatch })
+    }
+}
+
+/// The shape of an MoE layer and its routing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct MoeShape {
+    /// Experts E.
+    pub experts: usize,
+    /// Experts per token k.
+    pub top_k: usize,
+    /// Model width D.
+    pub hidden: usize,
+    /// Expert width H.
+    pub intermediate: usize,
+}
+
+impl MoeShape {
+    /// The default benchmark shape: Qwen3-30B-A3B's expert count and k (E = 128, k = 8)
+    /// with D and H halved (2048 -> 1024, 768 -> 384): 151 M expert parameters.
+    pub const QWEN3_30B_A3B_HALF: MoeShape = MoeShape {
+        experts: 128,
+        top_k: 8,
+        hidden: 1024,
+        intermediate: 384,
+    };
+}
+
+/// Synthetic layers and inputs for benchmarks and tests (seeded, deterministic).
+pub mod synthetic {
+    use super::*;
+
+    fn splitmix(mut z: u64) -> u64 {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// `len` values uniform in `[-scale, scale)`, a pure function of `(seed, index)`.
+    pub fn uniform(len: usize, scale: f32, seed: u64) -> Vec<f32> {
+        let mut v = vec![0f32; len];
+        v.par_chunks_mut(4096).enumerate().for_each(|(c, chunk)| {
+            for (i, x) in chunk.iter_mut().enumerate() {
+                let r = splitmix(seed ^ splitmix((c * 4096 + i) as u64));
+                let u = (r >> 40) as f32 / (1u64 << 24) as f32;
+                *x = (2.0 * u - 1.0) * scale;
+            }
+        });
+        v
+    }
+
+    fn weights(
+        experts: usize,
+        out: usize,
+        inp: usize,
+        dtype: WeightDtype,
+        seed: u64,
+    ) -> Result<ExpertWeights> {
+        let v = uniform(experts * out * inp, 1.0 / (inp as f32).sqrt(), seed);
+        match dtype {
+            WeightDtype::F32 => ExpertWeights::from_f32(v, experts, out, inp),
+            WeightDtype::Bf16 => ExpertWeights::from_bf16(
+                v.par_iter().map(|&x| bf16::from_f32(x)).collect(),
+                experts,
+                out,
+                inp,
+            ),
+        }
+    }
+
+    /// A layer of random SwiGLU experts of `shape` (weights uniform in `±1/sqrt(in)`).
+    pub fn layer(
+        shape: MoeShape,
+        dtype: WeightDtype,
+        fused: bool,
+        sort_cutoff: usize,
+        seed: u64,
+    ) -> Result<SwitchMlp> {
+        let MoeShape {
+            experts: e,
+            hidden: d,
+            intermediate: h,
+            ..
+        } = shape;
+        let gate_up = if fused {
+            GateUp::Fused(weights(e, 2 * h, d, dtype, seed)?)
+        } else {
+            GateUp::Separate {
+                gate: weights(e, h, d, dtype, seed)?,
+                up: weights(e, h, d, dtype, seed ^ 1)?,
+            }
+        };
+        SwitchMlp::new(gate_up, weights(e, d, h, dtype, seed ^ 2)?, sort_cutoff)
+    }
+
+    /// Activations `x [tokens, D]` in `[-1, 1)` and a routing from random router logits
+    /// (softmax, top-k, renormalised).
+    pub fn inputs(shape: MoeShape, tokens: usize, seed: u64) -> Result<(Vec<f32>, Routing)> {
+        let x = uniform(tokens * shape.hidden, 1.0, seed ^ 0x5851_F42D);
+        let logits = uniform(tokens * shape.experts, 2.0, seed ^ 0x4C95_7F2D);
+        let routing = route(&logits, shape.experts, shape.top_k, true)?;
+        Ok((x, routing))
+    }
+}
