@@ -35,6 +35,11 @@ pub mod pipeline;
 pub mod reference;
 pub mod workload;
 
+/// The README's Rust examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 pub use backend::Backend;
 pub use cpu::CpuSampler;
 pub use error::{Error, Result, RowError};
