@@ -172,20 +172,57 @@ pub fn prob(e: f32, sum: f64) -> f32 {
 /// distance of the cumulative sum to `p` at the decision (for counting floating-point
 /// ties). If the sum never reaches `p` (rounding), every token is kept.
 pub fn top_p_cut(q_desc: impl IntoIterator<Item = f32>, p: f32) -> (f32, f64) {
-    let p64 = f64::from(p);
-    let mut cum = 0f64;
-    let mut last = f32::NEG_INFINITY;
-    let mut margin = f64::INFINITY;
+    let mut walk = TopPWalk::new(p);
     for q in q_desc {
-        let before = cum;
-        cum += f64::from(q);
-        last = q;
-        margin = margin.min((cum - p64).abs()).min((before - p64).abs());
-        if cum >= p64 {
-            return (q, margin);
+        if let Some(tau) = walk.step(q) {
+            return (tau, walk.margin());
         }
     }
-    (last.min(0.0), margin)
+    (walk.end(), walk.margin())
+}
+
+/// The walk of [`top_p_cut`] one value at a time, for callers that sort `q` piece by piece.
+#[derive(Clone, Copy, Debug)]
+pub struct TopPWalk {
+    p64: f64,
+    cum: f64,
+    last: f32,
+    margin: f64,
+}
+
+impl TopPWalk {
+    /// A walk towards `p`.
+    pub fn new(p: f32) -> Self {
+        Self {
+            p64: f64::from(p),
+            cum: 0.0,
+            last: f32::NEG_INFINITY,
+            margin: f64::INFINITY,
+        }
+    }
+
+    /// Adds the next value (in decreasing order); `Some(τp)` when the sum reaches `p`.
+    #[inline]
+    pub fn step(&mut self, q: f32) -> Option<f32> {
+        let before = self.cum;
+        self.cum += f64::from(q);
+        self.last = q;
+        self.margin = self
+            .margin
+            .min((self.cum - self.p64).abs())
+            .min((before - self.p64).abs());
+        (self.cum >= self.p64).then_some(q)
+    }
+
+    /// `τp` when every value was added without reaching `p`: keep everything.
+    pub fn end(&self) -> f32 {
+        self.last.min(0.0)
+    }
+
+    /// Smallest distance of the cumulative sum to `p` seen so far.
+    pub fn margin(&self) -> f64 {
+        self.margin
+    }
 }
 
 /// The log-sum-exp of `v - vmax` over `v`, in f64.

@@ -13,24 +13,39 @@ const WIDE: usize = 64;
 /// arithmetic that vectorises. Only used for the bulk of a top-p normaliser.
 #[inline(always)]
 pub fn exp_nonpos(x: f32) -> f32 {
+    exp_nonpos_with::<false>(x)
+}
+
+/// [`exp_nonpos`] with fused multiply-adds when `FMA` (only inside FMA-enabled code: a
+/// `mul_add` without the instruction is a slow library call).
+#[inline(always)]
+pub fn exp_nonpos_with<const FMA: bool>(x: f32) -> f32 {
+    #[inline(always)]
+    fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+        if FMA {
+            a.mul_add(b, c)
+        } else {
+            a * b + c
+        }
+    }
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75; // few mantissa bits: n * LN2_HI is exact
     const LN2_LO: f32 = 1.428_606_8e-6;
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
     let under = x <= -87.0 || x.is_nan();
     let xc = if under { -87.0 } else { x };
-    let tm = xc * LOG2E + MAGIC;
+    let tm = fma::<FMA>(xc, LOG2E, MAGIC);
     let n = tm - MAGIC;
     let ni = tm.to_bits() as i32 - MAGIC.to_bits() as i32;
-    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let r = fma::<FMA>(-n, LN2_LO, fma::<FMA>(-n, LN2_HI, xc));
     let mut p = 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    p = fma::<FMA>(p, r, 1.0 / 720.0);
+    p = fma::<FMA>(p, r, 1.0 / 120.0);
+    p = fma::<FMA>(p, r, 1.0 / 24.0);
+    p = fma::<FMA>(p, r, 1.0 / 6.0);
+    p = fma::<FMA>(p, r, 0.5);
+    p = fma::<FMA>(p, r, 1.0);
+    p = fma::<FMA>(p, r, 1.0);
     let scale = f32::from_bits(((ni + 127) << 23) as u32);
     if under {
         0.0
@@ -40,7 +55,7 @@ pub fn exp_nonpos(x: f32) -> f32 {
 }
 
 mod body {
-    use super::{exp_nonpos, LANES, WIDE};
+    use super::{exp_nonpos_with, LANES, WIDE};
 
     #[inline(always)]
     pub fn max_nonfinite(z: &[f32]) -> (f32, u64) {
@@ -135,25 +150,26 @@ mod body {
     }
 
     #[inline(always)]
-    pub fn exp_sum(z: &[f32], zmax: f32, scale: f32) -> f64 {
-        let mut acc = [0f32; LANES];
-        let chunks = z.chunks_exact(LANES);
+    pub fn exp_sum<const FMA: bool>(z: &[f32], zmax: f32, scale: f32) -> f64 {
+        const W: usize = 2 * LANES;
+        let mut acc = [0f32; W];
+        let chunks = z.chunks_exact(W);
         let rem = chunks.remainder();
         let mut total = 0f64;
         for (ci, c) in chunks.enumerate() {
-            for j in 0..LANES {
-                acc[j] += exp_nonpos((c[j] - zmax) * scale);
+            for j in 0..W {
+                acc[j] += exp_nonpos_with::<FMA>((c[j] - zmax) * scale);
             }
-            if ci % 64 == 63 {
+            if ci % 32 == 31 {
                 total += acc.iter().map(|&a| f64::from(a)).sum::<f64>();
-                acc = [0f32; LANES];
+                acc = [0f32; W];
             }
         }
         total += acc.iter().map(|&a| f64::from(a)).sum::<f64>();
         total
             + rem
                 .iter()
-                .map(|&x| f64::from(exp_nonpos((x - zmax) * scale)))
+                .map(|&x| f64::from(exp_nonpos_with::<FMA>((x - zmax) * scale)))
                 .sum::<f64>()
     }
 
@@ -329,17 +345,120 @@ dispatch! {
     /// The maximum of `z`: the streaming pass that defines the benchmarks' memory floor.
     pub fn max(z: &[f32]) -> f32;
 }
-dispatch! {
-    /// The first index holding `v`, if any.
-    pub fn first_eq(z: &[f32], v: f32) -> Option<usize>;
+/// The first index holding `v`, if any.
+pub fn first_eq(z: &[f32], v: f32) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Base {
+        // SAFETY: `level()` detected AVX2 (and FMA) on this CPU.
+        return unsafe { simd::first_eq(z, v) };
+    }
+    body::first_eq(z, v)
 }
-dispatch! {
-    /// Appends `(base + i, z[i])` for every `z[i] >= thr`, skipping 16-wide blocks with none.
-    pub fn collect_ge(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) -> ();
+
+/// Appends `(base + i, z[i])` for every `z[i] >= thr` (NaN never), in index order,
+/// skipping 64-wide blocks with none.
+pub fn collect_ge(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Base {
+        // SAFETY: `level()` detected AVX2 (and FMA) on this CPU.
+        return unsafe { simd::collect_ge(z, base, thr, out) };
+    }
+    body::collect_ge(z, base, thr, out)
 }
-dispatch! {
-    /// `sum(exp((z - zmax) * scale))` in f32 lanes gathered in f64 (approximate).
-    pub fn exp_sum(z: &[f32], zmax: f32, scale: f32) -> f64;
+
+/// Explicit AVX2 versions of the searches whose early exits defeat auto-vectorisation
+/// (a compare per value and a branch per block, with a bit mask of the hits).
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    /// Mask (bit j = value j) of `z[i..i+64] >= thr`, or `== v` with `EQ`.
+    ///
+    /// # Safety
+    /// AVX2 must be present and `p.add(i + 64)` within the slice `p` points into.
+    #[inline(always)]
+    unsafe fn mask64<const OP: i32>(p: *const f32, t: __m256) -> u64 {
+        let c = |k: usize| _mm256_cmp_ps::<OP>(_mm256_loadu_ps(p.add(8 * k)), t);
+        let (c0, c1, c2, c3) = (c(0), c(1), c(2), c(3));
+        let (c4, c5, c6, c7) = (c(4), c(5), c(6), c(7));
+        let any = _mm256_or_ps(
+            _mm256_or_ps(_mm256_or_ps(c0, c1), _mm256_or_ps(c2, c3)),
+            _mm256_or_ps(_mm256_or_ps(c4, c5), _mm256_or_ps(c6, c7)),
+        );
+        if _mm256_movemask_ps(any) == 0 {
+            return 0;
+        }
+        let mut m = 0u64;
+        for (k, ck) in [c0, c1, c2, c3, c4, c5, c6, c7].into_iter().enumerate() {
+            m |= u64::from(_mm256_movemask_ps(ck) as u8) << (8 * k);
+        }
+        m
+    }
+
+    /// # Safety
+    /// AVX2 must be present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn collect_ge(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) {
+        let t = _mm256_set1_ps(thr);
+        let n = z.len();
+        let mut i = 0;
+        while i + 64 <= n {
+            // SAFETY: i + 64 <= n: the 64 values read are inside z.
+            let mut m = unsafe { mask64::<_CMP_GE_OQ>(z.as_ptr().add(i), t) };
+            while m != 0 {
+                let j = i + m.trailing_zeros() as usize;
+                out.push((base + j as u32, z[j]));
+                m &= m - 1;
+            }
+            i += 64;
+        }
+        for (j, &x) in z.iter().enumerate().skip(i) {
+            if x >= thr {
+                out.push((base + j as u32, x));
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX2 must be present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn first_eq(z: &[f32], v: f32) -> Option<usize> {
+        let t = _mm256_set1_ps(v);
+        let n = z.len();
+        let mut i = 0;
+        while i + 64 <= n {
+            // SAFETY: i + 64 <= n: the 64 values read are inside z.
+            let m = unsafe { mask64::<_CMP_EQ_OQ>(z.as_ptr().add(i), t) };
+            if m != 0 {
+                return Some(i + m.trailing_zeros() as usize);
+            }
+            i += 64;
+        }
+        z[i..].iter().position(|&x| x == v).map(|j| i + j)
+    }
+}
+/// `sum(exp((z - zmax) * scale))` in f32 lanes gathered in f64 (approximate: each term
+/// within a few 1e-7 of the exact value).
+pub fn exp_sum(z: &[f32], zmax: f32, scale: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+        unsafe fn wide(z: &[f32], zmax: f32, scale: f32) -> f64 {
+            body::exp_sum::<true>(z, zmax, scale)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(z: &[f32], zmax: f32, scale: f32) -> f64 {
+            body::exp_sum::<true>(z, zmax, scale)
+        }
+        match level() {
+            // SAFETY: `level()` detected AVX-512 F/BW/VL and FMA on this CPU.
+            Level::Avx512 => return unsafe { wide(z, zmax, scale) },
+            // SAFETY: `level()` detected AVX2 and FMA on this CPU.
+            Level::Avx2 => return unsafe { avx2(z, zmax, scale) },
+            Level::Base => {}
+        }
+    }
+    body::exp_sum::<false>(z, zmax, scale)
 }
 dispatch! {
     /// How many values are ordered before `z[idx] == v` (greater, or equal at a smaller index).
@@ -362,6 +481,77 @@ dispatch! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Deterministic test values with NaN, infinities, repeats and signed zeros mixed in.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                match x % 23 {
+                    0 => f32::NAN,
+                    1 => f32::INFINITY,
+                    2 => f32::NEG_INFINITY,
+                    3 => -0.0,
+                    4 => 1.5,
+                    _ => ((x >> 20) % 2000) as f32 / 100.0 - 10.0,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn searches_match_the_plain_loops() {
+        for n in [0, 1, 7, 63, 64, 65, 130, 1000, 4099] {
+            let z = values(n, n as u64 + 3);
+            for thr in [f32::NEG_INFINITY, -10.0, 0.0, 1.5, 9.5, f32::INFINITY] {
+                let mut fast = Vec::new();
+                collect_ge(&z, 7, thr, &mut fast);
+                let want: Vec<(u32, f32)> = z
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &x)| x >= thr)
+                    .map(|(i, &x)| (7 + i as u32, x))
+                    .collect();
+                assert_eq!(fast.len(), want.len(), "n={n} thr={thr}");
+                for (a, b) in fast.iter().zip(&want) {
+                    assert!(
+                        a.0 == b.0 && a.1.to_bits() == b.1.to_bits(),
+                        "n={n} thr={thr}"
+                    );
+                }
+            }
+            for v in [
+                1.5f32,
+                0.0,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                123.0,
+                f32::NAN,
+            ] {
+                let want = z.iter().position(|&x| x == v);
+                assert_eq!(first_eq(&z, v), want, "n={n} v={v}");
+            }
+        }
+    }
+
+    #[test]
+    fn exp_sum_is_accurate_on_every_level() {
+        let z: Vec<f32> = (0..5000)
+            .map(|i| -((i * 37 % 1009) as f32) / 40.0)
+            .collect();
+        let exact: f64 = z.iter().map(|&x| (f64::from(x) * 1.25).exp()).sum();
+        let got = exp_sum(&z, 0.0, 1.25);
+        assert!(
+            ((got - exact) / exact).abs() < 5e-7,
+            "{got} vs {exact} ({})",
+            isa()
+        );
+        let base = body::exp_sum::<false>(&z, 0.0, 1.25);
+        assert!(((base - exact) / exact).abs() < 5e-7, "{base} vs {exact}");
+    }
 
     #[test]
     fn exp_is_accurate() {

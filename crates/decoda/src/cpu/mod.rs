@@ -84,24 +84,29 @@ impl Backend for CpuSampler {
 
     fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
         pl::validate_call(logits.rows(), logits.vocab(), requests)?;
+        let one = |r: usize, req: &Request| match logits.data() {
+            LogitsData::F32(_) => {
+                let x = logits.row_f32(r).expect("f32 batch");
+                with_scratch(|s| sample_row(x, req, s))
+            }
+            _ => with_scratch(|s| {
+                let mut conv = std::mem::take(&mut s.conv);
+                logits.row_to_f32(r, &mut conv);
+                let out = sample_row(&conv, req, s);
+                s.conv = conv;
+                out
+            }),
+        };
+        if requests.len() == 1 {
+            // One row runs on one thread anyway: skip the hand-off to the pool.
+            return Ok(vec![one(0, &requests[0])]);
+        }
         Ok(self.run(|| {
             requests
                 .par_iter()
                 .enumerate()
                 .with_min_len(1)
-                .map(|(r, req)| match logits.data() {
-                    LogitsData::F32(_) => {
-                        let x = logits.row_f32(r).expect("f32 batch");
-                        with_scratch(|s| sample_row(x, req, s))
-                    }
-                    _ => with_scratch(|s| {
-                        let mut conv = std::mem::take(&mut s.conv);
-                        logits.row_to_f32(r, &mut conv);
-                        let out = sample_row(&conv, req, s);
-                        s.conv = conv;
-                        out
-                    }),
-                })
+                .map(|(r, req)| one(r, req))
                 .collect()
         }))
     }
@@ -189,12 +194,14 @@ fn sample_z(x: &[f32], z: &[f32], zmax: f32, req: &Request, s: &mut Scratch) -> 
     cands.clear();
     // Σ of top-p weights over K when it was computed over the whole row.
     let mut sum_all: Option<f64> = None;
+    // (normaliser, τp) when the top-p walk was already done while gathering.
+    let mut cut: Option<(f64, f32)> = None;
     let mut unfiltered = false;
     if top_k {
         select_top(z, k, t, &mut cands, &mut s.tmp);
     } else if top_p {
-        sum_all = top_p_candidates(z, zmax, ymax, t, p.top_p, &mut cands, &mut s.q, &mut s.tmp);
-        if sum_all.is_none() {
+        cut = top_p_candidates(z, zmax, ymax, t, p.top_p, &mut cands, &mut s.q, &mut s.tmp);
+        if cut.is_none() {
             // The nucleus is too wide for the candidate list: take the whole row.
             cands.clear();
             cands.extend(z.iter().enumerate().map(|(i, &zi)| (i as u32, zi / t)));
@@ -222,15 +229,19 @@ fn sample_z(x: &[f32], z: &[f32], zmax: f32, req: &Request, s: &mut Scratch) -> 
 
     // Stage 7 on the candidates (which hold K, or a superset of P when top-k is off).
     if top_p {
-        let sum = match sum_all {
-            Some(s) => s,
-            None => cands.iter().map(|c| f64::from(pl::weight(c.1, ymax))).sum(),
+        let (sum, tau_p) = match cut {
+            Some(known) => known,
+            None => {
+                let sum = match sum_all {
+                    Some(s) => s,
+                    None => cands.iter().map(|c| f64::from(pl::weight(c.1, ymax))).sum(),
+                };
+                let q = &mut s.q;
+                q.clear();
+                q.extend(cands.iter().map(|c| pl::prob(pl::weight(c.1, ymax), sum)));
+                (sum, top_p_walk(q, p.top_p))
+            }
         };
-        let q = &mut s.q;
-        q.clear();
-        q.extend(cands.iter().map(|c| pl::prob(pl::weight(c.1, ymax), sum)));
-        q.sort_unstable_by(|a, b| b.total_cmp(a));
-        let (tau_p, _) = pl::top_p_cut(q.iter().copied(), p.top_p);
         cands.retain(|c| pl::prob(pl::weight(c.1, ymax), sum) >= tau_p);
     }
     // Stage 8.
@@ -321,7 +332,8 @@ fn gather_top(z: &[f32], k: usize, t: f32, start: f32, out: &mut Vec<(u32, f32)>
 
 /// Top-p without top-k: one pass accumulates the normaliser over the whole row while
 /// gathering the tokens near the top. Returns the normaliser (the gathered tokens' weights
-/// exact, the rest approximated) when the gathered tokens hold the nucleus, else `None`.
+/// exact, the rest approximated) and `τp` when the gathered tokens hold the nucleus, else
+/// `None`.
 #[allow(clippy::too_many_arguments)]
 fn top_p_candidates(
     z: &[f32],
@@ -332,7 +344,7 @@ fn top_p_candidates(
     out: &mut Vec<(u32, f32)>,
     q: &mut Vec<f32>,
     q_scratch: &mut Vec<(u32, f32)>,
-) -> Option<f64> {
+) -> Option<(f64, f32)> {
     const CAP: usize = 8192;
     let scale = 1.0 / t;
     let mut zthr = pl::z_lower_bound(ymax - 16.0, t).max(sampled_threshold(z, 1024, q_scratch));
@@ -357,14 +369,38 @@ fn top_p_candidates(
     // over them reaches p strictly above their smallest q.
     q.clear();
     q.extend(out.iter().map(|c| pl::prob(pl::weight(c.1, ymax), sum)));
-    q.sort_unstable_by(|a, b| b.total_cmp(a));
-    let (tau_p, _) = pl::top_p_cut(q.iter().copied(), p);
+    let smallest = q.iter().copied().fold(f32::INFINITY, f32::min);
+    let tau_p = top_p_walk(q, p);
     let all_gathered = out.len() == z.len();
-    if all_gathered || q.last().is_some_and(|&last| tau_p > last) {
-        Some(sum)
+    if all_gathered || (!q.is_empty() && tau_p > smallest) {
+        Some((sum, tau_p))
     } else {
         None
     }
+}
+
+/// `τp` of [`pl::top_p_cut`] over the values of `q` (reordered in place), sorting only
+/// the prefix of the decreasing order that the walk reaches: growing pieces are split off
+/// with a selection, sorted, and walked.
+fn top_p_walk(q: &mut [f32], p: f32) -> f32 {
+    let desc = |a: &f32, b: &f32| b.total_cmp(a);
+    let mut walk = pl::TopPWalk::new(p);
+    let (mut start, mut piece) = (0, 64);
+    while start < q.len() {
+        let end = (start + piece).min(q.len());
+        if end < q.len() {
+            q[start..].select_nth_unstable_by(end - start - 1, desc);
+        }
+        q[start..end].sort_unstable_by(desc);
+        for &v in &q[start..end] {
+            if let Some(tau) = walk.step(v) {
+                return tau;
+            }
+        }
+        start = end;
+        piece *= 2;
+    }
+    walk.end()
 }
 
 /// The Gumbel-max draw over candidates `(i, y_i)`: the largest `y_i + g_i`, ties to the
@@ -450,4 +486,42 @@ fn subset_logprobs(
         .expect("chosen token is kept");
     let rank = pl::rank_of(chosen, set.iter().copied());
     pl::assemble_logprobs(chosen, rank, tmp, n, vmax, lse)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_p_walk;
+    use crate::pipeline as pl;
+
+    #[test]
+    fn partial_walk_matches_the_sorted_walk() {
+        let mut x = 0x1234_5678_9abc_def1u64;
+        for case in 0..400 {
+            let n = 1 + case * 7 % 3000;
+            let mut q: Vec<f32> = (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    // repeats on purpose: ties at the cut
+                    ((x >> 40) % 50) as f32 + 1.0
+                })
+                .collect();
+            let total: f32 = q.iter().sum();
+            for v in q.iter_mut() {
+                *v /= total;
+            }
+            for p in [0.05f32, 0.5, 0.9, 0.999, 1.0] {
+                let mut sorted = q.clone();
+                sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+                let (want, _) = pl::top_p_cut(sorted.iter().copied(), p);
+                let mut work = q.clone();
+                assert_eq!(
+                    top_p_walk(&mut work, p).to_bits(),
+                    want.to_bits(),
+                    "n={n} p={p}"
+                );
+            }
+        }
+    }
 }
