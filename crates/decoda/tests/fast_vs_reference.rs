@@ -34,3 +34,34 @@ fn large_vocab_parity() {
     }
     eprintln!("{rows} rows, {ties} allowed ties");
 }
+
+/// Top-p without top-k over nuclei from a handful of tokens to most of the vocabulary:
+/// the candidate gathering, its retries from lower thresholds and the whole-row fallback.
+#[test]
+fn top_p_nucleus_sizes_parity() {
+    use decoda::conformance::zipf_logits;
+    use decoda::{LogprobsMode, Request, SamplingParams};
+    let mut rng = Rng::new(77);
+    let v = 50_000;
+    let mut cases = Vec::new();
+    for s in [0.2f32, 0.5, 0.8, 1.1, 1.5, 2.5] {
+        for temperature in [0.5f32, 1.0, 2.0] {
+            for top_p in [0.5f32, 0.9, 0.99] {
+                let params = SamplingParams {
+                    temperature,
+                    top_p,
+                    logprobs: Some(3),
+                    logprobs_mode: LogprobsMode::Processed,
+                    ..Default::default()
+                };
+                cases.push((
+                    zipf_logits(&mut rng, v, s),
+                    Request::new(params, cases.len() as u64),
+                ));
+            }
+        }
+    }
+    let p = parity(&CpuSampler::new(), &cases).unwrap();
+    assert_eq!(p.same + p.allowed_ties, p.rows);
+    assert!(p.max_logprob_diff <= 1e-5);
+}

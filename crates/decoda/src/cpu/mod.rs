@@ -194,7 +194,7 @@ fn sample_z(x: &[f32], z: &[f32], zmax: f32, req: &Request, s: &mut Scratch) -> 
     cands.clear();
     // Σ of top-p weights over K when it was computed over the whole row.
     let mut sum_all: Option<f64> = None;
-    // (normaliser, τp) when the top-p walk was already done while gathering.
+    // Some when stage 7 was already done while gathering (`cands` holds its kept set).
     let mut cut: Option<(f64, f32)> = None;
     let mut unfiltered = false;
     if top_k {
@@ -228,20 +228,15 @@ fn sample_z(x: &[f32], z: &[f32], zmax: f32, req: &Request, s: &mut Scratch) -> 
     }
 
     // Stage 7 on the candidates (which hold K, or a superset of P when top-k is off).
-    if top_p {
-        let (sum, tau_p) = match cut {
-            Some(known) => known,
-            None => {
-                let sum = match sum_all {
-                    Some(s) => s,
-                    None => cands.iter().map(|c| f64::from(pl::weight(c.1, ymax))).sum(),
-                };
-                let q = &mut s.q;
-                q.clear();
-                q.extend(cands.iter().map(|c| pl::prob(pl::weight(c.1, ymax), sum)));
-                (sum, top_p_walk(q, p.top_p))
-            }
+    if top_p && cut.is_none() {
+        let sum = match sum_all {
+            Some(s) => s,
+            None => cands.iter().map(|c| f64::from(pl::weight(c.1, ymax))).sum(),
         };
+        let q = &mut s.q;
+        q.clear();
+        q.extend(cands.iter().map(|c| pl::prob(pl::weight(c.1, ymax), sum)));
+        let tau_p = top_p_walk(q, p.top_p);
         cands.retain(|c| pl::prob(pl::weight(c.1, ymax), sum) >= tau_p);
     }
     // Stage 8.
@@ -331,9 +326,9 @@ fn gather_top(z: &[f32], k: usize, t: f32, start: f32, out: &mut Vec<(u32, f32)>
 }
 
 /// Top-p without top-k: one pass accumulates the normaliser over the whole row while
-/// gathering the tokens near the top. Returns the normaliser (the gathered tokens' weights
-/// exact, the rest approximated) and `τp` when the gathered tokens hold the nucleus, else
-/// `None`.
+/// gathering the tokens near the top. When the gathered tokens hold the nucleus, leaves in
+/// `out` the tokens stage 7 keeps, as `(i, y_i)`, and returns the normaliser (the gathered
+/// tokens' weights exact, the rest approximated) and `τp`; else `None`.
 #[allow(clippy::too_many_arguments)]
 fn top_p_candidates(
     z: &[f32],
@@ -343,11 +338,13 @@ fn top_p_candidates(
     p: f32,
     out: &mut Vec<(u32, f32)>,
     q: &mut Vec<f32>,
-    q_scratch: &mut Vec<(u32, f32)>,
+    scratch: &mut Vec<(u32, f32)>,
 ) -> Option<(f64, f32)> {
     const CAP: usize = 8192;
     let scale = 1.0 / t;
-    let mut zthr = pl::z_lower_bound(ymax - 16.0, t).max(sampled_threshold(z, 1024, q_scratch));
+    let floor = pl::z_lower_bound(ymax - 16.0, t);
+    let mut zthr = floor.max(sampled_threshold(z, 256, scratch));
+    out.clear();
     let mut approx = 0f64;
     for (b, block) in z.chunks(BLOCK).enumerate() {
         approx += kernels::exp_sum(block, zmax, scale);
@@ -358,25 +355,81 @@ fn top_p_candidates(
             out.retain(|c| c.1 >= zthr);
         }
     }
+    let mut tries = 0;
+    loop {
+        // The candidates are every token with z >= zthr, so they hold the nucleus when the
+        // walk over them reaches p strictly above their smallest q.
+        let all_gathered = out.len() == z.len();
+        if let Some(cut) = nucleus(out, zmax, ymax, t, p, approx, q, all_gathered) {
+            return Some(cut);
+        }
+        if zthr <= floor || tries == 2 {
+            return None;
+        }
+        // Too few: gather again from a lower threshold (the bulk sum stays valid).
+        tries += 1;
+        zthr = if tries == 1 {
+            floor.max(sampled_threshold(z, 4096, scratch))
+        } else {
+            floor
+        };
+        out.clear();
+        for (b, block) in z.chunks(BLOCK).enumerate() {
+            kernels::collect_ge(block, (b * BLOCK) as u32, zthr, out);
+            if out.len() > CAP {
+                return None;
+            }
+        }
+    }
+}
+
+/// Stage 7 over gathered `(i, z_i)` (every token with `z` at or above some threshold),
+/// given the approximate bulk sum of the whole row: on success `out` holds the kept
+/// `(i, y_i)` and the normaliser and `τp` are returned.
+#[allow(clippy::too_many_arguments)]
+fn nucleus(
+    out: &mut Vec<(u32, f32)>,
+    zmax: f32,
+    ymax: f32,
+    t: f32,
+    p: f32,
+    approx_all: f64,
+    q: &mut Vec<f32>,
+    all_gathered: bool,
+) -> Option<(f64, f32)> {
+    if out.is_empty() {
+        return None;
+    }
+    // The same approximation as the bulk, per element, so the candidates' share cancels.
+    q.clear();
+    q.extend(out.iter().map(|c| c.1));
+    let approx = approx_all - kernels::exp_sum(q, zmax, 1.0 / t);
+    q.clear();
     let mut exact = 0f64;
     for c in out.iter_mut() {
-        approx -= f64::from(kernels::exp_nonpos((c.1 - zmax) * scale));
         c.1 /= t;
-        exact += f64::from(pl::weight(c.1, ymax));
+        let w = pl::weight(c.1, ymax);
+        exact += f64::from(w);
+        q.push(w);
     }
     let sum = approx.max(0.0) + exact;
-    // The candidates are every token with z >= zthr, so they hold the nucleus when the walk
-    // over them reaches p strictly above their smallest q.
-    q.clear();
-    q.extend(out.iter().map(|c| pl::prob(pl::weight(c.1, ymax), sum)));
-    let smallest = q.iter().copied().fold(f32::INFINITY, f32::min);
-    let tau_p = top_p_walk(q, p);
-    let all_gathered = out.len() == z.len();
-    if all_gathered || (!q.is_empty() && tau_p > smallest) {
-        Some((sum, tau_p))
-    } else {
-        None
+    for w in q.iter_mut() {
+        *w = pl::prob(*w, sum);
     }
+    let smallest = q.iter().copied().fold(f32::INFINITY, f32::min);
+    let mut walk = std::mem::take(q);
+    let qs: Vec<f32> = walk.clone();
+    let tau_p = top_p_walk(&mut walk, p);
+    *q = walk;
+    if !(all_gathered || tau_p > smallest) {
+        return None;
+    }
+    let mut k = 0;
+    out.retain(|_| {
+        k += 1;
+        qs[k - 1] >= tau_p
+    });
+    Some((sum, tau_p))
 }
 
 /// `τp` of [`pl::top_p_cut`] over the values of `q` (reordered in place), sorting only
