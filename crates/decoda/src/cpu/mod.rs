@@ -24,6 +24,9 @@ use crate::params::{LogprobsMode, Request};
 use crate::philox::{self, gumbel_bucket_bounds, GUMBEL_MAX_BOUND};
 use crate::pipeline::{self as pl, RowResult, Sample, TokenLogprobs};
 
+/// Candidate count from which the draw computes Philox 16 blocks at a time.
+const DENSE_DRAW: usize = 512;
+
 /// Block size of the streaming passes (fits in L1 with room to spare).
 const BLOCK: usize = 4096;
 
@@ -475,17 +478,35 @@ fn draw(cands: &[(u32, f32)], seed: u64, step: u64) -> u32 {
     let mut best = (i0, y0 + philox::gumbel(seed, step, i0));
     let key = philox::seed_key(seed);
     let mut block = (u32::MAX, [0u32; 4]);
+    // Many candidates: Philox for 16 blocks at a time, side by side in vector lanes.
+    let dense = cands.len() >= DENSE_DRAW;
+    let mut window: Option<u32> = None;
+    let mut words = [0u32; 64];
     for &(i, y) in cands {
         if i == i0 || y + GUMBEL_MAX_BOUND < best.1 {
             continue;
         }
-        if block.0 != i / 4 {
-            block = (
-                i / 4,
-                philox::philox4x32_10(philox::token_counter(i, step), key),
-            );
-        }
-        let bits = block.1[(i % 4) as usize];
+        let bits = if dense {
+            let b = i / 4;
+            let base = match window {
+                Some(w) if b.wrapping_sub(w) < 16 => w,
+                _ => {
+                    let w = b & !15;
+                    kernels::philox_x16(w, step, key, &mut words);
+                    window = Some(w);
+                    w
+                }
+            };
+            words[((b - base) * 4 + i % 4) as usize]
+        } else {
+            if block.0 != i / 4 {
+                block = (
+                    i / 4,
+                    philox::philox4x32_10(philox::token_counter(i, step), key),
+                );
+            }
+            block.1[(i % 4) as usize]
+        };
         if y + bounds[(bits >> 20) as usize] < best.1 {
             continue;
         }
