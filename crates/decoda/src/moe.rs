@@ -843,6 +843,7 @@ impl SwitchMlp {
     /// `y [N, D]` for activations `x [N, D]` and a routing of the same N, choosing the
     /// branch from N.
     pub fn forward(&self, x: &[f32], routing: &Routing) -> Result<MoeOutput> {
+        check_routing(routing)?;
         self.forward_with(x, routing, self.dispatch_for(routing.tokens))
     }
 
@@ -853,6 +854,7 @@ impl SwitchMlp {
         routing: &Routing,
         dispatch: Dispatch,
     ) -> Result<MoeOutput> {
+        check_routing(routing)?;
         let sorted = dispatch == Dispatch::Sorted;
         let (d, h) = (self.hidden, self.intermediate);
         let g = gather(x, d, &routing.indices, routing.top_k, self.experts, sorted)?;
@@ -905,6 +907,21 @@ impl SwitchMlp {
         counter.fetch_add(1, Ordering::Relaxed);
         Ok(MoeOutput { y, dispatch })
     }
+}
+
+/// A [`Routing`] built by hand (its fields are public) must still hang together.
+fn check_routing(r: &Routing) -> Result<()> {
+    let want = r.tokens.checked_mul(r.top_k);
+    if r.top_k == 0 || want != Some(r.indices.len()) || want != Some(r.weights.len()) {
+        return Err(Error::Shape(format!(
+            "routing of N = {} tokens, k = {} holds {} expert ids and {} weights",
+            r.tokens,
+            r.top_k,
+            r.indices.len(),
+            r.weights.len()
+        )));
+    }
+    Ok(())
 }
 
 /// The shape of an MoE layer and its routing.

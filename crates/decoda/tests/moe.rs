@@ -179,6 +179,21 @@ fn one_token_all_layouts_and_dtypes() {
 }
 
 #[test]
+fn no_tokens() {
+    let c = case(4, 8, 6, WeightDtype::F32, true, 2);
+    let r = Routing::new(0, 2, vec![], vec![]).unwrap();
+    let out = c.layer.forward(&[], &r).unwrap();
+    assert!(out.y.is_empty());
+    assert_eq!(out.dispatch, Dispatch::Unsorted);
+    assert!(c
+        .layer
+        .forward_with(&[], &r, Dispatch::Sorted)
+        .unwrap()
+        .y
+        .is_empty());
+}
+
+#[test]
 fn around_the_cutoff() {
     let c = case(12, 40, 24, WeightDtype::F32, true, 5);
     for (n, want) in [
@@ -471,6 +486,11 @@ fn bad_inputs_are_clear_errors() {
     let e = c.layer.forward(&xs[..15], &r).unwrap_err();
     assert!(matches!(e, Error::Shape(_)), "{e}");
     assert!(e.to_string().contains("x holds 15 values"), "{e}");
+    // a hand-built routing whose N disagrees with its ids
+    let mut bad = random_routing(2, 4, 2, 1);
+    bad.tokens = 600;
+    let e = c.layer.forward(&xs, &bad).unwrap_err();
+    assert!(e.to_string().contains("N = 600"), "{e}");
     // routing lengths, weights
     assert!(matches!(
         Routing::new(2, 2, vec![0; 3], vec![0.0; 4]),

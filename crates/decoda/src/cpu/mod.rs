@@ -346,7 +346,7 @@ fn top_p_candidates(
     const CAP: usize = 8192;
     let scale = 1.0 / t;
     let floor = pl::z_lower_bound(ymax - 16.0, t);
-    let mut zthr = floor.max(sampled_threshold(z, 256, scratch));
+    let mut zthr = floor.max(sampled_threshold(z, 512, scratch));
     out.clear();
     let mut approx = 0f64;
     for (b, block) in z.chunks(BLOCK).enumerate() {
@@ -366,15 +366,15 @@ fn top_p_candidates(
         if let Some(cut) = nucleus(out, zmax, ymax, t, p, approx, q, all_gathered) {
             return Some(cut);
         }
-        if zthr <= floor || tries == 2 {
+        if zthr <= floor || tries == 3 {
             return None;
         }
         // Too few: gather again from a lower threshold (the bulk sum stays valid).
         tries += 1;
-        zthr = if tries == 1 {
-            floor.max(sampled_threshold(z, 4096, scratch))
-        } else {
-            floor
+        zthr = match tries {
+            1 => floor.max(sampled_threshold(z, 2048, scratch)),
+            2 => floor.max(sampled_threshold(z, CAP / 2, scratch)),
+            _ => floor,
         };
         out.clear();
         for (b, block) in z.chunks(BLOCK).enumerate() {
