@@ -144,7 +144,7 @@ pub fn bar(p: f64, width: usize) -> String {
     let full = cells / 8;
     let part = [" ", "▏", "▎", "▍", "▌", "▋", "▊", "▉"][cells % 8];
     let mut s = "█".repeat(full.min(width));
-    if full < width && cells % 8 > 0 {
+    if full < width && !cells.is_multiple_of(8) {
         s.push_str(part);
     }
     s

@@ -334,7 +334,7 @@ pub fn route(
             expected: "1 ..= experts",
         });
     }
-    if router_logits.len() % experts != 0 {
+    if !router_logits.len().is_multiple_of(experts) {
         return Err(Error::Shape(format!(
             "router_logits holds {} values, not a multiple of E = {experts}",
             router_logits.len()
@@ -469,7 +469,7 @@ pub fn gather(
             expected: "at least 1",
         });
     }
-    if expert_indices.len() % top_k != 0 {
+    if !expert_indices.len().is_multiple_of(top_k) {
         return Err(Error::Shape(format!(
             "expert_indices holds {} values, not a multiple of k = {top_k}",
             expert_indices.len()
@@ -647,7 +647,7 @@ pub fn combine(
     width: usize,
     expert_weights: &[f32],
 ) -> Result<Vec<f32>> {
-    if top_k == 0 || expert_weights.len() % top_k != 0 {
+    if top_k == 0 || !expert_weights.len().is_multiple_of(top_k) {
         return Err(Error::Shape(format!(
             "expert_weights holds {} values, not a multiple of k = {top_k}",
             expert_weights.len()

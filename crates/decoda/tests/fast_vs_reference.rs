@@ -65,3 +65,39 @@ fn top_p_nucleus_sizes_parity() {
     assert_eq!(p.same + p.allowed_ties, p.rows);
     assert!(p.max_logprob_diff <= 1e-5);
 }
+
+/// Top-k rows without bias or penalties take a one-pass path (max, non-finite check and
+/// candidate gathering together): its error and greedy exits against the reference.
+#[test]
+fn top_k_one_pass_edge_rows() {
+    use decoda::conformance::zipf_logits;
+    use decoda::{LogprobsMode, Request, SamplingParams};
+    let mut rng = Rng::new(5);
+    for v in [300usize, 20_000] {
+        let mut cases = Vec::new();
+        for (case, k) in [1u32, 7, 50, 299].into_iter().enumerate() {
+            for edit in 0..6 {
+                let mut x = zipf_logits(&mut rng, v, 1.1);
+                let at = (case * 977 + edit * 131) % v;
+                match edit {
+                    0 => {}
+                    1 => x[at] = f32::NAN,
+                    2 => x[at] = f32::INFINITY,
+                    3 => x.iter_mut().for_each(|z| *z = f32::NEG_INFINITY),
+                    4 => x[at] = f32::MAX, // max / T overflows: greedy
+                    _ => x.iter_mut().step_by(3).for_each(|z| *z = f32::NEG_INFINITY),
+                }
+                let params = SamplingParams {
+                    temperature: 0.7,
+                    top_k: k,
+                    logprobs: Some(2),
+                    logprobs_mode: LogprobsMode::Processed,
+                    ..Default::default()
+                };
+                cases.push((x, Request::new(params, (case * 10 + edit) as u64)));
+            }
+        }
+        let p = parity(&CpuSampler::new(), &cases).unwrap();
+        assert_eq!(p.same + p.allowed_ties, p.rows, "V = {v}");
+    }
+}

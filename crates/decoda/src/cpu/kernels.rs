@@ -438,6 +438,95 @@ pub fn collect_ge(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) {
     body::collect_ge(z, base, thr, out)
 }
 
+/// [`collect_ge`] and the maximum of `z` with whether it holds a NaN or `+inf` (the
+/// maximum is meaningless then): one pass with AVX-512, two passes elsewhere.
+pub fn collect_ge_max(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) -> (f32, bool) {
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx512 {
+        // SAFETY: `level()` detected AVX-512 F on this CPU.
+        return unsafe { simd512::collect_ge_max(z, base, thr, out) };
+    }
+    let (m, bad) = max_nonfinite(z);
+    collect_ge(z, base, thr, out);
+    (m, bad > 0)
+}
+
+/// The one-pass AVX-512 version of [`collect_ge_max`]: compares give bit masks directly.
+#[cfg(target_arch = "x86_64")]
+mod simd512 {
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn collect_ge_max(
+        z: &[f32],
+        base: u32,
+        thr: f32,
+        out: &mut Vec<(u32, f32)>,
+    ) -> (f32, bool) {
+        let t = _mm512_set1_ps(thr);
+        let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
+        let (mut m0, mut m1, mut m2, mut m3) = (ninf, ninf, ninf, ninf);
+        let mut nan: u16 = 0;
+        let n = z.len();
+        let p = z.as_ptr();
+        let mut i = 0;
+        // Hit masks of up to 64 chunks of 64 values are kept on the stack and turned into
+        // pushes after the vector loop, so no call sits inside it (a call would force the
+        // vector registers out to memory).
+        let mut masks = [0u64; 64];
+        while i + 64 <= n {
+            let chunks = ((n - i) / 64).min(64);
+            for (c, mask) in masks[..chunks].iter_mut().enumerate() {
+                let at = i + 64 * c;
+                // SAFETY: at + 64 <= n: the 4 loads of 16 values are inside z.
+                let (v0, v1, v2, v3) = unsafe {
+                    (
+                        _mm512_loadu_ps(p.add(at)),
+                        _mm512_loadu_ps(p.add(at + 16)),
+                        _mm512_loadu_ps(p.add(at + 32)),
+                        _mm512_loadu_ps(p.add(at + 48)),
+                    )
+                };
+                // NaN lanes keep the old max (the second operand) and are flagged below
+                m0 = _mm512_max_ps(v0, m0);
+                m1 = _mm512_max_ps(v1, m1);
+                m2 = _mm512_max_ps(v2, m2);
+                m3 = _mm512_max_ps(v3, m3);
+                nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v0, v0)
+                    | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v1, v1)
+                    | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v2, v2)
+                    | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v3, v3);
+                *mask = u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v0, t))
+                    | u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v1, t)) << 16
+                    | u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v2, t)) << 32
+                    | u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v3, t)) << 48;
+            }
+            for (c, &mask) in masks[..chunks].iter().enumerate() {
+                let mut m = mask;
+                while m != 0 {
+                    let j = i + 64 * c + m.trailing_zeros() as usize;
+                    out.push((base + j as u32, z[j]));
+                    m &= m - 1;
+                }
+            }
+            i += 64 * chunks;
+        }
+        let vm = _mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3));
+        let mut mx = _mm512_reduce_max_ps(vm);
+        let mut bad = nan != 0;
+        for (j, &x) in z.iter().enumerate().skip(i) {
+            bad |= x.is_nan();
+            mx = if x > mx { x } else { mx };
+            if x >= thr {
+                out.push((base + j as u32, x));
+            }
+        }
+        (mx, bad || mx == f32::INFINITY)
+    }
+}
+
 /// Explicit AVX2 versions of the searches whose early exits defeat auto-vectorisation
 /// (a compare per value and a branch per block, with a bit mask of the hits).
 #[cfg(target_arch = "x86_64")]

@@ -140,11 +140,37 @@ pub fn sample_row_f32(x: &[f32], req: &Request) -> RowResult {
 }
 
 fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
+    let mods = pl::sparse_mods(|t| x[t as usize], req);
+    let (t, k) = (req.params.temperature, req.params.top_k as usize);
+    if mods.is_empty() && k > 0 && k < x.len() && !pl::is_greedy(t, 0.0) {
+        // Top-k on the logits as given: the max pass also gathers the candidates.
+        let mut cands = std::mem::take(&mut s.cands);
+        let start = sampled_threshold(x, 4 * k + 64, &mut s.tmp);
+        let mut seen = (f32::NEG_INFINITY, false);
+        let gathered = gather_top(x, k, t, start, &mut cands, Some(&mut seen));
+        let (xmax, bad) = seen;
+        let out = if bad {
+            Err(RowError::NonFiniteLogits {
+                count: kernels::max_nonfinite(x).1,
+            })
+        } else if xmax == f32::NEG_INFINITY || pl::is_greedy(t, xmax) {
+            s.cands = cands;
+            return sample_z(x, x, xmax, req, s, false);
+        } else {
+            if !gathered {
+                gather_top(x, k, t, f32::NEG_INFINITY, &mut cands, None);
+            }
+            cands.sort_unstable_by_key(|c| c.0);
+            s.cands = cands;
+            return sample_z(x, x, xmax, req, s, true);
+        };
+        s.cands = cands;
+        return out;
+    }
     let (xmax, bad) = kernels::max_nonfinite(x);
     if bad > 0 {
         return Err(RowError::NonFiniteLogits { count: bad });
     }
-    let mods = pl::sparse_mods(|t| x[t as usize], req);
     let mut zbuf = std::mem::take(&mut s.z);
     let (z, zmax): (&[f32], f32) = if mods.is_empty() {
         (x, xmax)
@@ -165,12 +191,21 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
         let m = kernels::max(&zbuf);
         (&zbuf, m)
     };
-    let out = sample_z(x, z, zmax, req, s);
+    let out = sample_z(x, z, zmax, req, s, false);
     s.z = zbuf;
     out
 }
 
-fn sample_z(x: &[f32], z: &[f32], zmax: f32, req: &Request, s: &mut Scratch) -> RowResult {
+/// Stages 4-9 and logprobs on the processed logits `z` (max `zmax`). With `top_done`,
+/// `s.cands` already holds stage 6's kept set as `(i, y_i)` in id order.
+fn sample_z(
+    x: &[f32],
+    z: &[f32],
+    zmax: f32,
+    req: &Request,
+    s: &mut Scratch,
+    top_done: bool,
+) -> RowResult {
     let p = &req.params;
     let v = z.len();
     if zmax == f32::NEG_INFINITY {
@@ -194,13 +229,17 @@ fn sample_z(x: &[f32], z: &[f32], zmax: f32, req: &Request, s: &mut Scratch) -> 
     let top_p = p.top_p < 1.0;
     let tau_m = pl::min_p_threshold(ymax, p.min_p);
     let mut cands = std::mem::take(&mut s.cands);
-    cands.clear();
+    if !top_done {
+        cands.clear();
+    }
     // Σ of top-p weights over K when it was computed over the whole row.
     let mut sum_all: Option<f64> = None;
     // Some when stage 7 was already done while gathering (`cands` holds its kept set).
     let mut cut: Option<(f64, f32)> = None;
     let mut unfiltered = false;
-    if top_k {
+    if top_done {
+        // stage 6 was done while finding the max
+    } else if top_k {
         select_top(z, k, t, &mut cands, &mut s.tmp);
     } else if top_p {
         cut = top_p_candidates(z, zmax, ymax, t, p.top_p, &mut cands, &mut s.q, &mut s.tmp);
@@ -290,14 +329,23 @@ fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> f32 {
 /// (ties kept): stage 6. `tmp` is scratch.
 fn select_top(z: &[f32], k: usize, t: f32, out: &mut Vec<(u32, f32)>, tmp: &mut Vec<(u32, f32)>) {
     let start = sampled_threshold(z, 4 * k + 64, tmp);
-    if !gather_top(z, k, t, start, out) {
-        gather_top(z, k, t, f32::NEG_INFINITY, out);
+    if !gather_top(z, k, t, start, out, None) {
+        gather_top(z, k, t, f32::NEG_INFINITY, out, None);
     }
     out.sort_unstable_by_key(|c| c.0);
 }
 
-/// One gathering pass from threshold `start`; false when `start` proved too high.
-fn gather_top(z: &[f32], k: usize, t: f32, start: f32, out: &mut Vec<(u32, f32)>) -> bool {
+/// One gathering pass from threshold `start`; false when `start` proved too high. With
+/// `seen`, the same pass also finds the max of `z` and whether it holds NaN or `+inf`
+/// (then the result is meaningless and only `seen` counts).
+fn gather_top(
+    z: &[f32],
+    k: usize,
+    t: f32,
+    start: f32,
+    out: &mut Vec<(u32, f32)>,
+    mut seen: Option<&mut (f32, bool)>,
+) -> bool {
     let cap = (4 * k).max(256);
     let mut thr = start;
     out.clear();
@@ -308,10 +356,20 @@ fn gather_top(z: &[f32], k: usize, t: f32, start: f32, out: &mut Vec<(u32, f32)>
         zl
     };
     for (b, block) in z.chunks(BLOCK).enumerate() {
-        kernels::collect_ge(block, (b * BLOCK) as u32, thr, out);
+        match seen.as_deref_mut() {
+            Some((m, bad)) => {
+                let (bm, bb) = kernels::collect_ge_max(block, (b * BLOCK) as u32, thr, out);
+                *m = m.max(bm);
+                *bad |= bb;
+            }
+            None => kernels::collect_ge(block, (b * BLOCK) as u32, thr, out),
+        }
         if out.len() > cap {
             thr = thr.max(shrink(out));
         }
+    }
+    if seen.is_some_and(|s| s.1) {
+        return false;
     }
     if out.len() < k {
         return false;
