@@ -124,6 +124,7 @@ struct Scratch {
     cands: Vec<(u32, f32)>,
     tmp: Vec<(u32, f32)>,
     q: Vec<f32>,
+    walk: Vec<f32>,
 }
 
 thread_local! {
@@ -242,7 +243,8 @@ fn sample_z(
     } else if top_k {
         select_top(z, k, t, &mut cands, &mut s.tmp);
     } else if top_p {
-        cut = top_p_candidates(z, zmax, ymax, t, p.top_p, &mut cands, &mut s.q, &mut s.tmp);
+        let bufs = (&mut s.q, &mut s.walk, &mut s.tmp);
+        cut = top_p_candidates(z, zmax, ymax, t, p.top_p, &mut cands, bufs);
         if cut.is_none() {
             // The nucleus is too wide for the candidate list: take the whole row.
             cands.clear();
@@ -390,7 +392,6 @@ fn gather_top(
 /// gathering the tokens near the top. When the gathered tokens hold the nucleus, leaves in
 /// `out` the tokens stage 7 keeps, as `(i, y_i)`, and returns the normaliser (the gathered
 /// tokens' weights exact, the rest approximated) and `τp`; else `None`.
-#[allow(clippy::too_many_arguments)]
 fn top_p_candidates(
     z: &[f32],
     zmax: f32,
@@ -398,8 +399,7 @@ fn top_p_candidates(
     t: f32,
     p: f32,
     out: &mut Vec<(u32, f32)>,
-    q: &mut Vec<f32>,
-    scratch: &mut Vec<(u32, f32)>,
+    (q, walk, scratch): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<(u32, f32)>),
 ) -> Option<(f64, f32)> {
     const CAP: usize = 8192;
     let scale = 1.0 / t;
@@ -421,7 +421,7 @@ fn top_p_candidates(
         // The candidates are every token with z >= zthr, so they hold the nucleus when the
         // walk over them reaches p strictly above their smallest q.
         let all_gathered = out.len() == z.len();
-        if let Some(cut) = nucleus(out, zmax, ymax, t, p, approx, q, all_gathered) {
+        if let Some(cut) = nucleus(out, zmax, ymax, t, p, approx, (q, walk), all_gathered) {
             return Some(cut);
         }
         if zthr <= floor || tries == 3 {
@@ -455,7 +455,7 @@ fn nucleus(
     t: f32,
     p: f32,
     approx_all: f64,
-    q: &mut Vec<f32>,
+    (q, walk): (&mut Vec<f32>, &mut Vec<f32>),
     all_gathered: bool,
 ) -> Option<(f64, f32)> {
     if out.is_empty() {
@@ -478,17 +478,16 @@ fn nucleus(
         *w = pl::prob(*w, sum);
     }
     let smallest = q.iter().copied().fold(f32::INFINITY, f32::min);
-    let mut walk = std::mem::take(q);
-    let qs: Vec<f32> = walk.clone();
-    let tau_p = top_p_walk(&mut walk, p);
-    *q = walk;
+    walk.clear();
+    walk.extend_from_slice(q);
+    let tau_p = top_p_walk(walk, p);
     if !(all_gathered || tau_p > smallest) {
         return None;
     }
     let mut k = 0;
     out.retain(|_| {
         k += 1;
-        qs[k - 1] >= tau_p
+        q[k - 1] >= tau_p
     });
     Some((sum, tau_p))
 }
