@@ -123,6 +123,7 @@ struct Scratch {
     y: Vec<f32>,
     cands: Vec<(u32, f32)>,
     tmp: Vec<(u32, f32)>,
+    tmp2: Vec<(u32, f32)>,
     q: Vec<f32>,
     walk: Vec<f32>,
 }
@@ -145,28 +146,16 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
     let (t, k) = (req.params.temperature, req.params.top_k as usize);
     if mods.is_empty() && k > 0 && k < x.len() && !pl::is_greedy(t, 0.0) {
         // Top-k on the logits as given: the max pass also gathers the candidates.
-        let mut cands = std::mem::take(&mut s.cands);
-        let start = sampled_threshold(x, 4 * k + 64, &mut s.tmp);
         let mut seen = (f32::NEG_INFINITY, false);
-        let gathered = gather_top(x, k, t, start, &mut cands, Some(&mut seen));
+        select_top(x, k, t, &mut s.cands, &mut s.tmp, Some(&mut seen));
         let (xmax, bad) = seen;
-        let out = if bad {
-            Err(RowError::NonFiniteLogits {
-                count: kernels::max_nonfinite(x).1,
-            })
-        } else if xmax == f32::NEG_INFINITY || pl::is_greedy(t, xmax) {
-            s.cands = cands;
-            return sample_z(x, x, xmax, req, s, false);
-        } else {
-            if !gathered {
-                gather_top(x, k, t, f32::NEG_INFINITY, &mut cands, None);
-            }
-            cands.sort_unstable_by_key(|c| c.0);
-            s.cands = cands;
-            return sample_z(x, x, xmax, req, s, true);
-        };
-        s.cands = cands;
-        return out;
+        if bad {
+            let count = kernels::max_nonfinite(x).1;
+            return Err(RowError::NonFiniteLogits { count });
+        }
+        // greedy after all (max / T overflows) or nothing to draw: the general path
+        let top_done = xmax > f32::NEG_INFINITY && !pl::is_greedy(t, xmax);
+        return sample_z(x, x, xmax, req, s, top_done);
     }
     let (xmax, bad) = kernels::max_nonfinite(x);
     if bad > 0 {
@@ -241,7 +230,7 @@ fn sample_z(
     if top_done {
         // stage 6 was done while finding the max
     } else if top_k {
-        select_top(z, k, t, &mut cands, &mut s.tmp);
+        select_top(z, k, t, &mut cands, &mut s.tmp, None);
     } else if top_p {
         let bufs = (&mut s.q, &mut s.walk, &mut s.tmp);
         cut = top_p_candidates(z, zmax, ymax, t, p.top_p, &mut cands, bufs);
@@ -329,9 +318,18 @@ fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> f32 {
 
 /// Gathers into `out` every `(i, y_i)` with `y_i >= τ`, `τ` the k-th largest `y = z / t`
 /// (ties kept): stage 6. `tmp` is scratch.
-fn select_top(z: &[f32], k: usize, t: f32, out: &mut Vec<(u32, f32)>, tmp: &mut Vec<(u32, f32)>) {
+/// With `seen`, the first pass also finds the max of `z` and whether it holds NaN or
+/// `+inf` (then `out` is meaningless).
+fn select_top(
+    z: &[f32],
+    k: usize,
+    t: f32,
+    out: &mut Vec<(u32, f32)>,
+    tmp: &mut Vec<(u32, f32)>,
+    seen: Option<&mut (f32, bool)>,
+) {
     let start = sampled_threshold(z, 4 * k + 64, tmp);
-    if !gather_top(z, k, t, start, out, None) {
+    if !gather_top(z, k, t, start, out, seen) {
         gather_top(z, k, t, f32::NEG_INFINITY, out, None);
     }
     out.sort_unstable_by_key(|c| c.0);
@@ -584,14 +582,16 @@ fn full_logprobs(values: &[f32], token: u32, n: u32, s: &mut Scratch) -> TokenLo
     let mut top = std::mem::take(&mut s.tmp);
     top.clear();
     if n > 0 {
-        let mut scratch = Vec::new();
+        let mut scratch = std::mem::take(&mut s.tmp2);
         select_top(
             values,
             (n as usize).min(values.len()),
             1.0,
             &mut top,
             &mut scratch,
+            None,
         );
+        s.tmp2 = scratch;
         top.sort_by(pl::rank_order);
     }
     let out = pl::assemble_logprobs(chosen, rank, &top, n, vmax, lse);
