@@ -225,9 +225,10 @@ mod body {
         n + z[..idx].iter().filter(|&&x| x == v).count() as u64
     }
 
-    /// `a · b` in eight 16-wide f32 chains (the order of the sum depends only on the length).
+    /// `a · b` with `a`'s elements widened to f32 by `wide`, in eight 16-wide f32 chains
+    /// (the order of the sum depends only on the length).
     #[inline(always)]
-    fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    fn dot<T: Copy>(a: &[T], b: &[f32], wide: impl Fn(T) -> f32) -> f32 {
         const W: usize = 128;
         let mut acc = [0f32; W];
         let ca = a.chunks_exact(W);
@@ -235,34 +236,28 @@ mod body {
         let (ra, rb) = (ca.remainder(), cb.remainder());
         for (x, y) in ca.zip(cb) {
             for j in 0..W {
-                acc[j] += x[j] * y[j];
+                acc[j] += wide(x[j]) * y[j];
             }
         }
         let mut tail = 0f32;
         for (x, y) in ra.iter().zip(rb) {
-            tail += x * y;
+            tail += wide(*x) * y;
         }
         reduce128(&acc) + tail
     }
 
-    /// `a · b` where `a` holds bf16 bit patterns, widened to f32 exactly.
+    /// `y = W x` for a row-major `W [y.len(), x.len()]`.
     #[inline(always)]
-    fn dot_bf16(a: &[u16], b: &[f32]) -> f32 {
-        const W: usize = 128;
-        let mut acc = [0f32; W];
-        let ca = a.chunks_exact(W);
-        let cb = b.chunks_exact(W);
-        let (ra, rb) = (ca.remainder(), cb.remainder());
-        for (x, y) in ca.zip(cb) {
-            for j in 0..W {
-                acc[j] += f32::from_bits(u32::from(x[j]) << 16) * y[j];
-            }
+    fn matvec<T: Copy>(w: &[T], x: &[f32], y: &mut [f32], wide: impl Fn(T) -> f32 + Copy) {
+        let n = x.len();
+        for (r, yr) in y.iter_mut().enumerate() {
+            *yr = dot(&w[r * n..(r + 1) * n], x, wide);
         }
-        let mut tail = 0f32;
-        for (x, y) in ra.iter().zip(rb) {
-            tail += f32::from_bits(u32::from(*x) << 16) * y;
-        }
-        reduce128(&acc) + tail
+    }
+
+    #[inline(always)]
+    fn bf16_bits_to_f32(b: u16) -> f32 {
+        f32::from_bits(u32::from(b) << 16)
     }
 
     #[inline(always)]
@@ -322,24 +317,18 @@ mod body {
 
     #[inline(always)]
     pub fn matvec_f32(w: &[f32], x: &[f32], y: &mut [f32]) {
-        let n = x.len();
-        for (r, yr) in y.iter_mut().enumerate() {
-            *yr = dot_f32(&w[r * n..(r + 1) * n], x);
-        }
+        matvec(w, x, y, |v| v);
     }
 
     #[inline(always)]
     pub fn matvec_bf16(w: &[u16], x: &[f32], y: &mut [f32]) {
-        let n = x.len();
-        for (r, yr) in y.iter_mut().enumerate() {
-            *yr = dot_bf16(&w[r * n..(r + 1) * n], x);
-        }
+        matvec(w, x, y, bf16_bits_to_f32);
     }
 
     #[inline(always)]
     pub fn widen_bf16(src: &[u16], dst: &mut [f32]) {
         for (d, &s) in dst.iter_mut().zip(src) {
-            *d = f32::from_bits(u32::from(s) << 16);
+            *d = bf16_bits_to_f32(s);
         }
     }
 }
