@@ -296,6 +296,36 @@ mod body {
         }
     }
 
+    #[inline(always)]
+    pub fn gumbel_prefilter(z: &[f32], words: &[u32; 64], inv_t: f32, zl: f32, best: f32) -> u64 {
+        #[inline(always)]
+        fn keep(z: f32, x: u32, inv_t: f32, zl: f32, best: f32) -> bool {
+            let y = z * inv_t;
+            // 2^24 (1 - u), exact: u = (2 (x >> 9) + 1) 2^-24; its binary exponent e gives
+            // 1 - u >= 2^(e - 24), so when 2^(e - 24) > exp(a) the token cannot reach `best`
+            let scaled = ((1u32 << 24) - 2 * (x >> 9) - 1) as f32;
+            let e = ((scaled.to_bits() >> 23) as i32 - 127 - 24) as f32;
+            // slack for y ~ z / t and the rounding of the noise formula
+            let a = y - best + 1e-4 + y.abs() * 1e-6;
+            z >= zl && e <= a * std::f32::consts::LOG2_E
+        }
+        let mut m = 0u64;
+        if let Ok(z) = <&[f32; 64]>::try_from(z) {
+            let mut k = [false; 64];
+            for j in 0..64 {
+                k[j] = keep(z[j], words[j], inv_t, zl, best);
+            }
+            for (j, &kj) in k.iter().enumerate() {
+                m |= u64::from(kj) << j;
+            }
+        } else {
+            for (j, &zj) in z.iter().enumerate().take(64) {
+                m |= u64::from(keep(zj, words[j], inv_t, zl, best)) << j;
+            }
+        }
+        m
+    }
+
     /// Sum of 128 lanes by halving (vertical vector adds, then a short tree).
     #[inline(always)]
     fn reduce128(acc: &[f32; 128]) -> f32 {
@@ -635,6 +665,15 @@ dispatch! {
     pub fn philox_x16(first_block: u32, step: u64, key: [u32; 2], out: &mut [u32; 64]) -> ();
 }
 
+dispatch! {
+    /// Bit `j` set for every `z[j] >= zl` (`z.len() <= 64`) whose Gumbel noise, drawn from
+    /// Philox word `words[j]`, might lift `y = z / t` (`inv_t = 1 / t`) to `best`: a
+    /// conservative filter (the noise `-ln(-ln u)` is at most `-ln(1 - u)`, and `1 - u` is
+    /// bounded below by a power of two read from its exponent bits, with slack for
+    /// rounding); the exact comparison is the caller's.
+    pub fn gumbel_prefilter(z: &[f32], words: &[u32; 64], inv_t: f32, zl: f32, best: f32) -> u64;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -720,6 +759,62 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn gumbel_prefilter_keeps_every_possible_winner() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut kept = 0u32;
+        for round in 0..2000 {
+            let t = [0.05f32, 0.7, 1.0, 3.0][round % 4];
+            let z: Vec<f32> = (0..if round % 7 == 0 { 37 } else { 64 })
+                .map(|_| ((next() >> 40) % 4000) as f32 / 100.0 - 20.0)
+                .collect();
+            let mut words = [0u32; 64];
+            for w in words.iter_mut() {
+                // the top bits near all-ones are where the large noises live
+                *w = if next() % 3 == 0 {
+                    u32::MAX - (next() as u32 >> 8)
+                } else {
+                    next() as u32
+                };
+            }
+            let best = ((next() >> 40) % 4000) as f32 / 100.0 - 20.0 + 5.0;
+            let zl = -15.0;
+            let m = gumbel_prefilter(&z, &words, 1.0 / t, zl, best);
+            for (j, &zj) in z.iter().enumerate() {
+                let reach = zj / t + crate::philox::gumbel_from_bits(words[j]);
+                if zj >= zl && reach >= best {
+                    assert!(
+                        m >> j & 1 == 1,
+                        "z={zj} t={t} word={:#x} best={best}",
+                        words[j]
+                    );
+                }
+                if zj < zl {
+                    assert_eq!(m >> j & 1, 0);
+                }
+            }
+            kept += m.count_ones();
+        }
+        assert!(kept > 0);
+        // ... and it must filter: uniform words, logits spread over 10 units below `best`
+        let z: Vec<f32> = (0..64).map(|j| -(j as f32) * 10.0 / 64.0).collect();
+        let mut kept = 0u32;
+        for _ in 0..1000 {
+            let mut words = [0u32; 64];
+            for w in words.iter_mut() {
+                *w = next() as u32;
+            }
+            kept += gumbel_prefilter(&z, &words, 1.0, f32::NEG_INFINITY, 2.0).count_ones();
+        }
+        assert!(kept < 64 * 1000 / 20, "kept {kept} of 64000");
     }
 
     #[test]

@@ -227,6 +227,8 @@ fn sample_z(
     // Some when stage 7 was already done while gathering (`cands` holds its kept set).
     let mut cut: Option<(f64, f32)> = None;
     let mut unfiltered = false;
+    // (z threshold, the max token) when the draw runs over the whole row
+    let mut unfiltered_from: Option<(f32, u32)> = None;
     if top_done {
         // stage 6 was done while finding the max
     } else if top_k {
@@ -242,21 +244,22 @@ fn sample_z(
             sum_all = Some(sum);
         }
     } else {
-        let thr = if tau_m > f32::NEG_INFINITY {
-            tau_m
+        if tau_m > f32::NEG_INFINITY {
+            let zl = pl::z_lower_bound(tau_m, t);
+            for (b, block) in z.chunks(BLOCK).enumerate() {
+                kernels::collect_ge(block, (b * BLOCK) as u32, zl, &mut cands);
+            }
+            for c in cands.iter_mut() {
+                c.1 /= t;
+            }
         } else {
-            // No filter: only tokens within reach of the max token's draw can win.
+            // No filter: only tokens within reach of the max token's draw can win; they are
+            // drawn straight from the row, without a candidate list.
             unfiltered = true;
             let i0 = kernels::first_eq(z, zmax).expect("max exists") as u32;
             let best0 = ymax + philox::gumbel(req.state.seed, req.state.step, i0);
-            best0 - GUMBEL_MAX_BOUND - 1.0 - best0.abs() * 1e-6
-        };
-        let zl = pl::z_lower_bound(thr, t);
-        for (b, block) in z.chunks(BLOCK).enumerate() {
-            kernels::collect_ge(block, (b * BLOCK) as u32, zl, &mut cands);
-        }
-        for c in cands.iter_mut() {
-            c.1 /= t;
+            let thr = best0 - GUMBEL_MAX_BOUND - 1.0 - best0.abs() * 1e-6;
+            unfiltered_from = Some((pl::z_lower_bound(thr, t), i0));
         }
     }
 
@@ -276,7 +279,10 @@ fn sample_z(
     if tau_m > f32::NEG_INFINITY {
         cands.retain(|c| c.1 >= tau_m);
     }
-    let token = draw(&cands, req.state.seed, req.state.step);
+    let token = match unfiltered_from {
+        Some((zl, i0)) => draw_row(z, t, zl, i0, req.state.seed, req.state.step),
+        None => draw(&cands, req.state.seed, req.state.step),
+    };
     let lp = p.logprobs.map(|n| match p.logprobs_mode {
         LogprobsMode::Raw => full_logprobs(x, token, n, s),
         LogprobsMode::Processed if unfiltered => {
@@ -568,6 +574,40 @@ fn draw(cands: &[(u32, f32)], seed: u64, step: u64) -> u32 {
         let s = y + philox::gumbel_from_bits(bits);
         if s > best.1 || (s == best.1 && i < best.0) {
             best = (i, s);
+        }
+    }
+    best.0
+}
+
+/// [`draw`] over every token of the row with `z >= zl` (`i0` holds the max): Philox for 64
+/// tokens at a time, a vectorised conservative filter on the noise each could reach, and the
+/// exact comparison of [`draw`] for the few that pass.
+fn draw_row(z: &[f32], t: f32, zl: f32, i0: u32, seed: u64, step: u64) -> u32 {
+    let bounds = gumbel_bucket_bounds();
+    let key = philox::seed_key(seed);
+    let inv_t = 1.0 / t;
+    let mut best = (i0, z[i0 as usize] / t + philox::gumbel(seed, step, i0));
+    let mut words = [0u32; 64];
+    for (w, chunk) in z.chunks(64).enumerate() {
+        let t0 = (w * 64) as u32;
+        kernels::philox_x16(t0 / 4, step, key, &mut words);
+        let mut m = kernels::gumbel_prefilter(chunk, &words, inv_t, zl, best.1);
+        while m != 0 {
+            let j = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let i = t0 + j as u32;
+            let y = chunk[j] / t;
+            if i == i0 || y + GUMBEL_MAX_BOUND < best.1 {
+                continue;
+            }
+            let bits = words[j];
+            if y + bounds[(bits >> 20) as usize] < best.1 {
+                continue;
+            }
+            let s = y + philox::gumbel_from_bits(bits);
+            if s > best.1 || (s == best.1 && i < best.0) {
+                best = (i, s);
+            }
         }
     }
     best.0
