@@ -75,20 +75,24 @@ pub struct ExpertWeights {
     data: WeightData,
 }
 
+/// `Ok` when every `(field, value)` is at least 1, else an error naming the first zero.
+fn at_least_one(fields: &[(&'static str, usize)]) -> Result<()> {
+    match fields.iter().find(|f| f.1 == 0) {
+        Some(&(field, _)) => Err(Error::InvalidMoe {
+            field,
+            value: "0".into(),
+            expected: "at least 1",
+        }),
+        None => Ok(()),
+    }
+}
+
 fn check_dims(len: usize, experts: usize, out: usize, inp: usize) -> Result<()> {
-    for (field, v) in [
+    at_least_one(&[
         ("experts", experts),
         ("out_features", out),
         ("in_features", inp),
-    ] {
-        if v == 0 {
-            return Err(Error::InvalidMoe {
-                field,
-                value: "0".into(),
-                expected: "at least 1",
-            });
-        }
-    }
+    ])?;
     let want = experts
         .checked_mul(out)
         .and_then(|v| v.checked_mul(inp))
@@ -275,13 +279,7 @@ impl Routing {
     /// lengths and that every weight is finite; expert ids are checked against a layer's E
     /// when it runs.
     pub fn new(tokens: usize, top_k: usize, indices: Vec<u32>, weights: Vec<f32>) -> Result<Self> {
-        if top_k == 0 {
-            return Err(Error::InvalidMoe {
-                field: "top_k",
-                value: "0".into(),
-                expected: "at least 1",
-            });
-        }
+        at_least_one(&[("top_k", top_k)])?;
         for (name, len) in [
             ("expert_indices", indices.len()),
             ("expert_weights", weights.len()),
@@ -320,13 +318,7 @@ pub fn route(
     top_k: usize,
     renormalize: bool,
 ) -> Result<Routing> {
-    if experts == 0 {
-        return Err(Error::InvalidMoe {
-            field: "experts",
-            value: "0".into(),
-            expected: "at least 1",
-        });
-    }
+    at_least_one(&[("experts", experts)])?;
     if top_k == 0 || top_k > experts {
         return Err(Error::InvalidMoe {
             field: "top_k",
@@ -457,18 +449,7 @@ pub fn gather(
     experts: usize,
     sort: bool,
 ) -> Result<Gathered> {
-    if top_k == 0 || hidden == 0 {
-        let (field, value) = if top_k == 0 {
-            ("top_k", 0)
-        } else {
-            ("hidden", 0)
-        };
-        return Err(Error::InvalidMoe {
-            field,
-            value: value.to_string(),
-            expected: "at least 1",
-        });
-    }
+    at_least_one(&[("top_k", top_k), ("hidden", hidden)])?;
     if !expert_indices.len().is_multiple_of(top_k) {
         return Err(Error::Shape(format!(
             "expert_indices holds {} values, not a multiple of k = {top_k}",

@@ -9,55 +9,11 @@ const LANES: usize = 16;
 /// Lanes of the reductions: four independent 16-wide chains.
 const WIDE: usize = 64;
 
-/// `exp(x)` for `x <= 0` (`-inf` gives 0) with a relative error of a few 1e-7, as plain
-/// arithmetic that vectorises. Only used for the bulk of a top-p normaliser.
-#[inline(always)]
-pub fn exp_nonpos(x: f32) -> f32 {
-    exp_nonpos_with::<false>(x)
-}
-
-/// [`exp_nonpos`] with fused multiply-adds when `FMA` (only inside FMA-enabled code: a
-/// `mul_add` without the instruction is a slow library call).
-#[inline(always)]
-pub fn exp_nonpos_with<const FMA: bool>(x: f32) -> f32 {
-    #[inline(always)]
-    fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-        if FMA {
-            a.mul_add(b, c)
-        } else {
-            a * b + c
-        }
-    }
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75; // few mantissa bits: n * LN2_HI is exact
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let under = x <= -87.0 || x.is_nan();
-    let xc = if under { -87.0 } else { x };
-    let tm = fma::<FMA>(xc, LOG2E, MAGIC);
-    let n = tm - MAGIC;
-    let ni = tm.to_bits() as i32 - MAGIC.to_bits() as i32;
-    let r = fma::<FMA>(-n, LN2_LO, fma::<FMA>(-n, LN2_HI, xc));
-    let mut p = 1.0 / 5040.0;
-    p = fma::<FMA>(p, r, 1.0 / 720.0);
-    p = fma::<FMA>(p, r, 1.0 / 120.0);
-    p = fma::<FMA>(p, r, 1.0 / 24.0);
-    p = fma::<FMA>(p, r, 1.0 / 6.0);
-    p = fma::<FMA>(p, r, 0.5);
-    p = fma::<FMA>(p, r, 1.0);
-    p = fma::<FMA>(p, r, 1.0);
-    let scale = f32::from_bits(((ni + 127) << 23) as u32);
-    if under {
-        0.0
-    } else {
-        p * scale
-    }
-}
-
 /// `exp(x)` for `x` in `[-87, 87]` (clamped there; NaN gives `exp(-87)`), relative error
-/// below 3e-7: the bulk term of a top-p normaliser. Fewer operations than
-/// [`exp_nonpos_with`]: a degree-6 polynomial, and the power of two built by one shift of
-/// the rounding constant's bits.
+/// below 3e-7: the bulk term of a top-p normaliser, as plain arithmetic that vectorises (a
+/// degree-6 polynomial, and the power of two built by one shift of the rounding constant's
+/// bits). With `FMA`, fused multiply-adds (only inside FMA-enabled code: a `mul_add`
+/// without the instruction is a slow library call).
 #[inline(always)]
 pub fn exp_bulk<const FMA: bool>(x: f32) -> f32 {
     #[inline(always)]
@@ -849,21 +805,6 @@ mod tests {
         );
         let base = body::exp_sum::<false>(&z, 0.0, 1.25);
         assert!(((base - exact) / exact).abs() < 5e-7, "{base} vs {exact}");
-    }
-
-    #[test]
-    fn exp_is_accurate() {
-        let mut x = 0.0f32;
-        while x > -90.0 {
-            let a = exp_nonpos(x);
-            let b = f64::from(x).exp();
-            if b > 1e-37 {
-                assert!(((f64::from(a) - b) / b).abs() < 5e-7, "x={x}: {a} vs {b}");
-            }
-            x -= 0.013_7;
-        }
-        assert_eq!(exp_nonpos(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_nonpos(0.0), 1.0);
     }
 
     #[test]

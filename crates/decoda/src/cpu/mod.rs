@@ -568,15 +568,23 @@ fn draw(cands: &[(u32, f32)], seed: u64, step: u64) -> u32 {
             }
             block.1[(i % 4) as usize]
         };
-        if y + bounds[(bits >> 20) as usize] < best.1 {
-            continue;
-        }
-        let s = y + philox::gumbel_from_bits(bits);
-        if s > best.1 || (s == best.1 && i < best.0) {
-            best = (i, s);
-        }
+        challenge(&mut best, i, y, bits, bounds);
     }
     best.0
+}
+
+/// The exact step of a Gumbel-max draw: token `i` with scaled logit `y` and Philox word
+/// `bits` replaces the leader `best` when `y + g` is larger, or equal at a smaller id.
+/// Words whose largest possible noise cannot reach the leader skip the logarithms.
+#[inline]
+fn challenge(best: &mut (u32, f32), i: u32, y: f32, bits: u32, bounds: &[f32; 4096]) {
+    if y + bounds[(bits >> 20) as usize] < best.1 {
+        return;
+    }
+    let s = y + philox::gumbel_from_bits(bits);
+    if s > best.1 || (s == best.1 && i < best.0) {
+        *best = (i, s);
+    }
 }
 
 /// [`draw`] over every token of the row with `z >= zl` (`i0` holds the max): Philox for 64
@@ -600,14 +608,7 @@ fn draw_row(z: &[f32], t: f32, zl: f32, i0: u32, seed: u64, step: u64) -> u32 {
             if i == i0 || y + GUMBEL_MAX_BOUND < best.1 {
                 continue;
             }
-            let bits = words[j];
-            if y + bounds[(bits >> 20) as usize] < best.1 {
-                continue;
-            }
-            let s = y + philox::gumbel_from_bits(bits);
-            if s > best.1 || (s == best.1 && i < best.0) {
-                best = (i, s);
-            }
+            challenge(&mut best, i, y, words[j], bounds);
         }
     }
     best.0
