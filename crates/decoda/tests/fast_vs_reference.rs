@@ -101,3 +101,53 @@ fn top_k_one_pass_edge_rows() {
         assert_eq!(p.same + p.allowed_ties, p.rows, "V = {v}");
     }
 }
+
+/// Top-p rows without top-k, bias or penalties take a one-pass path: the normaliser is
+/// accumulated against the max of a strided sample while the candidates are gathered, and
+/// a NaN or `+inf` only shows in that sum. Its error, overflow and fallback exits against
+/// the reference (the values edited sit off the sample's stride and on it).
+#[test]
+fn top_p_one_pass_edge_rows() {
+    use decoda::conformance::zipf_logits;
+    use decoda::{LogprobsMode, Request, SamplingParams};
+    let mut rng = Rng::new(6);
+    let v = 20_000;
+    let stride = v / 1024;
+    let mut cases = Vec::new();
+    for (case, top_p) in [0.3f32, 0.9, 0.999].into_iter().enumerate() {
+        for edit in 0..10 {
+            let mut x = zipf_logits(&mut rng, v, 1.1);
+            let off = 7 * stride + 3; // not a sampled position
+            let on = 11 * stride; // a sampled position
+            match edit {
+                0 => {}
+                1 => x[off] = f32::NAN,
+                2 => x[on] = f32::NAN,
+                3 => x[off] = f32::INFINITY,
+                // far above the sample's max: 2^w overflows against it
+                4 => x[off] = 1e4,
+                5 => x[off] = f32::MAX, // max / T overflows: greedy
+                // the sample sees only -inf
+                6 => x
+                    .iter_mut()
+                    .step_by(stride)
+                    .for_each(|z| *z = f32::NEG_INFINITY),
+                7 => x.iter_mut().step_by(3).for_each(|z| *z = f32::NEG_INFINITY),
+                8 => x.iter_mut().for_each(|z| *z = f32::NEG_INFINITY),
+                // a flat row: the nucleus is most of the vocabulary
+                _ => x.iter_mut().for_each(|z| *z = (*z * 1e-3).round()),
+            }
+            let params = SamplingParams {
+                temperature: 0.7,
+                top_p,
+                logprobs: Some(2),
+                logprobs_mode: LogprobsMode::Processed,
+                ..Default::default()
+            };
+            cases.push((x, Request::new(params, (case * 10 + edit) as u64)));
+        }
+    }
+    let p = parity(&CpuSampler::new(), &cases).unwrap();
+    assert_eq!(p.same + p.allowed_ties, p.rows);
+    assert!(p.max_logprob_diff <= 1e-5);
+}

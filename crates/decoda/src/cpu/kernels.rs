@@ -46,8 +46,84 @@ pub fn exp_bulk<const FMA: bool>(x: f32) -> f32 {
     p * f32::from_bits(tm.to_bits() << 23)
 }
 
+/// `2^(j/32)` for `j = 0..32`, rounded to f32: the table of [`exp2_est`].
+const EXP2_TABLE: [f32; 32] = [
+    1.0,
+    1.021_897_2,
+    1.044_273_7,
+    1.067_140_5,
+    1.090_507_7,
+    1.114_386_8,
+    1.138_788_6,
+    1.163_724_9,
+    1.189_207_1,
+    1.215_247_4,
+    1.241_857_8,
+    1.269_051,
+    1.296_839_6,
+    1.325_236_7,
+    1.354_255_6,
+    1.383_91,
+    std::f32::consts::SQRT_2,
+    1.445_180_8,
+    1.476_826_2,
+    1.509_164_5,
+    1.542_210_8,
+    1.575_980_9,
+    1.610_490_3,
+    1.645_755_5,
+    1.681_792_9,
+    1.718_619_3,
+    1.756_252_2,
+    1.794_709_1,
+    1.834_008_1,
+    1.874_167_7,
+    1.915_206_6,
+    1.957_144_1,
+];
+/// `2^r ≈ 1 + r (C1 + C2 r)` for `|r| <= 1/64`: the quadratic through the three Chebyshev
+/// nodes, relative error below 6e-8.
+const EXP2_C1: f32 = 0.693_157_3;
+const EXP2_C2: f32 = 0.240_228_27;
+/// 1.5 * 2^18: adding it to `|w| < 2^17` rounds `w` to a multiple of 1/32 and leaves
+/// `round(32 w)` in the low mantissa bits (its low 5 bits index [`EXP2_TABLE`]).
+const MAGIC32: f32 = 393_216.0;
+
+/// `2^w` within 2.5e-7 (relative), for the top-p normaliser: a 32-entry table and a
+/// quadratic. Below -126 it gives `2^-126` (so `-inf` adds nothing that matters), above 128
+/// `+inf` or NaN, and NaN for NaN, so a non-finite input shows in the sum.
+/// [`exp2_sum_collect`] computes the same function with AVX-512 instructions.
+#[inline(always)]
+pub fn exp2_est<const FMA: bool>(w: f32) -> f32 {
+    #[inline(always)]
+    fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+        if FMA {
+            a.mul_add(b, c)
+        } else {
+            a * b + c
+        }
+    }
+    // not `clamp`: NaN must stay NaN
+    #[allow(clippy::manual_clamp)]
+    let w = if w < -126.0 {
+        -126.0
+    } else if w > 128.0 {
+        128.0
+    } else {
+        w
+    };
+    let tm = w + MAGIC32;
+    let k = tm - MAGIC32;
+    let r = w - k;
+    // round(32 w) = 32 n + j with 0 <= j < 32; the power 2^n goes into the exponent field
+    let m = (tm.to_bits() as i32).wrapping_sub(MAGIC32.to_bits() as i32);
+    let t = EXP2_TABLE[(m & 31) as usize];
+    let scaled = f32::from_bits(t.to_bits().wrapping_add(((m >> 5) as u32) << 23));
+    scaled * fma::<FMA>(fma::<FMA>(EXP2_C2, r, EXP2_C1), r, 1.0)
+}
+
 mod body {
-    use super::{exp_bulk, LANES, WIDE};
+    use super::{exp2_est, exp_bulk, LANES, WIDE};
 
     #[inline(always)]
     pub fn max_nonfinite(z: &[f32]) -> (f32, u64) {
@@ -91,6 +167,26 @@ mod body {
             .fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a });
         for v in m {
             mm = if v > mm { v } else { mm };
+        }
+        mm
+    }
+
+    #[inline(always)]
+    pub fn min(z: &[f32]) -> f32 {
+        let mut m = [f32::INFINITY; WIDE];
+        let chunks = z.chunks_exact(WIDE);
+        let rem = chunks.remainder();
+        for c in chunks {
+            for j in 0..WIDE {
+                m[j] = if c[j] < m[j] { c[j] } else { m[j] };
+            }
+        }
+        let mut mm = rem
+            .iter()
+            .copied()
+            .fold(f32::INFINITY, |a, b| if b < a { b } else { a });
+        for v in m {
+            mm = if v < mm { v } else { mm };
         }
         mm
     }
@@ -163,6 +259,69 @@ mod body {
                 .iter()
                 .map(|&x| f64::from(exp_bulk::<FMA>((x - zmax) * scale)))
                 .sum::<f64>()
+    }
+
+    /// `x c1 + c0`, fused with `FMA`.
+    #[inline(always)]
+    fn affine<const FMA: bool>(x: f32, c1: f32, c0: f32) -> f32 {
+        if FMA {
+            x.mul_add(c1, c0)
+        } else {
+            x * c1 + c0
+        }
+    }
+
+    /// Σ `exp2_est(z c1 + c0)` with f32 partial sums (64 terms per lane at most) added in
+    /// f64.
+    #[inline(always)]
+    pub fn exp2_sum<const FMA: bool>(z: &[f32], c1: f32, c0: f32) -> f64 {
+        let mut total = 0f64;
+        for block in z.chunks(64 * LANES) {
+            let mut acc = [0f32; LANES];
+            let chunks = block.chunks_exact(LANES);
+            let rem = chunks.remainder();
+            for c in chunks {
+                for j in 0..LANES {
+                    acc[j] += exp2_est::<FMA>(affine::<FMA>(c[j], c1, c0));
+                }
+            }
+            for &x in rem {
+                acc[0] += exp2_est::<FMA>(affine::<FMA>(x, c1, c0));
+            }
+            total += acc.iter().map(|&a| f64::from(a)).sum::<f64>();
+        }
+        total
+    }
+
+    /// `w[i] = exp_bulk((z[i] - zmax) scale)`.
+    #[inline(always)]
+    pub fn exp_into<const FMA: bool>(z: &[f32], zmax: f32, scale: f32, w: &mut [f32]) {
+        for (wi, &zi) in w.iter_mut().zip(z) {
+            *wi = exp_bulk::<FMA>((zi - zmax) * scale);
+        }
+    }
+
+    /// Σ `w[i]` over `z[i] >= thr`, in sixteen f32 chains added in f64.
+    #[inline(always)]
+    pub fn mass_ge(z: &[f32], w: &[f32], thr: f32) -> f64 {
+        let mut acc = [0f32; LANES];
+        let n = z.len().min(w.len());
+        let (zc, wc) = (z[..n].chunks_exact(LANES), w[..n].chunks_exact(LANES));
+        let rem = n - zc.remainder().len();
+        for (c, d) in zc.zip(wc) {
+            for j in 0..LANES {
+                // a bit mask, not a branch, so the loop vectorises
+                let keep = 0u32.wrapping_sub(u32::from(c[j] >= thr));
+                acc[j] += f32::from_bits(d[j].to_bits() & keep);
+            }
+        }
+        let mut total: f64 = acc.iter().map(|&a| f64::from(a)).sum();
+        for (&zi, &wi) in z[rem..n].iter().zip(&w[rem..n]) {
+            if zi >= thr {
+                total += f64::from(wi);
+            }
+        }
+        total
     }
 
     #[inline(always)]
@@ -334,6 +493,7 @@ fn level() -> Level {
         {
             if std::is_x86_feature_detected!("avx512f")
                 && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512dq")
                 && std::is_x86_feature_detected!("avx512vl")
                 && std::is_x86_feature_detected!("fma")
             {
@@ -362,7 +522,7 @@ macro_rules! dispatch {
         pub fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
                 unsafe fn wide($($arg: $ty),*) -> $ret {
                     body::$name($($arg),*)
                 }
@@ -371,7 +531,7 @@ macro_rules! dispatch {
                     body::$name($($arg),*)
                 }
                 match level() {
-                    // SAFETY: `level()` detected AVX-512 F/BW/VL and FMA on this CPU.
+                    // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
                     Level::Avx512 => return unsafe { wide($($arg),*) },
                     // SAFETY: `level()` detected AVX2 and FMA on this CPU.
                     Level::Avx2 => return unsafe { avx2($($arg),*) },
@@ -391,6 +551,10 @@ dispatch! {
 dispatch! {
     /// The maximum of `z`: the streaming pass that defines the benchmarks' memory floor.
     pub fn max(z: &[f32]) -> f32;
+}
+dispatch! {
+    /// The minimum of `z` (NaN values are skipped).
+    pub fn min(z: &[f32]) -> f32;
 }
 /// The first index holding `v`, if any.
 pub fn first_eq(z: &[f32], v: f32) -> Option<usize> {
@@ -502,6 +666,115 @@ mod simd512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod simd512_exp {
+    use super::{EXP2_C1, EXP2_C2, EXP2_TABLE, MAGIC32};
+    use std::arch::x86_64::*;
+
+    /// [`super::exp2_sum_collect`] (`COLLECT`) or [`super::exp2_sum`] (`!COLLECT`).
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/DQ/VL and FMA must be present.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    pub unsafe fn exp2_sum_collect<const COLLECT: bool>(
+        z: &[f32],
+        c1: f32,
+        c0: f32,
+        base: u32,
+        thr: f32,
+        out: &mut Vec<(u32, f32)>,
+    ) -> f64 {
+        // SAFETY: the table holds 32 f32, two loads of 16.
+        let (tlo, thi) = unsafe {
+            (
+                _mm512_loadu_ps(EXP2_TABLE.as_ptr()),
+                _mm512_loadu_ps(EXP2_TABLE.as_ptr().add(16)),
+            )
+        };
+        let (vc1, vc0, vthr) = (_mm512_set1_ps(c1), _mm512_set1_ps(c0), _mm512_set1_ps(thr));
+        let (a1, a2) = (_mm512_set1_ps(EXP2_C1), _mm512_set1_ps(EXP2_C2));
+        let (one, magic) = (_mm512_set1_ps(1.0), _mm512_set1_ps(MAGIC32));
+        // 2^w = 2^k 2^r with k = w rounded to a multiple of 1/32 (k = n + j/32) and
+        // |r| <= 1/64; `vreduceps` gives r (and 0 for ±inf, so -inf adds 0 and +inf gives
+        // +inf), `k + MAGIC32` puts j in the index bits, `vscalefps` multiplies by 2^n.
+        let term = |x: __m512| {
+            let w = _mm512_fmadd_ps(x, vc1, vc0);
+            let r = _mm512_reduce_ps::<{ 5 << 4 }>(w);
+            let k = _mm512_sub_ps(w, r);
+            let t = _mm512_permutex2var_ps(tlo, _mm512_castps_si512(_mm512_add_ps(k, magic)), thi);
+            let p = _mm512_fmadd_ps(_mm512_fmadd_ps(a2, r, a1), r, one);
+            (_mm512_scalef_ps(t, k), p)
+        };
+        let mut total = _mm512_setzero_pd();
+        let flush = |total: __m512d, s: __m512| {
+            let lo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
+            let hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(s),
+            )));
+            _mm512_add_pd(total, _mm512_add_pd(lo, hi))
+        };
+        let n = z.len();
+        let p = z.as_ptr();
+        let mut i = 0;
+        // Groups of 1024 values: four chains of 16 terms per lane, then added in f64; the
+        // hit masks stay on the stack and become pushes after the vector loop.
+        let mut masks = [0u64; 16];
+        while i + 64 <= n {
+            let groups = ((n - i) / 64).min(16);
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for (g, mask) in masks[..groups].iter_mut().enumerate() {
+                let at = i + 64 * g;
+                let mut m = 0u64;
+                for (j, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: at + 64 <= n: the loads of 16 values are inside z.
+                    let x = unsafe { _mm512_loadu_ps(p.add(at + 16 * j)) };
+                    if COLLECT {
+                        m |= u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, vthr)) << (16 * j);
+                    }
+                    let (s, q) = term(x);
+                    *a = _mm512_fmadd_ps(s, q, *a);
+                }
+                *mask = m;
+            }
+            let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+            total = flush(total, s);
+            if COLLECT {
+                for (g, &mask) in masks[..groups].iter().enumerate() {
+                    let mut m = mask;
+                    while m != 0 {
+                        let j = i + 64 * g + m.trailing_zeros() as usize;
+                        out.push((base + j as u32, z[j]));
+                        m &= m - 1;
+                    }
+                }
+            }
+            i += 64 * groups;
+        }
+        // The rest, 16 at a time; missing lanes read as -inf and add 0.
+        let mut acc = _mm512_setzero_ps();
+        while i < n {
+            let len = (n - i).min(16);
+            let lanes: __mmask16 = if len == 16 { 0xffff } else { (1u16 << len) - 1 };
+            // SAFETY: the masked load reads only lanes i .. i + len, inside z.
+            let x =
+                unsafe { _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), lanes, p.add(i)) };
+            if COLLECT {
+                let mut m = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(lanes, x, vthr);
+                while m != 0 {
+                    let j = i + m.trailing_zeros() as usize;
+                    out.push((base + j as u32, z[j]));
+                    m &= m - 1;
+                }
+            }
+            let (s, q) = term(x);
+            acc = _mm512_fmadd_ps(s, q, acc);
+            i += len;
+        }
+        total = flush(total, acc);
+        _mm512_reduce_add_pd(total)
+    }
+}
+
 /// Explicit AVX2 versions of the searches whose early exits defeat auto-vectorisation
 /// (a compare per value and a branch per block, with a bit mask of the hits).
 #[cfg(target_arch = "x86_64")]
@@ -587,7 +860,7 @@ pub fn exp_sum(z: &[f32], zmax: f32, scale: f32) -> f64 {
             body::exp_sum::<true>(z, zmax, scale)
         }
         match level() {
-            // SAFETY: `level()` detected AVX-512 F/BW/VL and FMA on this CPU.
+            // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
             Level::Avx512 => return unsafe { wide(z, zmax, scale) },
             // SAFETY: `level()` detected AVX2 and FMA on this CPU.
             Level::Avx2 => return unsafe { avx2(z, zmax, scale) },
@@ -596,6 +869,88 @@ pub fn exp_sum(z: &[f32], zmax: f32, scale: f32) -> f64 {
     }
     body::exp_sum::<false>(z, zmax, scale)
 }
+/// Σ over `z` of `2^(z c1 + c0)` (each term as [`exp2_est`], f32 partial sums added in
+/// f64), and every `(base + j, z[j])` with `z[j] >= thr` appended to `out` in index order:
+/// the top-p normaliser and its candidates in one pass over the row. With `c1 = log2(e) / T`
+/// and `c0 = -c1 m` the terms are `exp((z - m) / T)` for any reference `m`. The sum is NaN
+/// or `+inf` when `z` holds a NaN or `+inf`, or a value far above `m`.
+pub fn exp2_sum_collect(
+    z: &[f32],
+    c1: f32,
+    c0: f32,
+    base: u32,
+    thr: f32,
+    out: &mut Vec<(u32, f32)>,
+) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    match level() {
+        // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
+        Level::Avx512 => {
+            return unsafe { simd512_exp::exp2_sum_collect::<true>(z, c1, c0, base, thr, out) }
+        }
+        Level::Avx2 => {
+            collect_ge(z, base, thr, out);
+            return exp2_sum(z, c1, c0);
+        }
+        Level::Base => {}
+    }
+    body::collect_ge(z, base, thr, out);
+    body::exp2_sum::<false>(z, c1, c0)
+}
+
+/// The sum of [`exp2_sum_collect`] alone: with the same terms, so the two cancel exactly
+/// where they cover the same values (up to the order of the additions).
+pub fn exp2_sum(z: &[f32], c1: f32, c0: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(z: &[f32], c1: f32, c0: f32) -> f64 {
+            body::exp2_sum::<true>(z, c1, c0)
+        }
+        match level() {
+            // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
+            Level::Avx512 => {
+                return unsafe {
+                    simd512_exp::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
+                }
+            }
+            // SAFETY: `level()` detected AVX2 and FMA on this CPU.
+            Level::Avx2 => return unsafe { avx2(z, c1, c0) },
+            Level::Base => {}
+        }
+    }
+    body::exp2_sum::<false>(z, c1, c0)
+}
+
+/// `w[i] = exp((z[i] - zmax) scale)` for every `i` (within 3e-7, relative; `w` as long as
+/// `z`): the candidates' approximate top-p weights.
+pub fn exp_into(z: &[f32], zmax: f32, scale: f32, w: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+        unsafe fn wide(z: &[f32], zmax: f32, scale: f32, w: &mut [f32]) {
+            body::exp_into::<true>(z, zmax, scale, w)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(z: &[f32], zmax: f32, scale: f32, w: &mut [f32]) {
+            body::exp_into::<true>(z, zmax, scale, w)
+        }
+        match level() {
+            // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
+            Level::Avx512 => return unsafe { wide(z, zmax, scale, w) },
+            // SAFETY: `level()` detected AVX2 and FMA on this CPU.
+            Level::Avx2 => return unsafe { avx2(z, zmax, scale, w) },
+            Level::Base => {}
+        }
+    }
+    body::exp_into::<false>(z, zmax, scale, w)
+}
+
+dispatch! {
+    /// Σ `w[i]` over the `i` with `z[i] >= thr` (f32 partial sums added in f64).
+    pub fn mass_ge(z: &[f32], w: &[f32], thr: f32) -> f64;
+}
+
 dispatch! {
     /// How many values are ordered before `z[idx] == v` (greater, or equal at a smaller index).
     pub fn count_rank(z: &[f32], v: f32, idx: usize) -> u64;
@@ -685,6 +1040,128 @@ mod tests {
             ] {
                 let want = z.iter().position(|&x| x == v);
                 assert_eq!(first_eq(&z, v), want, "n={n} v={v}");
+            }
+        }
+    }
+
+    #[test]
+    fn exp2_est_is_accurate_and_keeps_non_finite_visible() {
+        let mut worst = [0f64; 2];
+        let mut w = -126.0f32;
+        while w < 127.0 {
+            for (k, v) in [exp2_est::<false>(w), exp2_est::<true>(w)]
+                .into_iter()
+                .enumerate()
+            {
+                let want = f64::from(w).exp2();
+                worst[k] = worst[k].max((f64::from(v) - want).abs() / want);
+            }
+            w += 0.000_913;
+        }
+        assert!(
+            worst[0] < 2.5e-7 && worst[1] < 2.5e-7,
+            "worst relative errors {worst:?}"
+        );
+        for f in [exp2_est::<false>, exp2_est::<true>] {
+            assert!(f(f32::NEG_INFINITY) <= 2f32.powi(-126));
+            assert!(f(-1e30) <= 2f32.powi(-126));
+            assert!(!f(f32::INFINITY).is_finite());
+            assert!(!f(128.5).is_finite());
+            assert!(f(f32::NAN).is_nan());
+        }
+    }
+
+    /// The fused normaliser-and-gather pass (AVX-512 here when the CPU has it) against
+    /// plain loops: the same hits in order, the sum within 3e-7 of the f64 one, `-inf`
+    /// adding nothing, NaN and `+inf` making the sum non-finite.
+    #[test]
+    fn exp2_sum_collect_matches_the_plain_loops() {
+        let (c1, c0) = (1.7f32, -3.1f32);
+        for n in [0, 1, 15, 16, 17, 63, 64, 65, 1000, 1023, 1024, 1025, 4099] {
+            let z: Vec<f32> = values(n, n as u64 + 11)
+                .into_iter()
+                .map(|x| {
+                    if x.is_nan() || x == f32::INFINITY {
+                        -2.5
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            let want_sum: f64 = z
+                .iter()
+                .map(|&x| (f64::from(x) * f64::from(c1) + f64::from(c0)).exp2())
+                .sum();
+            for thr in [f32::NEG_INFINITY, 0.0, 9.5, f32::INFINITY] {
+                let mut hits = vec![(0, 0.0)];
+                let sum = exp2_sum_collect(&z, c1, c0, 5, thr, &mut hits);
+                let want: Vec<(u32, f32)> = std::iter::once((0, 0.0))
+                    .chain(
+                        z.iter()
+                            .enumerate()
+                            .filter(|(_, &x)| x >= thr)
+                            .map(|(i, &x)| (5 + i as u32, x)),
+                    )
+                    .collect();
+                assert_eq!(hits, want, "n={n} thr={thr}");
+                assert!(
+                    (sum - want_sum).abs() <= 3e-7 * want_sum,
+                    "n={n}: {sum} vs {want_sum}"
+                );
+                assert_eq!(sum, exp2_sum(&z, c1, c0), "n={n}");
+            }
+            for (bad, at) in [(f32::NAN, n / 2), (f32::INFINITY, n.saturating_sub(1))] {
+                if n == 0 {
+                    continue;
+                }
+                let mut z = z.clone();
+                z[at] = bad;
+                assert!(!exp2_sum_collect(&z, c1, c0, 0, 0.0, &mut Vec::new()).is_finite());
+                assert!(!exp2_sum(&z, c1, c0).is_finite());
+            }
+        }
+        // the base and AVX2 sums agree with the dispatched one
+        let z: Vec<f32> = (0..3000).map(|i| (i % 97) as f32 * 0.3 - 20.0).collect();
+        let fast = exp2_sum(&z, c1, c0);
+        for plain in [
+            body::exp2_sum::<false>(&z, c1, c0),
+            body::exp2_sum::<true>(&z, c1, c0),
+        ] {
+            assert!((plain - fast).abs() <= 3e-7 * fast, "{plain} vs {fast}");
+        }
+    }
+
+    #[test]
+    fn candidate_weight_helpers_match_the_plain_loops() {
+        for n in [0, 1, 17, 64, 100, 1000, 1025] {
+            let z: Vec<f32> = values(n, n as u64 + 5)
+                .into_iter()
+                .map(|x| if x.is_finite() { x } else { 0.25 })
+                .collect();
+            let zmax = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let want_min = z.iter().copied().fold(f32::INFINITY, f32::min);
+            assert_eq!(min(&z), want_min, "n={n}");
+            let mut w = vec![0f32; n];
+            exp_into(&z, zmax, 0.8, &mut w);
+            for (&wi, &zi) in w.iter().zip(&z) {
+                let want = f64::from((zi - zmax) * 0.8).exp();
+                assert!(
+                    (f64::from(wi) - want).abs() <= 3e-7 * want,
+                    "{zi}: {wi} vs {want}"
+                );
+            }
+            for thr in [f32::NEG_INFINITY, -3.0, 0.25, 9.0, f32::INFINITY] {
+                let want: f64 = z
+                    .iter()
+                    .zip(&w)
+                    .filter(|(&zi, _)| zi >= thr)
+                    .map(|(_, &wi)| f64::from(wi))
+                    .sum();
+                let got = mass_ge(&z, &w, thr);
+                assert!(
+                    (got - want).abs() <= 1e-6 * want.max(1e-30),
+                    "n={n} thr={thr}"
+                );
             }
         }
     }

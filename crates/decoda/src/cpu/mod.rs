@@ -6,7 +6,10 @@
 //!    a few tokens, applied on a copy when present);
 //! 2. the kept set is found among a small candidate list gathered by a skipping pass:
 //!    top-k by adaptive-threshold selection; top-p (without top-k) by one pass that also
-//!    accumulates the normaliser; min-p by its threshold; no filter by the Gumbel bound;
+//!    accumulates the normaliser; min-p by its threshold; no filter by the Gumbel bound.
+//!    Without bias or penalties, top-k and top-p rows skip step 1: the gathering pass finds
+//!    the max and the non-finite logits itself (top-p accumulates `exp` against the max of
+//!    a strided sample, so a NaN or `+inf` shows in the sum and sends the row to step 1);
 //! 3. each candidate is divided by the temperature exactly, the filters are applied with
 //!    the shared [`crate::pipeline`] functions, and the Gumbel draw skips every token
 //!    whose best possible noise cannot reach the current leader.
@@ -14,6 +17,7 @@
 pub mod kernels;
 
 use std::cell::RefCell;
+use std::cmp::Ordering::Less;
 
 use rayon::prelude::*;
 
@@ -26,6 +30,9 @@ use crate::pipeline::{self as pl, RowResult, Sample, TokenLogprobs};
 
 /// Candidate count from which the draw computes Philox 16 blocks at a time.
 const DENSE_DRAW: usize = 512;
+
+/// Size of the strided samples that estimate gathering thresholds.
+const SAMPLE: usize = 1024;
 
 /// Block size of the streaming passes (fits in L1 with room to spare).
 const BLOCK: usize = 4096;
@@ -154,8 +161,29 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
             return Err(RowError::NonFiniteLogits { count });
         }
         // greedy after all (max / T overflows) or nothing to draw: the general path
-        let top_done = xmax > f32::NEG_INFINITY && !pl::is_greedy(t, xmax);
-        return sample_z(x, x, xmax, req, s, top_done);
+        let ready = if xmax > f32::NEG_INFINITY && !pl::is_greedy(t, xmax) {
+            Ready::TopK
+        } else {
+            Ready::Nothing
+        };
+        return sample_z(x, x, xmax, req, s, ready);
+    }
+    let p = &req.params;
+    if mods.is_empty() && (k == 0 || k >= x.len()) && p.top_p < 1.0 && !pl::is_greedy(t, 0.0) {
+        // Top-p on the logits as given: one pass accumulates the normaliser against the
+        // max of a sample and gathers the candidates; NaN or +inf shows in the sum.
+        let (zthr, m_est) = sampled_threshold(x, 512, &mut s.tmp);
+        if m_est.is_finite() {
+            let bufs = (&mut s.q, &mut s.walk, &mut s.tmp, &mut s.tmp2);
+            if let TopPScan::Done(xmax, cut) =
+                top_p_candidates(x, m_est, zthr, t, p.top_p, &mut s.cands, bufs)
+            {
+                if !pl::is_greedy(t, xmax) {
+                    let ready = cut.map_or(Ready::Nothing, Ready::TopP);
+                    return sample_z(x, x, xmax, req, s, ready);
+                }
+            }
+        }
     }
     let (xmax, bad) = kernels::max_nonfinite(x);
     if bad > 0 {
@@ -181,20 +209,31 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
         let m = kernels::max(&zbuf);
         (&zbuf, m)
     };
-    let out = sample_z(x, z, zmax, req, s, false);
+    let out = sample_z(x, z, zmax, req, s, Ready::Nothing);
     s.z = zbuf;
     out
 }
 
-/// Stages 4-9 and logprobs on the processed logits `z` (max `zmax`). With `top_done`,
-/// `s.cands` already holds stage 6's kept set as `(i, y_i)` in id order.
+/// What a one-pass route already left in `Scratch::cands` for [`sample_z`].
+#[derive(Clone, Copy)]
+enum Ready {
+    /// Nothing: `sample_z` does every stage.
+    Nothing,
+    /// Stage 6's kept set as `(i, y_i)` in id order.
+    TopK,
+    /// Stage 7's kept set as `(i, y_i)`, with its normaliser and `τp`.
+    TopP((f64, f32)),
+}
+
+/// Stages 4-9 and logprobs on the processed logits `z` (max `zmax`), from what `ready`
+/// says is done.
 fn sample_z(
     x: &[f32],
     z: &[f32],
     zmax: f32,
     req: &Request,
     s: &mut Scratch,
-    top_done: bool,
+    ready: Ready,
 ) -> RowResult {
     let p = &req.params;
     let v = z.len();
@@ -219,7 +258,7 @@ fn sample_z(
     let top_p = p.top_p < 1.0;
     let tau_m = pl::min_p_threshold(ymax, p.min_p);
     let mut cands = std::mem::take(&mut s.cands);
-    if !top_done {
+    if matches!(ready, Ready::Nothing) {
         cands.clear();
     }
     // Σ of top-p weights over K when it was computed over the whole row.
@@ -229,13 +268,21 @@ fn sample_z(
     let mut unfiltered = false;
     // (z threshold, the max token) when the draw runs over the whole row
     let mut unfiltered_from: Option<(f32, u32)> = None;
-    if top_done {
+    if let Ready::TopP(c) = ready {
+        cut = Some(c);
+    } else if matches!(ready, Ready::TopK) {
         // stage 6 was done while finding the max
     } else if top_k {
         select_top(z, k, t, &mut cands, &mut s.tmp, None);
     } else if top_p {
-        let bufs = (&mut s.q, &mut s.walk, &mut s.tmp);
-        cut = top_p_candidates(z, zmax, ymax, t, p.top_p, &mut cands, bufs);
+        let floor = pl::z_lower_bound(ymax - 16.0, t);
+        let zthr = floor.max(sampled_threshold(z, 512, &mut s.tmp).0);
+        let bufs = (&mut s.q, &mut s.walk, &mut s.tmp, &mut s.tmp2);
+        cut = match top_p_candidates(z, zmax, zthr, t, p.top_p, &mut cands, bufs) {
+            TopPScan::Done(_, cut) => cut,
+            // not with the exact max as reference and no NaN or +inf in the row
+            TopPScan::NonFinite => None,
+        };
         if cut.is_none() {
             // The nucleus is too wide for the candidate list: take the whole row.
             cands.clear();
@@ -303,23 +350,48 @@ fn sample_z(
 }
 
 /// A threshold in z-space that about `want` values of `z` reach, estimated from a strided
-/// sample of about 512 values (`-inf` when the sample cannot tell). Only a starting
-/// point: callers check that it kept what they need and fall back to `-inf`.
-fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> f32 {
+/// sample of about [`SAMPLE`] values, and the sample's max (both `-inf` when the sample cannot
+/// tell; the max is NaN or `+inf` when the sample holds one). Only a starting point:
+/// callers check that it kept what they need and fall back to `-inf`.
+fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> (f32, f32) {
+    let none = (f32::NEG_INFINITY, f32::NEG_INFINITY);
     let v = z.len();
     if v < 8192 || want * 4 >= v {
-        return f32::NEG_INFINITY;
+        return none;
     }
-    let stride = v / 512;
-    tmp.clear();
-    tmp.extend(z.iter().step_by(stride).map(|&zi| (0u32, zi)));
-    let n = tmp.len();
+    let stride = v / SAMPLE;
+    let n = v.div_ceil(stride);
     let r = (want * n).div_ceil(v) + 1;
     if r >= n {
-        return f32::NEG_INFINITY;
+        return none;
     }
-    let (_, at, _) = tmp.select_nth_unstable_by(r - 1, |a, b| b.1.total_cmp(&a.1));
-    at.1
+    let sample = z.iter().step_by(stride).copied();
+    if r <= 16 {
+        // The r largest, kept in decreasing order in a small array (few inserts after the
+        // first values); a NaN is taken as larger than everything.
+        let mut top = [f32::NEG_INFINITY; 16];
+        for x in sample {
+            if x > top[r - 1] || x.is_nan() {
+                let mut j = r - 1;
+                // smaller or unordered: a NaN moves up to the front
+                while j > 0 && matches!(top[j - 1].partial_cmp(&x), Some(Less) | None) {
+                    top[j] = top[j - 1];
+                    j -= 1;
+                }
+                top[j] = x;
+            }
+        }
+        return (top[r - 1], top[0]);
+    }
+    tmp.clear();
+    tmp.extend(sample.map(|zi| (0u32, zi)));
+    let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
+    let (above, at, _) = tmp.select_nth_unstable_by(r - 1, desc);
+    let max = above
+        .iter()
+        .map(|c| c.1)
+        .fold(at.1, |m, v| if v.total_cmp(&m).is_gt() { v } else { m });
+    (at.1, max)
 }
 
 /// Gathers into `out` every `(i, y_i)` with `y_i >= τ`, `τ` the k-th largest `y = z / t`
@@ -334,7 +406,7 @@ fn select_top(
     tmp: &mut Vec<(u32, f32)>,
     seen: Option<&mut (f32, bool)>,
 ) {
-    let start = sampled_threshold(z, 4 * k + 64, tmp);
+    let start = sampled_threshold(z, 4 * k + 64, tmp).0;
     if !gather_top(z, k, t, start, out, seen) {
         gather_top(z, k, t, f32::NEG_INFINITY, out, None);
     }
@@ -392,83 +464,177 @@ fn gather_top(
     true
 }
 
-/// Top-p without top-k: one pass accumulates the normaliser over the whole row while
-/// gathering the tokens near the top. When the gathered tokens hold the nucleus, leaves in
-/// `out` the tokens stage 7 keeps, as `(i, y_i)`, and returns the normaliser (the gathered
-/// tokens' weights exact, the rest approximated) and `τp`; else `None`.
+/// Scratch of [`top_p_candidates`]: two f32 buffers and two candidate lists.
+type TopPBufs<'a> = (
+    &'a mut Vec<f32>,
+    &'a mut Vec<f32>,
+    &'a mut Vec<(u32, f32)>,
+    &'a mut Vec<(u32, f32)>,
+);
+
+/// What the top-p gathering pass found.
+enum TopPScan {
+    /// The normaliser's sum is not finite: the row holds NaN or `+inf`, or values so far
+    /// above the reference that `2^w` overflows (only possible with an estimated one).
+    NonFinite,
+    /// The max of `z`, and stage 7's `(normaliser, τp)` with its kept set left in `out` as
+    /// `(i, y_i)` when the gathered tokens hold the nucleus, else `None`.
+    Done(f32, Option<(f64, f32)>),
+}
+
+/// Top-p without top-k: one pass over `z` accumulates the normaliser against the
+/// reference `m_ref` (the max, or an estimate of it no larger) while gathering every token
+/// with `z >= zthr` (`zthr <= m_ref`, so the max is gathered); then stage 7 runs on the
+/// candidates, after gathering again from lower thresholds when they miss part of the
+/// nucleus.
 fn top_p_candidates(
     z: &[f32],
-    zmax: f32,
-    ymax: f32,
+    m_ref: f32,
+    mut zthr: f32,
     t: f32,
     p: f32,
     out: &mut Vec<(u32, f32)>,
-    (q, walk, scratch): (&mut Vec<f32>, &mut Vec<f32>, &mut Vec<(u32, f32)>),
-) -> Option<(f64, f32)> {
+    (q, walk, scratch, kept): TopPBufs<'_>,
+) -> TopPScan {
     const CAP: usize = 8192;
-    let scale = 1.0 / t;
-    let floor = pl::z_lower_bound(ymax - 16.0, t);
-    let mut zthr = floor.max(sampled_threshold(z, 512, scratch));
+    // terms 2^(z c1 + c0) = exp((z - m_ref) / T)
+    let c1 = (std::f64::consts::LOG2_E / f64::from(t)) as f32;
+    let c0 = (-f64::from(m_ref) * f64::from(c1)) as f32;
     out.clear();
-    let mut approx = 0f64;
+    let mut bulk = 0f64;
     for (b, block) in z.chunks(BLOCK).enumerate() {
-        approx += kernels::exp_sum(block, zmax, scale);
-        kernels::collect_ge(block, (b * BLOCK) as u32, zthr, out);
+        bulk += kernels::exp2_sum_collect(block, c1, c0, (b * BLOCK) as u32, zthr, out);
         if out.len() > CAP {
             let (_, mid, _) = out.select_nth_unstable_by(CAP / 2, |a, b| b.1.total_cmp(&a.1));
             zthr = mid.1;
             out.retain(|c| c.1 >= zthr);
         }
     }
+    if !bulk.is_finite() {
+        return TopPScan::NonFinite;
+    }
+    q.clear();
+    q.extend(out.iter().map(|c| c.1));
+    let zmax = kernels::max(q);
+    if pl::is_greedy(t, zmax) {
+        return TopPScan::Done(zmax, None);
+    }
+    let ymax = zmax / t;
+    // the bulk's terms against the max: exp((z - zmax) / T)
+    let to_max = (-(f64::from(zmax) * f64::from(c1) + f64::from(c0))).exp2();
+    let floor = pl::z_lower_bound(ymax - 16.0, t);
     let mut tries = 0;
     loop {
+        // The candidates' share of the bulk, computed the same way, so it cancels (`q`
+        // holds the candidates' z).
+        let rest = (bulk - kernels::exp2_sum(q, c1, c0)).max(0.0) * to_max;
+        // Many more candidates than the nucleus needs: first try the fewest top ones that
+        // surely hold it (the others join the approximate rest).
+        if let Some(zb) = nucleus_bound(q, walk, zmax, t, p, rest) {
+            kept.clear();
+            let mut dropped = 0f64;
+            for (c, &w) in out.iter().zip(walk.iter()) {
+                if c.1 >= zb {
+                    kept.push(*c);
+                } else {
+                    dropped += f64::from(w);
+                }
+            }
+            if kept.len() < out.len() {
+                if let Some(cut) = nucleus(kept, ymax, t, p, rest + dropped, (q, walk), false) {
+                    std::mem::swap(out, kept);
+                    return TopPScan::Done(zmax, Some(cut));
+                }
+                q.clear();
+                q.extend(out.iter().map(|c| c.1));
+            }
+        }
         // The candidates are every token with z >= zthr, so they hold the nucleus when the
         // walk over them reaches p strictly above their smallest q.
         let all_gathered = out.len() == z.len();
-        if let Some(cut) = nucleus(out, zmax, ymax, t, p, approx, (q, walk), all_gathered) {
-            return Some(cut);
+        if let Some(cut) = nucleus(out, ymax, t, p, rest, (q, walk), all_gathered) {
+            return TopPScan::Done(zmax, Some(cut));
         }
         if zthr <= floor || tries == 3 {
-            return None;
+            return TopPScan::Done(zmax, None);
         }
         // Too few: gather again from a lower threshold (the bulk sum stays valid).
         tries += 1;
         zthr = match tries {
-            1 => floor.max(sampled_threshold(z, 2048, scratch)),
-            2 => floor.max(sampled_threshold(z, CAP / 2, scratch)),
+            1 => floor.max(sampled_threshold(z, 2048, scratch).0),
+            2 => floor.max(sampled_threshold(z, CAP / 2, scratch).0),
             _ => floor,
         };
         out.clear();
         for (b, block) in z.chunks(BLOCK).enumerate() {
             kernels::collect_ge(block, (b * BLOCK) as u32, zthr, out);
             if out.len() > CAP {
-                return None;
+                return TopPScan::Done(zmax, None);
             }
         }
+        q.clear();
+        q.extend(out.iter().map(|c| c.1));
     }
 }
 
+/// A threshold `zb` such that the candidates with `z >= zb` surely hold stage 7's nucleus,
+/// found by bisection on their approximate weights (left in `w`), or `None` when no
+/// threshold above the smallest candidate is sure (or there are few candidates).
+/// `zs` holds the candidates' `z`; `rest` is the weight of all other tokens.
+fn nucleus_bound(
+    zs: &[f32],
+    w: &mut Vec<f32>,
+    zmax: f32,
+    t: f32,
+    p: f32,
+    rest: f64,
+) -> Option<f32> {
+    if zs.len() <= 64 {
+        return None;
+    }
+    w.clear();
+    w.resize(zs.len(), 0.0);
+    kernels::exp_into(zs, zmax, 1.0 / t, w);
+    let total = kernels::mass_ge(zs, w, f32::NEG_INFINITY);
+    // generous against the 3e-7 weights and the f32 partial sums
+    let target = f64::from(p) * (rest + total) * (1.0 + 1e-3);
+    if total < target {
+        return None;
+    }
+    let (mut lo, mut hi) = (kernels::min(zs), zmax);
+    if kernels::mass_ge(zs, w, hi) >= target {
+        return Some(hi);
+    }
+    // mass(lo) >= target > mass(hi); a dozen halvings leave few candidates between them
+    for _ in 0..12 {
+        let mid = lo + (hi - lo) * 0.5;
+        if mid <= lo || mid >= hi {
+            break;
+        }
+        if kernels::mass_ge(zs, w, mid) >= target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Some(lo)
+}
+
 /// Stage 7 over gathered `(i, z_i)` (every token with `z` at or above some threshold),
-/// given the approximate bulk sum of the whole row: on success `out` holds the kept
-/// `(i, y_i)` and the normaliser and `τp` are returned.
-#[allow(clippy::too_many_arguments)]
+/// given the approximate weight `rest` of all other tokens: on success `out` holds the
+/// kept `(i, y_i)` and the normaliser and `τp` are returned.
 fn nucleus(
     out: &mut Vec<(u32, f32)>,
-    zmax: f32,
     ymax: f32,
     t: f32,
     p: f32,
-    approx_all: f64,
+    approx: f64,
     (q, walk): (&mut Vec<f32>, &mut Vec<f32>),
     all_gathered: bool,
 ) -> Option<(f64, f32)> {
     if out.is_empty() {
         return None;
     }
-    // The same approximation as the bulk, per element, so the candidates' share cancels.
-    q.clear();
-    q.extend(out.iter().map(|c| c.1));
-    let approx = approx_all - kernels::exp_sum(q, zmax, 1.0 / t);
     q.clear();
     let mut exact = 0f64;
     for c in out.iter_mut() {
@@ -477,7 +643,7 @@ fn nucleus(
         exact += f64::from(w);
         q.push(w);
     }
-    let sum = approx.max(0.0) + exact;
+    let sum = approx + exact;
     for w in q.iter_mut() {
         *w = pl::prob(*w, sum);
     }
