@@ -349,8 +349,8 @@ fn sample_z(
     })
 }
 
-/// A threshold in z-space that about `want` values of `z` reach, estimated from a strided
-/// sample of about [`SAMPLE`] values, and the sample's max (both `-inf` when the sample cannot
+/// A threshold in z-space that about `want` values of `z` reach, estimated from a sample
+/// of [`SAMPLE`] values (evenly spread runs of 16), and the sample's max (both `-inf` when the sample cannot
 /// tell; the max is NaN or `+inf` when the sample holds one). Only a starting point:
 /// callers check that it kept what they need and fall back to `-inf`.
 fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> (f32, f32) {
@@ -359,32 +359,40 @@ fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> (f32,
     if v < 8192 || want * 4 >= v {
         return none;
     }
-    let stride = v / SAMPLE;
-    let n = v.div_ceil(stride);
+    // runs of 16 neighbours, evenly spread: one or two cache lines each
+    let n = SAMPLE;
+    let gap = v / (SAMPLE / 16);
+    let sample = (0..SAMPLE / 16).flat_map(|c| &z[c * gap..c * gap + 16]);
     let r = (want * n).div_ceil(v) + 1;
     if r >= n {
         return none;
     }
-    let sample = z.iter().step_by(stride).copied();
     if r <= 16 {
         // The r largest, kept in decreasing order in a small array (few inserts after the
-        // first values); a NaN is taken as larger than everything.
+        // first runs); a NaN is taken as larger than everything.
         let mut top = [f32::NEG_INFINITY; 16];
-        for x in sample {
-            if x > top[r - 1] || x.is_nan() {
-                let mut j = r - 1;
-                // smaller or unordered: a NaN moves up to the front
-                while j > 0 && matches!(top[j - 1].partial_cmp(&x), Some(Less) | None) {
-                    top[j] = top[j - 1];
-                    j -= 1;
+        for c in 0..SAMPLE / 16 {
+            let run = &z[c * gap..c * gap + 16];
+            let low = top[r - 1];
+            if !run.iter().fold(false, |a, &x| a | (x > low) | x.is_nan()) {
+                continue;
+            }
+            for &x in run {
+                if x > top[r - 1] || x.is_nan() {
+                    let mut j = r - 1;
+                    // smaller or unordered: a NaN moves up to the front
+                    while j > 0 && matches!(top[j - 1].partial_cmp(&x), Some(Less) | None) {
+                        top[j] = top[j - 1];
+                        j -= 1;
+                    }
+                    top[j] = x;
                 }
-                top[j] = x;
             }
         }
         return (top[r - 1], top[0]);
     }
     tmp.clear();
-    tmp.extend(sample.map(|zi| (0u32, zi)));
+    tmp.extend(sample.map(|&zi| (0u32, zi)));
     let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
     let (above, at, _) = tmp.select_nth_unstable_by(r - 1, desc);
     let max = above
