@@ -367,10 +367,10 @@ fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> (f32,
     if r >= n {
         return none;
     }
-    if r <= 16 {
+    if r <= 32 {
         // The r largest, kept in decreasing order in a small array (few inserts after the
         // first runs); a NaN is taken as larger than everything.
-        let mut top = [f32::NEG_INFINITY; 16];
+        let mut top = [f32::NEG_INFINITY; 32];
         for c in 0..SAMPLE / 16 {
             let run = &z[c * gap..c * gap + 16];
             let low = top[r - 1];
@@ -670,19 +670,21 @@ fn nucleus(
     Some((sum, tau_p))
 }
 
-/// `τp` of [`pl::top_p_cut`] over the values of `q` (reordered in place), sorting only
-/// the prefix of the decreasing order that the walk reaches: growing pieces are split off
-/// with a selection, sorted, and walked.
+/// `τp` of [`pl::top_p_cut`] over the values of `q` (probabilities: finite and not
+/// negative, so their bit patterns order them; reordered in place). Short lists are
+/// sorted whole; longer ones piece by piece, sorting only the prefix of the decreasing
+/// order that the walk reaches: growing pieces are split off with a selection, sorted, and
+/// walked.
 fn top_p_walk(q: &mut [f32], p: f32) -> f32 {
-    let desc = |a: &f32, b: &f32| b.total_cmp(a);
+    let desc = |v: &f32| std::cmp::Reverse(v.to_bits());
     let mut walk = pl::TopPWalk::new(p);
-    let (mut start, mut piece) = (0, 64);
+    let (mut start, mut piece) = (0, if q.len() <= 256 { q.len() } else { 64 });
     while start < q.len() {
         let end = (start + piece).min(q.len());
         if end < q.len() {
-            q[start..].select_nth_unstable_by(end - start - 1, desc);
+            q[start..].select_nth_unstable_by_key(end - start - 1, desc);
         }
-        q[start..end].sort_unstable_by(desc);
+        q[start..end].sort_unstable_by_key(desc);
         for &v in &q[start..end] {
             if let Some(tau) = walk.step(v) {
                 return tau;
