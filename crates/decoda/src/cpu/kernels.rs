@@ -718,29 +718,32 @@ mod simd512_exp {
         let mut i = 0;
         // Groups of 1024 values: four chains of 16 terms per lane, then added in f64; the
         // hit masks stay on the stack and become pushes after the vector loop.
-        let mut masks = [0u64; 16];
+        // One 16-bit mask per vector, stored straight from the mask register (no move
+        // through the general registers, which would take the vector ports' slots).
+        let mut masks = [0u16; 64];
         while i + 64 <= n {
             let groups = ((n - i) / 64).min(16);
             let mut acc = [_mm512_setzero_ps(); 4];
-            for (g, mask) in masks[..groups].iter_mut().enumerate() {
+            for (g, mask) in masks[..4 * groups].chunks_exact_mut(4).enumerate() {
                 let at = i + 64 * g;
-                let mut m = 0u64;
                 for (j, a) in acc.iter_mut().enumerate() {
                     // SAFETY: at + 64 <= n: the loads of 16 values are inside z.
                     let x = unsafe { _mm512_loadu_ps(p.add(at + 16 * j)) };
                     if COLLECT {
-                        m |= u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, vthr)) << (16 * j);
+                        mask[j] = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, vthr);
                     }
                     let (s, q) = term(x);
                     *a = _mm512_fmadd_ps(s, q, *a);
                 }
-                *mask = m;
             }
             let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
             total = flush(total, s);
             if COLLECT {
-                for (g, &mask) in masks[..groups].iter().enumerate() {
-                    let mut m = mask;
+                for (g, mask) in masks[..4 * groups].chunks_exact(4).enumerate() {
+                    let mut m = mask
+                        .iter()
+                        .enumerate()
+                        .fold(0u64, |m, (j, &b)| m | u64::from(b) << (16 * j));
                     while m != 0 {
                         let j = i + 64 * g + m.trailing_zeros() as usize;
                         out.push((base + j as u32, z[j]));
