@@ -46,7 +46,8 @@ pub fn exp_bulk<const FMA: bool>(x: f32) -> f32 {
     p * f32::from_bits(tm.to_bits() << 23)
 }
 
-/// `2^(j/32)` for `j = 0..32`, rounded to f32: the table of [`exp2_est`].
+/// `2^(j/32)` for `j = 0..32`, rounded to f32: the table of the AVX-512 `2^w`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const EXP2_TABLE: [f32; 32] = [
     1.0,
     1.021_897_2,
@@ -83,16 +84,21 @@ const EXP2_TABLE: [f32; 32] = [
 ];
 /// `2^r ≈ 1 + r (C1 + C2 r)` for `|r| <= 1/64`: the quadratic through the three Chebyshev
 /// nodes, relative error below 6e-8.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const EXP2_C1: f32 = 0.693_157_3;
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const EXP2_C2: f32 = 0.240_228_27;
 /// 1.5 * 2^18: adding it to `|w| < 2^17` rounds `w` to a multiple of 1/32 and leaves
 /// `round(32 w)` in the low mantissa bits (its low 5 bits index [`EXP2_TABLE`]).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MAGIC32: f32 = 393_216.0;
 
-/// `2^w` within 2.5e-7 (relative), for the top-p normaliser: a 32-entry table and a
-/// quadratic. Below -126 it gives `2^-126` (so `-inf` adds nothing that matters), above 128
-/// `+inf` or NaN, and NaN for NaN, so a non-finite input shows in the sum.
-/// [`exp2_sum_collect`] computes the same function with AVX-512 instructions.
+/// `2^w` within 2.5e-7 (relative), for the top-p normaliser, as plain arithmetic that
+/// vectorises (the AVX2 and baseline variants; the AVX-512 one uses a table and
+/// `vscalefps`, see [`exp2_sum_collect`]): `w = n + f` with `n` an integer and
+/// `|f| <= 1/2`, a degree-7 polynomial for `2^f`, and `2^n` built in the exponent bits.
+/// Below -126 it gives `2^-126` (so `-inf` adds nothing that matters), at 128 and above
+/// `+inf`, and NaN for NaN, so a non-finite input shows in the sum.
 #[inline(always)]
 pub fn exp2_est<const FMA: bool>(w: f32) -> f32 {
     #[inline(always)]
@@ -103,6 +109,8 @@ pub fn exp2_est<const FMA: bool>(w: f32) -> f32 {
             a * b + c
         }
     }
+    // 1.5 * 2^23 + 127: adding it rounds to an integer n and leaves n + 127 in the low bits
+    const MAGIC: f32 = 12_583_039.0;
     // not `clamp`: NaN must stay NaN
     #[allow(clippy::manual_clamp)]
     let w = if w < -126.0 {
@@ -112,14 +120,19 @@ pub fn exp2_est<const FMA: bool>(w: f32) -> f32 {
     } else {
         w
     };
-    let tm = w + MAGIC32;
-    let k = tm - MAGIC32;
-    let r = w - k;
-    // round(32 w) = 32 n + j with 0 <= j < 32; the power 2^n goes into the exponent field
-    let m = (tm.to_bits() as i32).wrapping_sub(MAGIC32.to_bits() as i32);
-    let t = EXP2_TABLE[(m & 31) as usize];
-    let scaled = f32::from_bits(t.to_bits().wrapping_add(((m >> 5) as u32) << 23));
-    scaled * fma::<FMA>(fma::<FMA>(EXP2_C2, r, EXP2_C1), r, 1.0)
+    let tm = w + MAGIC;
+    let f = w - (tm - MAGIC);
+    // Taylor coefficients of 2^f = e^(f ln 2): truncation below 6e-9 on |f| <= 1/2
+    let mut p = 1.525_273_4e-5;
+    p = fma::<FMA>(p, f, 1.540_353e-4);
+    p = fma::<FMA>(p, f, 1.333_355_8e-3);
+    p = fma::<FMA>(p, f, 9.618_129e-3);
+    p = fma::<FMA>(p, f, 5.550_411e-2);
+    p = fma::<FMA>(p, f, 0.240_226_5);
+    p = fma::<FMA>(p, f, std::f32::consts::LN_2);
+    p = fma::<FMA>(p, f, 1.0);
+    // the low 9 bits of tm's pattern are n + 127, the biased exponent of 2^n (255: +inf)
+    p * f32::from_bits(tm.to_bits() << 23)
 }
 
 mod body {
@@ -271,17 +284,18 @@ mod body {
         }
     }
 
-    /// Σ `exp2_est(z c1 + c0)` with f32 partial sums (64 terms per lane at most) added in
+    /// Σ `exp2_est(z c1 + c0)` with f32 partial sums (32 terms per lane at most) added in
     /// f64.
     #[inline(always)]
     pub fn exp2_sum<const FMA: bool>(z: &[f32], c1: f32, c0: f32) -> f64 {
+        const W: usize = 2 * LANES;
         let mut total = 0f64;
-        for block in z.chunks(64 * LANES) {
-            let mut acc = [0f32; LANES];
-            let chunks = block.chunks_exact(LANES);
+        for block in z.chunks(32 * W) {
+            let mut acc = [0f32; W];
+            let chunks = block.chunks_exact(W);
             let rem = chunks.remainder();
             for c in chunks {
-                for j in 0..LANES {
+                for j in 0..W {
                     acc[j] += exp2_est::<FMA>(affine::<FMA>(c[j], c1, c0));
                 }
             }
