@@ -184,3 +184,36 @@ fn top_p_only_parity_many_rows() {
         assert!(p.max_logprob_diff <= 1e-5);
     }
 }
+
+/// The parity tests above again, in child processes whose kernels run their AVX2 and
+/// baseline variants (`DECODA_ISA`), so every variant is checked against the reference
+/// on one machine.
+#[test]
+fn parity_on_every_instruction_set() {
+    let isa = decoda::cpu::kernels::isa();
+    if let Ok(asked) = std::env::var("DECODA_ISA") {
+        // a child: the variant asked for (or a lower one on a CPU without it) is in use
+        assert!(
+            asked == isa || isa == "base",
+            "asked {asked}, running {isa}"
+        );
+        return;
+    }
+    let lower: &[&str] = match isa {
+        "avx512" => &["avx2", "baseline"],
+        "avx2" => &["baseline"],
+        _ => &[],
+    };
+    for want in lower {
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .env("DECODA_ISA", want)
+            .output()
+            .expect("run the tests again");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "DECODA_ISA={want}:\n{text}");
+        assert!(
+            text.contains("test result: ok") && !text.contains(" 0 passed"),
+            "DECODA_ISA={want}:\n{text}"
+        );
+    }
+}

@@ -499,26 +499,39 @@ enum Level {
     Base,
 }
 
+/// The instruction set the kernels use: the best this CPU has, or a lower one named by
+/// the environment variable `DECODA_ISA` (`avx2` or `baseline`; read once), so that every
+/// variant can be tested and timed on one machine.
 fn level() -> Level {
     use std::sync::OnceLock;
     static L: OnceLock<Level> = OnceLock::new();
     *L.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f")
-                && std::is_x86_feature_detected!("avx512bw")
-                && std::is_x86_feature_detected!("avx512dq")
-                && std::is_x86_feature_detected!("avx512vl")
-                && std::is_x86_feature_detected!("fma")
-            {
-                return Level::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return Level::Avx2;
-            }
+        let best = detected();
+        match std::env::var("DECODA_ISA").as_deref() {
+            Ok("baseline") => Level::Base,
+            Ok("avx2") if best == Level::Avx512 => Level::Avx2,
+            _ => best,
         }
-        Level::Base
     })
+}
+
+/// The best instruction set of this CPU that the kernels have a variant for.
+fn detected() -> Level {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512dq")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("fma")
+        {
+            return Level::Avx512;
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            return Level::Avx2;
+        }
+    }
+    Level::Base
 }
 
 /// The instruction set the kernels run with on this machine.
