@@ -9,7 +9,7 @@
 //!    accumulates the normaliser; min-p by its threshold; no filter by the Gumbel bound.
 //!    Without bias or penalties, top-k and top-p rows skip step 1: the gathering pass finds
 //!    the max and the non-finite logits itself (top-p accumulates `exp` against the max of
-//!    a strided sample, so a NaN or `+inf` shows in the sum and sends the row to step 1);
+//!    a small sample, so a NaN or `+inf` shows in the sum and sends the row to step 1);
 //! 3. each candidate is divided by the temperature exactly, the filters are applied with
 //!    the shared [`crate::pipeline`] functions, and the Gumbel draw skips every token
 //!    whose best possible noise cannot reach the current leader.
@@ -31,7 +31,7 @@ use crate::pipeline::{self as pl, RowResult, Sample, TokenLogprobs};
 /// Candidate count from which the draw computes Philox 16 blocks at a time.
 const DENSE_DRAW: usize = 512;
 
-/// Size of the strided samples that estimate gathering thresholds.
+/// Size of the samples that estimate gathering thresholds.
 const SAMPLE: usize = 1024;
 
 /// Block size of the streaming passes (fits in L1 with room to spare).
@@ -179,7 +179,7 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
                 top_p_candidates(x, m_est, zthr, t, p.top_p, &mut s.cands, bufs)
             {
                 if !pl::is_greedy(t, xmax) {
-                    let ready = cut.map_or(Ready::Nothing, Ready::TopP);
+                    let ready = cut.map_or(Ready::WholeRow, Ready::TopP);
                     return sample_z(x, x, xmax, req, s, ready);
                 }
             }
@@ -223,6 +223,9 @@ enum Ready {
     TopK,
     /// Stage 7's kept set as `(i, y_i)`, with its normaliser and `τp`.
     TopP((f64, f32)),
+    /// Nothing, but stage 7 (top-p without top-k) found its nucleus too wide for a
+    /// candidate list: it takes the whole row.
+    WholeRow,
 }
 
 /// Stages 4-9 and logprobs on the processed logits `z` (max `zmax`), from what `ready`
@@ -258,7 +261,7 @@ fn sample_z(
     let top_p = p.top_p < 1.0;
     let tau_m = pl::min_p_threshold(ymax, p.min_p);
     let mut cands = std::mem::take(&mut s.cands);
-    if matches!(ready, Ready::Nothing) {
+    if matches!(ready, Ready::Nothing | Ready::WholeRow) {
         cands.clear();
     }
     // Σ of top-p weights over K when it was computed over the whole row.
@@ -275,14 +278,16 @@ fn sample_z(
     } else if top_k {
         select_top(z, k, t, &mut cands, &mut s.tmp, None);
     } else if top_p {
-        let floor = pl::z_lower_bound(ymax - 16.0, t);
-        let zthr = floor.max(sampled_threshold(z, 512, &mut s.tmp).0);
-        let bufs = (&mut s.q, &mut s.walk, &mut s.tmp, &mut s.tmp2);
-        cut = match top_p_candidates(z, zmax, zthr, t, p.top_p, &mut cands, bufs) {
-            TopPScan::Done(_, cut) => cut,
-            // not with the exact max as reference and no NaN or +inf in the row
-            TopPScan::NonFinite => None,
-        };
+        if !matches!(ready, Ready::WholeRow) {
+            let floor = pl::z_lower_bound(ymax - 16.0, t);
+            let zthr = floor.max(sampled_threshold(z, 512, &mut s.tmp).0);
+            let bufs = (&mut s.q, &mut s.walk, &mut s.tmp, &mut s.tmp2);
+            cut = match top_p_candidates(z, zmax, zthr, t, p.top_p, &mut cands, bufs) {
+                TopPScan::Done(_, cut) => cut,
+                // not with the exact max as reference and no NaN or +inf in the row
+                TopPScan::NonFinite => None,
+            };
+        }
         if cut.is_none() {
             // The nucleus is too wide for the candidate list: take the whole row.
             cands.clear();
@@ -350,9 +355,9 @@ fn sample_z(
 }
 
 /// A threshold in z-space that about `want` values of `z` reach, estimated from a sample
-/// of [`SAMPLE`] values (evenly spread runs of 16), and the sample's max (both `-inf` when the sample cannot
-/// tell; the max is NaN or `+inf` when the sample holds one). Only a starting point:
-/// callers check that it kept what they need and fall back to `-inf`.
+/// of [`SAMPLE`] values (evenly spread runs of 16), and the sample's max (both `-inf` when
+/// the sample cannot tell; the max is NaN or `+inf` when the sample holds one). Only a
+/// starting point: callers check that it kept what they need and fall back to `-inf`.
 fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> (f32, f32) {
     let none = (f32::NEG_INFINITY, f32::NEG_INFINITY);
     let v = z.len();
@@ -360,19 +365,17 @@ fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> (f32,
         return none;
     }
     // runs of 16 neighbours, evenly spread: one or two cache lines each
-    let n = SAMPLE;
     let gap = v / (SAMPLE / 16);
-    let sample = (0..SAMPLE / 16).flat_map(|c| &z[c * gap..c * gap + 16]);
-    let r = (want * n).div_ceil(v) + 1;
-    if r >= n {
+    let runs = (0..SAMPLE / 16).map(|c| &z[c * gap..c * gap + 16]);
+    let r = (want * SAMPLE).div_ceil(v) + 1;
+    if r >= SAMPLE {
         return none;
     }
     if r <= 32 {
         // The r largest, kept in decreasing order in a small array (few inserts after the
         // first runs); a NaN is taken as larger than everything.
         let mut top = [f32::NEG_INFINITY; 32];
-        for c in 0..SAMPLE / 16 {
-            let run = &z[c * gap..c * gap + 16];
+        for run in runs {
             let low = top[r - 1];
             if !run.iter().fold(false, |a, &x| a | (x > low) | x.is_nan()) {
                 continue;
@@ -392,7 +395,7 @@ fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> (f32,
         return (top[r - 1], top[0]);
     }
     tmp.clear();
-    tmp.extend(sample.map(|&zi| (0u32, zi)));
+    tmp.extend(runs.flatten().map(|&zi| (0u32, zi)));
     let desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
     let (above, at, _) = tmp.select_nth_unstable_by(r - 1, desc);
     let max = above
