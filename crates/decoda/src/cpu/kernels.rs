@@ -9,21 +9,23 @@ const LANES: usize = 16;
 /// Lanes of the reductions: four independent 16-wide chains.
 const WIDE: usize = 64;
 
+/// `a b + c`, fused with `FMA` (only inside FMA-enabled code: a `mul_add` without the
+/// instruction is a slow library call).
+#[inline(always)]
+fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
 /// `exp(x)` for `x` in `[-87, 87]` (clamped there; NaN gives `exp(-87)`), relative error
 /// below 3e-7: the bulk term of a top-p normaliser, as plain arithmetic that vectorises (a
 /// degree-6 polynomial, and the power of two built by one shift of the rounding constant's
-/// bits). With `FMA`, fused multiply-adds (only inside FMA-enabled code: a `mul_add`
-/// without the instruction is a slow library call).
+/// bits). With `FMA`, fused multiply-adds (see [`fma`]).
 #[inline(always)]
 pub fn exp_bulk<const FMA: bool>(x: f32) -> f32 {
-    #[inline(always)]
-    fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-        if FMA {
-            a.mul_add(b, c)
-        } else {
-            a * b + c
-        }
-    }
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
@@ -101,14 +103,6 @@ const MAGIC32: f32 = 393_216.0;
 /// `+inf`, and NaN for NaN, so a non-finite input shows in the sum.
 #[inline(always)]
 pub fn exp2_est<const FMA: bool>(w: f32) -> f32 {
-    #[inline(always)]
-    fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-        if FMA {
-            a.mul_add(b, c)
-        } else {
-            a * b + c
-        }
-    }
     // 1.5 * 2^23 + 127: adding it rounds to an integer n and leaves n + 127 in the low bits
     const MAGIC: f32 = 12_583_039.0;
     // not `clamp`: NaN must stay NaN
@@ -136,7 +130,7 @@ pub fn exp2_est<const FMA: bool>(w: f32) -> f32 {
 }
 
 mod body {
-    use super::{exp2_est, exp_bulk, LANES, WIDE};
+    use super::{exp2_est, exp_bulk, fma, LANES, WIDE};
 
     #[inline(always)]
     pub fn max_nonfinite(z: &[f32]) -> (f32, u64) {
@@ -274,16 +268,6 @@ mod body {
                 .sum::<f64>()
     }
 
-    /// `x c1 + c0`, fused with `FMA`.
-    #[inline(always)]
-    fn affine<const FMA: bool>(x: f32, c1: f32, c0: f32) -> f32 {
-        if FMA {
-            x.mul_add(c1, c0)
-        } else {
-            x * c1 + c0
-        }
-    }
-
     /// Σ `exp2_est(z c1 + c0)` with f32 partial sums (32 terms per lane at most) added in
     /// f64.
     #[inline(always)]
@@ -296,11 +280,11 @@ mod body {
             let rem = chunks.remainder();
             for c in chunks {
                 for j in 0..W {
-                    acc[j] += exp2_est::<FMA>(affine::<FMA>(c[j], c1, c0));
+                    acc[j] += exp2_est::<FMA>(fma::<FMA>(c[j], c1, c0));
                 }
             }
             for &x in rem {
-                acc[0] += exp2_est::<FMA>(affine::<FMA>(x, c1, c0));
+                acc[0] += exp2_est::<FMA>(fma::<FMA>(x, c1, c0));
             }
             total += acc.iter().map(|&a| f64::from(a)).sum::<f64>();
         }
