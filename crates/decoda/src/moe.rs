@@ -119,12 +119,12 @@ impl ExpertWeights {
         in_features: usize,
     ) -> Result<Self> {
         check_dims(data.len(), experts, out_features, in_features)?;
-        Ok(Self {
+        Ok(Self::checked(
+            WeightData::F32(data),
             experts,
             out_features,
             in_features,
-            data: WeightData::F32(data),
-        })
+        ))
     }
 
     /// Weights from bf16 values laid out as `[experts, out_features, in_features]`.
@@ -135,12 +135,22 @@ impl ExpertWeights {
         in_features: usize,
     ) -> Result<Self> {
         check_dims(data.len(), experts, out_features, in_features)?;
-        Ok(Self {
+        Ok(Self::checked(
+            WeightData::Bf16(data),
             experts,
             out_features,
             in_features,
-            data: WeightData::Bf16(data),
-        })
+        ))
+    }
+
+    /// Weights whose length `check_dims` accepted.
+    fn checked(data: WeightData, experts: usize, out_features: usize, in_features: usize) -> Self {
+        Self {
+            experts,
+            out_features,
+            in_features,
+            data,
+        }
     }
 
     /// Number of experts E.

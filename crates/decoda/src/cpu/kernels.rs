@@ -601,9 +601,22 @@ pub fn collect_ge_max(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>)
     (m, bad > 0)
 }
 
-/// The one-pass AVX-512 version of [`collect_ge_max`]: compares give bit masks directly.
+/// Appends `(base + j, z[j])` for `j = at + b`, every bit `b` set in `hits`, in order.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn push_hits(mut hits: u64, at: usize, base: u32, z: &[f32], out: &mut Vec<(u32, f32)>) {
+    while hits != 0 {
+        let j = at + hits.trailing_zeros() as usize;
+        out.push((base + j as u32, z[j]));
+        hits &= hits - 1;
+    }
+}
+
+/// AVX-512 loops that fuse several passes: [`collect_ge_max`] and [`exp2_sum_collect`]
+/// (compares give bit masks directly).
 #[cfg(target_arch = "x86_64")]
 mod simd512 {
+    use super::{push_hits, EXP2_C1, EXP2_C2, EXP2_TABLE, MAGIC32};
     use std::arch::x86_64::*;
 
     /// # Safety
@@ -654,12 +667,7 @@ mod simd512 {
                     | u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v3, t)) << 48;
             }
             for (c, &mask) in masks[..chunks].iter().enumerate() {
-                let mut m = mask;
-                while m != 0 {
-                    let j = i + 64 * c + m.trailing_zeros() as usize;
-                    out.push((base + j as u32, z[j]));
-                    m &= m - 1;
-                }
+                push_hits(mask, i + 64 * c, base, z, out);
             }
             i += 64 * chunks;
         }
@@ -675,12 +683,6 @@ mod simd512 {
         }
         (mx, bad || mx == f32::INFINITY)
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod simd512_exp {
-    use super::{EXP2_C1, EXP2_C2, EXP2_TABLE, MAGIC32};
-    use std::arch::x86_64::*;
 
     /// [`super::exp2_sum_collect`] (`COLLECT`) or [`super::exp2_sum`] (`!COLLECT`).
     ///
@@ -727,10 +729,10 @@ mod simd512_exp {
         let n = z.len();
         let p = z.as_ptr();
         let mut i = 0;
-        // Groups of 1024 values: four chains of 16 terms per lane, then added in f64; the
-        // hit masks stay on the stack and become pushes after the vector loop.
-        // One 16-bit mask per vector, stored straight from the mask register (no move
-        // through the general registers, which would take the vector ports' slots).
+        // Groups of 1024 values: four chains of 16 terms per lane, then added in f64. The
+        // hit masks (16 bits per vector, stored straight from the mask registers: a move
+        // through the general registers would take the vector ports' slots) stay on the
+        // stack and become pushes after the vector loop.
         let mut masks = [0u16; 64];
         while i + 64 <= n {
             let groups = ((n - i) / 64).min(16);
@@ -751,15 +753,11 @@ mod simd512_exp {
             total = flush(total, s);
             if COLLECT {
                 for (g, mask) in masks[..4 * groups].chunks_exact(4).enumerate() {
-                    let mut m = mask
+                    let hits = mask
                         .iter()
                         .enumerate()
                         .fold(0u64, |m, (j, &b)| m | u64::from(b) << (16 * j));
-                    while m != 0 {
-                        let j = i + 64 * g + m.trailing_zeros() as usize;
-                        out.push((base + j as u32, z[j]));
-                        m &= m - 1;
-                    }
+                    push_hits(hits, i + 64 * g, base, z, out);
                 }
             }
             i += 64 * groups;
@@ -773,12 +771,8 @@ mod simd512_exp {
             let x =
                 unsafe { _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), lanes, p.add(i)) };
             if COLLECT {
-                let mut m = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(lanes, x, vthr);
-                while m != 0 {
-                    let j = i + m.trailing_zeros() as usize;
-                    out.push((base + j as u32, z[j]));
-                    m &= m - 1;
-                }
+                let hits = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(lanes, x, vthr);
+                push_hits(u64::from(hits), i, base, z, out);
             }
             let (s, q) = term(x);
             acc = _mm512_fmadd_ps(s, q, acc);
@@ -793,6 +787,7 @@ mod simd512_exp {
 /// (a compare per value and a branch per block, with a bit mask of the hits).
 #[cfg(target_arch = "x86_64")]
 mod simd {
+    use super::push_hits;
     use std::arch::x86_64::*;
 
     /// Mask (bit j = value j) of `z[i..i+64] >= thr`, or `== v` with `EQ`.
@@ -827,12 +822,8 @@ mod simd {
         let mut i = 0;
         while i + 64 <= n {
             // SAFETY: i + 64 <= n: the 64 values read are inside z.
-            let mut m = unsafe { mask64::<_CMP_GE_OQ>(z.as_ptr().add(i), t) };
-            while m != 0 {
-                let j = i + m.trailing_zeros() as usize;
-                out.push((base + j as u32, z[j]));
-                m &= m - 1;
-            }
+            let hits = unsafe { mask64::<_CMP_GE_OQ>(z.as_ptr().add(i), t) };
+            push_hits(hits, i, base, z, out);
             i += 64;
         }
         for (j, &x) in z.iter().enumerate().skip(i) {
@@ -900,7 +891,7 @@ pub fn exp2_sum_collect(
     match level() {
         // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
         Level::Avx512 => {
-            return unsafe { simd512_exp::exp2_sum_collect::<true>(z, c1, c0, base, thr, out) }
+            return unsafe { simd512::exp2_sum_collect::<true>(z, c1, c0, base, thr, out) }
         }
         Level::Avx2 => {
             collect_ge(z, base, thr, out);
@@ -925,7 +916,7 @@ pub fn exp2_sum(z: &[f32], c1: f32, c0: f32) -> f64 {
             // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
             Level::Avx512 => {
                 return unsafe {
-                    simd512_exp::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
+                    simd512::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
                 }
             }
             // SAFETY: `level()` detected AVX2 and FMA on this CPU.
