@@ -27,6 +27,7 @@ pub mod backend;
 pub mod conformance;
 pub mod cpu;
 pub mod error;
+pub mod fmath;
 pub mod logits;
 pub mod moe;
 pub mod params;

@@ -58,10 +58,11 @@ pub fn uniform(x: u32) -> f32 {
     ((2 * (x >> 9) + 1) as f32) * (1.0 / 16_777_216.0)
 }
 
-/// `g = -ln(-ln(u))` in f32.
+/// `g = -ln(-ln(u))` in f32, with [`crate::fmath::ln`] (the same algorithm as the device
+/// shaders, so backends agree bit for bit wherever their arithmetic rounds correctly).
 #[inline]
 pub fn gumbel_from_bits(x: u32) -> f32 {
-    -(-(uniform(x).ln())).ln()
+    -crate::fmath::ln(-crate::fmath::ln(uniform(x)))
 }
 
 /// The Gumbel noise `g_i` of token `i` at `step` with `seed`.

@@ -155,10 +155,11 @@ pub fn min_p_threshold(ymax: f32, min_p: f32) -> f32 {
     }
 }
 
-/// The unnormalised top-p weight of a token: `exp(y - ymax)` in f32.
+/// The unnormalised top-p weight of a token: `exp(y - ymax)` in f32, with
+/// [`crate::fmath::exp`] (the algorithm the device shaders use too).
 #[inline]
 pub fn weight(y: f32, ymax: f32) -> f32 {
-    (y - ymax).exp()
+    crate::fmath::exp(y - ymax)
 }
 
 /// The top-p probability of a token of weight `e` under total weight `sum`.
