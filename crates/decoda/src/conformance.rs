@@ -857,7 +857,7 @@ pub struct Parity {
     pub allowed_ties: usize,
     /// Rows that differed otherwise (must be 0).
     pub mismatches: usize,
-    /// Largest logprob difference seen on matching rows.
+    /// Largest logprob difference seen on matching rows (relative to `max(1, |logprob|)`).
     pub max_logprob_diff: f32,
 }
 
@@ -884,15 +884,18 @@ pub fn parity(b: &dyn Backend, cases: &[(Vec<f32>, Request)]) -> Result<Parity, 
             (Ok(g), Ok(w)) if g.token == w.token => {
                 p.same += 1;
                 if let (Some(a), Some(bb)) = (&g.logprobs, &w.logprobs) {
-                    let mut d = (a.logprob - bb.logprob).abs();
+                    // relative to the value's size: f32 log-probabilities of -100 are
+                    // 8e-6 apart
+                    let diff = |x: f32, y: f32| (x - y).abs() / x.abs().max(1.0);
+                    let mut d = diff(a.logprob, bb.logprob);
                     if a.rank != bb.rank || a.top.len() != bb.top.len() {
                         d = f32::INFINITY;
                     }
                     for (ta, tb) in a.top.iter().zip(&bb.top) {
-                        if ta.token != tb.token && (ta.logprob - tb.logprob).abs() > 1e-5 {
+                        if ta.token != tb.token && diff(ta.logprob, tb.logprob) > 1e-5 {
                             d = f32::INFINITY;
                         }
-                        d = d.max((ta.logprob - tb.logprob).abs());
+                        d = d.max(diff(ta.logprob, tb.logprob));
                     }
                     p.max_logprob_diff = p.max_logprob_diff.max(d);
                     if d > 1e-5 {

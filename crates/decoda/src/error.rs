@@ -34,12 +34,13 @@ pub enum Error {
     /// Shapes of the call's inputs do not fit together.
     #[error("shape mismatch: {0}")]
     Shape(String),
-    /// No CUDA device (or driver, or NVRTC) is available; callers may fall back to the CPU.
-    #[error("no CUDA device: {0}")]
-    NoCudaDevice(String),
-    /// A CUDA driver, NVRTC or kernel error.
-    #[error("CUDA error: {0}")]
-    Cuda(String),
+    /// No device (GPU adapter, driver) is available for a device backend; callers may
+    /// fall back to the CPU.
+    #[error("no device: {0}")]
+    NoDevice(String),
+    /// A device backend failed (shader build, submission, mapping).
+    #[error("device error: {0}")]
+    Device(String),
     /// An MoE layer setting or input value is outside its range.
     #[error("moe: invalid {field} = {value}: expected {expected}")]
     InvalidMoe {

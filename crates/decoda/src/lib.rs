@@ -34,6 +34,8 @@ pub mod params;
 pub mod philox;
 pub mod pipeline;
 pub mod reference;
+#[cfg(feature = "wgpu")]
+pub mod wgpu;
 pub mod workload;
 
 /// The README's Rust examples, compiled and run as doctests.

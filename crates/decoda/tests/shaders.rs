@@ -1,0 +1,82 @@
+//! Every WGSL shader parses, validates, and translates with naga to SPIR-V (Vulkan), MSL
+//! (Metal) and HLSL (DX12), and each translation is produced for every entry point. Runs
+//! without a GPU, so a shader that would not compile on one of the three fails here.
+
+const SHADERS: &[(&str, &str)] = &[("wgpu/sample.wgsl", include_str!("../src/wgpu/sample.wgsl"))];
+
+fn parse(name: &str, src: &str) -> (naga::Module, naga::valid::ModuleInfo) {
+    let module = naga::front::wgsl::parse_str(src)
+        .unwrap_or_else(|e| panic!("{name}: WGSL parse error:\n{}", e.emit_to_string(src)));
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::empty(),
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("{name}: validation error:\n{}", e.emit_to_string(src)));
+    (module, info)
+}
+
+#[test]
+fn shaders_validate_without_optional_capabilities() {
+    for (name, src) in SHADERS {
+        let (module, _) = parse(name, src);
+        assert!(!module.entry_points.is_empty(), "{name}: no entry point");
+    }
+}
+
+#[test]
+fn shaders_translate_to_spirv() {
+    for (name, src) in SHADERS {
+        let (module, info) = parse(name, src);
+        let words =
+            naga::back::spv::write_vec(&module, &info, &naga::back::spv::Options::default(), None)
+                .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
+        assert_eq!(words[0], 0x0723_0203, "{name}: SPIR-V magic number");
+    }
+}
+
+#[test]
+fn shaders_translate_to_msl() {
+    for (name, src) in SHADERS {
+        let (module, info) = parse(name, src);
+        let options = naga::back::msl::Options {
+            lang_version: (2, 1),
+            ..Default::default()
+        };
+        for ep in &module.entry_points {
+            let pipeline = naga::back::msl::PipelineOptions {
+                entry_point: Some((ep.stage, ep.name.clone())),
+                ..Default::default()
+            };
+            let (text, _) = naga::back::msl::write_string(&module, &info, &options, &pipeline)
+                .unwrap_or_else(|e| panic!("{name}: MSL for {}: {e}", ep.name));
+            assert!(
+                text.contains("kernel"),
+                "{name}: MSL for {} has no kernel",
+                ep.name
+            );
+        }
+    }
+}
+
+#[test]
+fn shaders_translate_to_hlsl() {
+    for (name, src) in SHADERS {
+        let (module, info) = parse(name, src);
+        let options = naga::back::hlsl::Options::default();
+        for ep in &module.entry_points {
+            let pipeline = naga::back::hlsl::PipelineOptions {
+                entry_point: Some((ep.stage, ep.name.clone())),
+            };
+            let mut text = String::new();
+            naga::back::hlsl::Writer::new(&mut text, &options, &pipeline)
+                .write(&module, &info, None)
+                .unwrap_or_else(|e| panic!("{name}: HLSL for {}: {e}", ep.name));
+            assert!(
+                text.contains("[numthreads("),
+                "{name}: HLSL for {}",
+                ep.name
+            );
+        }
+    }
+}

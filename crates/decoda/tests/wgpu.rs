@@ -1,0 +1,248 @@
+//! The device backend (wgpu) against the contract: the conformance suite (one workgroup
+//! per row, and several per row), a parity run of more than 10,000 mixed rows against
+//! the CPU sampler, and the device API.
+//!
+//! Without an adapter these tests print why and pass, unless `DECODA_REQUIRE_GPU=1` (as
+//! in CI, which installs Mesa's lavapipe), where "no adapter" fails them.
+#![cfg(feature = "wgpu")]
+
+use std::sync::OnceLock;
+
+use decoda::conformance::{random_case, Rng};
+use decoda::reference::reference_row;
+use decoda::wgpu::{DeviceLogits, WgpuSampler};
+use decoda::{Backend, CpuSampler, DType, Error, Logits, Request, RowResult, SamplingParams};
+
+fn open(min_chunk: usize) -> Option<WgpuSampler> {
+    match WgpuSampler::new() {
+        Ok(s) => {
+            eprintln!("wgpu tests on {}", s.adapter());
+            s.set_min_chunk(min_chunk);
+            Some(s)
+        }
+        Err(e) => {
+            if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
+            }
+            eprintln!("wgpu tests skipped: {e}");
+            None
+        }
+    }
+}
+
+/// The sampler with its default work split.
+fn sampler() -> Option<&'static WgpuSampler> {
+    static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
+    S.get_or_init(|| open(4096)).as_ref()
+}
+
+/// A sampler that cuts every row into 64-logit pieces, one workgroup each: the
+/// multi-workgroup reductions on small vocabularies.
+fn split_sampler() -> Option<&'static WgpuSampler> {
+    static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
+    S.get_or_init(|| open(64)).as_ref()
+}
+
+mod conformance {
+    decoda::conformance_suite!(crate::sampler());
+}
+
+mod conformance_split {
+    decoda::conformance_suite!(crate::split_sampler());
+}
+
+#[derive(Default, Debug)]
+struct Count {
+    rows: usize,
+    same: usize,
+    ties: usize,
+    mismatches: Vec<String>,
+}
+
+fn widen(x: &[f32], dtype: DType) -> Vec<f32> {
+    match dtype {
+        DType::F32 => x.to_vec(),
+        DType::F16 => x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
+        DType::Bf16 => x
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f32())
+            .collect(),
+    }
+}
+
+fn compare(
+    count: &mut Count,
+    rows: &[Vec<f32>],
+    reqs: &[Request],
+    gpu: &[RowResult],
+    cpu: &[RowResult],
+) {
+    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+        count.rows += 1;
+        let v = rows[i].len() as u32;
+        if let Ok(s) = g {
+            assert!(s.token < v, "token {} out of range {v}", s.token);
+        }
+        match (g, c) {
+            (Ok(a), Ok(b)) if a.token == b.token => {
+                count.same += 1;
+                if let (Some(la), Some(lb)) = (&a.logprobs, &b.logprobs) {
+                    let close = |x: f32, y: f32| (x - y).abs() <= 1e-5 * x.abs().max(1.0);
+                    let ok = la.rank == lb.rank
+                        && close(la.logprob, lb.logprob)
+                        && la.top.len() == lb.top.len()
+                        && la.top.iter().zip(&lb.top).all(|(p, q)| {
+                            close(p.logprob, q.logprob)
+                                && (p.token == q.token || p.logprob == q.logprob)
+                        });
+                    if !ok && count.mismatches.len() < 8 {
+                        count.mismatches.push(format!(
+                            "V={v} row {i}: logprobs {la:?} vs cpu {lb:?} ({:?})",
+                            reqs[i].params
+                        ));
+                    }
+                }
+            }
+            (Err(a), Err(b)) if a == b => count.same += 1,
+            _ => {
+                let (_, tie) = reference_row(&rows[i], &reqs[i]);
+                if matches!((g, c), (Ok(_), Ok(_))) && tie.is_tie() {
+                    count.ties += 1;
+                } else {
+                    count.mismatches.push(format!(
+                        "V={v} row {i}: gpu {g:?} vs cpu {c:?} (tie {tie:?}, params {:?}, state step {} prompt {:?} output {:?})",
+                        reqs[i].params, reqs[i].state.step, reqs[i].state.prompt, reqs[i].state.output
+                    ));
+                }
+            }
+        }
+    }
+}
+
+fn run_batch(b: &WgpuSampler, count: &mut Count, rng: &mut Rng, v: usize, n: usize, dtype: DType) {
+    let cases: Vec<(Vec<f32>, Request)> = (0..n).map(|_| random_case(rng, v)).collect();
+    let rows: Vec<Vec<f32>> = cases.iter().map(|c| widen(&c.0, dtype)).collect();
+    let reqs: Vec<Request> = cases.into_iter().map(|c| c.1).collect();
+    let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+    let cpu = CpuSampler::new();
+    let (g, c) = match dtype {
+        DType::F32 => {
+            let l = Logits::f32(&flat, n, v).unwrap();
+            (b.sample(&l, &reqs), cpu.sample(&l, &reqs))
+        }
+        DType::F16 => {
+            let h: Vec<half::f16> = flat.iter().map(|&x| half::f16::from_f32(x)).collect();
+            let l = Logits::f16(&h, n, v).unwrap();
+            (b.sample(&l, &reqs), cpu.sample(&l, &reqs))
+        }
+        DType::Bf16 => {
+            let h: Vec<half::bf16> = flat.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            let l = Logits::bf16(&h, n, v).unwrap();
+            (b.sample(&l, &reqs), cpu.sample(&l, &reqs))
+        }
+    };
+    compare(count, &rows, &reqs, &g.unwrap(), &c.unwrap());
+}
+
+/// More than 10,000 rows of every kind (V from 1 to 262,144; f32, f16, bf16; every
+/// filter, penalty, bias, sentinel and logprobs mode) draw the same token as the CPU,
+/// except where the reference shows a floating-point tie.
+#[test]
+fn parity_with_cpu_ten_thousand_rows() {
+    let Some(b) = sampler() else { return };
+    let mut rng = Rng::new(0xdec0da);
+    let mut count = Count::default();
+    let dtypes = [DType::F32, DType::F16, DType::Bf16];
+    let mut batch = 0;
+    // small vocabularies, many rows
+    for &v in &[1usize, 2, 3, 5, 8, 17, 64, 100, 257, 1000, 2048, 4099] {
+        for dtype in dtypes {
+            run_batch(b, &mut count, &mut rng, v, 240, dtype);
+            batch += 1;
+        }
+    }
+    // larger ones, fewer rows
+    for &(v, n) in &[
+        (8192usize, 160),
+        (32000, 64),
+        (65536, 24),
+        (131072, 12),
+        (151936, 6),
+        (262144, 6),
+    ] {
+        for dtype in dtypes {
+            run_batch(b, &mut count, &mut rng, v, n, dtype);
+            batch += 1;
+        }
+    }
+    // the same through the multi-workgroup split
+    if let Some(s) = split_sampler() {
+        for &v in &[300usize, 5000, 20000] {
+            run_batch(s, &mut count, &mut rng, v, 60, DType::F32);
+        }
+    }
+    eprintln!("{batch} batches: {count:?}");
+    assert!(count.rows >= 10_000, "only {} rows", count.rows);
+    assert!(
+        count.mismatches.is_empty(),
+        "{} of {} rows differ outside the tie allowance: {:#?}",
+        count.mismatches.len(),
+        count.rows,
+        count.mismatches
+    );
+}
+
+/// Logits inside a larger device buffer (offset, row stride > V, bf16), recorded into
+/// the caller's encoder, give the host path's tokens.
+#[test]
+fn device_api_with_stride_and_offset() {
+    let Some(b) = sampler() else { return };
+    let (rows, v, stride, offset) = (5usize, 1000usize, 1030usize, 6usize);
+    let mut rng = Rng::new(5);
+    let mut host = Vec::new();
+    let mut padded = vec![half::bf16::from_f32(f32::NAN); offset + rows * stride];
+    let mut reqs = Vec::new();
+    for r in 0..rows {
+        let (x, req) = random_case(&mut rng, v);
+        for (i, &xi) in x.iter().enumerate() {
+            padded[offset + r * stride + i] = half::bf16::from_f32(xi);
+        }
+        host.extend(x.iter().map(|&xi| half::bf16::from_f32(xi)));
+        reqs.push(req);
+    }
+    let want = b
+        .sample(&Logits::bf16(&host, rows, v).unwrap(), &reqs)
+        .unwrap();
+    let buf = b.upload_logits(&Logits::bf16(&padded, 1, padded.len()).unwrap());
+    let out = b.outputs(rows).unwrap();
+    let view = DeviceLogits {
+        buffer: &buf,
+        dtype: DType::Bf16,
+        rows,
+        vocab: v,
+        row_stride: stride,
+        offset,
+    };
+    for _ in 0..2 {
+        let mut enc = b
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        b.record(&mut enc, &view, &reqs, &out).unwrap();
+        b.queue().submit([enc.finish()]);
+        assert_eq!(b.read(&out, &reqs).unwrap(), want);
+    }
+    // a view past the end of the buffer is refused before anything is recorded
+    let mut enc = b
+        .device()
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    let bad = DeviceLogits {
+        rows: rows + 1,
+        ..view
+    };
+    let mut more = reqs.clone();
+    more.push(Request::new(SamplingParams::default(), 1));
+    match b.record(&mut enc, &bad, &more, &b.outputs(rows + 1).unwrap()) {
+        Err(Error::Shape(m)) => assert!(m.contains("bytes"), "{m}"),
+        other => panic!("expected a shape error, got {other:?}"),
+    }
+}
