@@ -157,7 +157,7 @@ fn parity_with_cpu_ten_thousand_rows() {
     // small vocabularies, many rows
     for &v in &[1usize, 2, 3, 5, 8, 17, 64, 100, 257, 1000, 2048, 4099] {
         for dtype in dtypes {
-            run_batch(b, &mut count, &mut rng, v, 240, dtype);
+            run_batch(b, &mut count, &mut rng, v, 256, dtype);
             batch += 1;
         }
     }
@@ -178,7 +178,7 @@ fn parity_with_cpu_ten_thousand_rows() {
     // the same through the multi-workgroup split
     if let Some(s) = split_sampler() {
         for &v in &[300usize, 5000, 20000] {
-            run_batch(s, &mut count, &mut rng, v, 60, DType::F32);
+            run_batch(s, &mut count, &mut rng, v, 100, DType::F32);
         }
     }
     eprintln!("{batch} batches: {count:?}");

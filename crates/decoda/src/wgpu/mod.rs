@@ -46,7 +46,10 @@ pub const ADAPTER_ENV: &str = "DECODA_WGPU_ADAPTER";
 const WG: usize = 256;
 const HIST_WORDS: usize = 6144;
 const STATE_WORDS: usize = 32;
-const SLOT_WORDS: usize = 48;
+const SLOT_WORDS: usize = 52;
+/// Staging areas for per-call parameters: up to this many calls may be recorded before
+/// their submit.
+const STAGES: usize = 8;
 const LP_WORDS: usize = 44;
 const MAX_SPLITS: usize = 256;
 const MAX_GRID: usize = 65535;
@@ -174,8 +177,19 @@ struct Pipelines {
     finish_lp: wgpu::ComputePipeline,
 }
 
+/// One call's parameters on their way to the device: written with `Queue::write_buffer`
+/// and copied into the working buffers by the call's own commands, so calls recorded
+/// before a submit do not overwrite each other's parameters.
+struct Stage {
+    call: wgpu::Buffer,
+    rows: Grow,
+    touches: Grow,
+}
+
 /// Scratch buffers, grown on demand and reused.
 struct Scratch {
+    stages: Vec<Stage>,
+    next_stage: usize,
     call: wgpu::Buffer,
     rows: Grow,
     touches: Grow,
@@ -474,7 +488,21 @@ impl WgpuSampler {
         }
         use wgpu::BufferUsages as U;
         let st = U::STORAGE | U::COPY_DST;
+        let stage_usage = U::COPY_SRC | U::COPY_DST;
         let scratch = Scratch {
+            stages: (0..STAGES)
+                .map(|_| Stage {
+                    call: make_buffer(
+                        &device,
+                        "decoda call stage",
+                        std::mem::size_of::<CallU>() as u64,
+                        stage_usage,
+                    ),
+                    rows: Grow::new(&device, "decoda rows stage", stage_usage),
+                    touches: Grow::new(&device, "decoda touches stage", stage_usage),
+                })
+                .collect(),
+            next_stage: 0,
             call: make_buffer(
                 &device,
                 "decoda call",
@@ -563,9 +591,11 @@ impl WgpuSampler {
     }
 
     /// Records one sampling call into `encoder`: every row of `logits` with its request,
-    /// results into `out`. Nothing is submitted or read back. The per-call parameters are
-    /// uploaded with [`wgpu::Queue::write_buffer`], which takes effect at the next submit:
-    /// submit the encoder before recording the next call on this sampler.
+    /// results into `out`. Nothing is submitted or read back. The per-call parameters
+    /// (a few dozen bytes a row) go through one of 8 staging areas, written with
+    /// [`wgpu::Queue::write_buffer`] and copied by the recorded commands themselves, so up
+    /// to 8 calls may be recorded (into one encoder or several) before they are
+    /// submitted; calls that share `out` overwrite each other's results in order.
     ///
     /// Whole-call problems (shapes, parameters, history ids, a buffer too small) are an
     /// error here, before anything is recorded.
@@ -710,12 +740,26 @@ impl WgpuSampler {
         if grown {
             sc.generation += 1;
         }
+        let rows_bytes: &[u8] = bytemuck::cast_slice(&rows_u);
+        let touch_bytes: &[u8] = bytemuck::cast_slice(&touches);
+        let k = sc.next_stage;
+        sc.next_stage = (k + 1) % STAGES;
+        let stage = &mut sc.stages[k];
+        stage.rows.ensure(dev, rows_bytes.len() as u64);
+        stage.touches.ensure(dev, touch_bytes.len() as u64);
         self.queue
-            .write_buffer(&sc.call, 0, bytemuck::bytes_of(&call));
-        self.queue
-            .write_buffer(&sc.rows.buf, 0, bytemuck::cast_slice(&rows_u));
-        self.queue
-            .write_buffer(&sc.touches.buf, 0, bytemuck::cast_slice(&touches));
+            .write_buffer(&stage.call, 0, bytemuck::bytes_of(&call));
+        self.queue.write_buffer(&stage.rows.buf, 0, rows_bytes);
+        self.queue.write_buffer(&stage.touches.buf, 0, touch_bytes);
+        let stage = &sc.stages[k];
+        let copies = [
+            (&stage.call, &sc.call, std::mem::size_of::<CallU>()),
+            (&stage.rows.buf, &sc.rows.buf, rows_bytes.len()),
+            (&stage.touches.buf, &sc.touches.buf, touch_bytes.len()),
+        ];
+        for (from, to, bytes) in copies {
+            encoder.copy_buffer_to_buffer(from, 0, to, 0, bytes as u64);
+        }
 
         let key = BindKey {
             logits: logits.buffer.clone(),

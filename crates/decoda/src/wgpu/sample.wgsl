@@ -20,7 +20,7 @@ const WG: u32 = 256u;
 const BINS: u32 = 2048u;
 const HW: u32 = 6144u;      // hist words per row: counts, mass lo, mass hi
 const ST: u32 = 32u;        // state words per row
-const SLOT: u32 = 48u;      // slot words per (row, split)
+const SLOT: u32 = 52u;      // slot words per (row, split)
 const NTOP: u32 = 20u;      // most top log-probabilities a row may ask for
 const LPW: u32 = 44u;       // logprobs output words per row
 const NEG_INF_BITS: u32 = 0xff800000u;
@@ -409,22 +409,34 @@ fn wg_max2(lid: u32, a: u32, b: u32) -> vec2<u32> {
     return r;
 }
 
-fn wg_sum_f32(lid: u32, v: f32) -> f32 {
-    ra[lid] = bitcast<u32>(v);
+fn wg_sum_u32(lid: u32, v: u32) -> u32 {
+    return wg_sum_max(lid, v, 0u).x;
+}
+
+fn wg_sum64(lid: u32, v: vec2<u32>) -> vec2<u32> {
+    ra[lid] = v.x;
+    rb[lid] = v.y;
     workgroupBarrier();
     for (var k = 128u; k > 0u; k = k >> 1u) {
         if (lid < k) {
-            ra[lid] = bitcast<u32>(bitcast<f32>(ra[lid]) + bitcast<f32>(ra[lid + k]));
+            let r = add64(vec2<u32>(ra[lid], rb[lid]), vec2<u32>(ra[lid + k], rb[lid + k]));
+            ra[lid] = r.x;
+            rb[lid] = r.y;
         }
         workgroupBarrier();
     }
-    let r = bitcast<f32>(ra[0]);
+    let r = vec2<u32>(ra[0], rb[0]);
     workgroupBarrier();
     return r;
 }
 
-fn wg_sum_u32(lid: u32, v: u32) -> u32 {
-    return wg_sum_max(lid, v, 0u).x;
+// A weight in [0, 1] in 64-bit fixed point, units of 2^-40 (truncated): sums of these
+// are exact integers, so they do not depend on the order of summation (the batch, the
+// split of a row between workgroups).
+fn fixed40(e: f32) -> vec2<u32> {
+    let f = e * 256.0;
+    let hi = u32(f);
+    return vec2<u32>(u32((f - f32(hi)) * 4294967296.0), hi);
 }
 
 // Inclusive prefix sum over the workgroup, in thread order; also leaves the total in wtot.
@@ -448,20 +460,6 @@ fn wg_scan64(lid: u32, v: vec2<u32>) -> vec2<u32> {
     }
     workgroupBarrier();
     return r;
-}
-
-// ---------------------------------------------------------------------------------
-// Kahan summation for log-sum-exp partials.
-
-struct Kahan {
-    s: f32,
-    c: f32,
-}
-
-fn kahan_add(k: Kahan, v: f32) -> Kahan {
-    let y = v - k.c;
-    let t = k.s + y;
-    return Kahan(t, (t - k.s) - y);
 }
 
 // ---------------------------------------------------------------------------------
@@ -765,9 +763,9 @@ fn hist_p(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         if (e == 0.0) {
             continue;
         }
-        let f = e * 256.0;
-        let hi = u32(f);
-        let lo = u32((f - f32(hi)) * 4294967296.0);
+        let fx = fixed40(e);
+        let lo = fx.x;
+        let hi = fx.y;
         let d = (key >> sh) & mask;
         let old = atomicAdd(&hm_lo[d], lo);
         var add_hi = hi;
@@ -914,7 +912,7 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     var best_k = 0u;
     var best_i = 0xffffffffu;
-    var acc = Kahan(0.0, 0.0);
+    var acc = vec2<u32>(0u, 0u);
     if (status == 1u) {
         let zmax_key = key_of(zmax);
         for (var i = start + lid; i < end; i = i + WG) {
@@ -926,9 +924,9 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             if (want_lp) {
                 if (processed) {
-                    acc = kahan_add(acc, exp_f32(z - zmax));
+                    acc = add64(acc, fixed40(exp_f32(z - zmax)));
                 } else {
-                    acc = kahan_add(acc, exp_f32(x - xmax));
+                    acc = add64(acc, fixed40(exp_f32(x - xmax)));
                 }
             }
         }
@@ -948,13 +946,13 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let z = z_from(row, i, x, rp);
                 let mb = member(z, t, tau_k, tau_min, cut, tau_q, ymax, s_norm);
                 if (want_lp && !processed) {
-                    acc = kahan_add(acc, exp_f32(x - xmax));
+                    acc = add64(acc, fixed40(exp_f32(x - xmax)));
                 }
                 if (!mb.inside) {
                     continue;
                 }
                 if (want_lp && processed) {
-                    acc = kahan_add(acc, exp_f32(mb.y - ymax));
+                    acc = add64(acc, fixed40(exp_f32(mb.y - ymax)));
                 }
                 if (!have) {
                     words = philox(vec4<u32>(g, rp.step_lo, rp.step_hi, 0u), key);
@@ -970,12 +968,13 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     let r = wg_argmax(lid, best_k, best_i);
-    let lse_part = wg_sum_f32(lid, acc.s - acc.c);
+    let lse_part = wg_sum64(lid, acc);
     if (lid == 0u) {
         let sb = slot_base(row, split);
         slots[sb + 4u] = r.x;
         slots[sb + 5u] = r.y;
-        slots[sb + 6u] = bitcast<u32>(lse_part);
+        slots[sb + 48u] = lse_part.x;
+        slots[sb + 49u] = lse_part.y;
     }
 }
 
@@ -984,7 +983,7 @@ fn finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let row = wid.x;
     var bk = 0u;
     var bi = 0xffffffffu;
-    var lse = 0.0;
+    var lse = vec2<u32>(0u, 0u);
     for (var s = lid; s < call.splits; s = s + WG) {
         let sb = slot_base(row, s);
         let k = slots[sb + 4u];
@@ -993,10 +992,10 @@ fn finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             bk = k;
             bi = i;
         }
-        lse = lse + bitcast<f32>(slots[sb + 6u]);
+        lse = add64(lse, vec2<u32>(slots[sb + 48u], slots[sb + 49u]));
     }
     let r = wg_argmax(lid, bk, bi);
-    let total = wg_sum_f32(lid, lse);
+    let total = val64(wg_sum64(lid, lse)) * TWO_M40;
     if (lid == 0u) {
         let status = sget(row, S_STATUS);
         let rp = rows[row];
