@@ -82,8 +82,16 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
     if a.vocab.contains(&0) || a.rows.contains(&0) {
         return Err("--vocab and --rows must be >= 1".into());
     }
-    if a.device == Device::Cuda {
-        crate::device::backend(Device::Cuda, 0)?;
+    for &t in &a.threads {
+        crate::device::check_threads(t)?;
+    }
+    let gpu = match a.device {
+        Device::Cpu => None,
+        Device::Wgpu => Some(decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?),
+        Device::Auto => decoda::wgpu::WgpuSampler::hardware().ok(),
+    };
+    if let Some(g) = &gpu {
+        return run_wgpu(&a, g);
     }
     let cells = a.config.len() * a.vocab.len() * a.rows.len() * a.threads.len();
     let bar = ProgressBar::new(cells as u64);
@@ -96,11 +104,7 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
             let data = workload::logits(rows, vocab, 7);
             let logits = decoda::Logits::f32(&data, rows, vocab).map_err(|e| e.to_string())?;
             for &threads in &a.threads {
-                let sampler = if threads == 0 {
-                    decoda::CpuSampler::new()
-                } else {
-                    decoda::CpuSampler::with_threads(threads).map_err(|e| e.to_string())?
-                };
+                let sampler = crate::device::cpu(threads)?;
                 let nthreads = sampler.threads();
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(nthreads)
@@ -146,26 +150,111 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
     bar.finish_and_clear();
     if !a.json {
         println!("decoda bench on cpu ({} kernels); times per call in µs; floor = one streaming max pass over the same rows", decoda::cpu::kernels::isa());
+        print_table(&lines, "threads");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The table of `lines`; `extra` names the column between rows and the times.
+fn print_table(lines: &[serde_json::Value], extra: &str) {
+    println!(
+        "{:<14} {:>7} {:>5} {:>8} {:>11} {:>11} {:>11} {:>10} {:>8}",
+        "config", "vocab", "rows", extra, "median", "p10", "p90", "floor", "x floor"
+    );
+    for l in lines {
+        let med = l["median_us"].as_f64().unwrap_or(0.0);
+        let floor = l["floor_us"].as_f64().unwrap_or(1.0);
+        let extra_value = match &l[extra] {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
         println!(
-            "{:<14} {:>7} {:>5} {:>7} {:>11} {:>11} {:>11} {:>10} {:>8}",
-            "config", "vocab", "rows", "threads", "median", "p10", "p90", "floor", "x floor"
+            "{:<14} {:>7} {:>5} {:>8} {:>11.2} {:>11.2} {:>11.2} {:>10.2} {:>8.2}",
+            l["config"].as_str().unwrap_or(""),
+            l["vocab"].as_u64().unwrap_or(0),
+            l["rows"].as_u64().unwrap_or(0),
+            extra_value,
+            med,
+            l["p10_us"].as_f64().unwrap_or(0.0),
+            l["p90_us"].as_f64().unwrap_or(0.0),
+            floor,
+            med / floor
         );
-        for l in &lines {
-            let med = l["median_us"].as_f64().unwrap_or(0.0);
-            let floor = l["floor_us"].as_f64().unwrap_or(1.0);
-            println!(
-                "{:<14} {:>7} {:>5} {:>7} {:>11.2} {:>11.2} {:>11.2} {:>10.2} {:>8.2}",
-                l["config"].as_str().unwrap_or(""),
-                l["vocab"],
-                l["rows"],
-                l["threads"],
-                med,
-                l["p10_us"].as_f64().unwrap_or(0.0),
-                l["p90_us"].as_f64().unwrap_or(0.0),
-                floor,
-                med / floor
-            );
+    }
+}
+
+/// The grid on the wgpu device: logits uploaded once, each call recorded and submitted
+/// on its own; GPU time from timestamp queries when the adapter has them, else wall
+/// clock per call (record, submit, wait). `floor_us` = one read of the logits at the
+/// adapter's measured copy bandwidth.
+fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, String> {
+    let bw = g.copy_bandwidth().map_err(|e| e.to_string())?;
+    let timer = if g.has_timestamps() { "gpu" } else { "wall" };
+    let cells = a.config.len() * a.vocab.len() * a.rows.len();
+    let bar = ProgressBar::new(cells as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").map_err(|e| e.to_string())?,
+    );
+    let mut lines = Vec::new();
+    for &vocab in &a.vocab {
+        for &rows in &a.rows {
+            let data = workload::logits(rows, vocab, 7);
+            let logits = decoda::Logits::f32(&data, rows, vocab).map_err(|e| e.to_string())?;
+            let buf = g.upload_logits(&logits);
+            let out = g.outputs(rows).map_err(|e| e.to_string())?;
+            let view = decoda::wgpu::DeviceLogits {
+                buffer: &buf,
+                dtype: decoda::DType::F32,
+                rows,
+                vocab,
+                row_stride: vocab,
+                offset: 0,
+            };
+            let floor = (rows * vocab * 4) as f64 / bw * 1e6;
+            for config in &a.config {
+                bar.set_message(format!("{config} V={vocab} B={rows}"));
+                let params = workload::config(config).expect("checked");
+                let reqs = workload::requests(&params, rows, vocab);
+                let time = |n: usize| {
+                    if g.has_timestamps() {
+                        g.time_gpu(&view, &reqs, &out, n)
+                    } else {
+                        g.time_wall(&view, &reqs, &out, n)
+                    }
+                    .map_err(|e| e.to_string())
+                };
+                time(2)?; // warm-up: buffers, bind group
+                let mut samples = Vec::new();
+                let start = Instant::now();
+                while samples.len() < 7 || (start.elapsed().as_millis() as u64) < a.time_ms {
+                    samples.extend(time(1)?);
+                    if samples.len() >= 10_000 {
+                        break;
+                    }
+                }
+                samples.sort_by(f64::total_cmp);
+                let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+                let line = json!({
+                    "impl": "decoda", "device": g.adapter(), "config": config, "vocab": vocab,
+                    "rows": rows, "timer": timer, "median_us": round2(at(0.5)),
+                    "p10_us": round2(at(0.1)), "p90_us": round2(at(0.9)), "floor_us": round2(floor),
+                });
+                if a.json {
+                    bar.suspend(|| println!("{line}"));
+                }
+                lines.push(line);
+                bar.inc(1);
+            }
         }
+    }
+    bar.finish_and_clear();
+    if !a.json {
+        println!(
+            "decoda bench on {}; times per call in µs ({timer} clock); floor = one read of the logits at the measured copy bandwidth ({:.1} GB/s)",
+            g.adapter(),
+            bw / 1e9
+        );
+        print_table(&lines, "timer");
     }
     Ok(ExitCode::SUCCESS)
 }

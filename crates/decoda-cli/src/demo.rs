@@ -200,15 +200,27 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
     // parity with the reference on random rows across vocabulary sizes
     let mut rng = Rng::new(31337);
     let mut totals = conformance::Parity::default();
-    let sizes = [1usize, 3, 17, 256, 1000, 4099, 32_000, 131_072, 262_144];
+    // exactly --parity-rows rows: a few at the large vocabularies, the rest spread over
+    // the small ones (the last takes the remainder)
+    let large = [32_000usize, 131_072, 262_144];
+    let small = [1usize, 3, 17, 256, 1000, 4099];
+    let mut plan: Vec<(usize, usize)> = Vec::new();
     let mut left = a.parity_rows;
-    for (i, &v) in sizes.iter().enumerate() {
-        let n = if v >= 100_000 {
-            (left / 50).clamp(1, 40)
+    for &v in &large {
+        let n = (a.parity_rows / 100).clamp(1, 40).min(left);
+        plan.push((v, n));
+        left -= n;
+    }
+    for (i, &v) in small.iter().enumerate() {
+        let n = if i + 1 == small.len() {
+            left
         } else {
-            left / (sizes.len() - i)
+            left / (small.len() - i)
         };
-        left -= n.min(left);
+        plan.push((v, n));
+        left -= n;
+    }
+    for (v, n) in plan {
         if n == 0 {
             continue;
         }

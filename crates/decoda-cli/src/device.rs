@@ -1,4 +1,4 @@
-//! `--device cpu|cuda|auto`.
+//! `--device cpu|wgpu|auto`.
 
 use clap::ValueEnum;
 use decoda::Backend;
@@ -8,30 +8,47 @@ use decoda::Backend;
 pub enum Device {
     /// The fast CPU sampler.
     Cpu,
-    /// The CUDA sampler (an error when no GPU is present).
-    Cuda,
-    /// CUDA when a GPU is present, else the CPU.
+    /// The wgpu device sampler (Vulkan, Metal, DX12): a hardware adapter, else a software
+    /// one such as Mesa's lavapipe; `DECODA_WGPU_ADAPTER` picks one by name.
+    Wgpu,
+    /// A hardware GPU adapter (wgpu) when present, else the CPU.
     Auto,
+}
+
+/// Most CPU threads a command accepts.
+pub const MAX_THREADS: usize = 1024;
+
+/// Checks a `--threads` value.
+pub fn check_threads(threads: usize) -> Result<(), String> {
+    if threads > MAX_THREADS {
+        return Err(format!(
+            "--threads {threads} is too many: at most {MAX_THREADS} (0 = all cores)"
+        ));
+    }
+    Ok(())
+}
+
+/// The CPU sampler with `threads` threads (0 = all cores).
+pub fn cpu(threads: usize) -> Result<decoda::CpuSampler, String> {
+    check_threads(threads)?;
+    if threads == 0 {
+        Ok(decoda::CpuSampler::new())
+    } else {
+        decoda::CpuSampler::with_threads(threads).map_err(|e| e.to_string())
+    }
 }
 
 /// A backend for `device`, with `threads` CPU threads (0 = all cores).
 pub fn backend(device: Device, threads: usize) -> Result<Box<dyn Backend>, String> {
-    let cpu = || -> Result<Box<dyn Backend>, String> {
-        Ok(if threads == 0 {
-            Box::new(decoda::CpuSampler::new())
-        } else {
-            Box::new(decoda::CpuSampler::with_threads(threads).map_err(|e| e.to_string())?)
-        })
-    };
+    check_threads(threads)?;
     match device {
-        Device::Cpu => cpu(),
-        Device::Cuda => cuda(),
-        Device::Auto => cuda().or_else(|_| cpu()),
+        Device::Cpu => Ok(Box::new(cpu(threads)?)),
+        Device::Wgpu => Ok(Box::new(
+            decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?,
+        )),
+        Device::Auto => match decoda::wgpu::WgpuSampler::hardware() {
+            Ok(s) => Ok(Box::new(s)),
+            Err(_) => Ok(Box::new(cpu(threads)?)),
+        },
     }
-}
-
-/// The CUDA backend is not part of decoda yet: asking for it is the "no CUDA device" error
-/// that `auto` falls back from.
-fn cuda() -> Result<Box<dyn Backend>, String> {
-    Err("no CUDA device: this build of decoda has no CUDA backend yet; use --device cpu".into())
 }

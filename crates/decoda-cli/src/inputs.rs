@@ -23,10 +23,12 @@ pub struct Batch {
 }
 
 impl Batch {
-    pub fn logits(&self) -> Result<decoda::Logits<'_>, String> {
+    /// Row `r` alone, as a `[1, V]` batch.
+    pub fn row_logits(&self, r: usize) -> Result<decoda::Logits<'_>, String> {
+        let range = r * self.vocab..(r + 1) * self.vocab;
         match &self.data {
-            LogitsFile::F32(d) => decoda::Logits::f32(d, self.rows, self.vocab),
-            LogitsFile::F16(d) => decoda::Logits::f16(d, self.rows, self.vocab),
+            LogitsFile::F32(d) => decoda::Logits::f32(&d[range], 1, self.vocab),
+            LogitsFile::F16(d) => decoda::Logits::f16(&d[range], 1, self.vocab),
         }
         .map_err(|e| e.to_string())
     }
@@ -63,6 +65,28 @@ pub fn read_npy(path: &Path) -> Result<Batch, String> {
     };
     if vocab == 0 || rows == 0 {
         return Err(format!("{shown}: empty logits of shape {shape:?}"));
+    }
+    // the header's shape must fit the file before anything is allocated for it
+    let file_len = std::fs::metadata(path)
+        .map_err(|e| format!("cannot read {shown}: {e}"))?
+        .len();
+    let elem = npy.dtype().num_bytes().unwrap_or(1) as u64;
+    let need = shape
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .and_then(|n| n.checked_mul(elem));
+    match need {
+        Some(n) if n <= file_len => {}
+        _ => {
+            return Err(format!(
+                "{shown}: the header's shape {shape:?} needs more data than the file's {file_len} bytes"
+            ))
+        }
+    }
+    if vocab > u32::MAX as usize {
+        return Err(format!(
+            "{shown}: vocabulary size {vocab} does not fit u32 token ids"
+        ));
     }
     let dtype = npy.dtype().descr().trim_matches('\'').to_string();
     let data = match dtype.trim_start_matches(['<', '=', '|']) {

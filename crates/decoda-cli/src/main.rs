@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Reproducible LLM token sampling and MoE dispatch, on the CPU or a CUDA GPU.
+/// Reproducible LLM token sampling and MoE dispatch, on the CPU or a GPU (wgpu).
 #[derive(Parser)]
 #[command(name = "decoda", version, about)]
 struct Cli {

@@ -118,6 +118,32 @@ pub fn run(a: MoeBenchArgs) -> Result<ExitCode, String> {
             shape.top_k, shape.experts
         ));
     }
+    crate::device::check_threads(a.threads)?;
+    // Memory the run needs: the weights (gate, up, down), the largest batch's activations
+    // and gathered rows; refuse sizes that overflow or exceed a budget before allocating.
+    let elem: u128 = if a.dtype == DtypeArg::Bf16 { 2 } else { 4 };
+    let (e, k, d, h) = (
+        shape.experts as u128,
+        shape.top_k as u128,
+        shape.hidden as u128,
+        shape.intermediate as u128,
+    );
+    let n = *a.tokens.iter().max().expect("non-empty") as u128;
+    let weights = e * 3 * h * d * elem;
+    let acts = n * k * (2 * d + 3 * h) * 4 + n * d * 8;
+    let budget: u128 = 64 << 30;
+    if weights + acts > budget {
+        return Err(format!(
+            "this shape needs about {} GiB (experts {}, top-k {}, hidden {}, intermediate {}, \
+             tokens up to {n}); the limit is {} GiB",
+            (weights + acts) >> 30,
+            shape.experts,
+            shape.top_k,
+            shape.hidden,
+            shape.intermediate,
+            budget >> 30
+        ));
+    }
     let dtype = match a.dtype {
         DtypeArg::F32 => WeightDtype::F32,
         DtypeArg::Bf16 => WeightDtype::Bf16,

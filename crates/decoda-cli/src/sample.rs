@@ -31,92 +31,157 @@ pub struct SampleArgs {
     json: bool,
 }
 
+/// Draws computed per call when streaming `--draws` (bounds memory for any N).
+const DRAW_CHUNK: usize = 65_536;
+
+/// One row's draws in chunks of [`DRAW_CHUNK`] steps, handed to `each` in order; the
+/// first error of the row (the same at every step) stops it.
+fn stream_row(
+    be: &dyn decoda::Backend,
+    batch: &crate::inputs::Batch,
+    row: usize,
+    req: &decoda::Request,
+    draws: u64,
+    mut each: impl FnMut(&decoda::RowResult) -> std::io::Result<()>,
+) -> Result<Option<decoda::RowError>, String> {
+    let one = batch.row_logits(row)?;
+    let mut done = 0u64;
+    while done < draws {
+        let n = (draws - done).min(DRAW_CHUNK as u64) as usize;
+        let mut r = req.clone();
+        r.state.step = r.state.step.wrapping_add(done);
+        let out = be
+            .sample_draws(&one, std::slice::from_ref(&r), n)
+            .map_err(|e| e.to_string())?;
+        for res in out.into_iter().next().unwrap_or_default() {
+            if let Err(e) = res {
+                return Ok(Some(e));
+            }
+            each(&res).map_err(|e| format!("writing the output: {e}"))?;
+        }
+        done += n as u64;
+    }
+    Ok(None)
+}
+
 pub fn run_sample(a: SampleArgs) -> Result<ExitCode, String> {
+    use std::io::Write;
     let batch = read_npy(&a.logits)?;
     let reqs = requests(&a.params, batch.rows)?;
     let be = backend(a.device, a.threads)?;
-    let logits = batch.logits()?;
-    let mut per_row: Vec<Vec<decoda::RowResult>> = vec![Vec::new(); batch.rows];
-    for d in 0..a.draws {
-        let step_reqs: Vec<decoda::Request> = reqs
-            .iter()
-            .map(|r| {
-                let mut r = r.clone();
-                r.state.step = r.state.step.wrapping_add(u64::from(d));
-                r
-            })
-            .collect();
-        let out = be.sample(&logits, &step_reqs).map_err(|e| e.to_string())?;
-        for (r, res) in out.into_iter().enumerate() {
-            per_row[r].push(res);
-        }
-    }
+    // whole-call validation first: nothing is printed for a bad call
+    decoda::pipeline::validate_call(batch.rows, batch.vocab, &reqs).map_err(|e| e.to_string())?;
+    let draws = u64::from(a.draws);
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    let io = |e: std::io::Error| format!("writing the output: {e}");
     let mut failed = false;
     if a.json {
-        let rows: Vec<serde_json::Value> = per_row
-            .iter()
-            .enumerate()
-            .map(|(r, results)| {
-                let seed = reqs[r].state.seed;
-                match results.iter().find_map(|x| x.as_ref().err()) {
-                    Some(e) => {
-                        failed = true;
-                        json!({"row": r, "seed": seed, "error": {"kind": e.kind(), "message": e.to_string()}})
-                    }
-                    None => {
-                        let ok: Vec<&decoda::Sample> = results.iter().map(|x| x.as_ref().unwrap()).collect();
-                        let mut v = json!({"row": r, "seed": seed, "tokens": ok.iter().map(|s| s.token).collect::<Vec<_>>()});
-                        if reqs[r].params.logprobs.is_some() {
-                            v["logprobs"] = json!(ok.iter().map(|s| &s.logprobs).collect::<Vec<_>>());
-                        }
-                        v
-                    }
-                }
-            })
-            .collect();
-        println!(
-            "{}",
-            json!({"device": be.name(), "vocab": batch.vocab, "rows": rows})
-        );
+        write!(
+            w,
+            "{{\"device\":{},\"vocab\":{},\"rows\":[",
+            json!(be.name()),
+            batch.vocab
+        )
+        .map_err(io)?;
+        for (r, req) in reqs.iter().enumerate() {
+            let seed = req.state.seed;
+            if r > 0 {
+                write!(w, ",").map_err(io)?;
+            }
+            write!(w, "{{\"row\":{r},\"seed\":{seed}").map_err(io)?;
+            let mut first = true;
+            // errors do not depend on the step: an erroneous row fails at its first draw,
+            // before any token is written
+            let err = stream_row(be.as_ref(), &batch, r, req, draws, |res| {
+                let s = res.as_ref().expect("errors stop the row");
+                let sep = if first { ",\"tokens\":[" } else { "," };
+                first = false;
+                write!(w, "{sep}{}", s.token)
+            })?;
+            if err.is_none() {
+                write!(w, "{}", if first { ",\"tokens\":[]" } else { "]" }).map_err(io)?;
+            }
+            if let Some(e) = err {
+                failed = true;
+                write!(
+                    w,
+                    ",\"error\":{}",
+                    json!({"kind": e.kind(), "message": e.to_string()})
+                )
+                .map_err(io)?;
+            } else if req.params.logprobs.is_some() {
+                // a second pass over the same (reproducible) draws streams the logprobs
+                write!(w, ",\"logprobs\":[").map_err(io)?;
+                let mut first = true;
+                stream_row(be.as_ref(), &batch, r, req, draws, |res| {
+                    let s = res.as_ref().expect("errors stop the row");
+                    let sep = if first { "" } else { "," };
+                    first = false;
+                    write!(w, "{sep}{}", json!(s.logprobs))
+                })?;
+                write!(w, "]").map_err(io)?;
+            }
+            write!(w, "}}").map_err(io)?;
+        }
+        writeln!(w, "]}}").map_err(io)?;
     } else {
-        println!(
+        writeln!(
+            w,
             "device {}, vocab {}, {} rows",
             be.name(),
             batch.vocab,
             batch.rows
-        );
-        for (r, results) in per_row.iter().enumerate() {
-            let seed = reqs[r].state.seed;
-            match results.iter().find_map(|x| x.as_ref().err()) {
-                Some(e) => {
-                    failed = true;
-                    println!("row {r} (seed {seed}): error {}: {e}", e.kind());
+        )
+        .map_err(io)?;
+        for (r, req) in reqs.iter().enumerate() {
+            let seed = req.state.seed;
+            write!(w, "row {r} (seed {seed}):").map_err(io)?;
+            let mut first = true;
+            let mut lps = Vec::new();
+            let want_lp = req.params.logprobs.is_some();
+            let err = stream_row(be.as_ref(), &batch, r, req, draws, |res| {
+                let s = res.as_ref().expect("errors stop the row");
+                if want_lp && lps.len() < 1000 {
+                    lps.push(s.logprobs.clone());
                 }
-                None => {
-                    let toks: Vec<String> = results
+                let sep = if first { " tokens " } else { " " };
+                first = false;
+                write!(w, "{sep}{}", s.token)
+            })?;
+            if let Some(e) = err {
+                failed = true;
+                writeln!(w, " error {}: {e}", e.kind()).map_err(io)?;
+                continue;
+            }
+            writeln!(w).map_err(io)?;
+            for (d, lp) in lps.iter().enumerate() {
+                if let Some(lp) = lp {
+                    let top: Vec<String> = lp
+                        .top
                         .iter()
-                        .map(|x| x.as_ref().unwrap().token.to_string())
+                        .map(|t| format!("{}:{:.4}", t.token, t.logprob))
                         .collect();
-                    println!("row {r} (seed {seed}): tokens {}", toks.join(" "));
-                    for (d, x) in results.iter().enumerate() {
-                        if let Some(lp) = &x.as_ref().unwrap().logprobs {
-                            let top: Vec<String> = lp
-                                .top
-                                .iter()
-                                .map(|t| format!("{}:{:.4}", t.token, t.logprob))
-                                .collect();
-                            println!(
-                                "  draw {d}: logprob {:.4} rank {} top [{}]",
-                                lp.logprob,
-                                lp.rank,
-                                top.join(" ")
-                            );
-                        }
-                    }
+                    writeln!(
+                        w,
+                        "  draw {d}: logprob {:.4} rank {} top [{}]",
+                        lp.logprob,
+                        lp.rank,
+                        top.join(" ")
+                    )
+                    .map_err(io)?;
                 }
+            }
+            if want_lp && draws > 1000 {
+                writeln!(
+                    w,
+                    "  (logprobs of the first 1000 draws shown; --json streams them all)"
+                )
+                .map_err(io)?;
             }
         }
     }
+    w.flush().map_err(io)?;
     Ok(if failed {
         ExitCode::from(1)
     } else {
@@ -126,7 +191,7 @@ pub fn run_sample(a: SampleArgs) -> Result<ExitCode, String> {
 
 #[derive(Args)]
 pub struct ExplainArgs {
-    /// Logits: a C-order f32 or f16 .npy of shape [V] or [1, V].
+    /// Logits: a C-order f32 or f16 .npy of shape [V] or [B, V] (see --row).
     #[arg(long)]
     logits: PathBuf,
     /// Row of the file to explain.

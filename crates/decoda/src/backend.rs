@@ -1,7 +1,7 @@
 //! The backend trait that every sampler implements.
 
 use crate::error::Result;
-use crate::logits::Logits;
+use crate::logits::{Logits, LogitsData};
 use crate::params::Request;
 use crate::pipeline::RowResult;
 
@@ -12,12 +12,76 @@ use crate::pipeline::RowResult;
 /// contract"): a row's token depends only on its logits, parameters, seed, step and
 /// history.
 pub trait Backend: Send + Sync {
-    /// A short name for reports (`cpu`, `reference`, `cuda:0`).
+    /// A short name for reports (`cpu`, `reference`, `wgpu:<adapter>`).
     fn name(&self) -> String;
 
     /// Samples every row. Whole-call problems (shapes, parameters, history ids) are an
     /// [`Err`](crate::Error) before any work; a bad row yields its own [`crate::RowError`].
     fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>>;
+
+    /// Draws `draws` tokens per row from the same logits at steps `step, step + 1, ...`
+    /// (the history is not extended): `out[r][d]` is row `r`'s result at step
+    /// `step + d`, the same as [`Backend::sample`] would give at that step. The default
+    /// batches the steps into calls of [`Backend::sample`]; device backends run the
+    /// filters once and draw every step in parallel.
+    fn sample_draws(
+        &self,
+        logits: &Logits<'_>,
+        requests: &[Request],
+        draws: usize,
+    ) -> Result<Vec<Vec<RowResult>>> {
+        draws_by_steps(self, logits, requests, draws)
+    }
+}
+
+/// [`Backend::sample_draws`] through [`Backend::sample`]: the rows repeated for several
+/// steps per call (at most about 8192 rows a call).
+pub fn draws_by_steps<B: Backend + ?Sized>(
+    backend: &B,
+    logits: &Logits<'_>,
+    requests: &[Request],
+    draws: usize,
+) -> Result<Vec<Vec<RowResult>>> {
+    crate::pipeline::validate_call(logits.rows(), logits.vocab(), requests)?;
+    let b = logits.rows();
+    let v = logits.vocab();
+    let mut out: Vec<Vec<RowResult>> = vec![Vec::with_capacity(draws); b];
+    if b == 0 || draws == 0 {
+        return Ok(out);
+    }
+    let steps_per_call = (8192 / b).clamp(1, draws);
+    let mut done = 0;
+    while done < draws {
+        let n = steps_per_call.min(draws - done);
+        let reqs: Vec<Request> = (0..n)
+            .flat_map(|d| {
+                requests.iter().map(move |r| {
+                    let mut r = r.clone();
+                    r.state.step = r.state.step.wrapping_add((done + d) as u64);
+                    r
+                })
+            })
+            .collect();
+        let results = match logits.data() {
+            LogitsData::F32(x) => {
+                let rep: Vec<f32> = x.iter().copied().cycle().take(n * b * v).collect();
+                backend.sample(&Logits::f32(&rep, n * b, v)?, &reqs)?
+            }
+            LogitsData::F16(x) => {
+                let rep: Vec<half::f16> = x.iter().copied().cycle().take(n * b * v).collect();
+                backend.sample(&Logits::f16(&rep, n * b, v)?, &reqs)?
+            }
+            LogitsData::Bf16(x) => {
+                let rep: Vec<half::bf16> = x.iter().copied().cycle().take(n * b * v).collect();
+                backend.sample(&Logits::bf16(&rep, n * b, v)?, &reqs)?
+            }
+        };
+        for (k, res) in results.into_iter().enumerate() {
+            out[k % b].push(res);
+        }
+        done += n;
+    }
+    Ok(out)
 }
 
 impl<B: Backend + ?Sized> Backend for &B {
@@ -27,5 +91,14 @@ impl<B: Backend + ?Sized> Backend for &B {
 
     fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
         (**self).sample(logits, requests)
+    }
+
+    fn sample_draws(
+        &self,
+        logits: &Logits<'_>,
+        requests: &[Request],
+        draws: usize,
+    ) -> Result<Vec<Vec<RowResult>>> {
+        (**self).sample_draws(logits, requests, draws)
     }
 }

@@ -1,6 +1,6 @@
 //! The backend-generic conformance suite: every check of the contract, written once and
-//! run against every [`Backend`] (the CPU samplers in `cargo test`, CUDA when a device is
-//! present, and any backend through `decoda selftest`).
+//! run against every [`Backend`] (the CPU samplers and the wgpu sampler in `cargo test`,
+//! and any backend through `decoda selftest`).
 //!
 //! Each check returns `Err(message)` on failure. [`conformance_suite!`](crate::conformance_suite)
 //! turns the list into `#[test]` functions for one backend.
@@ -44,6 +44,7 @@ pub const CHECKS: &[(&str, Check)] = &[
         matches_reference_random_rows,
     ),
     ("distribution_chi_square", distribution_chi_square),
+    ("draws_match_single_steps", draws_match_single_steps),
 ];
 
 /// Outcome of [`run_all`].
@@ -83,7 +84,8 @@ macro_rules! conformance_suite {
             min_p_one_keeps_only_the_max, temperature_floor, vocab_of_one,
             row_errors_stay_in_their_row, invalid_parameters_name_field_value_row,
             history_and_shape_errors, logprobs_raw_and_processed, half_precision_inputs,
-            batch_invariance, matches_reference_random_rows, distribution_chi_square);
+            batch_invariance, matches_reference_random_rows, distribution_chi_square,
+            draws_match_single_steps);
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
         $(
@@ -222,7 +224,8 @@ fn token1(b: &dyn Backend, x: &[f32], req: &Request) -> Result<u32, String> {
     }
 }
 
-/// Draws `n` tokens of one row at steps `0..n` in batched calls; returns the histogram.
+/// Draws `n` tokens of one row at steps `0..n` ([`Backend::sample_draws`]); returns the
+/// histogram.
 fn histogram(
     b: &dyn Backend,
     x: &[f32],
@@ -232,27 +235,21 @@ fn histogram(
 ) -> Result<Vec<u64>, String> {
     let v = x.len();
     let mut hist = vec![0u64; v];
-    let chunk = 8192;
-    let mut start = 0;
-    while start < n {
-        let m = chunk.min(n - start);
-        let data: Vec<f32> = x.iter().copied().cycle().take(m * v).collect();
-        let reqs: Vec<Request> = (0..m)
-            .map(|j| {
-                let mut r = Request::new(params.clone(), seed);
-                r.state.step = (start + j) as u64;
-                r
-            })
-            .collect();
-        let l = Logits::f32(&data, m, v).map_err(|e| e.to_string())?;
-        for r in b.sample(&l, &reqs).map_err(|e| e.to_string())? {
-            let t = r.map_err(|e| e.to_string())?.token as usize;
-            if t >= v {
-                return Err(format!("token {t} out of range {v}"));
-            }
-            hist[t] += 1;
+    let l = Logits::f32(x, 1, v).map_err(|e| e.to_string())?;
+    let req = Request::new(params.clone(), seed);
+    let out = b
+        .sample_draws(&l, std::slice::from_ref(&req), n)
+        .map_err(|e| e.to_string())?;
+    let row = out.into_iter().next().ok_or("no row")?;
+    if row.len() != n {
+        return Err(format!("{} draws returned, {n} asked", row.len()));
+    }
+    for r in row {
+        let t = r.map_err(|e| e.to_string())?.token as usize;
+        if t >= v {
+            return Err(format!("token {t} out of range {v}"));
         }
-        start += m;
+        hist[t] += 1;
     }
     Ok(hist)
 }
@@ -862,7 +859,7 @@ pub struct Parity {
 }
 
 /// Compares `b` with the reference on `cases` (row logits, request) in one batch call,
-/// classifying every difference (SPEC section 4). `Err` lists the first mismatches.
+/// classifying every difference (the contract's "same result" rule). `Err` lists the first mismatches.
 pub fn parity(b: &dyn Backend, cases: &[(Vec<f32>, Request)]) -> Result<Parity, String> {
     let v = cases[0].0.len();
     let data: Vec<f32> = cases.iter().flat_map(|c| c.0.iter().copied()).collect();
@@ -1012,6 +1009,50 @@ pub fn distribution_chi_square(b: &dyn Backend) -> Result<(), String> {
         expect(chi < limit, || {
             format!("case {c} ({params:?}): chi2 {chi:.1} > {limit:.1}, hist {h:?}")
         })?;
+    }
+    Ok(())
+}
+
+/// [`Backend::sample_draws`] gives, at every step, what [`Backend::sample`] gives at that
+/// step: for rows with every filter, penalties, errors and greedy rows.
+pub fn draws_match_single_steps(b: &dyn Backend) -> Result<(), String> {
+    let mut rng = Rng::new(404);
+    for v in [1usize, 9, 300] {
+        let mut cases: Vec<(Vec<f32>, Request)> =
+            (0..6).map(|_| random_case(&mut rng, v)).collect();
+        for c in &mut cases {
+            c.1.params.logprobs = None;
+        }
+        cases[0].0[0] = f32::NAN;
+        let data: Vec<f32> = cases.iter().flat_map(|c| c.0.iter().copied()).collect();
+        let reqs: Vec<Request> = cases.iter().map(|c| c.1.clone()).collect();
+        let l = Logits::f32(&data, cases.len(), v).map_err(|e| e.to_string())?;
+        let draws = 23;
+        let many = b
+            .sample_draws(&l, &reqs, draws)
+            .map_err(|e| e.to_string())?;
+        expect(many.len() == reqs.len(), || {
+            format!("{} rows back", many.len())
+        })?;
+        for d in 0..draws {
+            let at: Vec<Request> = reqs
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    r.state.step += d as u64;
+                    r
+                })
+                .collect();
+            let one = b.sample(&l, &at).map_err(|e| e.to_string())?;
+            for (r, want) in one.iter().enumerate() {
+                expect(many[r].len() == draws && &many[r][d] == want, || {
+                    format!(
+                        "V={v} row {r} step {d}: draws {:?} vs sample {want:?}",
+                        many[r].get(d)
+                    )
+                })?;
+            }
+        }
     }
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! # decoda
 //!
 //! The kernels at the end of an LLM decode step: reproducible per-row token sampling on
-//! the CPU (and on NVIDIA GPUs with the `cuda` feature), and mixture-of-experts dispatch
-//! that decides at run time whether to sort tokens by expert.
+//! the CPU and, with the `wgpu` feature, on GPUs through wgpu (Vulkan, Metal, DX12:
+//! [`wgpu::WgpuSampler`]), and mixture-of-experts dispatch that decides at run time
+//! whether to sort tokens by expert.
 //!
 //! A token is a pure function of (logits row, parameters, seed, step, history): it does
 //! not depend on the batch, the row's position, the thread count or the device. The
@@ -39,7 +40,7 @@ pub mod wgpu;
 pub mod workload;
 
 /// The README's Rust examples, compiled and run as doctests.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "wgpu"))]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 

@@ -1,4 +1,4 @@
-//! Sampling parameters, per-sequence state, and their validation (SPEC section 1).
+//! Sampling parameters, per-sequence state, and their validation (the contract's ranges).
 
 use std::collections::BTreeMap;
 
@@ -6,7 +6,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::{Error, Result};
 
-/// Which log-probabilities to report (SPEC section 6).
+/// Which log-probabilities to report (the contract's log-probabilities).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogprobsMode {
@@ -104,7 +104,7 @@ impl SamplingParams {
                 && !state.output.is_empty())
     }
 
-    /// Checks every field against its range (SPEC section 1), naming field, value and row.
+    /// Checks every field against its range (the contract's ranges), naming field, value and row.
     pub fn validate(&self, row: usize, vocab: usize) -> Result<()> {
         let bad = |field: &'static str, value: String, expected: &'static str| {
             Err(Error::InvalidParameter {

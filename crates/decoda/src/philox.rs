@@ -1,4 +1,4 @@
-//! Philox4x32-10 and the contract's uniform and Gumbel transforms (SPEC section 3).
+//! Philox4x32-10 and the contract's uniform and Gumbel transforms (the contract's randomness).
 //!
 //! The generator is counter-based: the noise of token `i` at `step` with `seed` is computed
 //! directly, so a backend evaluates it only for the tokens that survive the filters.

@@ -1,4 +1,4 @@
-//! The contract's semantics that every backend shares (SPEC sections 1, 2, 5, 6): call
+//! The contract's semantics that every backend shares (the README's contract: inputs, pipeline, errors, log-probabilities): call
 //! validation, stages 1-3 (bias and penalties) as a sparse list of changed logits, the
 //! thresholds of the filters, and the shape of a row's result.
 //!
@@ -21,7 +21,7 @@ pub struct TopLogprob {
     pub logprob: f32,
 }
 
-/// The log-probabilities reported for a drawn token (SPEC section 6).
+/// The log-probabilities reported for a drawn token (the contract's log-probabilities).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TokenLogprobs {
     /// The chosen token's log-probability.

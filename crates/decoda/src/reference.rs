@@ -10,7 +10,7 @@ use crate::params::{LogprobsMode, Request};
 use crate::philox::gumbel;
 use crate::pipeline::{self as pl, RowResult, Sample};
 
-/// How close a row's decision came to a floating-point tie (SPEC section 4).
+/// How close a row's decision came to a floating-point tie (the contract's "same result" rule).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TieReport {
     /// Gap between the winner's and the runner-up's `s`, in ulps of the winner (`u32::MAX`
@@ -22,7 +22,7 @@ pub struct TieReport {
 }
 
 impl TieReport {
-    /// Whether a different token on another backend is allowed by SPEC section 4.
+    /// Whether a different token on another backend is allowed by the contract's "same result" rule.
     pub fn is_tie(&self) -> bool {
         self.s_gap_ulps <= 4 || self.top_p_margin <= 1e-6
     }

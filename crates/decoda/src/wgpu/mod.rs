@@ -74,7 +74,8 @@ struct CallU {
     base: u32,
     bm_words: u32,
     n_touches: u32,
-    pad: [u32; 3],
+    draws: u32,
+    pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -175,6 +176,7 @@ struct Pipelines {
     finish: wgpu::ComputePipeline,
     rank_topn: wgpu::ComputePipeline,
     finish_lp: wgpu::ComputePipeline,
+    draw_many: wgpu::ComputePipeline,
 }
 
 /// One call's parameters on their way to the device: written with `Queue::write_buffer`
@@ -479,6 +481,7 @@ impl WgpuSampler {
             finish: make("finish"),
             rank_topn: make("rank_topn"),
             finish_lp: make("finish_lp"),
+            draw_many: make("draw_many"),
         };
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Device(format!(
@@ -568,23 +571,25 @@ impl WgpuSampler {
 
     /// Output buffers for up to `rows` rows.
     pub fn outputs(&self, rows: usize) -> Result<DeviceOutputs> {
+        self.outputs_for(rows, rows * LP_WORDS)
+    }
+
+    /// Output buffers whose logprobs area holds `lp_words` words (the many-draws mode
+    /// puts its tokens there).
+    fn outputs_for(&self, rows: usize, lp_words: usize) -> Result<DeviceOutputs> {
         use wgpu::BufferUsages as U;
         let rows1 = rows.max(1) as u64;
+        let lp_words = lp_words.max(LP_WORDS) as u64;
         let u = U::STORAGE | U::COPY_SRC | U::COPY_DST;
         Ok(DeviceOutputs {
             rows,
             tokens: make_buffer(&self.device, "decoda tokens", rows1 * 4, u),
             status: make_buffer(&self.device, "decoda status", rows1 * 8, u),
-            logprobs: make_buffer(
-                &self.device,
-                "decoda logprobs",
-                rows1 * LP_WORDS as u64 * 4,
-                u,
-            ),
+            logprobs: make_buffer(&self.device, "decoda logprobs", lp_words * 4, u),
             readback: make_buffer(
                 &self.device,
                 "decoda readback",
-                rows1 * (1 + 2 + LP_WORDS as u64) * 4,
+                (rows1 * 3 + lp_words) * 4,
                 U::MAP_READ | U::COPY_DST,
             ),
         })
@@ -606,7 +611,7 @@ impl WgpuSampler {
         requests: &[Request],
         out: &DeviceOutputs,
     ) -> Result<()> {
-        self.record_inner(encoder, logits, requests, out, None)
+        self.record_inner(encoder, logits, requests, out, None, 0)
     }
 
     fn check_device_logits(&self, l: &DeviceLogits<'_>, out: &DeviceOutputs) -> Result<()> {
@@ -679,6 +684,7 @@ impl WgpuSampler {
         requests: &[Request],
         out: &DeviceOutputs,
         timestamps: Option<&wgpu::QuerySet>,
+        draws: usize,
     ) -> Result<()> {
         pl::validate_call(logits.rows, logits.vocab, requests)?;
         self.check_device_logits(logits, out)?;
@@ -721,7 +727,8 @@ impl WgpuSampler {
             base: logits.offset as u32,
             bm_words: bm_words as u32,
             n_touches: n_touches as u32,
-            pad: [0; 3],
+            draws: draws as u32,
+            pad: [0; 2],
         };
 
         let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
@@ -835,6 +842,9 @@ impl WgpuSampler {
         run(&p.finish, rows, 1);
         run(&p.rank_topn, sx, sy);
         run(&p.finish_lp, rows, 1);
+        if draws > 0 {
+            run(&p.draw_many, draws.div_ceil(64) as u32, rows);
+        }
         run(&p.untouch, tx as u32, ty as u32);
         Ok(())
     }
@@ -957,6 +967,67 @@ impl WgpuSampler {
         result
     }
 
+    /// [`Backend::sample_draws`] on the device: the filters run once per row, then one
+    /// invocation per draw runs the Gumbel-max over the kept set at its own step.
+    fn draws_piece(
+        &self,
+        logits: &Logits<'_>,
+        requests: &[Request],
+        draws: usize,
+    ) -> Result<Vec<Vec<RowResult>>> {
+        let _call = self.host_call.lock().map_err(|_| poisoned())?;
+        let b = logits.rows();
+        let buf = {
+            let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
+            self.upload(&mut sc, logits).clone()
+        };
+        let out = self.outputs_for(b, b * draws)?;
+        let view = DeviceLogits {
+            buffer: &buf,
+            dtype: logits.dtype(),
+            rows: b,
+            vocab: logits.vocab(),
+            row_stride: logits.vocab(),
+            offset: 0,
+        };
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        self.record_inner(&mut enc, &view, requests, &out, None, draws)?;
+        let s_bytes = b as u64 * 8;
+        let t_bytes = (b * draws) as u64 * 4;
+        enc.copy_buffer_to_buffer(&out.status, 0, &out.readback, 0, s_bytes);
+        enc.copy_buffer_to_buffer(&out.logprobs, 0, &out.readback, s_bytes, t_bytes);
+        self.queue.submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Device(format!("{}: {e}", self.info.name)));
+        }
+        let words = self.map_words(&out.readback, s_bytes + t_bytes)?;
+        let (status, tokens) = words.split_at(2 * b);
+        Ok((0..b)
+            .map(|r| {
+                let row_status = match status[2 * r] {
+                    0 => None,
+                    1 => Some(RowError::NonFiniteLogits {
+                        count: u64::from(status[2 * r + 1]),
+                    }),
+                    _ => Some(RowError::NoCandidate),
+                };
+                tokens[r * draws..(r + 1) * draws]
+                    .iter()
+                    .map(|&token| match row_status {
+                        None => Ok(Sample {
+                            token,
+                            logprobs: None,
+                        }),
+                        Some(e) => Err(e),
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+
     /// GPU time of `iters` calls on device logits, in microseconds each, from timestamp
     /// queries around the call's compute pass. [`Error::Device`] when the adapter has no
     /// timestamps.
@@ -997,7 +1068,7 @@ impl WgpuSampler {
             let mut enc = self
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            self.record_inner(&mut enc, logits, requests, out, Some(&qs))?;
+            self.record_inner(&mut enc, logits, requests, out, Some(&qs), 0)?;
             enc.resolve_query_set(&qs, 0..2, &resolve, 0);
             enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, 16);
             self.queue.submit([enc.finish()]);
@@ -1203,6 +1274,60 @@ impl Backend for WgpuSampler {
             results.extend(self.sample_piece(&sub, &requests[start..end])?);
         }
         Ok(results)
+    }
+
+    fn sample_draws(
+        &self,
+        logits: &Logits<'_>,
+        requests: &[Request],
+        draws: usize,
+    ) -> Result<Vec<Vec<RowResult>>> {
+        self.sample_draws_impl(logits, requests, draws)
+    }
+}
+
+impl WgpuSampler {
+    fn sample_draws_impl(
+        &self,
+        logits: &Logits<'_>,
+        requests: &[Request],
+        draws: usize,
+    ) -> Result<Vec<Vec<RowResult>>> {
+        pl::validate_call(logits.rows(), logits.vocab(), requests)?;
+        if requests.iter().any(|r| r.params.logprobs.is_some()) {
+            return crate::backend::draws_by_steps(self, logits, requests, draws);
+        }
+        let mut out: Vec<Vec<RowResult>> = vec![Vec::with_capacity(draws); requests.len()];
+        if draws == 0 {
+            return Ok(out);
+        }
+        let max_words =
+            (self.device.limits().max_storage_buffer_binding_size / 4).min(1 << 24) as usize;
+        let row_bytes = (logits.vocab() * logits.dtype().size()) as u64;
+        let max_bytes = self.device.limits().max_storage_buffer_binding_size;
+        let piece_rows = ((max_bytes.saturating_sub(4)) / row_bytes.max(1)).clamp(1, 64) as usize;
+        for start in (0..logits.rows()).step_by(piece_rows) {
+            let end = (start + piece_rows).min(logits.rows());
+            let sub = slice_rows(logits, start, end)?;
+            let per_call = (max_words / (end - start)).clamp(1, MAX_GRID * 64);
+            let mut done = 0;
+            while done < draws {
+                let n = per_call.min(draws - done);
+                let reqs: Vec<Request> = requests[start..end]
+                    .iter()
+                    .map(|r| {
+                        let mut r = r.clone();
+                        r.state.step = r.state.step.wrapping_add(done as u64);
+                        r
+                    })
+                    .collect();
+                for (k, row) in self.draws_piece(&sub, &reqs, n)?.into_iter().enumerate() {
+                    out[start + k].extend(row);
+                }
+                done += n;
+            }
+        }
+        Ok(out)
     }
 }
 

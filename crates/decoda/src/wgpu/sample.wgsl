@@ -3,7 +3,7 @@
 // order, the same for every call whatever the data:
 //
 //   touch -> stats -> decide_stats -> (hist_k -> decide_k) x3 -> (hist_p -> decide_p) x3
-//         -> draw -> finish -> rank_topn -> finish_lp -> untouch
+//         -> draw -> finish -> rank_topn -> finish_lp [-> draw_many] -> untouch
 //
 // Row-parallel kernels run one workgroup per (split, row): a row is cut into `splits`
 // chunks so that a small batch still fills the device. Per-row kernels (decide_*,
@@ -68,7 +68,7 @@ struct Call {
     base: u32,        // element offset of row 0
     bm_words: u32,    // bitmap words per row
     n_touches: u32,
-    pad0: u32,
+    draws: u32,       // draw_many only
     pad1: u32,
     pad2: u32,
 }
@@ -1175,4 +1175,70 @@ fn finish_lp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         out_lp[ob + 1u] = rank;
         out_lp[ob + 2u] = listed;
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Many draws of one row: tokens at steps step .. step + draws - 1 from the same kept set
+// (the filters do not depend on the step). One invocation per draw; the tokens go to
+// out_lp[row * draws + d] (this mode reports no log-probabilities).
+
+@compute @workgroup_size(64)
+fn draw_many(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let d = gid.x;
+    let row = wid.y;
+    if (d >= call.draws) {
+        return;
+    }
+    let o = row * call.draws + d;
+    let status = sget(row, S_STATUS);
+    if (status >= 2u) {
+        out_lp[o] = 0u;
+        return;
+    }
+    if (status == 1u) {
+        out_lp[o] = sget(row, S_TOKEN);
+        return;
+    }
+    let rp = rows[row];
+    let step_lo = rp.step_lo + d;
+    var step_hi = rp.step_hi;
+    if (step_lo < d) {
+        step_hi = step_hi + 1u;
+    }
+    let key = vec2<u32>(rp.seed_lo, rp.seed_hi);
+    let t = rp.temperature;
+    let ymax = sgetf(row, S_YMAX);
+    let tau_k = sgetf(row, S_TAU_K);
+    let tau_min = sgetf(row, S_TAU_MIN);
+    let cut = sget(row, S_P_CUT) != 0u;
+    let tau_q = sgetf(row, S_TAU_Q);
+    let s_norm = sgetf(row, S_SUM) * TWO_M40;
+    var best_k = 0u;
+    var best_i = 0u;
+    let groups = (call.vocab + 3u) / 4u;
+    for (var g = 0u; g < groups; g = g + 1u) {
+        var words = vec4<u32>(0u, 0u, 0u, 0u);
+        var have = false;
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let i = g * 4u + j;
+            if (i >= call.vocab) {
+                break;
+            }
+            let z = z_from(row, i, load_x(row, i), rp);
+            let mb = member(z, t, tau_k, tau_min, cut, tau_q, ymax, s_norm);
+            if (!mb.inside) {
+                continue;
+            }
+            if (!have) {
+                words = philox(vec4<u32>(g, step_lo, step_hi, 0u), key);
+                have = true;
+            }
+            let k = key_of(mb.y + gumbel(words[j]));
+            if (k > best_k) {
+                best_k = k;
+                best_i = i;
+            }
+        }
+    }
+    out_lp[o] = best_i;
 }
