@@ -423,3 +423,137 @@ fn moe_bench_bad_arguments_exit_2() {
         assert!(err.contains("error"), "{args:?}: {err}");
     }
 }
+
+/// Whether the wgpu device is usable here (an adapter exists), as the library sees it.
+fn have_wgpu() -> bool {
+    let (code, _, err) = run(&["selftest", "--device", "wgpu", "--parity-rows", "0"]);
+    if code == 2 && err.contains("no device") {
+        assert!(
+            std::env::var("DECODA_REQUIRE_GPU").map_or(true, |v| v != "1"),
+            "DECODA_REQUIRE_GPU=1 but: {err}"
+        );
+        eprintln!("wgpu CLI tests skipped: {err}");
+        return false;
+    }
+    true
+}
+
+#[test]
+fn wgpu_device_draws_the_cpu_tokens_streamed() {
+    if !have_wgpu() {
+        return;
+    }
+    let vals: Vec<f32> = (0..64).map(|i| ((i * 37 % 64) as f32) * 0.1).collect();
+    let p = f32_npy("v64.npy", &[64], &vals);
+    let tokens = |device: &str| {
+        let (code, out, err) = run(&[
+            "sample",
+            "--logits",
+            p.to_str().unwrap(),
+            "--device",
+            device,
+            "--draws",
+            "200000",
+            "--seed",
+            "11",
+            "--top-p",
+            "0.9",
+            "--temperature",
+            "0.8",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{device}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert!(
+            v["device"].as_str().unwrap().starts_with(device),
+            "{}",
+            v["device"]
+        );
+        v["rows"][0]["tokens"].clone()
+    };
+    let g = tokens("wgpu");
+    assert_eq!(g.as_array().unwrap().len(), 200_000);
+    assert_eq!(g, tokens("cpu"), "wgpu and cpu draws differ");
+}
+
+#[test]
+fn wgpu_selftest_runs_the_rows_asked() {
+    if !have_wgpu() {
+        return;
+    }
+    let (code, out, err) = run(&["selftest", "--device", "wgpu", "--parity-rows", "777"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("parity: 777 rows"), "{out}");
+    assert!(
+        out.lines().any(|l| l.ends_with(" passed, 0 failed")),
+        "{out}"
+    );
+}
+
+#[test]
+fn hostile_inputs_get_clear_errors() {
+    // a header whose shape product wraps around to 0 (2^32 * 2^32 f32 values)
+    let p = tmp("wrap.npy");
+    write_npy(&p, "<f4", &[1 << 32, 1 << 32], &[0u8; 16]);
+    let (code, _, err) = run(&["sample", "--logits", p.to_str().unwrap(), "--device", "cpu"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("shape") && err.contains("bytes"), "{err}");
+    // a shape larger than the file
+    let p = tmp("short.npy");
+    write_npy(&p, "<f4", &[3, 1000], &[0u8; 40]);
+    let (code, _, err) = run(&["sample", "--logits", p.to_str().unwrap(), "--device", "cpu"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("needs more data"), "{err}");
+    // absurd thread counts and MoE sizes
+    let ok = f32_npy("ok.npy", &[4], &[0.0, 1.0, 2.0, 3.0]);
+    let (code, _, err) = run(&[
+        "sample",
+        "--logits",
+        ok.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--threads",
+        "100000",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--threads 100000"), "{err}");
+    let (code, _, err) = run(&["moe-bench", "--hidden", "100000000", "--tokens", "1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("GiB") && err.contains("hidden 100000000"),
+        "{err}"
+    );
+    let (code, _, err) = run(&[
+        "moe-bench",
+        "--experts",
+        "18446744073709551615",
+        "--tokens",
+        "1",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("GiB"), "{err}");
+}
+
+#[test]
+fn bench_table_columns_line_up() {
+    let (code, out, err) = run(&[
+        "bench",
+        "--device",
+        "cpu",
+        "--config",
+        "greedy,topk50_topp09",
+        "--vocab",
+        "1000",
+        "--rows",
+        "1,16",
+        "--time-ms",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().skip(1).collect();
+    assert!(lines.len() >= 5, "{out}");
+    let width = lines[0].chars().count();
+    for l in &lines {
+        assert_eq!(l.chars().count(), width, "ragged table:\n{out}");
+    }
+}

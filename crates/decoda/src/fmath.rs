@@ -53,7 +53,8 @@ pub fn ln(x: f32) -> f32 {
 #[inline]
 pub fn exp(x: f32) -> f32 {
     // The smallest x whose exp is a normal f32 (2^-126 = exp(-87.3365...)).
-    if !(x >= -87.336_54) {
+    // also catches NaN and -inf
+    if x.is_nan() || x < -87.336_54 {
         return 0.0;
     }
     if x > 88.0 {
@@ -69,7 +70,7 @@ pub fn exp(x: f32) -> f32 {
     y = y * r + 8.333_452e-3;
     y = y * r + 4.166_579_6e-2;
     y = y * r + 1.666_666_5e-1;
-    y = y * r + 5.000_000_1e-1;
+    y = y * r + 0.5;
     y = y * z + r + 1.0;
     // y in [0.7, 1.42]; scale by 2^n in two steps so that n = -126 stays normal.
     let ni = n as i32;

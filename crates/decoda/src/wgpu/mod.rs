@@ -640,12 +640,7 @@ impl WgpuSampler {
         }
         let last = l
             .offset
-            .checked_add(
-                l.rows
-                    .saturating_sub(1)
-                    .checked_mul(l.row_stride)
-                    .unwrap_or(usize::MAX),
-            )
+            .checked_add(l.rows.saturating_sub(1).saturating_mul(l.row_stride))
             .and_then(|v| v.checked_add(l.vocab))
             .unwrap_or(usize::MAX);
         let need = (last as u64).saturating_mul(l.dtype.size() as u64);
@@ -709,7 +704,7 @@ impl WgpuSampler {
         let min_chunk = self.min_chunk.load(Ordering::Relaxed).max(4);
         let by_size = v.div_ceil(min_chunk).max(1);
         let by_batch = 512usize.div_ceil(b).max(1);
-        let mut splits = by_size.min(by_batch).min(MAX_SPLITS).max(1);
+        let mut splits = by_size.min(by_batch).clamp(1, MAX_SPLITS);
         let chunk = v.div_ceil(splits).next_multiple_of(4);
         splits = v.div_ceil(chunk);
         let bm_words = v.div_ceil(32);

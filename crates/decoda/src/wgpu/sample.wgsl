@@ -118,6 +118,7 @@ struct Touch {
 var<workgroup> ra: array<u32, 256>;
 var<workgroup> rb: array<u32, 256>;
 var<workgroup> wtot: vec2<u32>;
+var<workgroup> wflag: u32;
 var<workgroup> hk: array<atomic<u32>, 2048>;
 var<workgroup> hm_lo: array<atomic<u32>, 2048>;
 var<workgroup> hm_hi: array<atomic<u32>, 2048>;
@@ -170,7 +171,7 @@ fn exp_f32(x: f32) -> f32 {
     y = y * r + 8.333452e-3;
     y = y * r + 4.1665796e-2;
     y = y * r + 1.6666665e-1;
-    y = y * r + 5.0000001e-1;
+    y = y * r + 0.5;
     y = y * z + r + 1.0;
     let ni = i32(n);
     let hn = ni / 2;
@@ -355,6 +356,15 @@ fn val64(a: vec2<u32>) -> f32 {
 
 // ---------------------------------------------------------------------------------
 // Workgroup reductions (call from uniform control flow).
+
+// `on` of invocation 0, known to the whole workgroup as a uniform value: lets a
+// workgroup skip a kernel's work (barriers included) for a row that has nothing to do.
+fn wg_flag(lid: u32, on: bool) -> bool {
+    if (lid == 0u) {
+        wflag = select(0u, 1u, on);
+    }
+    return workgroupUniformLoad(&wflag) != 0u;
+}
 
 fn wg_argmax(lid: u32, key: u32, idx: u32) -> vec2<u32> {
     ra[lid] = key;
@@ -645,11 +655,14 @@ fn in_prefix(key: u32, level: u32, prefix: u32) -> bool {
 fn hist_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let split = wid.x;
     let row = wid.y;
+    let on = sget(row, S_K_ON) != 0u;
+    if (!wg_flag(lid, on)) {
+        return;
+    }
     for (var b = lid; b < BINS; b = b + WG) {
         atomicStore(&hk[b], 0u);
     }
     workgroupBarrier();
-    let on = sget(row, S_K_ON) != 0u;
     let level = sget(row, S_K_LEVEL);
     let prefix = sget(row, S_K_PREFIX);
     let rp = rows[row];
@@ -680,6 +693,9 @@ fn hist_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 @compute @workgroup_size(256)
 fn decide_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wid.x;
+    if (!wg_flag(lid, sget(row, S_K_ON) != 0u)) {
+        return;
+    }
     let hb = row * HW;
     var cnts: array<u32, 8>;
     var mine = 0u;
@@ -727,12 +743,15 @@ fn decide_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
 fn hist_p(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let split = wid.x;
     let row = wid.y;
+    let on = sget(row, S_P_ON) != 0u;
+    if (!wg_flag(lid, on)) {
+        return;
+    }
     for (var b = lid; b < BINS; b = b + WG) {
         atomicStore(&hm_lo[b], 0u);
         atomicStore(&hm_hi[b], 0u);
     }
     workgroupBarrier();
-    let on = sget(row, S_P_ON) != 0u;
     let level = sget(row, S_P_LEVEL);
     let prefix = sget(row, S_P_PREFIX);
     let tau_k = sgetf(row, S_TAU_K);
@@ -797,6 +816,9 @@ fn hist_p(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 @compute @workgroup_size(256)
 fn decide_p(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wid.x;
+    if (!wg_flag(lid, sget(row, S_P_ON) != 0u)) {
+        return;
+    }
     let hb = row * HW;
     var m: array<vec2<u32>, 8>;
     var mine = vec2<u32>(0u, 0u);
@@ -1067,6 +1089,9 @@ fn rank_topn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let rp = rows[row];
     let status = sget(row, S_STATUS);
     let act = (rp.flags & F_LOGPROBS) != 0u && status <= 1u;
+    if (!wg_flag(lid, act)) {
+        return;
+    }
     let n = min(rp.n_lp, NTOP);
     let token = sget(row, S_TOKEN);
     let start = split * call.chunk;
@@ -1139,6 +1164,9 @@ fn finish_lp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let rp = rows[row];
     let status = sget(row, S_STATUS);
     let act = (rp.flags & F_LOGPROBS) != 0u && status <= 1u;
+    if (!wg_flag(lid, act)) {
+        return;
+    }
     let n = min(rp.n_lp, NTOP);
     var before = 0u;
     for (var s = lid; s < call.splits; s = s + WG) {
