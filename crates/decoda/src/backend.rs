@@ -35,7 +35,7 @@ pub trait Backend: Send + Sync {
 }
 
 /// [`Backend::sample_draws`] through [`Backend::sample`]: the rows repeated for several
-/// steps per call (at most about 8192 rows a call).
+/// steps per call (at most about 8192 rows and 16M logits a call).
 pub fn draws_by_steps<B: Backend + ?Sized>(
     backend: &B,
     logits: &Logits<'_>,
@@ -49,7 +49,8 @@ pub fn draws_by_steps<B: Backend + ?Sized>(
     if b == 0 || draws == 0 {
         return Ok(out);
     }
-    let steps_per_call = (8192 / b).clamp(1, draws);
+    // at most ~8192 rows and ~16M logits (64 MiB of f32) per call
+    let steps_per_call = (8192 / b).min((1 << 24) / (b * v).max(1)).clamp(1, draws);
     let mut done = 0;
     while done < draws {
         let n = steps_per_call.min(draws - done);
