@@ -2,14 +2,32 @@
 //! (Metal) and HLSL (DX12), and each translation is produced for every entry point. Runs
 //! without a GPU, so a shader that would not compile on one of the three fails here.
 
-const SHADERS: &[(&str, &str)] = &[("wgpu/sample.wgsl", include_str!("../src/wgpu/sample.wgsl"))];
+#![cfg(feature = "wgpu")]
+
+/// Both variants of the sampler's module: workgroup-memory and subgroup reductions.
+fn shaders() -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "sample (workgroup reductions)",
+            decoda::wgpu::shader_source(false),
+        ),
+        (
+            "sample (subgroup reductions)",
+            decoda::wgpu::shader_source(true),
+        ),
+    ]
+}
 
 fn parse(name: &str, src: &str) -> (naga::Module, naga::valid::ModuleInfo) {
     let module = naga::front::wgsl::parse_str(src)
         .unwrap_or_else(|e| panic!("{name}: WGSL parse error:\n{}", e.emit_to_string(src)));
     let info = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::empty(),
+        if src.contains("subgroupMax") {
+            naga::valid::Capabilities::SUBGROUP
+        } else {
+            naga::valid::Capabilities::empty()
+        },
     )
     .validate(&module)
     .unwrap_or_else(|e| panic!("{name}: validation error:\n{}", e.emit_to_string(src)));
@@ -17,17 +35,17 @@ fn parse(name: &str, src: &str) -> (naga::Module, naga::valid::ModuleInfo) {
 }
 
 #[test]
-fn shaders_validate_without_optional_capabilities() {
-    for (name, src) in SHADERS {
-        let (module, _) = parse(name, src);
+fn shaders_validate() {
+    for (name, src) in shaders() {
+        let (module, _) = parse(name, &src);
         assert!(!module.entry_points.is_empty(), "{name}: no entry point");
     }
 }
 
 #[test]
 fn shaders_translate_to_spirv() {
-    for (name, src) in SHADERS {
-        let (module, info) = parse(name, src);
+    for (name, src) in shaders() {
+        let (module, info) = parse(name, &src);
         let words =
             naga::back::spv::write_vec(&module, &info, &naga::back::spv::Options::default(), None)
                 .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
@@ -37,8 +55,8 @@ fn shaders_translate_to_spirv() {
 
 #[test]
 fn shaders_translate_to_msl() {
-    for (name, src) in SHADERS {
-        let (module, info) = parse(name, src);
+    for (name, src) in shaders() {
+        let (module, info) = parse(name, &src);
         let options = naga::back::msl::Options {
             lang_version: (2, 1),
             ..Default::default()
@@ -61,9 +79,13 @@ fn shaders_translate_to_msl() {
 
 #[test]
 fn shaders_translate_to_hlsl() {
-    for (name, src) in SHADERS {
-        let (module, info) = parse(name, src);
-        let options = naga::back::hlsl::Options::default();
+    for (name, src) in shaders() {
+        let (module, info) = parse(name, &src);
+        let options = naga::back::hlsl::Options {
+            // wave operations need shader model 6.0 (what wgpu's DX12 backend targets)
+            shader_model: naga::back::hlsl::ShaderModel::V6_0,
+            ..Default::default()
+        };
         for ep in &module.entry_points {
             let pipeline = naga::back::hlsl::PipelineOptions {
                 entry_point: Some((ep.stage, ep.name.clone())),

@@ -10,13 +10,24 @@ use std::sync::OnceLock;
 
 use decoda::conformance::{random_case, Rng};
 use decoda::reference::reference_row;
-use decoda::wgpu::{DeviceLogits, WgpuSampler};
+use decoda::wgpu::{DeviceLogits, WgpuOptions, WgpuSampler};
 use decoda::{Backend, CpuSampler, DType, Error, Logits, Request, RowResult, SamplingParams};
 
-fn open(min_chunk: usize) -> Option<WgpuSampler> {
-    match WgpuSampler::new() {
+fn open(min_chunk: usize, subgroups: bool) -> Option<WgpuSampler> {
+    let options = WgpuOptions {
+        subgroups,
+        ..Default::default()
+    };
+    match WgpuSampler::with_options(options) {
         Ok(s) => {
-            eprintln!("wgpu tests on {}", s.adapter());
+            eprintln!(
+                "wgpu tests on {} (subgroups: {})",
+                s.adapter(),
+                s.uses_subgroups()
+            );
+            if !subgroups {
+                assert!(!s.uses_subgroups(), "subgroups were turned off");
+            }
             s.set_min_chunk(min_chunk);
             Some(s)
         }
@@ -30,17 +41,24 @@ fn open(min_chunk: usize) -> Option<WgpuSampler> {
     }
 }
 
-/// The sampler with its default work split.
+/// The sampler with its default work split (subgroup reductions when the adapter has
+/// them).
 fn sampler() -> Option<&'static WgpuSampler> {
     static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
-    S.get_or_init(|| open(4096)).as_ref()
+    S.get_or_init(|| open(4096, true)).as_ref()
+}
+
+/// The same with subgroup operations turned off: the workgroup-memory reductions.
+fn no_subgroup_sampler() -> Option<&'static WgpuSampler> {
+    static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
+    S.get_or_init(|| open(4096, false)).as_ref()
 }
 
 /// A sampler that cuts every row into 64-logit pieces, one workgroup each: the
 /// multi-workgroup reductions on small vocabularies.
 fn split_sampler() -> Option<&'static WgpuSampler> {
     static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
-    S.get_or_init(|| open(64)).as_ref()
+    S.get_or_init(|| open(64, true)).as_ref()
 }
 
 mod conformance {
@@ -49,6 +67,10 @@ mod conformance {
 
 mod conformance_split {
     decoda::conformance_suite!(crate::split_sampler());
+}
+
+mod conformance_no_subgroups {
+    decoda::conformance_suite!(crate::no_subgroup_sampler());
 }
 
 #[derive(Default, Debug)]
@@ -175,10 +197,15 @@ fn parity_with_cpu_ten_thousand_rows() {
             batch += 1;
         }
     }
-    // the same through the multi-workgroup split
+    // the same through the multi-workgroup split, and without subgroup operations
     if let Some(s) = split_sampler() {
         for &v in &[300usize, 5000, 20000] {
             run_batch(s, &mut count, &mut rng, v, 100, DType::F32);
+        }
+    }
+    if let Some(s) = no_subgroup_sampler() {
+        for &v in &[700usize, 40000] {
+            run_batch(s, &mut count, &mut rng, v, 100, DType::Bf16);
         }
     }
     eprintln!("{batch} batches: {count:?}");

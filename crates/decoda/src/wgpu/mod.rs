@@ -36,9 +36,47 @@ use crate::logits::{DType, Logits, LogitsData};
 use crate::params::{LogprobsMode, Request, MAX_LOGPROBS};
 use crate::pipeline::{self as pl, RowResult, Sample, TokenLogprobs, TopLogprob};
 
-/// The WGSL source of the sampler (validated and translated for every platform by the
-/// `shaders` test).
-pub const SHADER: &str = include_str!("sample.wgsl");
+/// The WGSL of the sampler's kernels, without the reductions.
+pub const SHADER_MAIN: &str = include_str!("sample.wgsl");
+/// Workgroup reductions through workgroup memory (the portable path).
+pub const REDUCE_WG: &str = include_str!("reduce_wg.wgsl");
+/// Workgroup reductions with subgroup operations (device feature `SUBGROUP`).
+pub const REDUCE_SG: &str = include_str!("reduce_sg.wgsl");
+
+/// The complete WGSL module: with `subgroups`, the reductions use subgroup operations
+/// (every entry point then also takes its subgroup builtins); without, workgroup memory.
+/// Both are validated and translated for every platform by the `shaders` test.
+pub fn shader_source(subgroups: bool) -> String {
+    if !subgroups {
+        return format!("{SHADER_MAIN}\n{REDUCE_WG}");
+    }
+    let sig = "@builtin(local_invocation_index) lid: u32) {\n";
+    let with = "@builtin(local_invocation_index) lid: u32, \
+                @builtin(subgroup_invocation_id) sg_l: u32, @builtin(subgroup_id) sg_i: u32, \
+                @builtin(num_subgroups) sg_n: u32) {\n    sg_set(sg_l, sg_i, sg_n);\n";
+    // (naga, which wgpu compiles WGSL with, enables subgroup operations through the
+    // device's SUBGROUP feature and rejects the `enable subgroups;` directive)
+    format!("{}\n{REDUCE_SG}", SHADER_MAIN.replace(sig, with))
+}
+
+/// How to build a [`WgpuSampler`].
+#[derive(Debug, Clone, Copy)]
+pub struct WgpuOptions {
+    /// Use subgroup operations for reductions when the adapter has them (default true;
+    /// results are the same either way).
+    pub subgroups: bool,
+    /// Accept only a hardware adapter (no software one such as lavapipe).
+    pub hardware_only: bool,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        Self {
+            subgroups: true,
+            hardware_only: false,
+        }
+    }
+}
 
 /// Environment variable: a substring of the adapter name to use (`llvmpipe`, `H100`, ...).
 pub const ADAPTER_ENV: &str = "DECODA_WGPU_ADAPTER";
@@ -266,6 +304,7 @@ pub struct WgpuSampler {
     host_call: Mutex<()>,
     min_chunk: AtomicUsize,
     timestamps: bool,
+    subgroups: bool,
 }
 
 impl std::fmt::Debug for WgpuSampler {
@@ -273,6 +312,7 @@ impl std::fmt::Debug for WgpuSampler {
         f.debug_struct("WgpuSampler")
             .field("adapter", &self.info.name)
             .field("backend", &self.info.backend)
+            .field("subgroups", &self.subgroups)
             .finish()
     }
 }
@@ -329,16 +369,21 @@ impl WgpuSampler {
     /// of its name) when set, else a hardware adapter, else a software one (such as Mesa's
     /// lavapipe). [`Error::NoDevice`] when there is none.
     pub fn new() -> Result<Self> {
-        Self::pick(false)
+        Self::with_options(WgpuOptions::default())
     }
 
     /// Like [`WgpuSampler::new`], but only a hardware adapter will do (`DECODA_WGPU_ADAPTER`
     /// still applies): what `--device auto` uses before falling back to the CPU.
     pub fn hardware() -> Result<Self> {
-        Self::pick(true)
+        Self::with_options(WgpuOptions {
+            hardware_only: true,
+            ..Default::default()
+        })
     }
 
-    fn pick(hardware_only: bool) -> Result<Self> {
+    /// A sampler chosen as [`WgpuSampler::new`] does, with `options`.
+    pub fn with_options(options: WgpuOptions) -> Result<Self> {
+        let hardware_only = options.hardware_only;
         let inst = instance();
         let mut all = adapters(&inst);
         if all.is_empty() {
@@ -376,6 +421,9 @@ impl WgpuSampler {
         if timestamps {
             features |= wgpu::Features::TIMESTAMP_QUERY;
         }
+        if options.subgroups && chosen.features().contains(wgpu::Features::SUBGROUP) {
+            features |= wgpu::Features::SUBGROUP;
+        }
         let (device, queue) = pollster::block_on(chosen.request_device(&wgpu::DeviceDescriptor {
             label: Some("decoda"),
             required_features: features,
@@ -387,7 +435,8 @@ impl WgpuSampler {
     }
 
     /// A sampler on an application's device and queue (for example the one its model runs
-    /// on), so logits never leave it. The device needs at least 10 storage buffers per
+    /// on), so logits never leave it. Subgroup operations are used when the device was
+    /// created with `Features::SUBGROUP`. The device needs at least 10 storage buffers per
     /// shader stage and 16 KiB of workgroup memory (what every desktop adapter offers).
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
         let info = device.adapter_info();
@@ -401,6 +450,7 @@ impl WgpuSampler {
         info: wgpu::AdapterInfo,
         timestamps: bool,
     ) -> Result<Self> {
+        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
         let limits = device.limits();
         if limits.max_storage_buffers_per_shader_stage < 10 {
             return Err(Error::NoDevice(format!(
@@ -422,7 +472,7 @@ impl WgpuSampler {
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some("decoda sample.wgsl"),
-            source: wgpu::ShaderSource::Wgsl(SHADER.into()),
+            source: wgpu::ShaderSource::Wgsl(shader_source(subgroups).into()),
         });
         let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
             binding,
@@ -533,6 +583,7 @@ impl WgpuSampler {
             host_call: Mutex::new(()),
             min_chunk: AtomicUsize::new(4096),
             timestamps,
+            subgroups,
         })
     }
 
@@ -544,6 +595,12 @@ impl WgpuSampler {
     /// Whether the adapter is a software (CPU) implementation.
     pub fn is_software(&self) -> bool {
         is_software(&self.info)
+    }
+
+    /// Whether the reductions use subgroup operations (the adapter has them and they
+    /// were not turned off with [`WgpuOptions::subgroups`]).
+    pub fn uses_subgroups(&self) -> bool {
+        self.subgroups
     }
 
     /// Whether GPU timestamps are available ([`WgpuSampler::time_gpu`]).

@@ -366,79 +366,8 @@ fn wg_flag(lid: u32, on: bool) -> bool {
     return workgroupUniformLoad(&wflag) != 0u;
 }
 
-fn wg_argmax(lid: u32, key: u32, idx: u32) -> vec2<u32> {
-    ra[lid] = key;
-    rb[lid] = idx;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
-            let ok = ra[lid + s];
-            let oi = rb[lid + s];
-            if (ok > ra[lid] || (ok == ra[lid] && oi < rb[lid])) {
-                ra[lid] = ok;
-                rb[lid] = oi;
-            }
-        }
-        workgroupBarrier();
-    }
-    let r = vec2<u32>(ra[0], rb[0]);
-    workgroupBarrier();
-    return r;
-}
-
-// x: sum (u32), y: max (u32)
-fn wg_sum_max(lid: u32, s: u32, m: u32) -> vec2<u32> {
-    ra[lid] = s;
-    rb[lid] = m;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k = k >> 1u) {
-        if (lid < k) {
-            ra[lid] = ra[lid] + ra[lid + k];
-            rb[lid] = max(rb[lid], rb[lid + k]);
-        }
-        workgroupBarrier();
-    }
-    let r = vec2<u32>(ra[0], rb[0]);
-    workgroupBarrier();
-    return r;
-}
-
-fn wg_max2(lid: u32, a: u32, b: u32) -> vec2<u32> {
-    ra[lid] = a;
-    rb[lid] = b;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k = k >> 1u) {
-        if (lid < k) {
-            ra[lid] = max(ra[lid], ra[lid + k]);
-            rb[lid] = max(rb[lid], rb[lid + k]);
-        }
-        workgroupBarrier();
-    }
-    let r = vec2<u32>(ra[0], rb[0]);
-    workgroupBarrier();
-    return r;
-}
-
-fn wg_sum_u32(lid: u32, v: u32) -> u32 {
-    return wg_sum_max(lid, v, 0u).x;
-}
-
-fn wg_sum64(lid: u32, v: vec2<u32>) -> vec2<u32> {
-    ra[lid] = v.x;
-    rb[lid] = v.y;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k = k >> 1u) {
-        if (lid < k) {
-            let r = add64(vec2<u32>(ra[lid], rb[lid]), vec2<u32>(ra[lid + k], rb[lid + k]));
-            ra[lid] = r.x;
-            rb[lid] = r.y;
-        }
-        workgroupBarrier();
-    }
-    let r = vec2<u32>(ra[0], rb[0]);
-    workgroupBarrier();
-    return r;
-}
+// wg_argmax, wg_sum_max, wg_sum_u32 and wg_sum64 come from reduce_wg.wgsl
+// (workgroup memory) or reduce_sg.wgsl (subgroup operations), appended by the launcher.
 
 // A weight in [0, 1] in 64-bit fixed point, units of 2^-40 (truncated): sums of these
 // are exact integers, so they do not depend on the order of summation (the batch, the
