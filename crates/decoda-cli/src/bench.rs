@@ -250,8 +250,9 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
     bar.finish_and_clear();
     if !a.json {
         println!(
-            "decoda bench on {}; times per call in µs ({timer} clock); floor = one read of the logits at the measured copy bandwidth ({:.1} GB/s)",
+            "decoda bench on {} (subgroups: {}); times per call in µs ({timer} clock); floor = one read of the logits at the measured copy bandwidth ({:.1} GB/s)",
             g.adapter(),
+            g.uses_subgroups(),
             bw / 1e9
         );
         print_table(&lines, "timer");

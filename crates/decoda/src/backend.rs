@@ -34,6 +34,18 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// The requests moved `offset` steps on (the history unchanged).
+pub fn at_step(requests: &[Request], offset: u64) -> Vec<Request> {
+    requests
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.state.step = r.state.step.wrapping_add(offset);
+            r
+        })
+        .collect()
+}
+
 /// [`Backend::sample_draws`] through [`Backend::sample`]: the rows repeated for several
 /// steps per call (at most about 8192 rows and 16M logits a call).
 pub fn draws_by_steps<B: Backend + ?Sized>(
@@ -55,13 +67,7 @@ pub fn draws_by_steps<B: Backend + ?Sized>(
     while done < draws {
         let n = steps_per_call.min(draws - done);
         let reqs: Vec<Request> = (0..n)
-            .flat_map(|d| {
-                requests.iter().map(move |r| {
-                    let mut r = r.clone();
-                    r.state.step = r.state.step.wrapping_add((done + d) as u64);
-                    r
-                })
-            })
+            .flat_map(|d| at_step(requests, (done + d) as u64))
             .collect();
         let results = match logits.data() {
             LogitsData::F32(x) => {

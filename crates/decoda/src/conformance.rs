@@ -1035,14 +1035,7 @@ pub fn draws_match_single_steps(b: &dyn Backend) -> Result<(), String> {
             format!("{} rows back", many.len())
         })?;
         for d in 0..draws {
-            let at: Vec<Request> = reqs
-                .iter()
-                .map(|r| {
-                    let mut r = r.clone();
-                    r.state.step += d as u64;
-                    r
-                })
-                .collect();
+            let at = crate::backend::at_step(&reqs, d as u64);
             let one = b.sample(&l, &at).map_err(|e| e.to_string())?;
             for (r, want) in one.iter().enumerate() {
                 expect(many[r].len() == draws && &many[r][d] == want, || {

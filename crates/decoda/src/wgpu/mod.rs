@@ -62,9 +62,12 @@ pub fn shader_source(subgroups: bool) -> String {
 /// How to build a [`WgpuSampler`].
 #[derive(Debug, Clone, Copy)]
 pub struct WgpuOptions {
-    /// Use subgroup operations for reductions when the adapter has them (default true;
-    /// results are the same either way).
-    pub subgroups: bool,
+    /// Subgroup operations for the reductions: `None` (default) uses them on hardware
+    /// adapters that have them and not on software ones (on lavapipe they measured
+    /// 1.3-2x slower than workgroup memory); `Some(true)` whenever the adapter has them;
+    /// `Some(false)` never. Results are the same either way. `DECODA_WGPU_SUBGROUPS=0`
+    /// or `=1` overrides `None`.
+    pub subgroups: Option<bool>,
     /// Accept only a hardware adapter (no software one such as lavapipe).
     pub hardware_only: bool,
 }
@@ -72,7 +75,7 @@ pub struct WgpuOptions {
 impl Default for WgpuOptions {
     fn default() -> Self {
         Self {
-            subgroups: true,
+            subgroups: None,
             hardware_only: false,
         }
     }
@@ -80,6 +83,9 @@ impl Default for WgpuOptions {
 
 /// Environment variable: a substring of the adapter name to use (`llvmpipe`, `H100`, ...).
 pub const ADAPTER_ENV: &str = "DECODA_WGPU_ADAPTER";
+/// Environment variable: `0` or `1` turns subgroup operations off or on where
+/// [`WgpuOptions::subgroups`] is `None`.
+pub const SUBGROUPS_ENV: &str = "DECODA_WGPU_SUBGROUPS";
 
 const WG: usize = 256;
 const HIST_WORDS: usize = 6144;
@@ -421,7 +427,15 @@ impl WgpuSampler {
         if timestamps {
             features |= wgpu::Features::TIMESTAMP_QUERY;
         }
-        if options.subgroups && chosen.features().contains(wgpu::Features::SUBGROUP) {
+        let want_subgroups =
+            options
+                .subgroups
+                .unwrap_or_else(|| match std::env::var(SUBGROUPS_ENV).as_deref() {
+                    Ok("0") => false,
+                    Ok("1") => true,
+                    _ => !is_software(&chosen.get_info()),
+                });
+        if want_subgroups && chosen.features().contains(wgpu::Features::SUBGROUP) {
             features |= wgpu::Features::SUBGROUP;
         }
         let (device, queue) = pollster::block_on(chosen.request_device(&wgpu::DeviceDescriptor {
@@ -598,7 +612,7 @@ impl WgpuSampler {
     }
 
     /// Whether the reductions use subgroup operations (the adapter has them and they
-    /// were not turned off with [`WgpuOptions::subgroups`]).
+    /// chosen, see [`WgpuOptions::subgroups`]).
     pub fn uses_subgroups(&self) -> bool {
         self.subgroups
     }
@@ -969,13 +983,7 @@ impl WgpuSampler {
     /// Uploads host logits into a device buffer of the sampler's (reused between calls)
     /// and returns the view; f16/bf16 stay 16-bit.
     fn upload<'s>(&self, sc: &'s mut Scratch, logits: &Logits<'_>) -> &'s wgpu::Buffer {
-        let bytes: Vec<u8> = match logits.data() {
-            LogitsData::F32(d) => bytemuck::cast_slice(d).to_vec(),
-            LogitsData::F16(d) => d.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect(),
-            LogitsData::Bf16(d) => d.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect(),
-        };
-        let mut bytes = bytes;
-        bytes.resize(bytes.len().next_multiple_of(4).max(4), 0);
+        let bytes = logits_bytes(logits);
         if sc.host_logits.ensure(&self.device, bytes.len() as u64) {
             sc.generation += 1;
         }
@@ -1185,13 +1193,7 @@ impl WgpuSampler {
     /// Uploads host logits into a new device buffer (STORAGE usage), for benchmarks and
     /// tests of the device API.
     pub fn upload_logits(&self, logits: &Logits<'_>) -> wgpu::Buffer {
-        let bytes: Vec<u8> = match logits.data() {
-            LogitsData::F32(d) => bytemuck::cast_slice(d).to_vec(),
-            LogitsData::F16(d) => d.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect(),
-            LogitsData::Bf16(d) => d.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect(),
-        };
-        let mut bytes = bytes;
-        bytes.resize(bytes.len().next_multiple_of(4).max(4), 0);
+        let bytes = logits_bytes(logits);
         let buf = make_buffer(
             &self.device,
             "decoda logits",
@@ -1201,6 +1203,18 @@ impl WgpuSampler {
         self.queue.write_buffer(&buf, 0, &bytes);
         buf
     }
+}
+
+/// The logits as the shader reads them: little-endian f32 words, or 16-bit values packed
+/// two to a word; padded to whole words.
+fn logits_bytes(logits: &Logits<'_>) -> Vec<u8> {
+    let mut bytes: Vec<u8> = match logits.data() {
+        LogitsData::F32(d) => bytemuck::cast_slice(d).to_vec(),
+        LogitsData::F16(d) => d.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect(),
+        LogitsData::Bf16(d) => d.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect(),
+    };
+    bytes.resize(bytes.len().next_multiple_of(4).max(4), 0);
+    bytes
 }
 
 fn poisoned() -> Error {
@@ -1365,14 +1379,7 @@ impl WgpuSampler {
             let mut done = 0;
             while done < draws {
                 let n = per_call.min(draws - done);
-                let reqs: Vec<Request> = requests[start..end]
-                    .iter()
-                    .map(|r| {
-                        let mut r = r.clone();
-                        r.state.step = r.state.step.wrapping_add(done as u64);
-                        r
-                    })
-                    .collect();
+                let reqs = crate::backend::at_step(&requests[start..end], done as u64);
                 for (k, row) in self.draws_piece(&sub, &reqs, n)?.into_iter().enumerate() {
                     out[start + k].extend(row);
                 }
