@@ -59,8 +59,8 @@ pub fn shader_source(subgroups: bool) -> String {
     format!("{}\n{REDUCE_SG}", SHADER_MAIN.replace(sig, with))
 }
 
-/// How to build a [`WgpuSampler`].
-#[derive(Debug, Clone, Copy)]
+/// How to build a [`WgpuSampler`]; `Default` = subgroups by adapter kind, any adapter.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct WgpuOptions {
     /// Subgroup operations for the reductions: `None` (default) uses them on hardware
     /// adapters that have them and not on software ones (on lavapipe they measured
@@ -70,15 +70,6 @@ pub struct WgpuOptions {
     pub subgroups: Option<bool>,
     /// Accept only a hardware adapter (no software one such as lavapipe).
     pub hardware_only: bool,
-}
-
-impl Default for WgpuOptions {
-    fn default() -> Self {
-        Self {
-            subgroups: None,
-            hardware_only: false,
-        }
-    }
 }
 
 /// Environment variable: a substring of the adapter name to use (`llvmpipe`, `H100`, ...).
