@@ -275,3 +275,52 @@ fn device_api_with_stride_and_offset() {
         other => panic!("expected a shape error, got {other:?}"),
     }
 }
+
+/// After the first calls of a given size, recording allocates nothing on the device.
+#[test]
+fn device_api_steady_state_creates_nothing() {
+    // a sampler of its own: the shared ones are used by other tests concurrently
+    let Some(b) = open(4096, None) else { return };
+    let mut rng = Rng::new(9);
+    let v = 3000;
+    let rows = 4;
+    let mut data = Vec::new();
+    let mut reqs = Vec::new();
+    for _ in 0..rows {
+        let (x, req) = random_case(&mut rng, v);
+        data.extend(x);
+        reqs.push(req);
+    }
+    let buf = b.upload_logits(&Logits::f32(&data, rows, v).unwrap());
+    let out = b.outputs(rows).unwrap();
+    let view = DeviceLogits {
+        buffer: &buf,
+        dtype: DType::F32,
+        rows,
+        vocab: v,
+        row_stride: v,
+        offset: 0,
+    };
+    let want = CpuSampler::new()
+        .sample(&Logits::f32(&data, rows, v).unwrap(), &reqs)
+        .unwrap();
+    let mut after_warmup = 0;
+    for call in 0..12 {
+        let mut enc = b
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        b.record(&mut enc, &view, &reqs, &out).unwrap();
+        b.queue().submit([enc.finish()]);
+        assert_eq!(b.read(&out, &reqs).unwrap(), want, "call {call}");
+        // every staging area has been used once after 8 calls
+        if call == 8 {
+            after_warmup = b.device_objects_created();
+        }
+    }
+    assert!(after_warmup > 0);
+    assert_eq!(
+        b.device_objects_created(),
+        after_warmup,
+        "created objects after warm-up"
+    );
+}

@@ -27,7 +27,7 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::backend::Backend;
@@ -300,6 +300,8 @@ pub struct WgpuSampler {
     /// Held for a whole host call (upload, record, submit, read back).
     host_call: Mutex<()>,
     min_chunk: AtomicUsize,
+    /// Device objects (buffers, bind groups) `record` has created: flat after warm-up.
+    created: AtomicU64,
     timestamps: bool,
     subgroups: bool,
 }
@@ -587,6 +589,7 @@ impl WgpuSampler {
             scratch: Mutex::new(scratch),
             host_call: Mutex::new(()),
             min_chunk: AtomicUsize::new(4096),
+            created: AtomicU64::new(0),
             timestamps,
             subgroups,
         })
@@ -606,6 +609,13 @@ impl WgpuSampler {
     /// chosen, see [`WgpuOptions::subgroups`]).
     pub fn uses_subgroups(&self) -> bool {
         self.subgroups
+    }
+
+    /// How many times [`WgpuSampler::record`] has had to create device objects (grow a
+    /// scratch or staging buffer, build a bind group). It stops moving once calls repeat
+    /// the same sizes and buffers: the steady state allocates nothing on the device.
+    pub fn device_objects_created(&self) -> u64 {
+        self.created.load(Ordering::Relaxed)
     }
 
     /// Whether GPU timestamps are available ([`WgpuSampler::time_gpu`]).
@@ -802,6 +812,7 @@ impl WgpuSampler {
         grown |= sc.hist.ensure(dev, (b * HIST_WORDS * 4) as u64);
         grown |= sc.bitmap.ensure(dev, (b * bm_words * 4) as u64);
         if grown {
+            self.created.fetch_add(1, Ordering::Relaxed);
             sc.generation += 1;
         }
         let rows_bytes: &[u8] = bytemuck::cast_slice(&rows_u);
@@ -809,8 +820,11 @@ impl WgpuSampler {
         let k = sc.next_stage;
         sc.next_stage = (k + 1) % STAGES;
         let stage = &mut sc.stages[k];
-        stage.rows.ensure(dev, rows_bytes.len() as u64);
-        stage.touches.ensure(dev, touch_bytes.len() as u64);
+        if stage.rows.ensure(dev, rows_bytes.len() as u64)
+            | stage.touches.ensure(dev, touch_bytes.len() as u64)
+        {
+            self.created.fetch_add(1, Ordering::Relaxed);
+        }
         self.queue
             .write_buffer(&stage.call, 0, bytemuck::bytes_of(&call));
         self.queue.write_buffer(&stage.rows.buf, 0, rows_bytes);
@@ -832,6 +846,7 @@ impl WgpuSampler {
         };
         let fresh = !matches!(&sc.bind, Some((k, _)) if *k == key);
         if fresh {
+            self.created.fetch_add(1, Ordering::Relaxed);
             let bufs = [
                 &sc.call,
                 logits.buffer,
