@@ -145,6 +145,12 @@ fn compare(
 
 fn run_batch(b: &WgpuSampler, count: &mut Count, rng: &mut Rng, v: usize, n: usize, dtype: DType) {
     let cases: Vec<(Vec<f32>, Request)> = (0..n).map(|_| random_case(rng, v)).collect();
+    run_cases(b, count, cases, dtype);
+}
+
+fn run_cases(b: &WgpuSampler, count: &mut Count, cases: Vec<(Vec<f32>, Request)>, dtype: DType) {
+    let n = cases.len();
+    let v = cases[0].0.len();
     let rows: Vec<Vec<f32>> = cases.iter().map(|c| widen(&c.0, dtype)).collect();
     let reqs: Vec<Request> = cases.into_iter().map(|c| c.1).collect();
     let flat: Vec<f32> = rows.iter().flatten().copied().collect();
@@ -210,6 +216,21 @@ fn parity_with_cpu_ten_thousand_rows() {
             run_batch(s, &mut count, &mut rng, v, 64, DType::Bf16);
         }
     }
+    // long histories: thousands of penalised tokens per row (the touch lists' search)
+    let mut cases: Vec<(Vec<f32>, Request)> =
+        (0..40).map(|_| random_case(&mut rng, 50_000)).collect();
+    for (k, c) in cases.iter_mut().enumerate() {
+        let p = &mut c.1.params;
+        p.repetition_penalty = 1.2;
+        p.frequency_penalty = 0.3;
+        p.presence_penalty = 0.2;
+        for _ in 0..(500 + 100 * k) {
+            c.1.state.prompt.push(rng.below(50_000) as u32);
+            c.1.state.output.push(rng.below(50_000) as u32);
+        }
+    }
+    run_cases(b, &mut count, cases, DType::F32);
+    batch += 1;
     eprintln!("{batch} batches: {count:?}");
     assert!(count.rows >= 10_000, "only {} rows", count.rows);
     assert!(
