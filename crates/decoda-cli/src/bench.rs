@@ -50,24 +50,37 @@ pub struct Timing {
 
 /// Runs `f` repeatedly for at least `time_ms` (and at least 7 times) after a warm-up.
 pub fn time_it(time_ms: u64, mut f: impl FnMut()) -> Timing {
-    f();
+    let timed = || -> Result<f64, String> {
+        let t = Instant::now();
+        f();
+        Ok(t.elapsed().as_secs_f64() * 1e6)
+    };
+    collect(time_ms, 100_000, timed).expect("infallible")
+}
+
+/// Takes samples (µs) from `sample` for at least `time_ms` and at least 7 of them, at
+/// most `max`, after one warm-up sample; their median and 10th/90th percentiles.
+pub fn collect(
+    time_ms: u64,
+    max: usize,
+    mut sample: impl FnMut() -> Result<f64, String>,
+) -> Result<Timing, String> {
+    sample()?;
     let mut samples = Vec::new();
     let start = Instant::now();
     while samples.len() < 7 || (start.elapsed().as_millis() as u64) < time_ms {
-        let t = Instant::now();
-        f();
-        samples.push(t.elapsed().as_secs_f64() * 1e6);
-        if samples.len() >= 100_000 {
+        samples.push(sample()?);
+        if samples.len() >= max {
             break;
         }
     }
     samples.sort_by(f64::total_cmp);
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
-    Timing {
+    Ok(Timing {
         median: at(0.5),
         p10: at(0.1),
         p90: at(0.9),
-    }
+    })
 }
 
 pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
@@ -215,29 +228,19 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
                 bar.set_message(format!("{config} V={vocab} B={rows}"));
                 let params = workload::config(config).expect("checked");
                 let reqs = workload::requests(&params, rows, vocab);
-                let time = |n: usize| {
+                let t = collect(a.time_ms, 10_000, || {
                     if g.has_timestamps() {
-                        g.time_gpu(&view, &reqs, &out, n)
+                        g.time_gpu(&view, &reqs, &out, 1)
                     } else {
-                        g.time_wall(&view, &reqs, &out, n)
+                        g.time_wall(&view, &reqs, &out, 1)
                     }
+                    .map(|v| v[0])
                     .map_err(|e| e.to_string())
-                };
-                time(2)?; // warm-up: buffers, bind group
-                let mut samples = Vec::new();
-                let start = Instant::now();
-                while samples.len() < 7 || (start.elapsed().as_millis() as u64) < a.time_ms {
-                    samples.extend(time(1)?);
-                    if samples.len() >= 10_000 {
-                        break;
-                    }
-                }
-                samples.sort_by(f64::total_cmp);
-                let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+                })?;
                 let line = json!({
                     "impl": "decoda", "device": g.adapter(), "config": config, "vocab": vocab,
-                    "rows": rows, "timer": timer, "median_us": round2(at(0.5)),
-                    "p10_us": round2(at(0.1)), "p90_us": round2(at(0.9)), "floor_us": round2(floor),
+                    "rows": rows, "timer": timer, "median_us": round2(t.median),
+                    "p10_us": round2(t.p10), "p90_us": round2(t.p90), "floor_us": round2(floor),
                 });
                 if a.json {
                     bar.suspend(|| println!("{line}"));

@@ -23,12 +23,10 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Row `r` alone, as a `[1, V]` batch.
-    pub fn row_logits(&self, r: usize) -> Result<decoda::Logits<'_>, String> {
-        let range = r * self.vocab..(r + 1) * self.vocab;
+    pub fn logits(&self) -> Result<decoda::Logits<'_>, String> {
         match &self.data {
-            LogitsFile::F32(d) => decoda::Logits::f32(&d[range], 1, self.vocab),
-            LogitsFile::F16(d) => decoda::Logits::f16(&d[range], 1, self.vocab),
+            LogitsFile::F32(d) => decoda::Logits::f32(d, self.rows, self.vocab),
+            LogitsFile::F16(d) => decoda::Logits::f16(d, self.rows, self.vocab),
         }
         .map_err(|e| e.to_string())
     }

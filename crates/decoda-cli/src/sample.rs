@@ -44,7 +44,10 @@ fn stream_row(
     draws: u64,
     mut each: impl FnMut(&decoda::RowResult) -> std::io::Result<()>,
 ) -> Result<Option<decoda::RowError>, String> {
-    let one = batch.row_logits(row)?;
+    let one = batch
+        .logits()?
+        .slice_rows(row, row + 1)
+        .map_err(|e| e.to_string())?;
     let mut done = 0u64;
     while done < draws {
         let n = (draws - done).min(DRAW_CHUNK as u64) as usize;

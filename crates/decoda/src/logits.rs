@@ -145,6 +145,18 @@ impl<'a> Logits<'a> {
         self.data
     }
 
+    /// Rows `start..end` as a batch of their own (panics if `end` exceeds the rows).
+    pub fn slice_rows(&self, start: usize, end: usize) -> Result<Logits<'a>> {
+        let v = self.vocab;
+        let (a, b) = (start * v, end * v);
+        let data = match self.data {
+            LogitsData::F32(d) => LogitsData::F32(&d[a..b]),
+            LogitsData::F16(d) => LogitsData::F16(&d[a..b]),
+            LogitsData::Bf16(d) => LogitsData::Bf16(&d[a..b]),
+        };
+        Logits::new(data, end - start, v)
+    }
+
     /// Row `r` widened to f32, written into `out` (resized to V).
     pub fn row_to_f32(&self, r: usize, out: &mut Vec<f32>) {
         let range = r * self.vocab..(r + 1) * self.vocab;

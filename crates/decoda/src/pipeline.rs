@@ -5,8 +5,6 @@
 //! Backends differ only in how they find the kept set and draw from it; every value
 //! that decides a token is computed by the functions here or by [`crate::philox`].
 
-use std::collections::BTreeMap;
-
 use serde::Serialize;
 
 use crate::error::{Error, Result, RowError};
@@ -76,51 +74,99 @@ pub fn count_non_finite(x: &[f32]) -> u64 {
         .count() as u64
 }
 
-/// Stages 1-3 of the pipeline (bias, repetition, frequency/presence) as the sorted list of
-/// `(token, z)` for the tokens whose logit they touch; every other token keeps `z = x`.
-/// `x(t)` reads the row's logit of token `t`.
-pub fn sparse_mods(x: impl Fn(u32) -> f32, req: &Request) -> Vec<(u32, f32)> {
+/// How stages 1-3 touch one token of a row: its bias, whether it is in the history (the
+/// repetition penalty), and how often it occurs in the output (frequency/presence).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Touch {
+    /// The token's logit bias, if any.
+    pub bias: Option<f32>,
+    /// In prompt or output, with a repetition penalty other than 1.
+    pub seen: bool,
+    /// Occurrences in the output, with a frequency or presence penalty other than 0.
+    pub count: u32,
+}
+
+impl Touch {
+    /// The token's `z` from its logit `x`: bias, repetition, frequency/presence, in order.
+    pub fn apply(&self, x: f32, p: &crate::params::SamplingParams) -> f32 {
+        let mut z = x;
+        if let Some(b) = self.bias {
+            z += b;
+        }
+        if self.seen {
+            let r = p.repetition_penalty;
+            z = if z > 0.0 { z / r } else { z * r };
+        }
+        if self.count > 0 {
+            z = z - p.frequency_penalty * self.count as f32 - p.presence_penalty;
+        }
+        z
+    }
+}
+
+/// Appends to `out` the tokens a row's stages 1-3 touch, sorted by id, one entry each
+/// (`out` is a buffer the caller may reuse between calls).
+pub fn touches_into(req: &Request, out: &mut Vec<(u32, Touch)>) {
     let p = &req.params;
     let s = &req.state;
     if !p.modifies_logits(s) {
-        return Vec::new();
+        return;
     }
-    #[derive(Default, Clone, Copy)]
-    struct Touch {
-        bias: Option<f32>,
-        seen: bool,
-        count: u32,
-    }
-    let mut touched: BTreeMap<u32, Touch> = BTreeMap::new();
+    let start = out.len();
     for (&t, &b) in &p.logit_bias {
-        touched.entry(t).or_default().bias = Some(b);
+        out.push((
+            t,
+            Touch {
+                bias: Some(b),
+                ..Touch::default()
+            },
+        ));
     }
     if p.repetition_penalty != 1.0 {
         for &t in s.prompt.iter().chain(&s.output) {
-            touched.entry(t).or_default().seen = true;
+            let seen = Touch {
+                seen: true,
+                ..Touch::default()
+            };
+            out.push((t, seen));
         }
     }
     if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
         for &t in &s.output {
-            touched.entry(t).or_default().count += 1;
+            let once = Touch {
+                count: 1,
+                ..Touch::default()
+            };
+            out.push((t, once));
         }
     }
+    out[start..].sort_unstable_by_key(|e| e.0);
+    // merge the entries of each token in place
+    let mut w = start;
+    for i in start..out.len() {
+        let (t, touch) = out[i];
+        if w > start && out[w - 1].0 == t {
+            let m = &mut out[w - 1].1;
+            m.bias = m.bias.or(touch.bias);
+            m.seen |= touch.seen;
+            m.count += touch.count;
+        } else {
+            out[w] = (t, touch);
+            w += 1;
+        }
+    }
+    out.truncate(w);
+}
+
+/// Stages 1-3 of the pipeline (bias, repetition, frequency/presence) as the sorted list of
+/// `(token, z)` for the tokens whose logit they touch; every other token keeps `z = x`.
+/// `x(t)` reads the row's logit of token `t`.
+pub fn sparse_mods(x: impl Fn(u32) -> f32, req: &Request) -> Vec<(u32, f32)> {
+    let mut touched = Vec::new();
+    touches_into(req, &mut touched);
     touched
         .into_iter()
-        .map(|(t, touch)| {
-            let mut z = x(t);
-            if let Some(b) = touch.bias {
-                z += b;
-            }
-            if touch.seen {
-                let r = p.repetition_penalty;
-                z = if z > 0.0 { z / r } else { z * r };
-            }
-            if touch.count > 0 {
-                z = z - p.frequency_penalty * touch.count as f32 - p.presence_penalty;
-            }
-            (t, z)
-        })
+        .map(|(t, touch)| (t, touch.apply(x(t), &req.params)))
         .collect()
 }
 

@@ -26,7 +26,6 @@
 //! # Ok::<(), decoda::Error>(())
 //! ```
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -173,6 +172,7 @@ pub struct DeviceLogits<'a> {
 #[derive(Debug)]
 pub struct DeviceOutputs {
     rows: usize,
+    lp_words: usize,
     tokens: wgpu::Buffer,
     status: wgpu::Buffer,
     logprobs: wgpu::Buffer,
@@ -239,6 +239,15 @@ struct Scratch {
     bind: Option<(BindKey, wgpu::BindGroup)>,
     host_logits: Grow,
     host_out: Option<DeviceOutputs>,
+    host_lists: HostLists,
+}
+
+/// Per-call parameter lists built on the host, kept to reuse their allocations.
+#[derive(Default)]
+struct HostLists {
+    rows: Vec<RowU>,
+    touches: Vec<TouchU>,
+    touched: Vec<(u32, pl::Touch)>,
 }
 
 #[derive(PartialEq)]
@@ -579,6 +588,7 @@ impl WgpuSampler {
             bind: None,
             host_logits: Grow::new(&device, "decoda host logits", st),
             host_out: None,
+            host_lists: HostLists::default(),
         };
         Ok(Self {
             device,
@@ -655,6 +665,7 @@ impl WgpuSampler {
         let u = U::STORAGE | U::COPY_SRC | U::COPY_DST;
         Ok(DeviceOutputs {
             rows,
+            lp_words: lp_words as usize,
             tokens: make_buffer(&self.device, "decoda tokens", rows1 * 4, u),
             status: make_buffer(&self.device, "decoda status", rows1 * 8, u),
             logprobs: make_buffer(&self.device, "decoda logprobs", lp_words * 4, u),
@@ -756,21 +767,40 @@ impl WgpuSampler {
         pl::validate_call(logits.rows, logits.vocab, requests)?;
         self.check_device_logits(logits, out)?;
         let b = logits.rows;
+        if out.lp_words < b * draws {
+            return Err(Error::Shape(format!(
+                "{draws} draws of {b} rows do not fit outputs of {} words",
+                out.lp_words
+            )));
+        }
         if b == 0 {
             return Ok(());
         }
         let v = logits.vocab;
-        // Rows, touches.
-        let mut rows_u = Vec::with_capacity(b);
-        let mut touches: Vec<TouchU> = Vec::new();
+        let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
+        // Rows and touches, in host buffers reused between calls.
+        let mut host = std::mem::take(&mut sc.host_lists);
+        host.rows.clear();
+        host.touches.clear();
         for (r, req) in requests.iter().enumerate() {
-            let off = touches.len();
-            push_touches(r as u32, req, &mut touches);
-            rows_u.push(row_params(req, v, off, touches.len() - off)?);
+            let off = host.touches.len();
+            host.touched.clear();
+            pl::touches_into(req, &mut host.touched);
+            host.touches
+                .extend(host.touched.iter().map(|&(token, t)| TouchU {
+                    token,
+                    row: r as u32,
+                    flags: u32::from(t.bias.is_some()) | (u32::from(t.seen) << 1),
+                    count: t.count,
+                    bias: t.bias.unwrap_or(0.0),
+                    ..Default::default()
+                }));
+            host.rows
+                .push(row_params(req, v, off, host.touches.len() - off)?);
         }
-        let n_touches = touches.len();
-        if touches.is_empty() {
-            touches.push(TouchU::default());
+        let n_touches = host.touches.len();
+        if host.touches.is_empty() {
+            host.touches.push(TouchU::default());
         }
         // Splits.
         let min_chunk = self.min_chunk.load(Ordering::Relaxed).max(4);
@@ -798,15 +828,14 @@ impl WgpuSampler {
             pad: [0; 2],
         };
 
-        let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
         let dev = &self.device;
         let mut grown = false;
         grown |= sc
             .rows
-            .ensure(dev, (b * std::mem::size_of::<RowU>()) as u64);
+            .ensure(dev, std::mem::size_of_val(host.rows.as_slice()) as u64);
         grown |= sc
             .touches
-            .ensure(dev, (touches.len() * std::mem::size_of::<TouchU>()) as u64);
+            .ensure(dev, std::mem::size_of_val(host.touches.as_slice()) as u64);
         grown |= sc.state.ensure(dev, (b * STATE_WORDS * 4) as u64);
         grown |= sc.slots.ensure(dev, (b * splits * SLOT_WORDS * 4) as u64);
         grown |= sc.hist.ensure(dev, (b * HIST_WORDS * 4) as u64);
@@ -815,8 +844,8 @@ impl WgpuSampler {
             self.created.fetch_add(1, Ordering::Relaxed);
             sc.generation += 1;
         }
-        let rows_bytes: &[u8] = bytemuck::cast_slice(&rows_u);
-        let touch_bytes: &[u8] = bytemuck::cast_slice(&touches);
+        let rows_bytes: &[u8] = bytemuck::cast_slice(&host.rows);
+        let touch_bytes: &[u8] = bytemuck::cast_slice(&host.touches);
         let k = sc.next_stage;
         sc.next_stage = (k + 1) % STAGES;
         let stage = &mut sc.stages[k];
@@ -838,6 +867,7 @@ impl WgpuSampler {
         for (from, to, bytes) in copies {
             encoder.copy_buffer_to_buffer(from, 0, to, 0, bytes as u64);
         }
+        sc.host_lists = host;
 
         let key = BindKey {
             logits: logits.buffer.clone(),
@@ -934,34 +964,15 @@ impl WgpuSampler {
         if b == 0 {
             return Ok(Vec::new());
         }
-        let (t_bytes, s_bytes, l_bytes) = (b as u64 * 4, b as u64 * 8, (b * LP_WORDS * 4) as u64);
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        enc.copy_buffer_to_buffer(&out.tokens, 0, &out.readback, 0, t_bytes);
-        enc.copy_buffer_to_buffer(&out.status, 0, &out.readback, t_bytes, s_bytes);
-        enc.copy_buffer_to_buffer(&out.logprobs, 0, &out.readback, t_bytes + s_bytes, l_bytes);
+        let bytes = copy_results(&mut enc, out, b, b * LP_WORDS);
         self.queue.submit([enc.finish()]);
-        let words = self.map_words(&out.readback, t_bytes + s_bytes + l_bytes)?;
-        let (tokens, rest) = words.split_at(b);
-        let (status, lps) = rest.split_at(2 * b);
-        Ok(requests
-            .iter()
-            .enumerate()
-            .map(|(r, req)| match status[2 * r] {
-                0 => Ok(Sample {
-                    token: tokens[r],
-                    logprobs: req
-                        .params
-                        .logprobs
-                        .map(|_| parse_logprobs(&lps[r * LP_WORDS..(r + 1) * LP_WORDS])),
-                }),
-                1 => Err(RowError::NonFiniteLogits {
-                    count: u64::from(status[2 * r + 1]),
-                }),
-                _ => Err(RowError::NoCandidate),
-            })
-            .collect())
+        Ok(parse_results(
+            &self.map_words(&out.readback, bytes)?,
+            requests,
+        ))
     }
 
     fn map_words(&self, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u32>> {
@@ -986,28 +997,30 @@ impl WgpuSampler {
         Ok(words)
     }
 
-    /// Uploads host logits into a device buffer of the sampler's (reused between calls)
-    /// and returns the view; f16/bf16 stay 16-bit.
-    fn upload<'s>(&self, sc: &'s mut Scratch, logits: &Logits<'_>) -> &'s wgpu::Buffer {
-        let bytes = logits_bytes(logits);
-        if sc.host_logits.ensure(&self.device, bytes.len() as u64) {
-            sc.generation += 1;
-        }
-        self.queue.write_buffer(&sc.host_logits.buf, 0, &bytes);
-        &sc.host_logits.buf
-    }
-
-    fn sample_piece(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
+    /// One host call: uploads the logits into the sampler's buffer, records the call
+    /// (with `draws` > 0, the many-draws kernel too), copies the results into the readback
+    /// buffer in the same encoder, submits once and maps them. Returns the words: tokens
+    /// `[B]`, status `[B, 2]`, then `[B, 44]` logprobs or `[B, draws]` tokens.
+    fn host_call(
+        &self,
+        logits: &Logits<'_>,
+        requests: &[Request],
+        draws: usize,
+    ) -> Result<Vec<u32>> {
         let _call = self.host_call.lock().map_err(|_| poisoned())?;
         let b = logits.rows();
+        let lp_words = if draws > 0 { b * draws } else { b * LP_WORDS };
         let (buf, out) = {
             let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
-            let buf = self.upload(&mut sc, logits).clone();
-            if sc.host_out.as_ref().is_none_or(|o| o.rows < b) {
-                sc.host_out = Some(self.outputs(b.max(HOST_PIECE_ROWS.min(64)))?);
+            if sc.host_logits.ensure(&self.device, logits_size(logits)) {
                 sc.generation += 1;
             }
-            (buf, sc.host_out.take().expect("set above"))
+            self.write_logits(&sc.host_logits.buf, logits);
+            let out = match sc.host_out.take() {
+                Some(o) if o.rows >= b && o.lp_words >= lp_words => o,
+                _ => self.outputs_for(b.max(64), lp_words.max(64 * LP_WORDS))?,
+            };
+            (sc.host_logits.buf.clone(), out)
         };
         let view = DeviceLogits {
             buffer: &buf,
@@ -1022,76 +1035,34 @@ impl WgpuSampler {
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
             let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-            self.record(&mut enc, &view, requests, &out)?;
+            self.record_inner(&mut enc, &view, requests, &out, None, draws)?;
+            let bytes = copy_results(&mut enc, &out, b, lp_words);
             self.queue.submit([enc.finish()]);
             if let Some(e) = pollster::block_on(scope.pop()) {
                 return Err(Error::Device(format!("{}: {e}", self.info.name)));
             }
-            self.read(&out, requests)
+            self.map_words(&out.readback, bytes)
         })();
         self.scratch.lock().map_err(|_| poisoned())?.host_out = Some(out);
         result
     }
 
-    /// [`Backend::sample_draws`] on the device: the filters run once per row, then one
-    /// invocation per draw runs the Gumbel-max over the kept set at its own step.
-    fn draws_piece(
-        &self,
-        logits: &Logits<'_>,
-        requests: &[Request],
-        draws: usize,
-    ) -> Result<Vec<Vec<RowResult>>> {
-        let _call = self.host_call.lock().map_err(|_| poisoned())?;
-        let b = logits.rows();
-        let buf = {
-            let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
-            self.upload(&mut sc, logits).clone()
-        };
-        let out = self.outputs_for(b, b * draws)?;
-        let view = DeviceLogits {
-            buffer: &buf,
-            dtype: logits.dtype(),
-            rows: b,
-            vocab: logits.vocab(),
-            row_stride: logits.vocab(),
-            offset: 0,
-        };
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        self.record_inner(&mut enc, &view, requests, &out, None, draws)?;
-        let s_bytes = b as u64 * 8;
-        let t_bytes = (b * draws) as u64 * 4;
-        enc.copy_buffer_to_buffer(&out.status, 0, &out.readback, 0, s_bytes);
-        enc.copy_buffer_to_buffer(&out.logprobs, 0, &out.readback, s_bytes, t_bytes);
-        self.queue.submit([enc.finish()]);
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Device(format!("{}: {e}", self.info.name)));
+    /// Rows per host call: as many as one storage binding holds, at most `cap`.
+    fn rows_per_call(&self, logits: &Logits<'_>, cap: usize) -> Result<usize> {
+        let limits = self.device.limits();
+        let max_bytes = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        let row_bytes = (logits.vocab() * logits.dtype().size()) as u64;
+        if row_bytes + 4 > max_bytes {
+            return Err(Error::Shape(format!(
+                "one row of {} {} logits exceeds this adapter's largest storage binding \
+                 ({max_bytes} bytes)",
+                logits.vocab(),
+                logits.dtype()
+            )));
         }
-        let words = self.map_words(&out.readback, s_bytes + t_bytes)?;
-        let (status, tokens) = words.split_at(2 * b);
-        Ok((0..b)
-            .map(|r| {
-                let row_status = match status[2 * r] {
-                    0 => None,
-                    1 => Some(RowError::NonFiniteLogits {
-                        count: u64::from(status[2 * r + 1]),
-                    }),
-                    _ => Some(RowError::NoCandidate),
-                };
-                tokens[r * draws..(r + 1) * draws]
-                    .iter()
-                    .map(|&token| match row_status {
-                        None => Ok(Sample {
-                            token,
-                            logprobs: None,
-                        }),
-                        Some(e) => Err(e),
-                    })
-                    .collect()
-            })
-            .collect())
+        Ok(((max_bytes - 4) / row_bytes).clamp(1, cap as u64) as usize)
     }
 
     /// GPU time of `iters` calls on device logits, in microseconds each, from timestamp
@@ -1199,28 +1170,40 @@ impl WgpuSampler {
     /// Uploads host logits into a new device buffer (STORAGE usage), for benchmarks and
     /// tests of the device API.
     pub fn upload_logits(&self, logits: &Logits<'_>) -> wgpu::Buffer {
-        let bytes = logits_bytes(logits);
         let buf = make_buffer(
             &self.device,
             "decoda logits",
-            bytes.len() as u64,
+            logits_size(logits),
             wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
         );
-        self.queue.write_buffer(&buf, 0, &bytes);
+        self.write_logits(&buf, logits);
         buf
+    }
+
+    /// Writes the logits into `buf` as the shader reads them (f32 words, or 16-bit values
+    /// two to a word), straight from the caller's slice; a last half word is padded.
+    fn write_logits(&self, buf: &wgpu::Buffer, logits: &Logits<'_>) {
+        use half::slice::HalfFloatSliceExt;
+        let bytes: &[u8] = match logits.data() {
+            LogitsData::F32(d) => bytemuck::cast_slice(d),
+            LogitsData::F16(d) => bytemuck::cast_slice(d.reinterpret_cast()),
+            LogitsData::Bf16(d) => bytemuck::cast_slice(d.reinterpret_cast()),
+        };
+        let whole = bytes.len() / 4 * 4;
+        if whole > 0 {
+            self.queue.write_buffer(buf, 0, &bytes[..whole]);
+        }
+        if whole < bytes.len() {
+            let mut tail = [0u8; 4];
+            tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+            self.queue.write_buffer(buf, whole as u64, &tail);
+        }
     }
 }
 
-/// The logits as the shader reads them: little-endian f32 words, or 16-bit values packed
-/// two to a word; padded to whole words.
-fn logits_bytes(logits: &Logits<'_>) -> Vec<u8> {
-    let mut bytes: Vec<u8> = match logits.data() {
-        LogitsData::F32(d) => bytemuck::cast_slice(d).to_vec(),
-        LogitsData::F16(d) => d.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect(),
-        LogitsData::Bf16(d) => d.iter().flat_map(|h| h.to_bits().to_le_bytes()).collect(),
-    };
-    bytes.resize(bytes.len().next_multiple_of(4).max(4), 0);
-    bytes
+/// Bytes of a device copy of the logits: whole 4-byte words, at least one.
+fn logits_size(logits: &Logits<'_>) -> u64 {
+    ((logits.rows() * logits.vocab() * logits.dtype().size()).next_multiple_of(4)).max(4) as u64
 }
 
 fn poisoned() -> Error {
@@ -1269,40 +1252,6 @@ fn row_params(req: &Request, vocab: usize, touch_off: usize, touch_len: usize) -
     })
 }
 
-/// Stages 1-3 as a sorted list of touched tokens (what `pipeline::sparse_mods` computes on
-/// the host, without the logits: the device applies it).
-fn push_touches(row: u32, req: &Request, out: &mut Vec<TouchU>) {
-    let p = &req.params;
-    let s = &req.state;
-    if !p.modifies_logits(s) {
-        return;
-    }
-    let mut touched: BTreeMap<u32, TouchU> = BTreeMap::new();
-    fn at(m: &mut BTreeMap<u32, TouchU>, t: u32, row: u32) -> &mut TouchU {
-        m.entry(t).or_insert(TouchU {
-            token: t,
-            row,
-            ..Default::default()
-        })
-    }
-    for (&t, &b) in &p.logit_bias {
-        let e = at(&mut touched, t, row);
-        e.flags |= 1;
-        e.bias = b;
-    }
-    if p.repetition_penalty != 1.0 {
-        for &t in s.prompt.iter().chain(&s.output) {
-            at(&mut touched, t, row).flags |= 2;
-        }
-    }
-    if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-        for &t in &s.output {
-            at(&mut touched, t, row).count += 1;
-        }
-    }
-    out.extend(touched.into_values());
-}
-
 fn parse_logprobs(w: &[u32]) -> TokenLogprobs {
     let listed = (w[2] as usize).min(MAX_LOGPROBS as usize);
     TokenLogprobs {
@@ -1324,42 +1273,20 @@ impl Backend for WgpuSampler {
 
     fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
         pl::validate_call(logits.rows(), logits.vocab(), requests)?;
-        let v = logits.vocab();
-        let max_bytes = self
-            .device
-            .limits()
-            .max_storage_buffer_binding_size
-            .min(self.device.limits().max_buffer_size);
-        let row_bytes = (v * logits.dtype().size()) as u64;
-        if row_bytes + 4 > max_bytes {
-            return Err(Error::Shape(format!(
-                "one row of {v} {} logits exceeds this adapter's largest storage binding \
-                 ({max_bytes} bytes)",
-                logits.dtype()
-            )));
-        }
-        let piece = ((max_bytes - 4) / row_bytes).clamp(1, HOST_PIECE_ROWS as u64) as usize;
+        let piece = self.rows_per_call(logits, HOST_PIECE_ROWS)?;
         let mut results = Vec::with_capacity(requests.len());
         for start in (0..logits.rows()).step_by(piece) {
             let end = (start + piece).min(logits.rows());
-            let sub = slice_rows(logits, start, end)?;
-            results.extend(self.sample_piece(&sub, &requests[start..end])?);
+            let reqs = &requests[start..end];
+            let words = self.host_call(&logits.slice_rows(start, end)?, reqs, 0)?;
+            results.extend(parse_results(&words, reqs));
         }
         Ok(results)
     }
 
+    /// The filters run once per row, then one invocation per draw runs the Gumbel-max over
+    /// the kept set at its own step. Rows asking for logprobs go through `sample`.
     fn sample_draws(
-        &self,
-        logits: &Logits<'_>,
-        requests: &[Request],
-        draws: usize,
-    ) -> Result<Vec<Vec<RowResult>>> {
-        self.sample_draws_impl(logits, requests, draws)
-    }
-}
-
-impl WgpuSampler {
-    fn sample_draws_impl(
         &self,
         logits: &Logits<'_>,
         requests: &[Request],
@@ -1375,19 +1302,29 @@ impl WgpuSampler {
         }
         let max_words =
             (self.device.limits().max_storage_buffer_binding_size / 4).min(1 << 24) as usize;
-        let row_bytes = (logits.vocab() * logits.dtype().size()) as u64;
-        let max_bytes = self.device.limits().max_storage_buffer_binding_size;
-        let piece_rows = ((max_bytes.saturating_sub(4)) / row_bytes.max(1)).clamp(1, 64) as usize;
-        for start in (0..logits.rows()).step_by(piece_rows) {
-            let end = (start + piece_rows).min(logits.rows());
-            let sub = slice_rows(logits, start, end)?;
-            let per_call = (max_words / (end - start)).clamp(1, MAX_GRID * 64);
+        let piece = self.rows_per_call(logits, 64)?;
+        for start in (0..logits.rows()).step_by(piece) {
+            let end = (start + piece).min(logits.rows());
+            let b = end - start;
+            let sub = logits.slice_rows(start, end)?;
+            let per_call = (max_words / b).clamp(1, MAX_GRID * 64);
             let mut done = 0;
             while done < draws {
                 let n = per_call.min(draws - done);
                 let reqs = crate::backend::at_step(&requests[start..end], done as u64);
-                for (k, row) in self.draws_piece(&sub, &reqs, n)?.into_iter().enumerate() {
-                    out[start + k].extend(row);
+                let words = self.host_call(&sub, &reqs, n)?;
+                let (status, tokens) = words[b..].split_at(2 * b);
+                for r in 0..b {
+                    let row = &tokens[r * n..(r + 1) * n];
+                    out[start + r].extend(row.iter().map(|&token| {
+                        match row_status(status[2 * r], status[2 * r + 1]) {
+                            None => Ok(Sample {
+                                token,
+                                logprobs: None,
+                            }),
+                            Some(e) => Err(e),
+                        }
+                    }));
                 }
                 done += n;
             }
@@ -1396,13 +1333,57 @@ impl WgpuSampler {
     }
 }
 
-fn slice_rows<'a>(l: &Logits<'a>, start: usize, end: usize) -> Result<Logits<'a>> {
-    let v = l.vocab();
-    let (a, b) = (start * v, end * v);
-    let data = match l.data() {
-        LogitsData::F32(d) => LogitsData::F32(&d[a..b]),
-        LogitsData::F16(d) => LogitsData::F16(&d[a..b]),
-        LogitsData::Bf16(d) => LogitsData::Bf16(&d[a..b]),
-    };
-    Logits::new(data, end - start, v)
+/// Records copies of the results of `rows` rows (tokens, status, `lp_words` words of
+/// logprobs or draws) into `out.readback`, in that order; returns the bytes copied.
+fn copy_results(
+    enc: &mut wgpu::CommandEncoder,
+    out: &DeviceOutputs,
+    rows: usize,
+    lp_words: usize,
+) -> u64 {
+    let parts = [
+        (&out.tokens, rows as u64 * 4),
+        (&out.status, rows as u64 * 8),
+        (&out.logprobs, lp_words as u64 * 4),
+    ];
+    let mut at = 0;
+    for (buf, bytes) in parts {
+        enc.copy_buffer_to_buffer(buf, 0, &out.readback, at, bytes);
+        at += bytes;
+    }
+    at
+}
+
+/// A row's error from its two status words (`None` = sampled).
+fn row_status(code: u32, count: u32) -> Option<RowError> {
+    match code {
+        0 => None,
+        1 => Some(RowError::NonFiniteLogits {
+            count: u64::from(count),
+        }),
+        _ => Some(RowError::NoCandidate),
+    }
+}
+
+/// Per-row results from words laid out by [`copy_results`] with `[B, 44]` logprobs.
+fn parse_results(words: &[u32], requests: &[Request]) -> Vec<RowResult> {
+    let b = requests.len();
+    let (tokens, rest) = words.split_at(b);
+    let (status, lps) = rest.split_at(2 * b);
+    requests
+        .iter()
+        .enumerate()
+        .map(
+            |(r, req)| match row_status(status[2 * r], status[2 * r + 1]) {
+                None => Ok(Sample {
+                    token: tokens[r],
+                    logprobs: req
+                        .params
+                        .logprobs
+                        .map(|_| parse_logprobs(&lps[r * LP_WORDS..(r + 1) * LP_WORDS])),
+                }),
+                Some(e) => Err(e),
+            },
+        )
+        .collect()
 }
