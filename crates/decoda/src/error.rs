@@ -91,14 +91,20 @@ pub enum RowError {
     /// Every logit is `-inf` after bias and penalties: there is nothing to draw.
     #[error("every logit is -inf after bias and penalties")]
     NoCandidate,
+    /// The kept set was not empty, yet the backend found no winning token: a defect of
+    /// the backend (please report it), reported for its row instead of a wrong token.
+    #[error("no token won the draw although the kept set is not empty (a backend defect)")]
+    NoWinner,
 }
 
 impl RowError {
-    /// The error's kind, as printed by the CLI (`NonFiniteLogits`, `NoCandidate`).
+    /// The error's kind, as printed by the CLI (`NonFiniteLogits`, `NoCandidate`,
+    /// `NoWinner`).
     pub fn kind(&self) -> &'static str {
         match self {
             RowError::NonFiniteLogits { .. } => "NonFiniteLogits",
             RowError::NoCandidate => "NoCandidate",
+            RowError::NoWinner => "NoWinner",
         }
     }
 }

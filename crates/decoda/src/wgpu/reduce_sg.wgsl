@@ -2,17 +2,24 @@
 // its first invocation leaves the partial in workgroup memory, and every invocation
 // combines the few partials. The same functions without subgroups are in
 // reduce_wg.wgsl; both give identical results (integer keys and exact integer sums).
-// Call from uniform control flow. The launcher makes every entry point call sg_set first
-// with its subgroup builtins.
+// Call from uniform control flow. Every entry point takes a `Lanes` and calls
+// lanes_init with it first.
 
 var<private> sg_lane: u32;
 var<private> sg_index: u32;
 var<private> sg_count: u32;
 
-fn sg_set(lane: u32, id: u32, count: u32) {
-    sg_lane = lane;
-    sg_index = id;
-    sg_count = count;
+struct Lanes {
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_id) sg_index: u32,
+    @builtin(num_subgroups) sg_count: u32,
+}
+
+fn lanes_init(l: Lanes) {
+    sg_lane = l.sg_lane;
+    sg_index = l.sg_index;
+    sg_count = l.sg_count;
 }
 
 fn wg_argmax(lid: u32, key: u32, idx: u32) -> vec2<u32> {

@@ -3,6 +3,15 @@
 // functions with subgroup operations are in reduce_sg.wgsl. Call from uniform control
 // flow; every invocation gets the result.
 
+// The builtins an entry point of the row kernels takes (reduce_sg.wgsl adds the
+// subgroup ones), and what it does with them first.
+struct Lanes {
+    @builtin(local_invocation_index) lid: u32,
+}
+
+fn lanes_init(l: Lanes) {
+}
+
 fn wg_argmax(lid: u32, key: u32, idx: u32) -> vec2<u32> {
     ra[lid] = key;
     rb[lid] = idx;

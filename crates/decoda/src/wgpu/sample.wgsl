@@ -5,6 +5,9 @@
 //   touch -> stats -> decide_stats -> (hist_k -> decide_k) x3 -> (hist_p -> decide_p) x3
 //         -> draw -> finish -> rank_topn -> finish_lp [-> draw_many] -> untouch
 //
+// The arithmetic that decides tokens (ln, exp, division, Philox) is in fmath.wgsl; the
+// workgroup reductions in reduce_wg.wgsl or reduce_sg.wgsl, appended by the launcher.
+//
 // Row-parallel kernels run one workgroup per (split, row): a row is cut into `splits`
 // chunks so that a small batch still fills the device. Per-row kernels (decide_*,
 // finish*) run one workgroup per row. Values that cross kernels live in `state` (per
@@ -24,10 +27,16 @@ const SLOT: u32 = 52u;      // slot words per (row, split)
 const NTOP: u32 = 20u;      // most top log-probabilities a row may ask for
 const LPW: u32 = 44u;       // logprobs output words per row
 const NEG_INF_BITS: u32 = 0xff800000u;
+const DRAW_WG: u32 = 256u;  // invocations of a draw_many workgroup
+// out_status codes
+const OUT_NON_FINITE: u32 = 1u;
+const OUT_NO_CANDIDATE: u32 = 2u;
+const OUT_NO_WINNER: u32 = 3u;
+const NO_TOKEN: u32 = 0xffffffffu;
 const TWO_M40: f32 = 9.094947017729282e-13; // 2^-40
 
 // state word offsets
-const S_STATUS: u32 = 0u;   // 0 sample, 1 greedy, 2 non-finite, 3 no candidate
+const S_STATUS: u32 = 0u;   // 0 sample, 1 greedy, 2 non-finite, 3 no candidate, 4 no winner
 const S_COUNT: u32 = 1u;
 const S_ZMAX: u32 = 2u;
 const S_YMAX: u32 = 3u;
@@ -69,8 +78,8 @@ struct Call {
     bm_words: u32,    // bitmap words per row
     n_touches: u32,
     draws: u32,       // draw_many only
-    pad1: u32,
-    pad2: u32,
+    draw_lanes: u32,  // draw_many: invocations sharing one draw (a power of two)
+    zero: u32,        // always 0 (fp, in fmath.wgsl)
 }
 
 struct RowP {
@@ -121,100 +130,9 @@ var<workgroup> wtot: vec2<u32>;
 var<workgroup> wflag: u32;
 var<workgroup> hk: array<atomic<u32>, 2048>;
 var<workgroup> hm_lo: array<atomic<u32>, 2048>;
-var<workgroup> hm_hi: array<atomic<u32>, 2048>;
 
-// ---------------------------------------------------------------------------------
-// Arithmetic shared with the CPU (crate::fmath, crate::philox): keep line for line.
-
-fn ln_f32(x: f32) -> f32 {
-    let bits = bitcast<u32>(x);
-    var e = i32((bits >> 23u) & 0xffu) - 126;
-    var m = bitcast<f32>((bits & 0x007fffffu) | 0x3f000000u);
-    if (m < 0.70710677) {
-        e = e - 1;
-        m = m + m - 1.0;
-    } else {
-        m = m - 1.0;
-    }
-    let ef = f32(e);
-    let z = m * m;
-    var y = 7.0376836e-2;
-    y = y * m - 1.151461e-1;
-    y = y * m + 1.1676999e-1;
-    y = y * m - 1.2420141e-1;
-    y = y * m + 1.4249323e-1;
-    y = y * m - 1.6668058e-1;
-    y = y * m + 2.0000714e-1;
-    y = y * m - 2.4999994e-1;
-    y = y * m + 3.333333e-1;
-    y = y * m * z;
-    y = y + ef * -2.1219444e-4;
-    y = y + -0.5 * z;
-    var r = m + y;
-    r = r + ef * 0.6933594;
-    return r;
-}
-
-fn exp_f32(x: f32) -> f32 {
-    if (!(x >= -87.33654)) {
-        return 0.0;
-    }
-    if (x > 88.0) {
-        return bitcast<f32>(0x7f800000u);
-    }
-    let n = floor(x * 1.442695 + 0.5);
-    var r = x - n * 0.6933594;
-    r = r - n * -2.1219444e-4;
-    let z = r * r;
-    var y = 1.9875691e-4;
-    y = y * r + 1.3981999e-3;
-    y = y * r + 8.333452e-3;
-    y = y * r + 4.1665796e-2;
-    y = y * r + 1.6666665e-1;
-    y = y * r + 0.5;
-    y = y * z + r + 1.0;
-    let ni = i32(n);
-    let hn = ni / 2;
-    let s1 = bitcast<f32>(u32(hn + 127) << 23u);
-    let s2 = bitcast<f32>(u32(ni - hn + 127) << 23u);
-    let v = y * s1 * s2;
-    if (v < 1.17549435e-38) {
-        return 0.0;
-    }
-    return v;
-}
-
-fn mulhilo(a: u32, b: u32) -> vec2<u32> {
-    let al = a & 0xffffu;
-    let ah = a >> 16u;
-    let bl = b & 0xffffu;
-    let bh = b >> 16u;
-    let ll = al * bl;
-    let lh = al * bh;
-    let hl = ah * bl;
-    let hh = ah * bh;
-    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
-    let hi = hh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u);
-    return vec2<u32>(hi, a * b);
-}
-
-fn philox(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
-    var c = counter;
-    var k = key;
-    for (var rd = 0u; rd < 10u; rd = rd + 1u) {
-        if (rd > 0u) {
-            k = vec2<u32>(k.x + 0x9E3779B9u, k.y + 0xBB67AE85u);
-        }
-        let p0 = mulhilo(0xD2511F53u, c.x);
-        let p1 = mulhilo(0xCD9E8D57u, c.z);
-        c = vec4<u32>(p1.x ^ c.y ^ k.x, p1.y, p0.x ^ c.w ^ k.y, p0.y);
-    }
-    return c;
-}
-
-fn gumbel(x: u32) -> f32 {
-    let u = f32(2u * (x >> 9u) + 1u) * (1.0 / 16777216.0);
-    return -ln_f32(-ln_f32(u));
+fn opaque_zero() -> u32 {
+    return call.zero;
 }
 
 // ---------------------------------------------------------------------------------
@@ -227,6 +145,15 @@ fn key_of(v: f32) -> u32 {
         return ~b;
     }
     return b | 0x80000000u;
+}
+
+// The key of a value for comparisons: as key_of, but -0 and +0 compare equal, as floats
+// do. Comparing keys keeps -inf out of float comparisons (fast math may assume it away).
+fn cmp_key(v: f32) -> u32 {
+    if (bitcast<u32>(v) == 0x80000000u) {
+        return 0x80000000u;
+    }
+    return key_of(v);
 }
 
 fn from_key(k: u32) -> f32 {
@@ -252,6 +179,14 @@ fn not_finite(v: f32) -> bool {
 
 fn neg_inf() -> f32 {
     return bitcast<f32>(NEG_INF_BITS);
+}
+
+// exp(a - b) for a finite b; 0 when a is -inf (kept out of the arithmetic).
+fn exp_diff(a: f32, b: f32) -> f32 {
+    if (is_neg_inf(a)) {
+        return 0.0;
+    }
+    return exp_f32(a - b);
 }
 
 fn f16_to_f32(h: u32) -> f32 {
@@ -415,17 +350,24 @@ fn touch(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     let x = load_x(tc.row, tc.token);
     var z = x;
     if ((tc.flags & 1u) != 0u) {
-        z = x + tc.bias;
-    }
-    if ((tc.flags & 2u) != 0u) {
-        if (z > 0.0) {
-            z = z / rp.rep;
-        } else {
-            z = z * rp.rep;
+        if (is_neg_inf(tc.bias)) {
+            z = neg_inf();
+        } else if (!is_neg_inf(x)) {
+            z = x + tc.bias;
         }
     }
-    if (tc.count > 0u) {
-        z = z - rp.freq * f32(tc.count) - rp.pres;
+    // -inf stays -inf through the penalties (and is kept out of the arithmetic)
+    if (!is_neg_inf(z)) {
+        if ((tc.flags & 2u) != 0u) {
+            if (z > 0.0) {
+                z = div_rn(z, rp.rep);
+            } else {
+                z = z * rp.rep;
+            }
+        }
+        if (tc.count > 0u) {
+            z = fp(z - fp(rp.freq * f32(tc.count))) - rp.pres;
+        }
     }
     touches[t].z = z;
     atomicOr(&bitmap[tc.row * call.bm_words + (tc.token >> 5u)], 1u << (tc.token & 31u));
@@ -445,7 +387,9 @@ fn untouch(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
 // Pass 1: max of z and of x, non-finite counts.
 
 @compute @workgroup_size(256)
-fn stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn stats(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
     let split = wid.x;
     let row = wid.y;
     let rp = rows[row];
@@ -481,7 +425,9 @@ fn stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
 }
 
 @compute @workgroup_size(256)
-fn decide_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn decide_stats(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
     let row = wid.x;
     var zk = 0u;
     var xk = 0u;
@@ -514,7 +460,7 @@ fn decide_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         } else if (t < 1e-5) {
             status = 1u;
         } else {
-            ymax = zmax / t;
+            ymax = div_rn(zmax, t);
             if (not_finite(ymax)) {
                 status = 1u;
             }
@@ -524,7 +470,12 @@ fn decide_stats(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         ssetf(row, S_ZMAX, zmax);
         ssetf(row, S_YMAX, ymax);
         ssetf(row, S_XMAX, from_key(a.y));
-        ssetf(row, S_TAU_MIN, ymax + rp.ln_min_p);
+        // ymax + ln(min_p), -inf when min-p is off (or the row does not sample)
+        var tau_min = neg_inf();
+        if (!is_neg_inf(rp.ln_min_p) && !is_neg_inf(ymax)) {
+            tau_min = ymax + rp.ln_min_p;
+        }
+        ssetf(row, S_TAU_MIN, tau_min);
         let sampling = status == 0u;
         sset(row, S_K_ON, select(0u, 1u, sampling && (rp.flags & F_TOP_K) != 0u));
         sset(row, S_K_LEVEL, 0u);
@@ -581,7 +532,9 @@ fn in_prefix(key: u32, level: u32, prefix: u32) -> bool {
 }
 
 @compute @workgroup_size(256)
-fn hist_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn hist_k(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
     let split = wid.x;
     let row = wid.y;
     let on = sget(row, S_K_ON) != 0u;
@@ -620,7 +573,9 @@ fn hist_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 }
 
 @compute @workgroup_size(256)
-fn decide_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn decide_k(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
     let row = wid.x;
     if (!wg_flag(lid, sget(row, S_K_ON) != 0u)) {
         return;
@@ -660,7 +615,7 @@ fn decide_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         sset(row, S_K_REM, left);
         sset(row, S_K_LEVEL, level + 1u);
         if (level == 2u) {
-            ssetf(row, S_TAU_K, from_key(np) / rows[row].temperature);
+            ssetf(row, S_TAU_K, div_rn(from_key(np), rows[row].temperature));
         }
     }
 }
@@ -669,7 +624,9 @@ fn decide_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
 // Top-p: radix select of the cut over K, by the mass exp(y - ymax) in 2^-40 units.
 
 @compute @workgroup_size(256)
-fn hist_p(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn hist_p(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
     let split = wid.x;
     let row = wid.y;
     let on = sget(row, S_P_ON) != 0u;
@@ -678,7 +635,6 @@ fn hist_p(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     }
     for (var b = lid; b < BINS; b = b + WG) {
         atomicStore(&hm_lo[b], 0u);
-        atomicStore(&hm_hi[b], 0u);
     }
     workgroupBarrier();
     let level = sget(row, S_P_LEVEL);
@@ -694,6 +650,7 @@ fn hist_p(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     if (!on) {
         end = start;
     }
+    let hb = row * HW;
     for (var i = start + lid; i < end; i = i + WG) {
         let z = z_from(row, i, load_x(row, i), rp);
         if (is_neg_inf(z)) {
@@ -703,47 +660,44 @@ fn hist_p(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         if (!in_prefix(key, level, prefix)) {
             continue;
         }
-        let y = z / t;
-        if (y < tau_k) {
+        let y = div_rn(z, t);
+        if (cmp_key(y) < cmp_key(tau_k)) {
             continue;
         }
         let e = exp_f32(y - ymax);
         if (e == 0.0) {
             continue;
         }
+        // the low words add up in workgroup memory; high words and carries go straight
+        // to the row's histogram (integer sums: the order does not matter)
         let fx = fixed40(e);
         let lo = fx.x;
-        let hi = fx.y;
         let d = (key >> sh) & mask;
         let old = atomicAdd(&hm_lo[d], lo);
-        var add_hi = hi;
+        var add_hi = fx.y;
         if (old + lo < old) {
             add_hi = add_hi + 1u;
         }
         if (add_hi != 0u) {
-            atomicAdd(&hm_hi[d], add_hi);
+            atomicAdd(&hist[hb + 2u * BINS + d], add_hi);
         }
     }
     workgroupBarrier();
-    let hb = row * HW;
     for (var b = lid; b < BINS; b = b + WG) {
         let lo = atomicLoad(&hm_lo[b]);
-        let hi = atomicLoad(&hm_hi[b]);
-        if ((lo | hi) != 0u) {
+        if (lo != 0u) {
             let old = atomicAdd(&hist[hb + BINS + b], lo);
-            var add_hi = hi;
             if (old + lo < old) {
-                add_hi = add_hi + 1u;
-            }
-            if (add_hi != 0u) {
-                atomicAdd(&hist[hb + 2u * BINS + b], add_hi);
+                atomicAdd(&hist[hb + 2u * BINS + b], 1u);
             }
         }
     }
 }
 
 @compute @workgroup_size(256)
-fn decide_p(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn decide_p(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
     let row = wid.x;
     if (!wg_flag(lid, sget(row, S_P_ON) != 0u)) {
         return;
@@ -800,9 +754,9 @@ fn decide_p(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         if (level == 2u) {
             let t = rows[row].temperature;
             let theta = from_key(np);
-            let e = exp_f32(theta / t - sgetf(row, S_YMAX));
+            let e = exp_f32(div_rn(theta, t) - sgetf(row, S_YMAX));
             let s_norm = sum_f * TWO_M40;
-            ssetf(row, S_TAU_Q, e / s_norm);
+            ssetf(row, S_TAU_Q, div_rn(e, s_norm));
             sset(row, S_P_CUT, 1u);
         }
     }
@@ -825,13 +779,13 @@ fn member(z: f32, t: f32, tau_k: f32, tau_min: f32, cut: bool, tau_q: f32, ymax:
     if (is_neg_inf(z)) {
         return Member(false, neg_inf());
     }
-    let y = z / t;
-    if (y < tau_k || y < tau_min) {
+    let y = div_rn(z, t);
+    if (cmp_key(y) < cmp_key(tau_k) || cmp_key(y) < cmp_key(tau_min)) {
         return Member(false, y);
     }
     if (cut) {
-        let q = exp_f32(y - ymax) / s_norm;
-        if (q < tau_q) {
+        let q = div_rn(exp_f32(y - ymax), s_norm);
+        if (cmp_key(q) < cmp_key(tau_q)) {
             return Member(false, y);
         }
     }
@@ -839,7 +793,9 @@ fn member(z: f32, t: f32, tau_k: f32, tau_min: f32, cut: bool, tau_q: f32, ymax:
 }
 
 @compute @workgroup_size(256)
-fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn draw(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
     let split = wid.x;
     let row = wid.y;
     let rp = rows[row];
@@ -875,9 +831,9 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             if (want_lp) {
                 if (processed) {
-                    acc = add64(acc, fixed40(exp_f32(z - zmax)));
+                    acc = add64(acc, fixed40(exp_diff(z, zmax)));
                 } else {
-                    acc = add64(acc, fixed40(exp_f32(x - xmax)));
+                    acc = add64(acc, fixed40(exp_diff(x, xmax)));
                 }
             }
         }
@@ -897,7 +853,7 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let z = z_from(row, i, x, rp);
                 let mb = member(z, t, tau_k, tau_min, cut, tau_q, ymax, s_norm);
                 if (want_lp && !processed) {
-                    acc = add64(acc, fixed40(exp_f32(x - xmax)));
+                    acc = add64(acc, fixed40(exp_diff(x, xmax)));
                 }
                 if (!mb.inside) {
                     continue;
@@ -910,7 +866,7 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                     have = true;
                 }
                 let s = mb.y + gumbel(words[j]);
-                let k = key_of(s);
+                let k = cmp_key(s);
                 if (k > best_k || (k == best_k && i < best_i)) {
                     best_k = k;
                     best_i = i;
@@ -930,7 +886,9 @@ fn draw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 }
 
 @compute @workgroup_size(256)
-fn finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
     let row = wid.x;
     var bk = 0u;
     var bi = 0xffffffffu;
@@ -954,12 +912,16 @@ fn finish(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         var code = 0u;
         var count = 0u;
         if (status == 2u) {
-            code = 1u;
+            code = OUT_NON_FINITE;
             count = sget(row, S_COUNT);
         } else if (status == 3u) {
-            code = 2u;
+            code = OUT_NO_CANDIDATE;
+        } else if (r.y >= call.vocab) {
+            // the kept set is never empty, so this is a defect: a row error, not a token
+            code = OUT_NO_WINNER;
+            sset(row, S_STATUS, 4u);
         } else {
-            token = min(r.y, call.vocab - 1u);
+            token = r.y;
         }
         out_tokens[row] = token;
         out_status[row * 2u] = code;
@@ -1012,7 +974,9 @@ fn before_in_rank(v: f32, i: u32, w: f32, j: u32) -> bool {
 }
 
 @compute @workgroup_size(256)
-fn rank_topn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn rank_topn(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
     let split = wid.x;
     let row = wid.y;
     let rp = rows[row];
@@ -1088,7 +1052,9 @@ fn rank_topn(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
 }
 
 @compute @workgroup_size(256)
-fn finish_lp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn finish_lp(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
     let row = wid.x;
     let rp = rows[row];
     let status = sget(row, S_STATUS);
@@ -1121,14 +1087,14 @@ fn finish_lp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         }
         if (lid == 0u && act && r < n && w.x != 0u) {
             out_lp[ob + 3u + 2u * listed] = w.y;
-            out_lp[ob + 4u + 2u * listed] = bitcast<u32>((from_key(w.x) - vmax) - lse);
+            out_lp[ob + 4u + 2u * listed] = bitcast<u32>(fp(from_key(w.x) - vmax) - lse);
             listed = listed + 1u;
         }
     }
     if (lid == 0u && act) {
         let token = sget(row, S_TOKEN);
         let vc = lp_value(row, token, rp, status);
-        out_lp[ob] = bitcast<u32>((vc - vmax) - lse);
+        out_lp[ob] = bitcast<u32>(fp(vc - vmax) - lse);
         out_lp[ob + 1u] = rank;
         out_lp[ob + 2u] = listed;
     }
@@ -1136,26 +1102,21 @@ fn finish_lp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
 
 // ---------------------------------------------------------------------------------
 // Many draws of one row: tokens at steps step .. step + draws - 1 from the same kept set
-// (the filters do not depend on the step). One invocation per draw; the tokens go to
-// out_lp[row * draws + d] (this mode reports no log-probabilities).
+// (the filters do not depend on the step). `draw_lanes` invocations share one draw, each
+// taking every draw_lanes-th group of four tokens, so that no invocation loops over a
+// whole large row; a workgroup holds DRAW_WG / draw_lanes draws of one row. The tokens
+// go to out_lp[row * draws + d] (this mode reports no log-probabilities); a draw that
+// finds no winner writes NO_TOKEN, which the launcher reports as a row error.
 
-@compute @workgroup_size(64)
-fn draw_many(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let d = gid.x;
+@compute @workgroup_size(256)
+fn draw_many(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    let per = call.draw_lanes;
+    let lane = lid % per;
+    let d = wid.x * (DRAW_WG / per) + lid / per;
     let row = wid.y;
-    if (d >= call.draws) {
-        return;
-    }
-    let o = row * call.draws + d;
     let status = sget(row, S_STATUS);
-    if (status >= 2u) {
-        out_lp[o] = 0u;
-        return;
-    }
-    if (status == 1u) {
-        out_lp[o] = sget(row, S_TOKEN);
-        return;
-    }
     let rp = rows[row];
     let step_lo = rp.step_lo + d;
     var step_hi = rp.step_hi;
@@ -1171,9 +1132,12 @@ fn draw_many(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_i
     let tau_q = sgetf(row, S_TAU_Q);
     let s_norm = sgetf(row, S_SUM) * TWO_M40;
     var best_k = 0u;
-    var best_i = 0u;
-    let groups = (call.vocab + 3u) / 4u;
-    for (var g = 0u; g < groups; g = g + 1u) {
+    var best_i = NO_TOKEN;
+    var groups = (call.vocab + 3u) / 4u;
+    if (d >= call.draws || status != 0u) {
+        groups = 0u;
+    }
+    for (var g = lane; g < groups; g = g + per) {
         var words = vec4<u32>(0u, 0u, 0u, 0u);
         var have = false;
         for (var j = 0u; j < 4u; j = j + 1u) {
@@ -1190,12 +1154,35 @@ fn draw_many(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_i
                 words = philox(vec4<u32>(g, step_lo, step_hi, 0u), key);
                 have = true;
             }
-            let k = key_of(mb.y + gumbel(words[j]));
-            if (k > best_k) {
+            let k = cmp_key(mb.y + gumbel(words[j]));
+            if (k > best_k || (k == best_k && i < best_i)) {
                 best_k = k;
                 best_i = i;
             }
         }
     }
-    out_lp[o] = best_i;
+    // argmax within each run of `per` invocations (ties to the smaller id)
+    ra[lid] = best_k;
+    rb[lid] = best_i;
+    workgroupBarrier();
+    for (var w = per >> 1u; w > 0u; w = w >> 1u) {
+        if (lane < w) {
+            let ok = ra[lid + w];
+            let oi = rb[lid + w];
+            if (ok > ra[lid] || (ok == ra[lid] && oi < rb[lid])) {
+                ra[lid] = ok;
+                rb[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && d < call.draws) {
+        var token = rb[lid];
+        if (status == 1u) {
+            token = sget(row, S_TOKEN);
+        } else if (status >= 2u) {
+            token = 0u;
+        }
+        out_lp[row * call.draws + d] = token;
+    }
 }

@@ -1,0 +1,189 @@
+// Arithmetic that decides tokens, the same on every device as on the CPU
+// (crate::fmath, crate::philox): keep it line for line with them.
+//
+// Two rules make it so on any compiler, fast math included (wgpu's Metal backend compiles
+// with Metal's default options, which turn fast math on; and a SPIR-V driver may fuse a
+// multiply into an add or reorder a chain of additions unless the module forbids it,
+// which naga's output does not: Mesa's compiler does reorder them):
+// - every intermediate result goes through `fp`, an identity the compiler cannot see
+//   through (an XOR with a zero it only learns at run time), so each operation is rounded
+//   on its own and in the CPU's order, never fused or reassociated;
+// - division is `div_rn`, correctly rounded in integer arithmetic (WGSL's `/` is only
+//   within 2.5 ulp, and fast math may turn it into a reciprocal).
+// Special values (-inf, NaN) are tested on bits, never through float comparisons.
+//
+// The including module defines `fn opaque_zero() -> u32`, returning a zero read from a
+// uniform buffer.
+
+fn fp(x: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) ^ opaque_zero());
+}
+
+// a / b correctly rounded to nearest even, for b a positive finite number and a finite
+// (zero and subnormals included) or -inf (returned as is). Overflow gives +-inf,
+// results below the normal range are rounded into the subnormals as IEEE 754 does.
+fn div_rn(a: f32, b: f32) -> f32 {
+    let ab = bitcast<u32>(a);
+    let sign = ab & 0x80000000u;
+    let mag = ab & 0x7fffffffu;
+    if (mag == 0u || mag >= 0x7f800000u) {
+        return a;
+    }
+    let na = significand(mag);
+    let nb = significand(bitcast<u32>(b) & 0x7fffffffu);
+    var ma = na.x;
+    let mb = nb.x;
+    // the quotient of the significands is in [1, 2) after this
+    var e = i32(na.y) - i32(nb.y);
+    if (ma < mb) {
+        ma = ma << 1u;
+        e = e - 1;
+    }
+    // 24 quotient bits, a guard bit, and whether anything is left (sticky)
+    var rem = ma;
+    var q = 0u;
+    for (var i = 0u; i < 25u; i = i + 1u) {
+        q = q << 1u;
+        if (rem >= mb) {
+            rem = rem - mb;
+            q = q | 1u;
+        }
+        rem = rem << 1u;
+    }
+    // q: 25 bits (bit 24 set); x = q << 1 | sticky: 26 bits, two below the last kept one
+    var x = (q << 1u) | select(0u, 1u, rem != 0u);
+    let biased = e + 127;
+    if (biased >= 255) {
+        return bitcast<f32>(sign | 0x7f800000u);
+    }
+    var expo = 0u;
+    if (biased >= 1) {
+        expo = u32(biased - 1);
+    } else {
+        // below the normal range: shift out 1 - biased more bits, keeping the sticky
+        let sh = u32(1 - biased);
+        if (sh >= 26u) {
+            x = select(0u, 1u, x != 0u);
+        } else {
+            let lost = x & ((1u << sh) - 1u);
+            x = (x >> sh) | select(0u, 1u, lost != 0u);
+        }
+    }
+    var mant = x >> 2u;
+    let guard = (x >> 1u) & 1u;
+    let sticky = x & 1u;
+    if (guard == 1u && (sticky == 1u || (mant & 1u) == 1u)) {
+        mant = mant + 1u;
+    }
+    // the implicit bit of a normal result adds one to the exponent field; a carry out of
+    // the significand moves to the next binade (or to infinity) by the same addition
+    return bitcast<f32>(sign | ((expo << 23u) + mant));
+}
+
+// The significand of a positive finite non-zero float with its implicit bit (in
+// [2^23, 2^24), subnormals normalised) and its biased exponent plus 128 (so it stays
+// non-negative for subnormals).
+fn significand(mag: u32) -> vec2<u32> {
+    let e = mag >> 23u;
+    let m = mag & 0x7fffffu;
+    if (e == 0u) {
+        let lz = countLeadingZeros(m) - 8u;
+        return vec2<u32>(m << lz, 129u - lz);
+    }
+    return vec2<u32>(m | 0x800000u, e + 128u);
+}
+
+fn ln_f32(x: f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    var e = i32((bits >> 23u) & 0xffu) - 126;
+    var m = bitcast<f32>((bits & 0x007fffffu) | 0x3f000000u);
+    if (m < 0.70710677) {
+        e = e - 1;
+        m = fp(m + m) - 1.0;
+    } else {
+        m = m - 1.0;
+    }
+    m = fp(m);
+    let ef = f32(e);
+    let z = fp(m * m);
+    var y = 7.0376836e-2;
+    y = fp(fp(y * m) - 1.151461e-1);
+    y = fp(fp(y * m) + 1.1676999e-1);
+    y = fp(fp(y * m) - 1.2420141e-1);
+    y = fp(fp(y * m) + 1.4249323e-1);
+    y = fp(fp(y * m) - 1.6668058e-1);
+    y = fp(fp(y * m) + 2.0000714e-1);
+    y = fp(fp(y * m) - 2.4999994e-1);
+    y = fp(fp(y * m) + 3.333333e-1);
+    y = fp(fp(y * m) * z);
+    y = fp(y + fp(ef * -2.1219444e-4));
+    y = fp(y + fp(-0.5 * z));
+    let r = fp(m + y);
+    return fp(r + fp(ef * 0.6933594));
+}
+
+// exp(x) for x <= 88; 0 below -87.33654 (and for -inf or NaN).
+fn exp_f32(x_in: f32) -> f32 {
+    let x = fp(x_in);
+    let bits = bitcast<u32>(x);
+    // -87.33654 is 0xc2aeac4f: a negative float is smaller when its bits are larger
+    if (bits >= 0xc2aeac50u || (bits > 0x7f800000u && bits < 0x80000000u)) {
+        return 0.0;
+    }
+    if (bits > 0x42b00000u && bits < 0x80000000u) {
+        return bitcast<f32>(0x7f800000u);
+    }
+    let n = floor(fp(fp(x * 1.442695) + 0.5));
+    var r = fp(x - fp(n * 0.6933594));
+    r = fp(r - fp(n * -2.1219444e-4));
+    let z = fp(r * r);
+    var y = 1.9875691e-4;
+    y = fp(fp(y * r) + 1.3981999e-3);
+    y = fp(fp(y * r) + 8.333452e-3);
+    y = fp(fp(y * r) + 4.1665796e-2);
+    y = fp(fp(y * r) + 1.6666665e-1);
+    y = fp(fp(y * r) + 0.5);
+    y = fp(fp(fp(y * z) + r) + 1.0);
+    let ni = i32(n);
+    let hn = ni / 2;
+    let s1 = bitcast<f32>(u32(hn + 127) << 23u);
+    let s2 = bitcast<f32>(u32(ni - hn + 127) << 23u);
+    let v = fp(fp(y * s1) * s2);
+    if (bitcast<u32>(v) < 0x00800000u) {
+        return 0.0;
+    }
+    return v;
+}
+
+fn mulhilo(a: u32, b: u32) -> vec2<u32> {
+    let al = a & 0xffffu;
+    let ah = a >> 16u;
+    let bl = b & 0xffffu;
+    let bh = b >> 16u;
+    let ll = al * bl;
+    let lh = al * bh;
+    let hl = ah * bl;
+    let hh = ah * bh;
+    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
+    let hi = hh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u);
+    return vec2<u32>(hi, a * b);
+}
+
+fn philox(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+    var c = counter;
+    var k = key;
+    for (var rd = 0u; rd < 10u; rd = rd + 1u) {
+        if (rd > 0u) {
+            k = vec2<u32>(k.x + 0x9E3779B9u, k.y + 0xBB67AE85u);
+        }
+        let p0 = mulhilo(0xD2511F53u, c.x);
+        let p1 = mulhilo(0xCD9E8D57u, c.z);
+        c = vec4<u32>(p1.x ^ c.y ^ k.x, p1.y, p0.x ^ c.w ^ k.y, p0.y);
+    }
+    return c;
+}
+
+fn gumbel(x: u32) -> f32 {
+    let u = f32(2u * (x >> 9u) + 1u) * (1.0 / 16777216.0);
+    return -ln_f32(-ln_f32(u));
+}

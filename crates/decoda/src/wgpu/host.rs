@@ -1,0 +1,324 @@
+//! The host API: host logits in, results read back ([`Backend`] for [`WgpuSampler`]),
+//! and reading a device call's results.
+
+use crate::backend::Backend;
+use crate::error::{Error, Result, RowError};
+use crate::logits::{Logits, LogitsData};
+use crate::params::{Request, MAX_LOGPROBS};
+use crate::pipeline::{self as pl, RowResult, Sample, TokenLogprobs, TopLogprob};
+
+use super::layout::*;
+use super::sampler::{make_buffer, poisoned, DeviceLogits, DeviceOutputs, WgpuSampler};
+
+/// Rows per piece when [`Backend::sample`] splits a large host batch.
+const HOST_PIECE_ROWS: usize = 1024;
+/// Most draw tokens one host call of `sample_draws` brings back.
+const MAX_DRAW_WORDS: usize = 1 << 24;
+
+impl WgpuSampler {
+    /// Copies the results of the last call recorded into `out` to the host (one submit
+    /// and a blocking map) and turns them into per-row results.
+    pub fn read(&self, out: &DeviceOutputs, requests: &[Request]) -> Result<Vec<RowResult>> {
+        let b = requests.len();
+        if b > out.rows {
+            return Err(Error::Shape(format!(
+                "{b} requests for outputs of {} rows",
+                out.rows
+            )));
+        }
+        if b == 0 {
+            return Ok(Vec::new());
+        }
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let bytes = copy_results(&mut enc, out, b, b * LP_WORDS);
+        self.queue.submit([enc.finish()]);
+        let words = self.map_words(&out.readback, bytes)?;
+        let vocab = out.vocab.load(std::sync::atomic::Ordering::Relaxed);
+        Ok(parse_results(&words, requests, vocab))
+    }
+
+    pub(crate) fn map_words(&self, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u32>> {
+        let slice = buf.slice(0..bytes);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
+        rx.recv()
+            .map_err(|_| Error::Device("the map callback never ran".into()))?
+            .map_err(|e| Error::Device(format!("mapping the results: {e}")))?;
+        let words = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| Error::Device(format!("mapping the results: {e}")))?;
+            bytemuck::cast_slice::<u8, u32>(&view).to_vec()
+        };
+        buf.unmap();
+        Ok(words)
+    }
+
+    /// One host call: uploads the logits into the sampler's buffer, records the call
+    /// (with `draws` > 0, the many-draws kernel too), copies the results into the readback
+    /// buffer in the same encoder, submits once and maps them. Returns the words: tokens
+    /// `[B]`, status `[B, 2]`, then `[B, 44]` logprobs or `[B, draws]` tokens.
+    fn host_call(
+        &self,
+        logits: &Logits<'_>,
+        requests: &[Request],
+        draws: usize,
+    ) -> Result<Vec<u32>> {
+        let _call = self.host_call.lock().map_err(|_| poisoned())?;
+        let b = logits.rows();
+        let lp_words = if draws > 0 { b * draws } else { b * LP_WORDS };
+        let (buf, out) = {
+            let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
+            if sc.host_logits.ensure(&self.device, logits_size(logits)) {
+                sc.generation += 1;
+            }
+            self.write_logits(&sc.host_logits.buf, logits);
+            let out = match sc.host_out.take() {
+                Some(o) if o.rows >= b && o.lp_words >= lp_words => o,
+                _ => self.outputs_for(b.max(64), lp_words.max(64 * LP_WORDS))?,
+            };
+            (sc.host_logits.buf.clone(), out)
+        };
+        let view = DeviceLogits {
+            buffer: &buf,
+            dtype: logits.dtype(),
+            rows: b,
+            vocab: logits.vocab(),
+            row_stride: logits.vocab(),
+            offset: 0,
+        };
+        let result = (|| {
+            let mut enc = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            self.record_inner(&mut enc, &view, requests, &out, None, draws)?;
+            let bytes = copy_results(&mut enc, &out, b, lp_words);
+            self.queue.submit([enc.finish()]);
+            if let Some(e) = pollster::block_on(scope.pop()) {
+                return Err(Error::Device(format!("{}: {e}", self.info.name)));
+            }
+            self.map_words(&out.readback, bytes)
+        })();
+        self.scratch.lock().map_err(|_| poisoned())?.host_out = Some(out);
+        result
+    }
+
+    /// Rows per host call: as many as one storage binding holds, at most `cap`.
+    fn rows_per_call(&self, logits: &Logits<'_>, cap: usize) -> Result<usize> {
+        let limits = self.device.limits();
+        let max_bytes = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        let row_bytes = (logits.vocab() * logits.dtype().size()) as u64;
+        if row_bytes + 4 > max_bytes {
+            return Err(Error::Shape(format!(
+                "one row of {} {} logits exceeds this adapter's largest storage binding \
+                 ({max_bytes} bytes)",
+                logits.vocab(),
+                logits.dtype()
+            )));
+        }
+        Ok(((max_bytes - 4) / row_bytes).clamp(1, cap as u64) as usize)
+    }
+
+    /// Uploads host logits into a new device buffer (STORAGE usage), for benchmarks and
+    /// tests of the device API.
+    pub fn upload_logits(&self, logits: &Logits<'_>) -> wgpu::Buffer {
+        let buf = make_buffer(
+            &self.device,
+            "decoda logits",
+            logits_size(logits),
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        );
+        self.write_logits(&buf, logits);
+        buf
+    }
+
+    /// Writes the logits into `buf` as the shader reads them (f32 words, or 16-bit values
+    /// two to a word), straight from the caller's slice; a last half word is padded.
+    fn write_logits(&self, buf: &wgpu::Buffer, logits: &Logits<'_>) {
+        use half::slice::HalfFloatSliceExt;
+        let bytes: &[u8] = match logits.data() {
+            LogitsData::F32(d) => bytemuck::cast_slice(d),
+            LogitsData::F16(d) => bytemuck::cast_slice(d.reinterpret_cast()),
+            LogitsData::Bf16(d) => bytemuck::cast_slice(d.reinterpret_cast()),
+        };
+        let whole = bytes.len() / 4 * 4;
+        if whole > 0 {
+            self.queue.write_buffer(buf, 0, &bytes[..whole]);
+        }
+        if whole < bytes.len() {
+            let mut tail = [0u8; 4];
+            tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+            self.queue.write_buffer(buf, whole as u64, &tail);
+        }
+    }
+}
+
+/// Bytes of a device copy of the logits: whole 4-byte words, at least one.
+fn logits_size(logits: &Logits<'_>) -> u64 {
+    ((logits.rows() * logits.vocab() * logits.dtype().size()).next_multiple_of(4)).max(4) as u64
+}
+
+impl Backend for WgpuSampler {
+    fn name(&self) -> String {
+        format!("wgpu:{}", self.info.name)
+    }
+
+    fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
+        pl::validate_call(logits.rows(), logits.vocab(), requests)?;
+        let piece = self.rows_per_call(logits, HOST_PIECE_ROWS)?;
+        let mut results = Vec::with_capacity(requests.len());
+        for start in (0..logits.rows()).step_by(piece) {
+            let end = (start + piece).min(logits.rows());
+            let reqs = &requests[start..end];
+            let words = self.host_call(&logits.slice_rows(start, end)?, reqs, 0)?;
+            results.extend(parse_results(&words, reqs, logits.vocab()));
+        }
+        Ok(results)
+    }
+
+    /// The filters run once per row, then the Gumbel-max over the kept set runs once per
+    /// draw at its own step, spread over as many invocations as the row needs. Rows
+    /// asking for logprobs go through `sample`.
+    fn sample_draws(
+        &self,
+        logits: &Logits<'_>,
+        requests: &[Request],
+        draws: usize,
+    ) -> Result<Vec<Vec<RowResult>>> {
+        pl::validate_call(logits.rows(), logits.vocab(), requests)?;
+        if requests.iter().any(|r| r.params.logprobs.is_some()) {
+            return crate::backend::draws_by_steps(self, logits, requests, draws);
+        }
+        let mut out: Vec<Vec<RowResult>> = vec![Vec::with_capacity(draws); requests.len()];
+        if draws == 0 {
+            return Ok(out);
+        }
+        let v = logits.vocab();
+        let max_words = ((self.device.limits().max_storage_buffer_binding_size / 4) as usize)
+            .min(MAX_DRAW_WORDS);
+        let piece = self.rows_per_call(logits, 64)?;
+        // draws one call can dispatch: a workgroup holds 256 / lanes draws of a row
+        let lanes = v
+            .div_ceil(4)
+            .div_ceil(DRAW_GROUPS_PER_LANE)
+            .next_power_of_two()
+            .clamp(1, DRAW_WG);
+        let max_draws = MAX_GRID * (DRAW_WG / lanes);
+        for start in (0..logits.rows()).step_by(piece) {
+            let end = (start + piece).min(logits.rows());
+            let b = end - start;
+            let sub = logits.slice_rows(start, end)?;
+            let per_call = (max_words / b).clamp(1, max_draws);
+            let mut done = 0;
+            while done < draws {
+                let n = per_call.min(draws - done);
+                let reqs = crate::backend::at_step(&requests[start..end], done as u64);
+                let words = self.host_call(&sub, &reqs, n)?;
+                let (status, tokens) = words[b..].split_at(2 * b);
+                for r in 0..b {
+                    let row = &tokens[r * n..(r + 1) * n];
+                    let err = row_status(status[2 * r], status[2 * r + 1]);
+                    out[start + r].extend(row.iter().map(|&token| match err {
+                        None => checked(token, v, None),
+                        Some(e) => Err(e),
+                    }));
+                }
+                done += n;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Records copies of the results of `rows` rows (tokens, status, `lp_words` words of
+/// logprobs or draws) into `out.readback`, in that order; returns the bytes copied.
+pub(crate) fn copy_results(
+    enc: &mut wgpu::CommandEncoder,
+    out: &DeviceOutputs,
+    rows: usize,
+    lp_words: usize,
+) -> u64 {
+    let parts = [
+        (&out.tokens, rows as u64 * 4),
+        (&out.status, rows as u64 * 8),
+        (&out.logprobs, lp_words as u64 * 4),
+    ];
+    let mut at = 0;
+    for (buf, bytes) in parts {
+        enc.copy_buffer_to_buffer(buf, 0, &out.readback, at, bytes);
+        at += bytes;
+    }
+    at
+}
+
+/// A row's error from its two status words (`None` = sampled).
+fn row_status(code: u32, count: u32) -> Option<RowError> {
+    match code {
+        STATUS_OK => None,
+        STATUS_NON_FINITE => Some(RowError::NonFiniteLogits {
+            count: u64::from(count),
+        }),
+        STATUS_NO_CANDIDATE => Some(RowError::NoCandidate),
+        STATUS_NO_WINNER => Some(RowError::NoWinner),
+        // no other code is written; should one appear, the row still gets no token
+        _ => Some(RowError::NoWinner),
+    }
+}
+
+/// A drawn token, which must be below V: anything else (a draw that found no winner)
+/// is the row's [`RowError::NoWinner`], never a token.
+fn checked(token: u32, vocab: usize, logprobs: Option<TokenLogprobs>) -> RowResult {
+    if token != NO_TOKEN && (token as usize) < vocab {
+        Ok(Sample { token, logprobs })
+    } else {
+        Err(RowError::NoWinner)
+    }
+}
+
+fn parse_logprobs(w: &[u32]) -> TokenLogprobs {
+    let listed = (w[2] as usize).min(MAX_LOGPROBS as usize);
+    TokenLogprobs {
+        logprob: f32::from_bits(w[0]),
+        rank: w[1],
+        top: (0..listed)
+            .map(|k| TopLogprob {
+                token: w[3 + 2 * k],
+                logprob: f32::from_bits(w[4 + 2 * k]),
+            })
+            .collect(),
+    }
+}
+
+/// Per-row results from words laid out by [`copy_results`] with `[B, 44]` logprobs.
+/// Tokens must be below `vocab`.
+pub(crate) fn parse_results(words: &[u32], requests: &[Request], vocab: usize) -> Vec<RowResult> {
+    let b = requests.len();
+    let (tokens, rest) = words.split_at(b);
+    let (status, lps) = rest.split_at(2 * b);
+    requests
+        .iter()
+        .enumerate()
+        .map(
+            |(r, req)| match row_status(status[2 * r], status[2 * r + 1]) {
+                None => checked(
+                    tokens[r],
+                    vocab,
+                    req.params
+                        .logprobs
+                        .map(|_| parse_logprobs(&lps[r * LP_WORDS..(r + 1) * LP_WORDS])),
+                ),
+                Some(e) => Err(e),
+            },
+        )
+        .collect()
+}

@@ -1,0 +1,307 @@
+//! Data shared between the launcher and the WGSL kernels: the uniform and storage
+//! structs (mirrored by `struct Call`, `struct RowP` and `struct Touch` in `sample.wgsl`),
+//! the row flags, the sizes of the per-row scratch areas, and the workgroup memory the
+//! kernels declare. The tests at the bottom read the shaders with naga and check every
+//! one of these against what the WGSL says.
+
+/// Invocations per workgroup of the row kernels (`@workgroup_size(256)`).
+pub(crate) const WG: usize = 256;
+/// Words of radix histogram per row (`HW` in the shader).
+pub(crate) const HIST_WORDS: usize = 6144;
+/// State words per row (`ST`).
+pub(crate) const STATE_WORDS: usize = 32;
+/// Words per (row, split) slot (`SLOT`).
+pub(crate) const SLOT_WORDS: usize = 52;
+/// Log-probability words per row of the outputs (`LPW`).
+pub(crate) const LP_WORDS: usize = 44;
+/// Most workgroups a row is cut into (the per-row kernels reduce at most `WG` slots).
+pub(crate) const MAX_SPLITS: usize = 256;
+/// Largest workgroup count of one dispatch dimension (WebGPU's default limit).
+pub(crate) const MAX_GRID: usize = 65535;
+/// Most logits one workgroup of a row kernel reads: 4096 per invocation. A loop that
+/// runs longer is cut short by some drivers (Mesa's lavapipe stops a loop silently after
+/// about 32,768 iterations), so rows are split to stay below this.
+pub(crate) const MAX_CHUNK: usize = WG * 4096;
+/// Workgroup memory the largest entry point declares, in bytes (checked against the
+/// shaders by a test; the device must offer at least this much).
+pub(crate) const WORKGROUP_BYTES: u32 = 8196;
+/// Invocations per workgroup of `draw_many`; a draw is shared by 1 to 256 of them.
+pub(crate) const DRAW_WG: usize = 256;
+/// Groups of four tokens one invocation of `draw_many` handles at most before the draw
+/// is shared by more invocations.
+pub(crate) const DRAW_GROUPS_PER_LANE: usize = 64;
+
+pub(crate) const F_TOUCH: u32 = 1;
+pub(crate) const F_LOGPROBS: u32 = 2;
+pub(crate) const F_PROCESSED: u32 = 4;
+pub(crate) const F_TOP_P: u32 = 8;
+pub(crate) const F_TOP_K: u32 = 16;
+
+/// Status codes the kernels write per row (first status word).
+pub(crate) const STATUS_OK: u32 = 0;
+pub(crate) const STATUS_NON_FINITE: u32 = 1;
+pub(crate) const STATUS_NO_CANDIDATE: u32 = 2;
+/// The kept set was not empty, yet no token won: a defect, reported as a row error.
+pub(crate) const STATUS_NO_WINNER: u32 = 3;
+/// Token written where a draw found no winner (`draw_many`).
+pub(crate) const NO_TOKEN: u32 = 0xffff_ffff;
+
+/// The call's uniform block (`struct Call`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct CallU {
+    pub rows: u32,
+    pub vocab: u32,
+    pub stride: u32,
+    pub dtype: u32,
+    pub splits: u32,
+    pub chunk: u32,
+    pub base: u32,
+    pub bm_words: u32,
+    pub n_touches: u32,
+    pub draws: u32,
+    /// Invocations sharing one draw in `draw_many` (a power of two, 1 to 256).
+    pub draw_lanes: u32,
+    /// Always 0: read by `fp_barrier`, which the compiler cannot fold away.
+    pub zero: u32,
+}
+
+/// One row's parameters (`struct RowP`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct RowU {
+    pub temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub ln_min_p: f32,
+    pub rep: f32,
+    pub freq: f32,
+    pub pres: f32,
+    pub flags: u32,
+    pub seed_lo: u32,
+    pub seed_hi: u32,
+    pub step_lo: u32,
+    pub step_hi: u32,
+    pub touch_off: u32,
+    pub touch_len: u32,
+    pub n_lp: u32,
+    pub pad: u32,
+}
+
+/// A token of a row's history or logit bias (`struct Touch`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct TouchU {
+    pub token: u32,
+    pub row: u32,
+    pub flags: u32,
+    pub count: u32,
+    pub bias: f32,
+    pub z: f32,
+    pub pad0: u32,
+    pub pad1: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    //! The layouts above against the WGSL, through naga's reflection of the module.
+    use super::*;
+
+    fn module(subgroups: bool) -> (naga::Module, naga::valid::ModuleInfo) {
+        let src = super::super::shader_source(subgroups);
+        let module = naga::front::wgsl::parse_str(&src)
+            .unwrap_or_else(|e| panic!("WGSL parse error:\n{}", e.emit_to_string(&src)));
+        let caps = if subgroups {
+            naga::valid::Capabilities::SUBGROUP
+        } else {
+            naga::valid::Capabilities::empty()
+        };
+        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("validation error:\n{}", e.emit_to_string(&src)));
+        (module, info)
+    }
+
+    /// (member name, byte offset, byte size) of a WGSL struct.
+    fn wgsl_struct(m: &naga::Module, name: &str) -> (Vec<(String, u32, u32)>, u32) {
+        let gctx = m.to_ctx();
+        for (_, ty) in m.types.iter() {
+            if ty.name.as_deref() != Some(name) {
+                continue;
+            }
+            if let naga::TypeInner::Struct { members, span } = &ty.inner {
+                let v = members
+                    .iter()
+                    .map(|mb| {
+                        (
+                            mb.name.clone().unwrap_or_default(),
+                            mb.offset,
+                            m.types[mb.ty].inner.size(gctx),
+                        )
+                    })
+                    .collect();
+                return (v, *span);
+            }
+        }
+        panic!("no struct {name} in the shader");
+    }
+
+    fn check(m: &naga::Module, wgsl: &str, rust_size: usize, rust: &[(&str, usize, usize)]) {
+        let (members, span) = wgsl_struct(m, wgsl);
+        assert_eq!(span as usize, rust_size, "{wgsl}: size");
+        assert_eq!(members.len(), rust.len(), "{wgsl}: member count");
+        for ((name, off, size), (rname, roff, rsize)) in members.iter().zip(rust) {
+            assert_eq!(name, rname, "{wgsl}: member order");
+            assert_eq!(*off as usize, *roff, "{wgsl}.{name}: offset");
+            assert_eq!(*size as usize, *rsize, "{wgsl}.{name}: size");
+        }
+    }
+
+    macro_rules! fields {
+        ($t:ty; $($f:ident),*) => {
+            [$((stringify!($f), std::mem::offset_of!($t, $f), {
+                let v = <$t>::default();
+                std::mem::size_of_val(&v.$f)
+            })),*]
+        };
+    }
+
+    #[test]
+    fn rust_structs_match_the_wgsl() {
+        for sg in [false, true] {
+            let (m, _) = module(sg);
+            check(
+                &m,
+                "Call",
+                std::mem::size_of::<CallU>(),
+                &fields!(CallU; rows, vocab, stride, dtype, splits, chunk, base, bm_words,
+                    n_touches, draws, draw_lanes, zero),
+            );
+            check(
+                &m,
+                "RowP",
+                std::mem::size_of::<RowU>(),
+                &fields!(RowU; temperature, top_k, top_p, ln_min_p, rep, freq, pres, flags,
+                    seed_lo, seed_hi, step_lo, step_hi, touch_off, touch_len, n_lp, pad),
+            );
+            check(
+                &m,
+                "Touch",
+                std::mem::size_of::<TouchU>(),
+                &fields!(TouchU; token, row, flags, count, bias, z, pad0, pad1),
+            );
+        }
+    }
+
+    fn constant(m: &naga::Module, name: &str) -> u64 {
+        for (_, c) in m.constants.iter() {
+            if c.name.as_deref() == Some(name) {
+                if let naga::Expression::Literal(l) = m.global_expressions[c.init] {
+                    return match l {
+                        naga::Literal::U32(v) => u64::from(v),
+                        naga::Literal::I32(v) => v as u64,
+                        naga::Literal::AbstractInt(v) => v as u64,
+                        other => panic!("{name}: {other:?}"),
+                    };
+                }
+            }
+        }
+        panic!("no constant {name} in the shader");
+    }
+
+    #[test]
+    fn constants_match_the_wgsl() {
+        let (m, _) = module(false);
+        for (name, v) in [
+            ("WG", WG as u64),
+            ("HW", HIST_WORDS as u64),
+            ("ST", STATE_WORDS as u64),
+            ("SLOT", SLOT_WORDS as u64),
+            ("LPW", LP_WORDS as u64),
+            ("DRAW_WG", DRAW_WG as u64),
+            ("F_TOUCH", u64::from(F_TOUCH)),
+            ("F_LOGPROBS", u64::from(F_LOGPROBS)),
+            ("F_PROCESSED", u64::from(F_PROCESSED)),
+            ("F_TOP_P", u64::from(F_TOP_P)),
+            ("F_TOP_K", u64::from(F_TOP_K)),
+            ("OUT_NON_FINITE", u64::from(STATUS_NON_FINITE)),
+            ("OUT_NO_CANDIDATE", u64::from(STATUS_NO_CANDIDATE)),
+            ("OUT_NO_WINNER", u64::from(STATUS_NO_WINNER)),
+            ("NO_TOKEN", u64::from(NO_TOKEN)),
+        ] {
+            assert_eq!(constant(&m, name), v, "constant {name}");
+        }
+    }
+
+    /// Bytes of workgroup memory each entry point uses (every `var<workgroup>` it or a
+    /// function it calls touches).
+    fn workgroup_bytes(m: &naga::Module, info: &naga::valid::ModuleInfo) -> Vec<(String, u32)> {
+        let gctx = m.to_ctx();
+        m.entry_points
+            .iter()
+            .enumerate()
+            .map(|(i, ep)| {
+                let ei = info.get_entry_point(i);
+                let bytes = m
+                    .global_variables
+                    .iter()
+                    .filter(|(h, g)| g.space == naga::AddressSpace::WorkGroup && !ei[*h].is_empty())
+                    .map(|(_, g)| m.types[g.ty].inner.size(gctx))
+                    .sum();
+                (ep.name.clone(), bytes)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn workgroup_memory_is_what_the_launcher_checks() {
+        let mut largest = 0;
+        for sg in [false, true] {
+            let (m, info) = module(sg);
+            for (name, bytes) in workgroup_bytes(&m, &info) {
+                assert!(
+                    bytes <= 16384,
+                    "{name} uses {bytes} bytes of workgroup memory; WebGPU guarantees 16384"
+                );
+                largest = largest.max(bytes);
+            }
+        }
+        assert_eq!(
+            largest, WORKGROUP_BYTES,
+            "WORKGROUP_BYTES must be the largest entry point's use"
+        );
+    }
+
+    #[test]
+    fn both_variants_have_the_same_entry_points() {
+        let names = |sg| {
+            let (m, _) = module(sg);
+            m.entry_points
+                .iter()
+                .map(|e| (e.name.clone(), e.workgroup_size))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(false), names(true));
+        let (m, _) = module(true);
+        let uses_subgroups = |ep: &naga::EntryPoint| {
+            ep.function.arguments.iter().any(|a| {
+                matches!(
+                    &m.types[a.ty].inner,
+                    naga::TypeInner::Struct { members, .. } if members.iter().any(|mb| matches!(
+                        mb.binding,
+                        Some(naga::Binding::BuiltIn(naga::BuiltIn::SubgroupInvocationId))
+                    ))
+                )
+            })
+        };
+        for ep in &m.entry_points {
+            if ep.workgroup_size[0] == WG as u32 {
+                assert!(
+                    uses_subgroups(ep),
+                    "{}: the subgroup variant does not pass subgroup builtins",
+                    ep.name
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! The device's arithmetic (`fmath.wgsl`) against the CPU's, bit for bit, on millions
+//! of inputs: the correctly rounded division `div_rn` against Rust's IEEE `/` (the
+//! contract's `z / T`), and the shader copies of `ln`, `exp` and the Gumbel noise against
+//! `decoda::fmath` and `decoda::philox`. Runs on any adapter (CI: lavapipe).
+#![cfg(feature = "wgpu")]
+
+use decoda::conformance::Rng;
+use decoda::wgpu::{WgpuSampler, SHADER_FMATH};
+
+const HARNESS: &str = r#"
+struct P { n: u32, op: u32, zero: u32, pad: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> a: array<u32>;
+@group(0) @binding(2) var<storage, read> b: array<u32>;
+@group(0) @binding(3) var<storage, read_write> r: array<u32>;
+
+fn opaque_zero() -> u32 {
+    return p.zero;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) g: vec3<u32>) {
+    let i = g.x + g.y * 65535u * 64u;
+    if (i >= p.n) {
+        return;
+    }
+    let x = bitcast<f32>(a[i]);
+    var y = 0.0;
+    switch p.op {
+        case 0u: { y = div_rn(x, bitcast<f32>(b[i])); }
+        case 1u: { y = ln_f32(x); }
+        case 2u: { y = exp_f32(x); }
+        default: { y = gumbel(a[i]); }
+    }
+    r[i] = bitcast<u32>(y);
+}
+"#;
+
+fn sampler() -> Option<WgpuSampler> {
+    match WgpuSampler::new() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
+            }
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+/// Runs operation `op` of the harness on `(a[i], b[i])` on the device.
+fn run(s: &WgpuSampler, op: u32, a: &[u32], b: &[u32]) -> Vec<u32> {
+    use wgpu::util::DeviceExt;
+    let dev = s.device();
+    let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: None,
+        source: wgpu::ShaderSource::Wgsl(format!("{HARNESS}\n{SHADER_FMATH}").into()),
+    });
+    let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: None,
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    });
+    let n = a.len();
+    let params = [n as u32, op, 0, 0];
+    use wgpu::BufferUsages as U;
+    let ub = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: None,
+        contents: bytemuck::cast_slice(&params),
+        usage: U::UNIFORM,
+    });
+    let ab = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: None,
+        contents: bytemuck::cast_slice(a),
+        usage: U::STORAGE,
+    });
+    let bb = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: None,
+        contents: bytemuck::cast_slice(b),
+        usage: U::STORAGE,
+    });
+    let size = (n * 4) as u64;
+    let rb = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size,
+        usage: U::STORAGE | U::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let read = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size,
+        usage: U::MAP_READ | U::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let group = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipe.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: ub.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: ab.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: bb.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 3,
+                resource: rb.as_entire_binding(),
+            },
+        ],
+    });
+    let mut enc = dev.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipe);
+        pass.set_bind_group(0, &group, &[]);
+        let groups = n.div_ceil(64);
+        let (x, y) = if groups <= 65535 {
+            (groups, 1)
+        } else {
+            (65535, groups.div_ceil(65535))
+        };
+        pass.dispatch_workgroups(x as u32, y as u32, 1);
+    }
+    enc.copy_buffer_to_buffer(&rb, 0, &read, 0, size);
+    s.queue().submit([enc.finish()]);
+    let slice = read.slice(..);
+    slice.map_async(wgpu::MapMode::Read, |r| r.unwrap());
+    dev.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let out = bytemuck::cast_slice::<u8, u32>(&slice.get_mapped_range().unwrap()).to_vec();
+    out
+}
+
+fn compare(name: &str, a: &[u32], b: &[u32], got: &[u32], want: impl Fn(u32, u32) -> u32) {
+    let mut bad = Vec::new();
+    for i in 0..a.len() {
+        let w = want(a[i], b[i]);
+        if got[i] != w {
+            bad.push(format!(
+                "{name}({:e} [{:#x}], {:e}) = {:e} [{:#x}], want {:e} [{:#x}]",
+                f32::from_bits(a[i]),
+                a[i],
+                f32::from_bits(b[i]),
+                f32::from_bits(got[i]),
+                got[i],
+                f32::from_bits(w),
+                w
+            ));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "{} of {} differ: {:#?}",
+        bad.len(),
+        a.len(),
+        &bad[..bad.len().min(10)]
+    );
+}
+
+/// `div_rn(z, T)` is IEEE division, correctly rounded, for every kind of dividend
+/// (normal, subnormal, zero, -inf, results that overflow or fall into the subnormals)
+/// and divisors from temperatures to huge and subnormal penalties.
+#[test]
+fn division_is_correctly_rounded() {
+    let Some(s) = sampler() else { return };
+    let mut rng = Rng::new(17);
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    let mut push = |x: f32, y: f32| {
+        a.push(x.to_bits());
+        b.push(y.to_bits());
+    };
+    // logits over temperatures (the contract's z / T)
+    for _ in 0..1_000_000 {
+        let z = rng.normal() * 10.0;
+        let t = [1e-5f32, 0.1, 0.3, 0.7, 1.0, 1.5, 3.0][rng.below(7) as usize] * (1.0 + rng.unit());
+        push(z, t);
+    }
+    // any finite dividend and positive finite divisor, bit patterns uniform
+    for _ in 0..2_000_000 {
+        let x = f32::from_bits((rng.next_u64() as u32) % 0xff80_0000);
+        let x = if x.is_finite() { x } else { 1.0 };
+        let y = f32::from_bits(1 + (rng.next_u64() as u32) % 0x7f7f_ffff);
+        push(x, y);
+    }
+    // quotients near the top and the bottom of the range, and exact ones
+    for _ in 0..200_000 {
+        let m = 1.0 + rng.unit();
+        push(m * 1.0e38, m * (1.0 / (1.0 + rng.unit())) * 0.3);
+        push(m * 1.0e-30, 1.0e8 * (1.0 + rng.unit()));
+        push(m * 1.0e-38, 3.0 + rng.unit());
+        let k = (rng.below(1 << 20) + 1) as f32;
+        push(k * 3.0, 3.0);
+    }
+    for (x, y) in [
+        (0.0f32, 1.0f32),
+        (-0.0, 2.0),
+        (f32::NEG_INFINITY, 0.7),
+        (f32::MAX, f32::MIN_POSITIVE),
+        (f32::MIN_POSITIVE, 3.0),
+        (1e-45, 2.0),
+        (3e-45, 2.0),
+        (1.0, 3.0),
+        (-1.0, 3.0),
+        (5.0, 1e-40),
+    ] {
+        push(x, y);
+    }
+    let got = run(&s, 0, &a, &b);
+    compare("div_rn", &a, &b, &got, |x, y| {
+        (f32::from_bits(x) / f32::from_bits(y)).to_bits()
+    });
+}
+
+/// The shader's ln and exp are the CPU's, bit for bit.
+#[test]
+fn ln_and_exp_match_the_cpu() {
+    let Some(s) = sampler() else { return };
+    let mut rng = Rng::new(5);
+    let mut a: Vec<u32> = (0..1_000_000u32)
+        .map(|k| (((2 * k + 1) as f32) * (1.0 / 16_777_216.0)).to_bits())
+        .collect();
+    a.extend((0..1_000_000).map(|_| 0x0080_0000 + (rng.next_u64() as u32) % 0x7f00_0000));
+    let zeros = vec![0u32; a.len()];
+    let got = run(&s, 1, &a, &zeros);
+    compare("ln", &a, &zeros, &got, |x, _| {
+        decoda::fmath::ln(f32::from_bits(x)).to_bits()
+    });
+
+    let mut e: Vec<u32> = (0..2_000_000)
+        .map(|_| (-100.0 + 188.0 * rng.unit()).to_bits())
+        .collect();
+    e.extend((0..500_000).map(|_| (-(rng.unit()) * 30.0).to_bits()));
+    e.extend([f32::NEG_INFINITY.to_bits(), 0, (-0.0f32).to_bits()]);
+    let zeros = vec![0u32; e.len()];
+    let got = run(&s, 2, &e, &zeros);
+    compare("exp", &e, &zeros, &got, |x, _| {
+        decoda::fmath::exp(f32::from_bits(x)).to_bits()
+    });
+}
+
+/// The Gumbel noise of every kind of Philox word is the CPU's, bit for bit.
+#[test]
+fn gumbel_noise_matches_the_cpu() {
+    let Some(s) = sampler() else { return };
+    let mut rng = Rng::new(9);
+    let mut a: Vec<u32> = (0..3_000_000).map(|_| rng.next_u64() as u32).collect();
+    a.extend([0, 1, 511, 512, u32::MAX, u32::MAX - 511, 1 << 31]);
+    let zeros = vec![0u32; a.len()];
+    let got = run(&s, 3, &a, &zeros);
+    compare("gumbel", &a, &zeros, &got, |x, _| {
+        decoda::philox::gumbel_from_bits(x).to_bits()
+    });
+}
