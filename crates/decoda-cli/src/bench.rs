@@ -30,8 +30,8 @@ pub struct BenchArgs {
     /// CPU thread counts (comma list; 0 = all cores).
     #[arg(long, value_delimiter = ',', default_value = "0")]
     threads: Vec<usize>,
-    /// Where to run.
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    /// Where to run (as `sample`: a hardware GPU when there is one, else the CPU).
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
     /// Minimum measuring time per cell, in milliseconds.
     #[arg(long, default_value_t = 300)]
@@ -101,7 +101,7 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
     let gpu = match a.device {
         Device::Cpu => None,
         Device::Wgpu => Some(decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?),
-        Device::Auto => decoda::wgpu::WgpuSampler::hardware().ok(),
+        Device::Auto => crate::device::auto_gpu(),
     };
     if let Some(g) = &gpu {
         return run_wgpu(&a, g);

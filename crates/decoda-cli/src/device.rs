@@ -46,9 +46,37 @@ pub fn backend(device: Device, threads: usize) -> Result<Box<dyn Backend>, Strin
         Device::Wgpu => Ok(Box::new(
             decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?,
         )),
-        Device::Auto => match decoda::wgpu::WgpuSampler::hardware() {
-            Ok(s) => Ok(Box::new(s)),
-            Err(_) => Ok(Box::new(cpu(threads)?)),
+        Device::Auto => match auto_gpu() {
+            Some(s) => Ok(Box::new(s)),
+            None => Ok(Box::new(cpu(threads)?)),
         },
+    }
+}
+
+/// `--device auto`: a hardware GPU adapter, or `None` after saying on stderr why the
+/// command falls back to the CPU.
+pub fn auto_gpu() -> Option<decoda::wgpu::WgpuSampler> {
+    match decoda::wgpu::WgpuSampler::hardware() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("decoda: --device auto: using the CPU ({e})");
+            None
+        }
+    }
+}
+
+/// Keeps stderr clean of the Vulkan loader's display probing: Mesa's device-selection
+/// layer (an implicit layer installed with Mesa's drivers) connects to the Wayland and X
+/// displays when it orders the GPUs, and on a machine without a desktop session prints
+/// `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` at every adapter
+/// enumeration. decoda chooses its adapter itself and presents nothing, so the layer is
+/// turned off (its documented switch, `NODEVICE_SELECT=1`) unless the user configured it.
+/// Called first thing in `main`, before any thread exists.
+pub fn quiet_vulkan_layers() {
+    if std::env::var_os("NODEVICE_SELECT").is_none()
+        && std::env::var_os("MESA_VK_DEVICE_SELECT").is_none()
+    {
+        // sound: no other thread exists yet (and `set_var` is a safe fn in edition 2021)
+        std::env::set_var("NODEVICE_SELECT", "1");
     }
 }

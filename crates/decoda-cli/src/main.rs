@@ -36,6 +36,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    device::quiet_vulkan_layers();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Sample(a) => sample::run_sample(a),

@@ -34,16 +34,36 @@ pub struct SampleArgs {
 /// Draws computed per call when streaming `--draws` (bounds memory for any N).
 const DRAW_CHUNK: usize = 65_536;
 
-/// One row's draws in chunks of [`DRAW_CHUNK`] steps, handed to `each` in order; the
-/// first error of the row (the same at every step) stops it.
-fn stream_row(
+/// Where a row's results come from: one [`decoda::Backend::sample`] call over the whole
+/// batch when every row draws once (a decode step), else each row's draws streamed in
+/// chunks of [`DRAW_CHUNK`] steps through [`decoda::Backend::sample_draws`].
+enum Results {
+    Once(Vec<decoda::RowResult>),
+    Stream(u64),
+}
+
+/// Row `row`'s results handed to `each` in order; the first error of the row (the same at
+/// every step) stops it and is returned.
+fn for_each_result(
     be: &dyn decoda::Backend,
     batch: &crate::inputs::Batch,
     row: usize,
     req: &decoda::Request,
-    draws: u64,
+    results: &Results,
     mut each: impl FnMut(&decoda::RowResult) -> std::io::Result<()>,
 ) -> Result<Option<decoda::RowError>, String> {
+    let draws = match results {
+        Results::Once(all) => {
+            return match &all[row] {
+                Err(e) => Ok(Some(*e)),
+                ok => {
+                    each(ok).map_err(|e| format!("writing the output: {e}"))?;
+                    Ok(None)
+                }
+            };
+        }
+        Results::Stream(draws) => *draws,
+    };
     let one = batch
         .logits()?
         .slice_rows(row, row + 1)
@@ -75,6 +95,14 @@ pub fn run_sample(a: SampleArgs) -> Result<ExitCode, String> {
     // whole-call validation first: nothing is printed for a bad call
     decoda::pipeline::validate_call(batch.rows, batch.vocab, &reqs).map_err(|e| e.to_string())?;
     let draws = u64::from(a.draws);
+    let results = if draws == 1 {
+        Results::Once(
+            be.sample(&batch.logits()?, &reqs)
+                .map_err(|e| e.to_string())?,
+        )
+    } else {
+        Results::Stream(draws)
+    };
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
     let io = |e: std::io::Error| format!("writing the output: {e}");
@@ -96,7 +124,7 @@ pub fn run_sample(a: SampleArgs) -> Result<ExitCode, String> {
             let mut first = true;
             // errors do not depend on the step: an erroneous row fails at its first draw,
             // before any token is written
-            let err = stream_row(be.as_ref(), &batch, r, req, draws, |res| {
+            let err = for_each_result(be.as_ref(), &batch, r, req, &results, |res| {
                 let s = res.as_ref().expect("errors stop the row");
                 let sep = if first { ",\"tokens\":[" } else { "," };
                 first = false;
@@ -117,7 +145,7 @@ pub fn run_sample(a: SampleArgs) -> Result<ExitCode, String> {
                 // a second pass over the same (reproducible) draws streams the logprobs
                 write!(w, ",\"logprobs\":[").map_err(io)?;
                 let mut first = true;
-                stream_row(be.as_ref(), &batch, r, req, draws, |res| {
+                for_each_result(be.as_ref(), &batch, r, req, &results, |res| {
                     let s = res.as_ref().expect("errors stop the row");
                     let sep = if first { "" } else { "," };
                     first = false;
@@ -143,7 +171,7 @@ pub fn run_sample(a: SampleArgs) -> Result<ExitCode, String> {
             let mut first = true;
             let mut lps = Vec::new();
             let want_lp = req.params.logprobs.is_some();
-            let err = stream_row(be.as_ref(), &batch, r, req, draws, |res| {
+            let err = for_each_result(be.as_ref(), &batch, r, req, &results, |res| {
                 let s = res.as_ref().expect("errors stop the row");
                 if want_lp && lps.len() < 1000 {
                     lps.push(s.logprobs.clone());

@@ -557,3 +557,122 @@ fn bench_table_columns_line_up() {
         assert_eq!(l.chars().count(), width, "ragged table:\n{out}");
     }
 }
+
+/// `decoda sample` from a file at every vocabulary size of real models, batches of 1 to
+/// 64 rows, f32 and f16 files, one and three draws, every logit style and parameter mix
+/// (`--params` per row), on the CPU and on the device: every token is the reference's.
+#[test]
+fn sample_from_file_at_decode_shapes() {
+    use decoda::conformance::shapes::{decode_batch, Batch, Entry, DECODE_BATCHES, DECODE_VOCABS};
+    use decoda::conformance::Rng;
+    let devices: &[&str] = if have_wgpu() {
+        &["cpu", "wgpu"]
+    } else {
+        &["cpu"]
+    };
+    let mut rng = Rng::new(2025);
+    for (vi, &v) in DECODE_VOCABS.iter().enumerate() {
+        let b = DECODE_BATCHES[vi % DECODE_BATCHES.len()];
+        let half = vi % 2 == 1;
+        let dtype = if half {
+            decoda::DType::F16
+        } else {
+            decoda::DType::F32
+        };
+        let batch = Batch::new(decode_batch(&mut rng, v, b, vi), dtype);
+        let draws = if vi % 3 == 2 { 3 } else { 1 };
+        let want = batch.expected(Entry::Draws(draws));
+        let npy = tmp(&format!("shape{vi}.npy"));
+        let bytes: Vec<u8> = if half {
+            batch
+                .rows
+                .iter()
+                .flatten()
+                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                .collect()
+        } else {
+            batch
+                .rows
+                .iter()
+                .flatten()
+                .flat_map(|x| x.to_le_bytes())
+                .collect()
+        };
+        write_npy(&npy, if half { "<f2" } else { "<f4" }, &[b, v], &bytes);
+        let params = tmp(&format!("shape{vi}.json"));
+        std::fs::write(&params, serde_json::to_string(&batch.requests).unwrap()).unwrap();
+        for &device in devices {
+            let draws_s = draws.to_string();
+            let (code, out, err) = run(&[
+                "sample",
+                "--logits",
+                npy.to_str().unwrap(),
+                "--params",
+                params.to_str().unwrap(),
+                "--device",
+                device,
+                "--draws",
+                &draws_s,
+                "--json",
+            ]);
+            let label = format!("{device} V={v} B={b} {dtype} draws {draws}");
+            let failed_rows = want.iter().any(|w| w[0].0.is_err());
+            assert_eq!(code, if failed_rows { 1 } else { 0 }, "{label}: {err}");
+            let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+            for (r, w) in want.iter().enumerate() {
+                let row = &json["rows"][r];
+                match &w[0].0 {
+                    Err(e) => assert_eq!(row["error"]["kind"], e.kind(), "{label} row {r}"),
+                    Ok(_) => {
+                        let toks: Vec<u32> = row["tokens"]
+                            .as_array()
+                            .unwrap_or_else(|| panic!("{label} row {r}: {row}"))
+                            .iter()
+                            .map(|t| t.as_u64().unwrap() as u32)
+                            .collect();
+                        for (d, ((res, tie), &t)) in w.iter().zip(&toks).enumerate() {
+                            let s = res.as_ref().unwrap();
+                            assert!(
+                                t == s.token || tie.is_tie(),
+                                "{label} row {r} draw {d}: {t} vs reference {} ({:?})",
+                                s.token,
+                                batch.requests[r].params
+                            );
+                            assert!((t as usize) < v);
+                        }
+                        assert_eq!(toks.len(), draws, "{label} row {r}");
+                        if batch.requests[r].params.logprobs.is_some() {
+                            assert_eq!(
+                                row["logprobs"].as_array().map(|a| a.len()),
+                                Some(draws),
+                                "{label} row {r}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// On a machine without a desktop session every command that probes wgpu keeps stderr
+/// clean (Mesa's device-selection layer would print an XDG_RUNTIME_DIR error twice).
+#[test]
+fn no_display_noise_on_stderr() {
+    let p = f32_npy("quiet.npy", &[4], &[0.1, 2.0, 0.3, 1.0]);
+    for device in ["auto", "wgpu", "cpu"] {
+        let out = bin()
+            .args(["sample", "--logits", p.to_str().unwrap(), "--seed", "1"])
+            .args(["--device", device])
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("WAYLAND_DISPLAY")
+            .env_remove("DISPLAY")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("XDG_RUNTIME_DIR"), "--device {device}: {err}");
+        if device == "auto" && out.status.success() && err.contains("using the CPU") {
+            assert!(err.lines().count() == 1, "--device auto: {err}");
+        }
+    }
+}

@@ -345,3 +345,94 @@ fn device_api_steady_state_creates_nothing() {
         "created objects after warm-up"
     );
 }
+
+/// Many calls recorded before their submit keep their own parameters: 2, 8, 9 and 20
+/// calls with different rows and requests, into one encoder or one encoder each
+/// (submitted in reverse order), all give the host path's results. The staging buffers
+/// come back once the work is done, so a steady loop stops creating them.
+#[test]
+fn recorded_calls_keep_their_parameters() {
+    let Some(b) = open(4096, None) else { return };
+    let mut rng = Rng::new(31);
+    let v = 2000;
+    for (n, one_encoder) in [
+        (2usize, true),
+        (8, true),
+        (9, true),
+        (9, false),
+        (20, false),
+    ] {
+        let calls: Vec<(Vec<f32>, Vec<Request>)> = (0..n)
+            .map(|_| {
+                let rows = 1 + rng.below(4) as usize;
+                let mut data = Vec::new();
+                let mut reqs = Vec::new();
+                for _ in 0..rows {
+                    let (x, r) = random_case(&mut rng, v);
+                    data.extend(x);
+                    reqs.push(r);
+                }
+                (data, reqs)
+            })
+            .collect();
+        let want: Vec<Vec<RowResult>> = calls
+            .iter()
+            .map(|(d, r)| b.sample(&Logits::f32(d, r.len(), v).unwrap(), r).unwrap())
+            .collect();
+        let bufs: Vec<wgpu::Buffer> = calls
+            .iter()
+            .map(|(d, r)| b.upload_logits(&Logits::f32(d, r.len(), v).unwrap()))
+            .collect();
+        let outs: Vec<_> = calls
+            .iter()
+            .map(|(_, r)| b.outputs(r.len()).unwrap())
+            .collect();
+        let mut encoders = Vec::new();
+        let mut enc = b.device().create_command_encoder(&Default::default());
+        for (i, (_, reqs)) in calls.iter().enumerate() {
+            let view = DeviceLogits {
+                buffer: &bufs[i],
+                dtype: DType::F32,
+                rows: reqs.len(),
+                vocab: v,
+                row_stride: v,
+                offset: 0,
+            };
+            b.record(&mut enc, &view, reqs, &outs[i]).unwrap();
+            if !one_encoder {
+                encoders.push(std::mem::replace(
+                    &mut enc,
+                    b.device().create_command_encoder(&Default::default()),
+                ));
+            }
+        }
+        if one_encoder {
+            b.queue().submit([enc.finish()]);
+        } else {
+            for e in encoders.into_iter().rev() {
+                b.queue().submit([e.finish()]);
+            }
+        }
+        for (i, (_, reqs)) in calls.iter().enumerate() {
+            assert_eq!(
+                b.read(&outs[i], reqs).unwrap(),
+                want[i],
+                "{n} calls ({}), call {i}",
+                if one_encoder {
+                    "one encoder"
+                } else {
+                    "an encoder each, submitted last first"
+                }
+            );
+        }
+    }
+    // once the work is done every staging buffer is free again
+    b.device()
+        .poll(wgpu::PollType::wait_indefinitely())
+        .unwrap();
+    assert!(
+        b.free_staging_buffers() >= 20,
+        "{} free",
+        b.free_staging_buffers()
+    );
+}

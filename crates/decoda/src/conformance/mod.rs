@@ -10,7 +10,9 @@ use crate::error::{Error, RowError};
 use crate::logits::Logits;
 use crate::params::{LogprobsMode, Request, SamplingParams};
 use crate::pipeline::RowResult;
-use crate::reference::reference_row;
+use crate::reference::{reference_row, TieReport};
+
+pub mod shapes;
 
 /// A check of the suite.
 pub type Check = fn(&dyn Backend) -> Result<(), String>;
@@ -858,6 +860,56 @@ pub struct Parity {
     pub max_logprob_diff: f32,
 }
 
+/// How a backend's result for one row compares with the reference's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    /// The same token (and logprobs within tolerance), or the same row error.
+    Same {
+        /// Largest logprob difference (relative to `max(1, |logprob|)`), 0 without logprobs.
+        logprob_diff: f32,
+    },
+    /// A different token on a floating-point tie that the contract allows.
+    AllowedTie,
+    /// Any other difference.
+    Mismatch,
+}
+
+/// Classifies `got` against the reference's `want` and `tie` (the contract's "same
+/// result" rule; logprobs within `1e-5` relative, ranks and listed tokens equal).
+pub fn classify(got: &RowResult, want: &RowResult, tie: &TieReport) -> Verdict {
+    match (got, want) {
+        (Ok(g), Ok(w)) if g.token == w.token => {
+            let (Some(a), Some(bb)) = (&g.logprobs, &w.logprobs) else {
+                return if g.logprobs.is_some() == w.logprobs.is_some() {
+                    Verdict::Same { logprob_diff: 0.0 }
+                } else {
+                    Verdict::Mismatch
+                };
+            };
+            // relative to the value's size: f32 log-probabilities of -100 are 8e-6 apart
+            let diff = |x: f32, y: f32| (x - y).abs() / x.abs().max(1.0);
+            let mut d = diff(a.logprob, bb.logprob);
+            if a.rank != bb.rank || a.top.len() != bb.top.len() {
+                d = f32::INFINITY;
+            }
+            for (ta, tb) in a.top.iter().zip(&bb.top) {
+                if ta.token != tb.token && diff(ta.logprob, tb.logprob) > 1e-5 {
+                    d = f32::INFINITY;
+                }
+                d = d.max(diff(ta.logprob, tb.logprob));
+            }
+            if d > 1e-5 {
+                Verdict::Mismatch
+            } else {
+                Verdict::Same { logprob_diff: d }
+            }
+        }
+        (Err(g), Err(w)) if g == w => Verdict::Same { logprob_diff: 0.0 },
+        (Ok(_), Ok(_)) if tie.is_tie() => Verdict::AllowedTie,
+        _ => Verdict::Mismatch,
+    }
+}
+
 /// Compares `b` with the reference on `cases` (row logits, request) in one batch call,
 /// classifying every difference (the contract's "same result" rule). `Err` lists the first mismatches.
 pub fn parity(b: &dyn Backend, cases: &[(Vec<f32>, Request)]) -> Result<Parity, String> {
@@ -877,33 +929,13 @@ pub fn parity(b: &dyn Backend, cases: &[(Vec<f32>, Request)]) -> Result<Parity, 
     let mut msgs = Vec::new();
     for (i, ((x, req), got)) in cases.iter().zip(&out).enumerate() {
         let (want, tie) = reference_row(x, req);
-        match (got, &want) {
-            (Ok(g), Ok(w)) if g.token == w.token => {
+        match classify(got, &want, &tie) {
+            Verdict::Same { logprob_diff } => {
                 p.same += 1;
-                if let (Some(a), Some(bb)) = (&g.logprobs, &w.logprobs) {
-                    // relative to the value's size: f32 log-probabilities of -100 are
-                    // 8e-6 apart
-                    let diff = |x: f32, y: f32| (x - y).abs() / x.abs().max(1.0);
-                    let mut d = diff(a.logprob, bb.logprob);
-                    if a.rank != bb.rank || a.top.len() != bb.top.len() {
-                        d = f32::INFINITY;
-                    }
-                    for (ta, tb) in a.top.iter().zip(&bb.top) {
-                        if ta.token != tb.token && diff(ta.logprob, tb.logprob) > 1e-5 {
-                            d = f32::INFINITY;
-                        }
-                        d = d.max(diff(ta.logprob, tb.logprob));
-                    }
-                    p.max_logprob_diff = p.max_logprob_diff.max(d);
-                    if d > 1e-5 {
-                        p.mismatches += 1;
-                        msgs.push(format!("case {i}: logprobs {a:?} vs reference {bb:?}"));
-                    }
-                }
+                p.max_logprob_diff = p.max_logprob_diff.max(logprob_diff);
             }
-            (Err(g), Err(w)) if g == w => p.same += 1,
-            (Ok(_), Ok(_)) if tie.is_tie() => p.allowed_ties += 1,
-            _ => {
+            Verdict::AllowedTie => p.allowed_ties += 1,
+            Verdict::Mismatch => {
                 p.mismatches += 1;
                 if msgs.len() < 5 {
                     msgs.push(format!(

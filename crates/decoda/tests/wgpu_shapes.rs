@@ -1,0 +1,219 @@
+//! The wgpu backend on real decode shapes (B = 1, 2, 3, 8, 64 at V = 32,000 to 262,144;
+//! f32, f16, bf16; every logit style and parameter mix) through every entry point a user
+//! has — `sample`, `sample_draws` (1 and 3 draws), and the device API (logits at an
+//! offset with a row stride, recorded into the caller's encoder) — against the
+//! reference, on fresh samplers and on long-lived ones that just served a larger and then
+//! a smaller call. Also the regression case of the many-draws bug (V = 65,536).
+#![cfg(feature = "wgpu")]
+
+use decoda::conformance::shapes::{
+    check, decode_batch, decode_shapes, Batch, Entry, Tally, DECODE_BATCHES, DECODE_VOCABS, DTYPES,
+    ENTRIES,
+};
+use decoda::conformance::Rng;
+use decoda::reference::reference_row;
+use decoda::wgpu::{DeviceLogits, WgpuSampler};
+use decoda::{Backend, LogitsData, Request, SamplingParams};
+
+fn sampler() -> Option<WgpuSampler> {
+    match WgpuSampler::new() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
+            }
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+fn make() -> Result<Box<dyn Backend>, String> {
+    Ok(Box::new(WgpuSampler::new().map_err(|e| e.to_string())?))
+}
+
+/// `sample`, `sample_draws(1)` and `sample_draws(3)` at every decode shape, fresh and
+/// long-lived.
+#[test]
+fn decode_shapes_every_entry_point() {
+    if sampler().is_none() {
+        return;
+    }
+    let t = decode_shapes(&make, DECODE_VOCABS, DECODE_BATCHES, ENTRIES, 12, |case| {
+        eprintln!("ok {case}")
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("wgpu: {t:?}");
+}
+
+/// The batch's bytes inside a larger buffer: `offset` elements of padding first, rows
+/// `stride` elements apart (the padding holds NaN, which must never be read).
+fn padded_bytes(batch: &Batch, offset: usize, stride: usize) -> Vec<u8> {
+    let v = batch.vocab;
+    let b = batch.rows.len();
+    let l = batch.logits();
+    let n = offset + b * stride;
+    match l.data() {
+        LogitsData::F32(d) => {
+            let mut out = vec![f32::NAN; n];
+            for r in 0..b {
+                out[offset + r * stride..][..v].copy_from_slice(&d[r * v..(r + 1) * v]);
+            }
+            bytemuck::cast_slice(&out).to_vec()
+        }
+        LogitsData::F16(d) => {
+            let mut out = vec![0x7e00u16; n.next_multiple_of(2)];
+            for r in 0..b {
+                for i in 0..v {
+                    out[offset + r * stride + i] = d[r * v + i].to_bits();
+                }
+            }
+            bytemuck::cast_slice(&out).to_vec()
+        }
+        LogitsData::Bf16(d) => {
+            let mut out = vec![0x7fc0u16; n.next_multiple_of(2)];
+            for r in 0..b {
+                for i in 0..v {
+                    out[offset + r * stride + i] = d[r * v + i].to_bits();
+                }
+            }
+            bytemuck::cast_slice(&out).to_vec()
+        }
+    }
+}
+
+/// Records the batch through the device API (logits at an odd offset, padded rows) into
+/// a caller's encoder, submits, and reads the results.
+fn record_and_read(s: &WgpuSampler, batch: &Batch, salt: usize) -> Vec<Vec<decoda::RowResult>> {
+    use wgpu::util::DeviceExt;
+    let offset = 3 + salt % 5;
+    let stride = batch.vocab + 1 + salt % 7;
+    let bytes = padded_bytes(batch, offset, stride);
+    let buf = s
+        .device()
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("test logits"),
+            contents: &bytes,
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+    let out = s.outputs(batch.rows.len()).unwrap();
+    let view = DeviceLogits {
+        buffer: &buf,
+        dtype: batch.dtype,
+        rows: batch.rows.len(),
+        vocab: batch.vocab,
+        row_stride: stride,
+        offset,
+    };
+    let mut enc = s.device().create_command_encoder(&Default::default());
+    s.record(&mut enc, &view, &batch.requests, &out).unwrap();
+    s.queue().submit([enc.finish()]);
+    s.read(&out, &batch.requests)
+        .unwrap()
+        .into_iter()
+        .map(|r| vec![r])
+        .collect()
+}
+
+/// The device API at every decode shape, on a fresh sampler per case and on one that
+/// served the largest shape first and a small call before each case.
+#[test]
+fn decode_shapes_device_api() {
+    let Some(long) = sampler() else { return };
+    let mut rng = Rng::new(77);
+    let mut tally = Tally::default();
+    let vmax = *DECODE_VOCABS.iter().max().unwrap();
+    let big = Batch::new(decode_batch(&mut rng, vmax, 64, 0), decoda::DType::F32);
+    record_and_read(&long, &big, 0);
+    let small = Batch::new(decode_batch(&mut rng, 9, 1, 3), decoda::DType::F16);
+    for (vi, &v) in DECODE_VOCABS.iter().enumerate() {
+        for (bi, &b) in DECODE_BATCHES.iter().enumerate() {
+            let salt = vi * 5 + bi;
+            let dtype = DTYPES[(vi + 2 * bi) % 3];
+            let batch = Batch::new(decode_batch(&mut rng, v, b, salt), dtype);
+            let want = batch.expected(Entry::Sample);
+            let label = format!("device API V={v} B={b} {dtype}");
+            let fresh = sampler().unwrap();
+            let got = record_and_read(&fresh, &batch, salt);
+            check(&format!("{label} (fresh)"), &batch, &got, &want, &mut tally)
+                .unwrap_or_else(|e| panic!("{e}"));
+            record_and_read(&long, &small, salt);
+            let got = record_and_read(&long, &batch, salt + 1);
+            check(
+                &format!("{label} (long-lived)"),
+                &batch,
+                &got,
+                &want,
+                &mut tally,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    eprintln!("device API: {tally:?}");
+}
+
+/// The reported case: one row of V = 65,536 normal logits (sd 3), plain temperature
+/// sampling at seed 0 and top-k 1 at seed 5. Before the fix the many-draws path (which
+/// `decoda sample` used for every row) returned token 0 for top-k 1 and never an id above
+/// ~23,800; the argmax is a fact independent of any sampler.
+#[test]
+fn regression_many_draws_large_vocabulary() {
+    let Some(s) = sampler() else { return };
+    let v = 65_536;
+    // the first data seed whose winner lies in the upper half of the row
+    let (row, argmax) = (1..)
+        .map(|seed| {
+            let mut rng = Rng::new(seed);
+            let row: Vec<f32> = (0..v).map(|_| 3.0 * rng.normal()).collect();
+            let argmax = (0..v)
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
+                .unwrap() as u32;
+            (row, argmax)
+        })
+        .find(|(_, a)| *a >= 32_768)
+        .unwrap();
+    let mut data = row.clone();
+    data.extend_from_slice(&row);
+    let reqs = [
+        Request::new(SamplingParams::default(), 0),
+        Request::new(
+            SamplingParams {
+                top_k: 1,
+                ..Default::default()
+            },
+            5,
+        ),
+    ];
+    let l = decoda::Logits::f32(&data, 2, v).unwrap();
+    let want: Vec<u32> = reqs
+        .iter()
+        .map(|r| reference_row(&row, r).0.unwrap().token)
+        .collect();
+    assert_eq!(want[1], argmax);
+    let one = s.sample(&l, &reqs).unwrap();
+    let draws = s.sample_draws(&l, &reqs, 3).unwrap();
+    for r in 0..2 {
+        assert_eq!(one[r].as_ref().unwrap().token, want[r], "sample, row {r}");
+        assert_eq!(
+            draws[r][0].as_ref().unwrap().token,
+            want[r],
+            "sample_draws, row {r}"
+        );
+    }
+    for (d, t) in draws[1].iter().enumerate() {
+        assert_eq!(t.as_ref().unwrap().token, argmax, "top-k 1, draw {d}");
+    }
+    // plain sampling: 200 draws, each the reference's, reaching the whole row
+    let first = decoda::Logits::f32(&row, 1, v).unwrap();
+    let many = s.sample_draws(&first, &reqs[..1], 200).unwrap();
+    let mut top = 0;
+    for (d, got) in many[0].iter().enumerate() {
+        let mut r = reqs[0].clone();
+        r.state.step = d as u64;
+        let want = reference_row(&row, &r).0.unwrap().token;
+        let got = got.as_ref().unwrap().token;
+        assert_eq!(got, want, "draw {d}");
+        top = top.max(got);
+    }
+    assert!(top >= 32_768, "the largest of 200 draws is {top}");
+}
