@@ -39,6 +39,17 @@ pub struct BenchArgs {
     /// Print one JSON object per cell instead of a table.
     #[arg(long)]
     json: bool,
+    /// Time decode steps of the sampling head (slots with penalised histories) next to
+    /// the per-call API on the same rows: host time to record and submit, device time.
+    /// Uses the first `--vocab`, `--slots` and `--history`.
+    #[arg(long)]
+    head: bool,
+    /// Slot counts for `--head` (comma list).
+    #[arg(long, value_delimiter = ',', default_value = "64,256")]
+    slots: Vec<usize>,
+    /// History lengths (tokens per slot) for `--head` (comma list).
+    #[arg(long, value_delimiter = ',', default_value = "0,4096,32768")]
+    history: Vec<usize>,
 }
 
 /// Times of one cell, in microseconds.
@@ -103,6 +114,16 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
         Device::Wgpu => Some(decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?),
         Device::Auto => crate::device::auto_gpu(),
     };
+    if a.head {
+        return crate::bench_head::run(
+            &a.vocab,
+            &a.slots,
+            &a.history,
+            a.time_ms,
+            a.json,
+            gpu.as_ref(),
+        );
+    }
     if let Some(g) = &gpu {
         return run_wgpu(&a, g);
     }

@@ -43,6 +43,23 @@ impl Batch {
 /// Reads a C-order f32 or f16 .npy of shape `[V]` or `[B, V]`.
 pub fn read_npy(path: &Path) -> Result<Batch, String> {
     let shown = path.display();
+    let (data, shape) = read_array(path, &[1, 2])?;
+    let (rows, vocab) = match shape.as_slice() {
+        [v] => (1, *v),
+        [b, v] => (*b, *v),
+        other => {
+            return Err(format!(
+                "{shown}: logits must have shape [V] or [B, V], not {other:?}"
+            ))
+        }
+    };
+    Ok(Batch { data, rows, vocab })
+}
+
+/// Reads a C-order f32 or f16 .npy whose rank is one of `ranks`; its values and shape.
+/// The header's shape is checked against the file's size before anything is allocated.
+pub fn read_array(path: &Path, ranks: &[usize]) -> Result<(LogitsFile, Vec<usize>), String> {
+    let shown = path.display();
     let file = std::fs::File::open(path).map_err(|e| format!("cannot open {shown}: {e}"))?;
     let npy = npyz::NpyFile::new(std::io::BufReader::new(file))
         .map_err(|e| format!("{shown} is not a valid .npy file: {e}"))?;
@@ -52,16 +69,17 @@ pub fn read_npy(path: &Path) -> Result<Batch, String> {
         ));
     }
     let shape = npy.shape().to_vec();
-    let (rows, vocab) = match shape.as_slice() {
-        [v] => (1, *v as usize),
-        [b, v] => (*b as usize, *v as usize),
-        other => {
-            return Err(format!(
-                "{shown}: logits must have shape [V] or [B, V], not {other:?}"
-            ))
-        }
-    };
-    if vocab == 0 || rows == 0 {
+    if !ranks.contains(&shape.len()) {
+        return Err(format!(
+            "{shown}: logits of shape {shape:?}; expected {} dimensions",
+            ranks
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ));
+    }
+    if shape.contains(&0) {
         return Err(format!("{shown}: empty logits of shape {shape:?}"));
     }
     // the header's shape must fit the file before anything is allocated for it
@@ -81,6 +99,7 @@ pub fn read_npy(path: &Path) -> Result<Batch, String> {
             ))
         }
     }
+    let vocab = *shape.last().expect("rank >= 1") as usize;
     if vocab > u32::MAX as usize {
         return Err(format!(
             "{shown}: vocabulary size {vocab} does not fit u32 token ids"
@@ -96,7 +115,7 @@ pub fn read_npy(path: &Path) -> Result<Batch, String> {
             ))
         }
     };
-    Ok(Batch { data, rows, vocab })
+    Ok((data, shape.iter().map(|&d| d as usize).collect()))
 }
 
 /// Parameters for every row, as flags, or per row from a JSON file.
@@ -179,7 +198,8 @@ fn parse_bias(s: &str) -> Result<BTreeMap<u32, f32>, String> {
     Ok(m)
 }
 
-const KEYS: &[&str] = &[
+/// The keys of a row's parameters in a JSON file.
+pub const KEYS: &[&str] = &[
     "temperature",
     "top_k",
     "top_p",

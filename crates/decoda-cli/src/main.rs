@@ -1,10 +1,12 @@
 //! `decoda`: sample, explain, benchmark and demonstrate the decoda sampler from the shell.
 
 mod bench;
+mod bench_head;
 mod demo;
 mod device;
 mod inputs;
 mod moe_bench;
+mod replay;
 mod sample;
 
 use std::process::ExitCode;
@@ -33,6 +35,8 @@ enum Command {
     MoeBench(moe_bench::MoeBenchArgs),
     /// Run the conformance suite against a device (works without cargo).
     Selftest(demo::SelftestArgs),
+    /// Run the sampling head over logged logits [T, S, V] to reproduce a decode.
+    Replay(replay::ReplayArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +49,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => demo::run_demo(a),
         Command::MoeBench(a) => moe_bench::run(a),
         Command::Selftest(a) => demo::run_selftest(a),
+        Command::Replay(a) => replay::run(a),
     };
     match result {
         Ok(code) => code,

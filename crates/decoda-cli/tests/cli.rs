@@ -676,3 +676,119 @@ fn no_display_noise_on_stderr() {
         }
     }
 }
+
+/// `decoda replay` runs the head over logged logits `[T, S, V]`: joins at their steps,
+/// stop ids and max_tokens end slots, the seed of a slot without one is reported, and
+/// every slot's tokens are those of `CpuSampler` driven step by step — on the CPU and
+/// on the device alike.
+#[test]
+fn replay_reproduces_a_decode() {
+    use decoda::conformance::Rng;
+    use decoda::{Backend, CpuSampler, Logits, Request};
+    let (t, s, v) = (25usize, 4usize, 300usize);
+    let mut rng = Rng::new(8);
+    let mut logits = Vec::with_capacity(t * s * v);
+    for _ in 0..t * s {
+        let start = logits.len();
+        logits.extend((0..v).map(|_| 2.0 * rng.normal()));
+        logits[start + 11] += 3.0;
+    }
+    let npy = tmp("replay.npy");
+    let bytes: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
+    write_npy(&npy, "<f4", &[t, s, v], &bytes);
+    let params = serde_json::json!([
+        {"temperature": 0.0, "seed": 1, "stop": [11]},
+        {"temperature": 0.8, "top_p": 0.9, "repetition_penalty": 1.2, "prompt": [1, 2, 3],
+         "seed": 2, "join": 3},
+        {"top_k": 20, "max_tokens": 6, "seed": 3, "join": 5, "output": [7, 7, 9],
+         "frequency_penalty": 0.5},
+        {"temperature": 1.2, "min_p": 0.05, "join": 2},
+    ]);
+    let pj = tmp("replay.json");
+    std::fs::write(&pj, params.to_string()).unwrap();
+    let devices: &[&str] = if have_wgpu() {
+        &["cpu", "wgpu"]
+    } else {
+        &["cpu"]
+    };
+    let mut outs = Vec::new();
+    for &device in devices {
+        let (code, out, err) = run(&[
+            "replay",
+            "--logits",
+            npy.to_str().unwrap(),
+            "--params",
+            pj.to_str().unwrap(),
+            "--device",
+            device,
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{device}: {err}");
+        let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let slots = j["slots"].as_array().unwrap().clone();
+        // expected: CpuSampler driven by hand
+        for (k, slot) in slots.iter().enumerate() {
+            let p = &params[k];
+            let mut obj = p.as_object().unwrap().clone();
+            let join = obj.remove("join").and_then(|v| v.as_u64()).unwrap_or(0) as usize;
+            let max = obj.remove("max_tokens").and_then(|v| v.as_u64());
+            let stop: Vec<u32> = obj
+                .remove("stop")
+                .map(|v| serde_json::from_value(v).unwrap())
+                .unwrap_or_default();
+            obj.insert("seed".into(), slot["seed"].clone());
+            let mut req: Request = serde_json::from_value(serde_json::Value::Object(obj)).unwrap();
+            let mut want = Vec::new();
+            let mut finished = serde_json::Value::Null;
+            for step in join..t {
+                let row = &logits[(step * s + k) * v..(step * s + k + 1) * v];
+                let tok = CpuSampler::new()
+                    .sample(&Logits::f32(row, 1, v).unwrap(), std::slice::from_ref(&req))
+                    .unwrap()[0]
+                    .as_ref()
+                    .unwrap()
+                    .token;
+                want.push(tok);
+                req.state.push(tok);
+                if stop.contains(&tok) {
+                    finished = "stop".into();
+                    break;
+                }
+                if max.is_some_and(|m| want.len() as u64 >= m) {
+                    finished = "length".into();
+                    break;
+                }
+            }
+            let got: Vec<u32> = slot["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(got, want, "{device}: slot {k}");
+            assert_eq!(slot["finished"], finished, "{device}: slot {k}");
+        }
+        assert_eq!(slots[0]["finished"], "stop");
+        assert_eq!(slots[2]["finished"], "length");
+        outs.push(slots);
+    }
+    // the seeds drawn from the OS differ between runs; everything seeded is the same
+    if outs.len() == 2 {
+        for (k, (a, b)) in outs[0].iter().zip(&outs[1]).take(3).enumerate() {
+            assert_eq!(a, b, "slot {k}: cpu vs wgpu");
+        }
+    }
+    // a bad params file names the slot
+    std::fs::write(&pj, r#"[{"top_p": 2.0}, {}, {}, {}]"#).unwrap();
+    let (code, _, err) = run(&[
+        "replay",
+        "--logits",
+        npy.to_str().unwrap(),
+        "--params",
+        pj.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("top_p") && err.contains("row 0"), "{err}");
+}

@@ -95,6 +95,10 @@ pub enum RowError {
     /// the backend (please report it), reported for its row instead of a wrong token.
     #[error("no token won the draw although the kept set is not empty (a backend defect)")]
     NoWinner,
+    /// A sampling head's step for a slot that had already finished (a stop token or
+    /// `max_tokens`): no token was drawn.
+    #[error("the slot had already finished (stop token or max_tokens)")]
+    Finished,
 }
 
 impl RowError {
@@ -105,6 +109,7 @@ impl RowError {
             RowError::NonFiniteLogits { .. } => "NonFiniteLogits",
             RowError::NoCandidate => "NoCandidate",
             RowError::NoWinner => "NoWinner",
+            RowError::Finished => "Finished",
         }
     }
 }

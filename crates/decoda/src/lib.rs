@@ -29,6 +29,7 @@ pub mod conformance;
 pub mod cpu;
 pub mod error;
 pub mod fmath;
+pub mod head;
 pub mod logits;
 pub mod moe;
 pub mod params;

@@ -25,3 +25,14 @@ fn cpu_single_thread_decode_shapes() {
         .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("cpu (1 thread): {t:?}");
 }
+
+/// The CPU head: 64 slots, 300 steps of joins, leaves, stops and long penalised
+/// histories, each slot's tokens those of `CpuSampler` driven by hand.
+#[test]
+fn cpu_head_matches_driven_sequences() {
+    let mut head = decoda::head::CpuHead::new(64, 3000).unwrap();
+    let t = decoda::conformance::head::head_matches_sequences(&mut head, 300, 4000, 99)
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("cpu head: {t:?}");
+    assert!(t.stops > 0 && t.lengths > 0 && t.leaves > 0, "{t:?}");
+}

@@ -12,6 +12,7 @@ use crate::params::{LogprobsMode, Request, SamplingParams};
 use crate::pipeline::RowResult;
 use crate::reference::{reference_row, TieReport};
 
+pub mod head;
 pub mod shapes;
 
 /// A check of the suite.

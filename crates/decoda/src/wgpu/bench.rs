@@ -5,7 +5,116 @@
 use crate::error::{Error, Result};
 use crate::params::Request;
 
+use super::head::WgpuHead;
 use super::sampler::{make_buffer, DeviceLogits, DeviceOutputs, WgpuSampler};
+
+/// Host and device time of one step or call, in microseconds.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct StepTime {
+    /// Recording and submitting on the host (for the per-call API, building its
+    /// parameter lists from the requests' histories too).
+    pub host_us: f64,
+    /// The step's compute pass on the device (timestamp queries), or the wall time from
+    /// submit to done when the adapter has none.
+    pub device_us: f64,
+}
+
+/// A timestamp query set and the buffers to read it.
+struct Stamps {
+    qs: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+}
+
+impl Stamps {
+    fn new(device: &wgpu::Device) -> Self {
+        use wgpu::BufferUsages as U;
+        Self {
+            qs: device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("decoda timing"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            }),
+            resolve: make_buffer(device, "decoda ts", 256, U::QUERY_RESOLVE | U::COPY_SRC),
+            read: make_buffer(device, "decoda ts read", 256, U::MAP_READ | U::COPY_DST),
+        }
+    }
+
+    fn copy(&self, enc: &mut wgpu::CommandEncoder) {
+        enc.resolve_query_set(&self.qs, 0..2, &self.resolve, 0);
+        enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, 16);
+    }
+
+    /// Microseconds between the two stamps (after the submission is done).
+    fn read(&self, device: &wgpu::Device, period: f64) -> Result<f64> {
+        let slice = self.read.slice(0..16);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
+        rx.recv()
+            .map_err(|_| Error::Device("the map callback never ran".into()))?
+            .map_err(|e| Error::Device(format!("mapping the timestamps: {e}")))?;
+        let w: Vec<u32> = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| Error::Device(format!("mapping the timestamps: {e}")))?;
+            bytemuck::cast_slice::<u8, u32>(&view).to_vec()
+        };
+        self.read.unmap();
+        let t0 = u64::from(w[0]) | (u64::from(w[1]) << 32);
+        let t1 = u64::from(w[2]) | (u64::from(w[3]) << 32);
+        Ok(t1.saturating_sub(t0) as f64 * period / 1000.0)
+    }
+}
+
+impl WgpuHead {
+    /// Times `iters` steps of `rows` over `logits`: host time to record and submit, and
+    /// device time. The steps advance the slots like any other.
+    #[doc(hidden)]
+    pub fn time_steps(
+        &mut self,
+        logits: &DeviceLogits<'_>,
+        rows: &[usize],
+        iters: usize,
+    ) -> Result<Vec<StepTime>> {
+        let ts = self
+            .device()
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY);
+        let stamps = ts.then(|| Stamps::new(self.device()));
+        let period = f64::from(self.queue().get_timestamp_period());
+        let mut out = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let t = std::time::Instant::now();
+            let mut enc = self
+                .device()
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            self.record_step_with(&mut enc, logits, rows, stamps.as_ref().map(|s| &s.qs))?;
+            if let Some(s) = &stamps {
+                s.copy(&mut enc);
+            }
+            self.queue().submit([enc.finish()]);
+            let host_us = t.elapsed().as_secs_f64() * 1e6;
+            let device_us = match &stamps {
+                Some(s) => s.read(self.device(), period)?,
+                None => {
+                    self.device()
+                        .poll(wgpu::PollType::wait_indefinitely())
+                        .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
+                    t.elapsed().as_secs_f64() * 1e6 - host_us
+                }
+            };
+            self.wait()?;
+            out.push(StepTime { host_us, device_us });
+        }
+        Ok(out)
+    }
+}
 
 impl WgpuSampler {
     /// GPU time of `iters` calls on device logits, in microseconds each, from timestamp
@@ -57,6 +166,51 @@ impl WgpuSampler {
             let t0 = u64::from(w[0]) | (u64::from(w[1]) << 32);
             let t1 = u64::from(w[2]) | (u64::from(w[3]) << 32);
             times.push(t1.saturating_sub(t0) as f64 * period / 1000.0);
+        }
+        Ok(times)
+    }
+
+    /// Times `iters` calls of the per-call API: host time to build the parameters,
+    /// record and submit, and device time.
+    #[doc(hidden)]
+    pub fn time_calls(
+        &self,
+        logits: &DeviceLogits<'_>,
+        requests: &[Request],
+        out: &DeviceOutputs,
+        iters: usize,
+    ) -> Result<Vec<StepTime>> {
+        let stamps = self.timestamps.then(|| Stamps::new(&self.device));
+        let period = f64::from(self.queue.get_timestamp_period());
+        let mut times = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let t = std::time::Instant::now();
+            let mut enc = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            self.record_inner(
+                &mut enc,
+                logits,
+                requests,
+                out,
+                stamps.as_ref().map(|s| &s.qs),
+                0,
+            )?;
+            if let Some(s) = &stamps {
+                s.copy(&mut enc);
+            }
+            self.queue.submit([enc.finish()]);
+            let host_us = t.elapsed().as_secs_f64() * 1e6;
+            let device_us = match &stamps {
+                Some(s) => s.read(&self.device, period)?,
+                None => {
+                    self.device
+                        .poll(wgpu::PollType::wait_indefinitely())
+                        .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
+                    t.elapsed().as_secs_f64() * 1e6 - host_us
+                }
+            };
+            times.push(StepTime { host_us, device_us });
         }
         Ok(times)
     }

@@ -1,12 +1,10 @@
-//! Adapters, devices and the sampler's compute pipelines.
+//! Adapters and devices.
 
 use crate::error::{Error, Result};
 
+use super::kernels::STORAGE_BUFFERS;
 use super::layout::{WG, WORKGROUP_BYTES};
 use super::{WgpuOptions, ADAPTER_ENV, SUBGROUPS_ENV};
-
-/// Storage buffers one kernel binds.
-pub(crate) const STORAGE_BUFFERS: u32 = 10;
 
 /// One adapter the sampler can run on.
 #[derive(Debug, Clone)]
@@ -152,100 +150,25 @@ pub(crate) fn check_limits(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> R
     Ok(())
 }
 
-/// The sampler's compute pipelines, one per entry point of `sample.wgsl`.
-pub(crate) struct Pipelines {
-    pub layout: wgpu::BindGroupLayout,
-    pub touch: wgpu::ComputePipeline,
-    pub untouch: wgpu::ComputePipeline,
-    pub stats: wgpu::ComputePipeline,
-    pub decide_stats: wgpu::ComputePipeline,
-    pub hist_k: wgpu::ComputePipeline,
-    pub decide_k: wgpu::ComputePipeline,
-    pub hist_p: wgpu::ComputePipeline,
-    pub decide_p: wgpu::ComputePipeline,
-    pub draw: wgpu::ComputePipeline,
-    pub finish: wgpu::ComputePipeline,
-    pub rank_topn: wgpu::ComputePipeline,
-    pub finish_lp: wgpu::ComputePipeline,
-    pub draw_many: wgpu::ComputePipeline,
-}
+/// Environment variable: how many workgroups a step aims to keep busy (rows times
+/// splits); the row split follows from it and the batch.
+pub const WORKGROUPS_ENV: &str = "DECODA_WGPU_WORKGROUPS";
 
-impl Pipelines {
-    /// Compiles the module (with subgroup reductions when the device has the feature)
-    /// and builds every pipeline; a shader error is [`Error::Device`].
-    pub fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Self> {
-        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
-        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("decoda sample.wgsl"),
-            source: wgpu::ShaderSource::Wgsl(super::shader_source(subgroups).into()),
-        });
-        let storage = |binding: u32, read_only: bool| wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Storage { read_only },
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        };
-        let mut entries = vec![wgpu::BindGroupLayoutEntry {
-            binding: 0,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Uniform,
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        }];
-        entries.push(storage(1, true));
-        entries.push(storage(2, true));
-        for b in 3..=STORAGE_BUFFERS {
-            entries.push(storage(b, false));
-        }
-        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some("decoda"),
-            entries: &entries,
-        });
-        let pl_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some("decoda"),
-            bind_group_layouts: &[Some(&layout)],
-            immediate_size: 0,
-        });
-        let make = |entry: &str| {
-            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(entry),
-                layout: Some(&pl_layout),
-                module: &module,
-                entry_point: Some(entry),
-                compilation_options: Default::default(),
-                cache: None,
-            })
-        };
-        let pipes = Self {
-            touch: make("touch"),
-            untouch: make("untouch"),
-            stats: make("stats"),
-            decide_stats: make("decide_stats"),
-            hist_k: make("hist_k"),
-            decide_k: make("decide_k"),
-            hist_p: make("hist_p"),
-            decide_p: make("decide_p"),
-            draw: make("draw"),
-            finish: make("finish"),
-            rank_topn: make("rank_topn"),
-            finish_lp: make("finish_lp"),
-            draw_many: make("draw_many"),
-            layout,
-        };
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Device(format!(
-                "{}: building the shaders failed: {e}",
-                info.name
-            )));
-        }
-        Ok(pipes)
+/// Workgroups a step aims to keep busy on this adapter. wgpu does not report an
+/// adapter's compute units, so: `DECODA_WGPU_WORKGROUPS` when set; on a software adapter
+/// (its "compute units" are CPU threads) four per thread; on a hardware one 1024, enough
+/// for the largest GPUs (an H100 has 132 multiprocessors, each running several
+/// workgroups at once). Results never depend on it.
+pub(crate) fn target_workgroups(info: &wgpu::AdapterInfo) -> usize {
+    if let Some(n) = std::env::var(WORKGROUPS_ENV)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        return n.clamp(1, 1 << 20);
+    }
+    if is_software(info) {
+        4 * std::thread::available_parallelism().map_or(4, |n| n.get())
+    } else {
+        1024
     }
 }

@@ -32,7 +32,7 @@ impl WgpuSampler {
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        let bytes = copy_results(&mut enc, out, b, b * LP_WORDS);
+        let bytes = copy_results(&mut enc, out, b, b * RES_WORDS);
         self.queue.submit([enc.finish()]);
         let words = self.map_words(&out.readback, bytes)?;
         let vocab = out.vocab.load(std::sync::atomic::Ordering::Relaxed);
@@ -64,7 +64,7 @@ impl WgpuSampler {
     /// One host call: uploads the logits into the sampler's buffer, records the call
     /// (with `draws` > 0, the many-draws kernel too), copies the results into the readback
     /// buffer in the same encoder, submits once and maps them. Returns the words: tokens
-    /// `[B]`, status `[B, 2]`, then `[B, 44]` logprobs or `[B, draws]` tokens.
+    /// `[B]`, results `[B, 46]`, then (draws) `[B, draws]` tokens.
     fn host_call(
         &self,
         logits: &Logits<'_>,
@@ -73,7 +73,7 @@ impl WgpuSampler {
     ) -> Result<Vec<u32>> {
         let _call = self.host_call.lock().map_err(|_| poisoned())?;
         let b = logits.rows();
-        let lp_words = if draws > 0 { b * draws } else { b * LP_WORDS };
+        let res_words = b * (RES_WORDS + draws);
         let (buf, out) = {
             let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
             if sc.host_logits.ensure(&self.device, logits_size(logits)) {
@@ -81,8 +81,8 @@ impl WgpuSampler {
             }
             self.write_logits(&sc.host_logits.buf, logits);
             let out = match sc.host_out.take() {
-                Some(o) if o.rows >= b && o.lp_words >= lp_words => o,
-                _ => self.outputs_for(b.max(64), lp_words.max(64 * LP_WORDS))?,
+                Some(o) if o.rows >= b && o.res_words >= res_words => o,
+                _ => self.outputs_for(b.max(64), draws.max(res_words.div_ceil(b.max(64))))?,
             };
             (sc.host_logits.buf.clone(), out)
         };
@@ -100,7 +100,7 @@ impl WgpuSampler {
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
             let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
             self.record_inner(&mut enc, &view, requests, &out, None, draws)?;
-            let bytes = copy_results(&mut enc, &out, b, lp_words);
+            let bytes = copy_results(&mut enc, &out, b, res_words);
             self.queue.submit([enc.finish()]);
             if let Some(e) = pollster::block_on(scope.pop()) {
                 return Err(Error::Device(format!("{}: {e}", self.info.name)));
@@ -208,11 +208,7 @@ impl Backend for WgpuSampler {
             .min(MAX_DRAW_WORDS);
         let piece = self.rows_per_call(logits, 64)?;
         // draws one call can dispatch: a workgroup holds 256 / lanes draws of a row
-        let lanes = v
-            .div_ceil(4)
-            .div_ceil(DRAW_GROUPS_PER_LANE)
-            .next_power_of_two()
-            .clamp(1, DRAW_WG);
+        let lanes = super::kernels::draw_lanes(v);
         let max_draws = MAX_GRID * (DRAW_WG / lanes);
         for start in (0..logits.rows()).step_by(piece) {
             let end = (start + piece).min(logits.rows());
@@ -224,10 +220,10 @@ impl Backend for WgpuSampler {
                 let n = per_call.min(draws - done);
                 let reqs = crate::backend::at_step(&requests[start..end], done as u64);
                 let words = self.host_call(&sub, &reqs, n)?;
-                let (status, tokens) = words[b..].split_at(2 * b);
+                let (res, tokens) = words[b..].split_at(b * RES_WORDS);
                 for r in 0..b {
                     let row = &tokens[r * n..(r + 1) * n];
-                    let err = row_status(status[2 * r], status[2 * r + 1]);
+                    let err = row_status(res[r * RES_WORDS], res[r * RES_WORDS + 1]);
                     out[start + r].extend(row.iter().map(|&token| match err {
                         None => checked(token, v, None),
                         Some(e) => Err(e),
@@ -240,29 +236,22 @@ impl Backend for WgpuSampler {
     }
 }
 
-/// Records copies of the results of `rows` rows (tokens, status, `lp_words` words of
-/// logprobs or draws) into `out.readback`, in that order; returns the bytes copied.
+/// Records copies of the results of `rows` rows (tokens, then `res_words` words of
+/// results and draws) into `out.readback`, in that order; returns the bytes copied.
 pub(crate) fn copy_results(
     enc: &mut wgpu::CommandEncoder,
     out: &DeviceOutputs,
     rows: usize,
-    lp_words: usize,
+    res_words: usize,
 ) -> u64 {
-    let parts = [
-        (&out.tokens, rows as u64 * 4),
-        (&out.status, rows as u64 * 8),
-        (&out.logprobs, lp_words as u64 * 4),
-    ];
-    let mut at = 0;
-    for (buf, bytes) in parts {
-        enc.copy_buffer_to_buffer(buf, 0, &out.readback, at, bytes);
-        at += bytes;
-    }
-    at
+    let t = rows as u64 * 4;
+    enc.copy_buffer_to_buffer(&out.tokens, 0, &out.readback, 0, t);
+    enc.copy_buffer_to_buffer(&out.results, 0, &out.readback, t, res_words as u64 * 4);
+    t + res_words as u64 * 4
 }
 
 /// A row's error from its two status words (`None` = sampled).
-fn row_status(code: u32, count: u32) -> Option<RowError> {
+pub(crate) fn row_status(code: u32, count: u32) -> Option<RowError> {
     match code {
         STATUS_OK => None,
         STATUS_NON_FINITE => Some(RowError::NonFiniteLogits {
@@ -270,6 +259,7 @@ fn row_status(code: u32, count: u32) -> Option<RowError> {
         }),
         STATUS_NO_CANDIDATE => Some(RowError::NoCandidate),
         STATUS_NO_WINNER => Some(RowError::NoWinner),
+        STATUS_FINISHED => Some(RowError::Finished),
         // no other code is written; should one appear, the row still gets no token
         _ => Some(RowError::NoWinner),
     }
@@ -277,7 +267,7 @@ fn row_status(code: u32, count: u32) -> Option<RowError> {
 
 /// A drawn token, which must be below V: anything else (a draw that found no winner)
 /// is the row's [`RowError::NoWinner`], never a token.
-fn checked(token: u32, vocab: usize, logprobs: Option<TokenLogprobs>) -> RowResult {
+pub(crate) fn checked(token: u32, vocab: usize, logprobs: Option<TokenLogprobs>) -> RowResult {
     if token != NO_TOKEN && (token as usize) < vocab {
         Ok(Sample { token, logprobs })
     } else {
@@ -285,7 +275,7 @@ fn checked(token: u32, vocab: usize, logprobs: Option<TokenLogprobs>) -> RowResu
     }
 }
 
-fn parse_logprobs(w: &[u32]) -> TokenLogprobs {
+pub(crate) fn parse_logprobs(w: &[u32]) -> TokenLogprobs {
     let listed = (w[2] as usize).min(MAX_LOGPROBS as usize);
     TokenLogprobs {
         logprob: f32::from_bits(w[0]),
@@ -299,26 +289,26 @@ fn parse_logprobs(w: &[u32]) -> TokenLogprobs {
     }
 }
 
-/// Per-row results from words laid out by [`copy_results`] with `[B, 44]` logprobs.
-/// Tokens must be below `vocab`.
+/// Per-row results from words laid out by [`copy_results`] (tokens, then `[B, 46]`
+/// results). Tokens must be below `vocab`.
 pub(crate) fn parse_results(words: &[u32], requests: &[Request], vocab: usize) -> Vec<RowResult> {
     let b = requests.len();
-    let (tokens, rest) = words.split_at(b);
-    let (status, lps) = rest.split_at(2 * b);
+    let (tokens, res) = words.split_at(b);
     requests
         .iter()
         .enumerate()
-        .map(
-            |(r, req)| match row_status(status[2 * r], status[2 * r + 1]) {
+        .map(|(r, req)| {
+            let w = &res[r * RES_WORDS..(r + 1) * RES_WORDS];
+            match row_status(w[0], w[1]) {
                 None => checked(
                     tokens[r],
                     vocab,
                     req.params
                         .logprobs
-                        .map(|_| parse_logprobs(&lps[r * LP_WORDS..(r + 1) * LP_WORDS])),
+                        .map(|_| parse_logprobs(&w[2..2 + LP_WORDS])),
                 ),
                 Some(e) => Err(e),
-            },
-        )
+            }
+        })
         .collect()
 }

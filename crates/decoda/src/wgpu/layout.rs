@@ -1,20 +1,26 @@
 //! Data shared between the launcher and the WGSL kernels: the uniform and storage
-//! structs (mirrored by `struct Call`, `struct RowP` and `struct Touch` in `sample.wgsl`),
+//! structs (mirrored by `struct Call` and `struct SlotP` in `step.wgsl`),
 //! the row flags, the sizes of the per-row scratch areas, and the workgroup memory the
 //! kernels declare. The tests at the bottom read the shaders with naga and check every
 //! one of these against what the WGSL says.
 
 /// Invocations per workgroup of the row kernels (`@workgroup_size(256)`).
 pub(crate) const WG: usize = 256;
-/// Words of radix histogram per row (`HW` in the shader).
+/// Radix histogram words per row of the full-row path (`HW` in the shader).
 pub(crate) const HIST_WORDS: usize = 6144;
 /// State words per row (`ST`).
-pub(crate) const STATE_WORDS: usize = 32;
-/// Words per (row, split) slot (`SLOT`).
-pub(crate) const SLOT_WORDS: usize = 52;
-/// Log-probability words per row of the outputs (`LPW`).
+pub(crate) const STATE_WORDS: usize = 64;
+/// Partial-result words per (row, split) (`PW`).
+pub(crate) const PART_WORDS: usize = 64;
+/// Log-probability words per row (`LPW`).
 pub(crate) const LP_WORDS: usize = 44;
-/// Most workgroups a row is cut into (the per-row kernels reduce at most `WG` slots).
+/// Result words per row: status, a status word, then the log-probabilities (`RESW`).
+pub(crate) const RES_WORDS: usize = 46;
+/// Slot-state words per slot (`SSW`): step (2), tokens generated (2), finished.
+pub(crate) const SLOT_STATE_WORDS: usize = 8;
+/// Candidates a row's list holds (a power of two).
+pub(crate) const CAP: usize = 4096;
+/// Most workgroups a row is cut into (the per-row kernels reduce at most `WG` partials).
 pub(crate) const MAX_SPLITS: usize = 256;
 /// Largest workgroup count of one dispatch dimension (WebGPU's default limit).
 pub(crate) const MAX_GRID: usize = 65535;
@@ -24,7 +30,7 @@ pub(crate) const MAX_GRID: usize = 65535;
 pub(crate) const MAX_CHUNK: usize = WG * 4096;
 /// Workgroup memory the largest entry point declares, in bytes (checked against the
 /// shaders by a test; the device must offer at least this much).
-pub(crate) const WORKGROUP_BYTES: u32 = 8196;
+pub(crate) const WORKGROUP_BYTES: u32 = 10252;
 /// Invocations per workgroup of `draw_many`; a draw is shared by 1 to 256 of them.
 pub(crate) const DRAW_WG: usize = 256;
 /// Groups of four tokens one invocation of `draw_many` handles at most before the draw
@@ -36,40 +42,52 @@ pub(crate) const F_LOGPROBS: u32 = 2;
 pub(crate) const F_PROCESSED: u32 = 4;
 pub(crate) const F_TOP_P: u32 = 8;
 pub(crate) const F_TOP_K: u32 = 16;
+pub(crate) const F_MIN_P: u32 = 32;
 
-/// Status codes the kernels write per row (first status word).
+/// `Call.mode`: advance the slot state in `finish` (a head's step).
+pub(crate) const M_HEAD: u32 = 1;
+/// `Call.mode`: per-call rows scatter their history in `probe` and clear it in `finish`.
+pub(crate) const M_SCATTER: u32 = 2;
+
+/// Status codes the kernels write per row (first result word).
 pub(crate) const STATUS_OK: u32 = 0;
 pub(crate) const STATUS_NON_FINITE: u32 = 1;
 pub(crate) const STATUS_NO_CANDIDATE: u32 = 2;
 /// The kept set was not empty, yet no token won: a defect, reported as a row error.
 pub(crate) const STATUS_NO_WINNER: u32 = 3;
+/// The row's slot had already finished (a head's step).
+pub(crate) const STATUS_FINISHED: u32 = 4;
 /// Token written where a draw found no winner (`draw_many`).
 pub(crate) const NO_TOKEN: u32 = 0xffff_ffff;
 
 /// The call's uniform block (`struct Call`).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct CallU {
     pub rows: u32,
     pub vocab: u32,
     pub stride: u32,
     pub dtype: u32,
+    pub base: u32,
     pub splits: u32,
     pub chunk: u32,
-    pub base: u32,
     pub bm_words: u32,
-    pub n_touches: u32,
+    pub cap: u32,
+    pub mode: u32,
     pub draws: u32,
     /// Invocations sharing one draw in `draw_many` (a power of two, 1 to 256).
     pub draw_lanes: u32,
-    /// Always 0: read by `fp_barrier`, which the compiler cannot fold away.
+    pub part_base: u32,
+    pub cand_base: u32,
+    /// Always 0: read by `fp`, which the compiler cannot fold away.
     pub zero: u32,
+    pub pad: u32,
 }
 
-/// One row's parameters (`struct RowP`).
+/// One slot's parameters (`struct SlotP`).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(crate) struct RowU {
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct SlotU {
     pub temperature: f32,
     pub top_k: u32,
     pub top_p: f32,
@@ -80,26 +98,16 @@ pub(crate) struct RowU {
     pub flags: u32,
     pub seed_lo: u32,
     pub seed_hi: u32,
-    pub step_lo: u32,
-    pub step_hi: u32,
-    pub touch_off: u32,
-    pub touch_len: u32,
     pub n_lp: u32,
-    pub pad: u32,
-}
-
-/// A token of a row's history or logit bias (`struct Touch`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
-pub(crate) struct TouchU {
-    pub token: u32,
-    pub row: u32,
-    pub flags: u32,
-    pub count: u32,
-    pub bias: f32,
-    pub z: f32,
-    pub pad0: u32,
-    pub pad1: u32,
+    pub bias_off: u32,
+    pub bias_len: u32,
+    pub stop_off: u32,
+    pub stop_len: u32,
+    pub hist_off: u32,
+    pub hist_len: u32,
+    pub max_lo: u32,
+    pub max_hi: u32,
+    pub pen_slot: u32,
 }
 
 #[cfg(test)]
@@ -174,21 +182,16 @@ mod tests {
                 &m,
                 "Call",
                 std::mem::size_of::<CallU>(),
-                &fields!(CallU; rows, vocab, stride, dtype, splits, chunk, base, bm_words,
-                    n_touches, draws, draw_lanes, zero),
+                &fields!(CallU; rows, vocab, stride, dtype, base, splits, chunk, bm_words,
+                    cap, mode, draws, draw_lanes, part_base, cand_base, zero, pad),
             );
             check(
                 &m,
-                "RowP",
-                std::mem::size_of::<RowU>(),
-                &fields!(RowU; temperature, top_k, top_p, ln_min_p, rep, freq, pres, flags,
-                    seed_lo, seed_hi, step_lo, step_hi, touch_off, touch_len, n_lp, pad),
-            );
-            check(
-                &m,
-                "Touch",
-                std::mem::size_of::<TouchU>(),
-                &fields!(TouchU; token, row, flags, count, bias, z, pad0, pad1),
+                "SlotP",
+                std::mem::size_of::<SlotU>(),
+                &fields!(SlotU; temperature, top_k, top_p, ln_min_p, rep, freq, pres, flags,
+                    seed_lo, seed_hi, n_lp, bias_off, bias_len, stop_off, stop_len, hist_off,
+                    hist_len, max_lo, max_hi, pen_slot),
             );
         }
     }
@@ -216,17 +219,23 @@ mod tests {
             ("WG", WG as u64),
             ("HW", HIST_WORDS as u64),
             ("ST", STATE_WORDS as u64),
-            ("SLOT", SLOT_WORDS as u64),
+            ("PW", PART_WORDS as u64),
             ("LPW", LP_WORDS as u64),
+            ("RESW", RES_WORDS as u64),
+            ("SSW", SLOT_STATE_WORDS as u64),
             ("DRAW_WG", DRAW_WG as u64),
             ("F_TOUCH", u64::from(F_TOUCH)),
             ("F_LOGPROBS", u64::from(F_LOGPROBS)),
             ("F_PROCESSED", u64::from(F_PROCESSED)),
             ("F_TOP_P", u64::from(F_TOP_P)),
             ("F_TOP_K", u64::from(F_TOP_K)),
+            ("F_MIN_P", u64::from(F_MIN_P)),
+            ("M_HEAD", u64::from(M_HEAD)),
+            ("M_SCATTER", u64::from(M_SCATTER)),
             ("OUT_NON_FINITE", u64::from(STATUS_NON_FINITE)),
             ("OUT_NO_CANDIDATE", u64::from(STATUS_NO_CANDIDATE)),
             ("OUT_NO_WINNER", u64::from(STATUS_NO_WINNER)),
+            ("OUT_FINISHED", u64::from(STATUS_FINISHED)),
             ("NO_TOKEN", u64::from(NO_TOKEN)),
         ] {
             assert_eq!(constant(&m, name), v, "constant {name}");

@@ -16,11 +16,13 @@
 //! division by the temperature use the same arithmetic as the CPU (`fmath.wgsl`, the
 //! device's copy of [`crate::fmath`], with a correctly rounded division).
 //!
-//! The module is split by job: `device` (adapters, device, pipelines), `layout` (the
+//! The module is split by job: `device` (adapters and devices), `kernels` (the step
+//! kernels' pipelines, buffers and dispatch sequence, beside `step.wgsl`), `layout` (the
 //! structs and sizes shared with the WGSL, checked against it by tests), `sampler` (the
-//! device API: recording a call), `staging` (per-call parameters on their way to the
-//! device), `host` (the host API: upload, submit, read back) and `bench` (timing hooks for
-//! the CLI's benchmarks).
+//! per-call device API: recording a call), `head` (the sampling head: slots whose state
+//! lives on the device), `staging` (per-call parameters on their way to the device),
+//! `host` (the host API: upload, submit, read back) and `bench` (timing hooks for the
+//! CLI's benchmarks).
 //!
 //! ```no_run
 //! use decoda::wgpu::WgpuSampler;
@@ -35,16 +37,20 @@
 
 mod bench;
 mod device;
+mod head;
 mod host;
+mod kernels;
 mod layout;
 mod sampler;
 mod staging;
 
-pub use device::{list_adapters, AdapterSummary};
+pub use bench::StepTime;
+pub use device::{list_adapters, AdapterSummary, WORKGROUPS_ENV};
+pub use head::{StepId, StepResults, WgpuHead};
 pub use sampler::{DeviceLogits, DeviceOutputs, WgpuSampler};
 
 /// The WGSL of the sampler's kernels, without the shared arithmetic and the reductions.
-pub const SHADER_MAIN: &str = include_str!("sample.wgsl");
+pub const SHADER_MAIN: &str = include_str!("step.wgsl");
 /// The arithmetic that decides tokens (ln, exp, correctly rounded division, Philox),
 /// shared with the CPU ([`crate::fmath`], [`crate::philox`]).
 pub const SHADER_FMATH: &str = include_str!("fmath.wgsl");

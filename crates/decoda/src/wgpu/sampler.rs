@@ -8,7 +8,8 @@ use crate::logits::DType;
 use crate::params::{LogprobsMode, Request, MAX_LOGPROBS};
 use crate::pipeline as pl;
 
-use super::device::{self, Pipelines};
+use super::device;
+use super::kernels::{self, Kernels, Sizes, StepBuffers, StepShape};
 use super::layout::*;
 use super::staging::StagePool;
 use super::WgpuOptions;
@@ -36,21 +37,23 @@ pub struct DeviceLogits<'a> {
 }
 
 /// Device buffers the sampler writes its results into, for up to `rows` rows:
-/// `tokens` (u32 per row, always `< V`; 0 for a failed row), `status` (two u32 per row:
-/// 0 = ok, 1 = `NonFiniteLogits` with the count in the second word, 2 = `NoCandidate`,
-/// 3 = `NoWinner`) and `logprobs` (44 u32 per row: chosen logprob (f32 bits), rank,
-/// number listed, then up to 20 pairs of token and logprob). All three have
-/// `STORAGE | COPY_SRC` usage.
+/// `tokens` (u32 per row, always `< V`; 0 for a failed row: what a model's next
+/// embedding lookup reads) and `results` (46 u32 per row: a status (0 = ok,
+/// 1 = `NonFiniteLogits` with the count in the next word, 2 = `NoCandidate`,
+/// 3 = `NoWinner`, 4 = the slot had finished (a head's step)), a word (the count above,
+/// or for a head's step the slot's finish: 0 none, 1 stop token, 2 `max_tokens`), then
+/// 44 words of log-probabilities: chosen logprob (f32 bits), rank, number listed, then up
+/// to 20 pairs of token and logprob). Both have `STORAGE | COPY_SRC` usage.
 #[derive(Debug)]
 pub struct DeviceOutputs {
     pub(crate) rows: usize,
     /// V of the last call recorded into these buffers (what [`WgpuSampler::read`]
     /// checks the tokens against).
     pub(crate) vocab: AtomicUsize,
-    pub(crate) lp_words: usize,
+    /// Words of `results` (rows x 46, and the many-draws area after it).
+    pub(crate) res_words: usize,
     pub(crate) tokens: wgpu::Buffer,
-    pub(crate) status: wgpu::Buffer,
-    pub(crate) logprobs: wgpu::Buffer,
+    pub(crate) results: wgpu::Buffer,
     pub(crate) readback: wgpu::Buffer,
 }
 
@@ -63,13 +66,9 @@ impl DeviceOutputs {
     pub fn tokens(&self) -> &wgpu::Buffer {
         &self.tokens
     }
-    /// Row status, u32 `[rows, 2]`.
-    pub fn status(&self) -> &wgpu::Buffer {
-        &self.status
-    }
-    /// Log-probabilities, u32 `[rows, 44]` (see the type's docs).
-    pub fn logprobs(&self) -> &wgpu::Buffer {
-        &self.logprobs
+    /// Status and log-probabilities, u32 `[rows, 46]` (see the type's docs).
+    pub fn results(&self) -> &wgpu::Buffer {
+        &self.results
     }
 }
 
@@ -81,7 +80,11 @@ pub(crate) struct Grow {
 }
 
 impl Grow {
-    fn new(device: &wgpu::Device, label: &'static str, usage: wgpu::BufferUsages) -> Self {
+    pub(crate) fn new(
+        device: &wgpu::Device,
+        label: &'static str,
+        usage: wgpu::BufferUsages,
+    ) -> Self {
         Self {
             buf: make_buffer(device, label, 256, usage),
             usage,
@@ -114,30 +117,25 @@ pub(crate) fn make_buffer(
     })
 }
 
-/// The working buffers the kernels share, grown on demand, and the cached bind group.
+/// The per-call working buffers, the cached bind group and the host API's buffers.
 pub(crate) struct Scratch {
-    call: wgpu::Buffer,
-    rows: Grow,
-    touches: Grow,
-    state: Grow,
-    slots: Grow,
-    hist: Grow,
-    bitmap: Grow,
-    /// Bumped whenever a scratch buffer is replaced (cached bind groups are then stale).
-    pub generation: u64,
+    bufs: StepBuffers,
     bind: Option<(BindKey, wgpu::BindGroup)>,
     host_lists: HostLists,
     /// The host API's logits and outputs (see `host.rs`).
     pub host_logits: Grow,
     pub host_out: Option<DeviceOutputs>,
+    /// Bumped when `host_logits` is replaced.
+    pub generation: u64,
 }
 
 /// Per-call parameter lists built on the host, kept to reuse their allocations.
 #[derive(Default)]
 struct HostLists {
-    rows: Vec<RowU>,
-    touches: Vec<TouchU>,
-    touched: Vec<(u32, pl::Touch)>,
+    slots: Vec<SlotU>,
+    state: Vec<u32>,
+    rmap: Vec<u32>,
+    lists: Vec<u32>,
     bytes: Vec<u8>,
 }
 
@@ -154,12 +152,14 @@ pub struct WgpuSampler {
     pub(crate) device: wgpu::Device,
     pub(crate) queue: wgpu::Queue,
     pub(crate) info: wgpu::AdapterInfo,
-    pipes: Pipelines,
+    pub(crate) kernels: std::sync::Arc<Kernels>,
     pub(crate) scratch: Mutex<Scratch>,
     stages: StagePool,
     /// Held for a whole host call (upload, record, submit, read back).
     pub(crate) host_call: Mutex<()>,
     min_chunk: AtomicUsize,
+    /// Workgroups a step aims to keep busy (rows times splits).
+    pub(crate) target_wg: usize,
     /// Device objects (buffers, bind groups) `record` has created: flat after warm-up.
     created: AtomicU64,
     pub(crate) timestamps: bool,
@@ -202,7 +202,7 @@ impl WgpuSampler {
     /// A sampler on an application's device and queue (for example the one its model runs
     /// on), so logits never leave it. Subgroup operations are used when the device was
     /// created with `Features::SUBGROUP`. The device needs at least 10 storage buffers per
-    /// shader stage and 8 KiB of workgroup memory (what every desktop adapter offers).
+    /// shader stage and 11 KiB of workgroup memory (what every desktop adapter offers).
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
         let info = device.adapter_info();
         Self::build(device, queue, info)
@@ -210,39 +210,29 @@ impl WgpuSampler {
 
     fn build(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Result<Self> {
         device::check_limits(&device, &info)?;
-        let pipes = Pipelines::build(&device, &info)?;
+        let kernels = std::sync::Arc::new(Kernels::build(&device, &info)?);
         let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY);
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
+        let target_wg = device::target_workgroups(&info);
         use wgpu::BufferUsages as U;
-        let st = U::STORAGE | U::COPY_DST;
         let scratch = Scratch {
-            call: make_buffer(
-                &device,
-                "decoda call",
-                std::mem::size_of::<CallU>() as u64,
-                U::UNIFORM | U::COPY_DST,
-            ),
-            rows: Grow::new(&device, "decoda rows", st),
-            touches: Grow::new(&device, "decoda touches", st),
-            state: Grow::new(&device, "decoda state", st),
-            slots: Grow::new(&device, "decoda slots", st),
-            hist: Grow::new(&device, "decoda hist", st),
-            bitmap: Grow::new(&device, "decoda bitmap", st),
-            generation: 0,
+            bufs: StepBuffers::new(&device),
             bind: None,
             host_lists: HostLists::default(),
-            host_logits: Grow::new(&device, "decoda host logits", st),
+            host_logits: Grow::new(&device, "decoda host logits", U::STORAGE | U::COPY_DST),
             host_out: None,
+            generation: 0,
         };
         Ok(Self {
             device,
             queue,
             info,
-            pipes,
+            kernels,
             scratch: Mutex::new(scratch),
             stages: StagePool::new(),
             host_call: Mutex::new(()),
             min_chunk: AtomicUsize::new(4096),
+            target_wg,
             created: AtomicU64::new(0),
             timestamps,
             subgroups,
@@ -305,27 +295,25 @@ impl WgpuSampler {
 
     /// Output buffers for up to `rows` rows.
     pub fn outputs(&self, rows: usize) -> Result<DeviceOutputs> {
-        self.outputs_for(rows, rows * LP_WORDS)
+        self.outputs_for(rows, 0)
     }
 
-    /// Output buffers whose logprobs area holds `lp_words` words (the many-draws mode
-    /// puts its tokens there).
-    pub(crate) fn outputs_for(&self, rows: usize, lp_words: usize) -> Result<DeviceOutputs> {
+    /// Output buffers with room for `draws` many-draws tokens per row after the results.
+    pub(crate) fn outputs_for(&self, rows: usize, draws: usize) -> Result<DeviceOutputs> {
         use wgpu::BufferUsages as U;
         let rows1 = rows.max(1) as u64;
-        let lp_words = lp_words.max(LP_WORDS) as u64;
+        let res_words = rows.max(1) * (RES_WORDS + draws);
         let u = U::STORAGE | U::COPY_SRC | U::COPY_DST;
         Ok(DeviceOutputs {
             rows,
             vocab: AtomicUsize::new(0),
-            lp_words: lp_words as usize,
+            res_words,
             tokens: make_buffer(&self.device, "decoda tokens", rows1 * 4, u),
-            status: make_buffer(&self.device, "decoda status", rows1 * 8, u),
-            logprobs: make_buffer(&self.device, "decoda logprobs", lp_words * 4, u),
+            results: make_buffer(&self.device, "decoda results", res_words as u64 * 4, u),
             readback: make_buffer(
                 &self.device,
                 "decoda readback",
-                (rows1 * 3 + lp_words) * 4,
+                (rows1 + res_words as u64) * 4,
                 U::MAP_READ | U::COPY_DST,
             ),
         })
@@ -333,7 +321,8 @@ impl WgpuSampler {
 
     /// Records one sampling call into `encoder`: every row of `logits` with its request,
     /// results into `out`. Nothing is submitted or read back. The call's parameters (a
-    /// few dozen bytes a row) go through a staging buffer of its own, written with
+    /// few dozen bytes a row, and the rows' histories and logit biases) go through a
+    /// staging buffer of its own, written with
     /// [`wgpu::Queue::write_buffer`] and copied by the recorded commands themselves, which
     /// returns to the sampler only when the submission holding the call has run: any
     /// number of calls may be recorded (into one encoder or several) before they are
@@ -416,24 +405,13 @@ impl WgpuSampler {
         Ok(())
     }
 
-    /// How many workgroups a row is cut into, and the logits of each (a multiple of 4):
-    /// enough pieces to fill the device when the batch is small, never a piece over
-    /// [`MAX_CHUNK`].
-    fn split(&self, v: usize, b: usize) -> (usize, usize) {
-        let min_chunk = self.min_chunk.load(Ordering::Relaxed).max(4);
-        let by_size = v.div_ceil(min_chunk).max(1);
-        let by_batch = 512usize.div_ceil(b).max(1);
-        let mut splits = by_size
-            .min(by_batch)
-            .max(v.div_ceil(MAX_CHUNK))
-            .clamp(1, MAX_SPLITS);
-        let chunk = v.div_ceil(splits).next_multiple_of(4);
-        splits = v.div_ceil(chunk).max(1);
-        (splits, chunk)
+    /// The grid of a call of `b` rows of `v` logits.
+    pub(crate) fn shape(&self, v: usize, b: usize) -> (usize, usize) {
+        kernels::split(v, b, self.target_wg, self.min_chunk.load(Ordering::Relaxed))
     }
 
     /// Records a call; with `draws > 0`, also the many-draws kernel, whose tokens go to
-    /// the logprobs area of `out` (`[B, draws]`).
+    /// `out.results` after the rows' results (`[B, draws]`).
     pub(crate) fn record_inner(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -446,23 +424,19 @@ impl WgpuSampler {
         pl::validate_call(logits.rows, logits.vocab, requests)?;
         self.check_device_logits(logits, out)?;
         let b = logits.rows;
-        if out.lp_words < b * draws {
+        if out.res_words < b * (RES_WORDS + draws) {
             return Err(Error::Shape(format!(
                 "{draws} draws of {b} rows do not fit outputs of {} words",
-                out.lp_words
+                out.res_words
             )));
         }
         let v = logits.vocab;
-        let groups = v.div_ceil(4);
-        let draw_lanes = groups
-            .div_ceil(DRAW_GROUPS_PER_LANE)
-            .next_power_of_two()
-            .clamp(1, DRAW_WG);
-        let draw_groups = draws.div_ceil(DRAW_WG / draw_lanes);
+        let lanes = kernels::draw_lanes(v);
+        let draw_groups = draws.div_ceil(DRAW_WG / lanes);
         if draw_groups > MAX_GRID {
             return Err(Error::Shape(format!(
                 "{draws} draws in one device call; at most {}",
-                MAX_GRID * (DRAW_WG / draw_lanes)
+                MAX_GRID * (DRAW_WG / lanes)
             )));
         }
         if b == 0 {
@@ -470,166 +444,200 @@ impl WgpuSampler {
         }
         out.vocab.store(v, Ordering::Relaxed);
         let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
-        // Rows and touches, in host buffers reused between calls.
+        // The rows as transient slots: parameters, state, identity row map, lists.
         let mut host = std::mem::take(&mut sc.host_lists);
-        host.rows.clear();
-        host.touches.clear();
+        host.slots.clear();
+        host.state.clear();
+        host.rmap.clear();
+        host.lists.clear();
+        let mut pens = 0usize;
         for (r, req) in requests.iter().enumerate() {
-            let off = host.touches.len();
-            host.touched.clear();
-            pl::touches_into(req, &mut host.touched);
-            host.touches
-                .extend(host.touched.iter().map(|&(token, t)| TouchU {
-                    token,
-                    row: r as u32,
-                    flags: u32::from(t.bias.is_some()) | (u32::from(t.seen) << 1),
-                    count: t.count,
-                    bias: t.bias.unwrap_or(0.0),
-                    ..Default::default()
-                }));
-            host.rows
-                .push(row_params(req, v, off, host.touches.len() - off)?);
+            let touch = req.params.modifies_logits(&req.state);
+            let pen_slot = if touch {
+                pens += 1;
+                pens - 1
+            } else {
+                0
+            };
+            host.slots.push(slot_params(
+                &req.params,
+                req.state.seed,
+                v,
+                touch,
+                pen_slot,
+                &mut host.lists,
+            )?);
+            let (hist_off, hist_len) = if touch {
+                push_history(&mut host.lists, &req.state.prompt, &req.state.output)?
+            } else {
+                (0, 0)
+            };
+            let sp = host.slots.last_mut().expect("pushed above");
+            sp.hist_off = hist_off;
+            sp.hist_len = hist_len;
+            host.state.extend([
+                req.state.step as u32,
+                (req.state.step >> 32) as u32,
+                0,
+                0,
+                0,
+                0,
+                0,
+                0,
+            ]);
+            host.rmap.push(r as u32);
         }
-        let n_touches = host.touches.len();
-        if host.touches.is_empty() {
-            host.touches.push(TouchU::default());
+        let (splits, chunk) = self.shape(v, b);
+        let sizes = Sizes {
+            rows: b,
+            splits,
+            slots: b,
+            pen_words: pens * kernels::pen_words(v),
+            list_words: host.lists.len(),
+        };
+        let max_binding = self.device.limits().max_storage_buffer_binding_size;
+        if (sizes.pen_words as u64) * 4 > max_binding
+            || (sizes.work_words() as u64) * 4 > max_binding
+        {
+            return Err(Error::Shape(format!(
+                "{b} rows of {v} logits ({pens} with penalties or bias) need more than the \
+                 {max_binding} bytes this adapter binds at once; split the batch"
+            )));
         }
-        let (splits, chunk) = self.split(v, b);
-        let bm_words = v.div_ceil(32);
         let call = CallU {
             rows: b as u32,
             vocab: v as u32,
             stride: logits.row_stride as u32,
-            dtype: match logits.dtype {
-                DType::F32 => 0,
-                DType::F16 => 1,
-                DType::Bf16 => 2,
-            },
+            dtype: dtype_code(logits.dtype),
+            base: logits.offset as u32,
             splits: splits as u32,
             chunk: chunk as u32,
-            base: logits.offset as u32,
-            bm_words: bm_words as u32,
-            n_touches: n_touches as u32,
+            bm_words: v.div_ceil(32) as u32,
+            cap: CAP as u32,
+            mode: if pens > 0 { M_SCATTER } else { 0 },
             draws: draws as u32,
-            draw_lanes: draw_lanes as u32,
+            draw_lanes: lanes as u32,
+            part_base: sizes.part_base() as u32,
+            cand_base: sizes.cand_base() as u32,
             zero: 0,
+            pad: 0,
         };
-
         let dev = &self.device;
-        let mut grown = false;
-        grown |= sc
-            .rows
-            .ensure(dev, std::mem::size_of_val(host.rows.as_slice()) as u64);
-        grown |= sc
-            .touches
-            .ensure(dev, std::mem::size_of_val(host.touches.as_slice()) as u64);
-        grown |= sc.state.ensure(dev, (b * STATE_WORDS * 4) as u64);
-        grown |= sc.slots.ensure(dev, (b * splits * SLOT_WORDS * 4) as u64);
-        grown |= sc.hist.ensure(dev, (b * HIST_WORDS * 4) as u64);
-        grown |= sc.bitmap.ensure(dev, (b * bm_words * 4) as u64);
-        if grown {
+        if sc.bufs.ensure(dev, &sizes) {
             self.created.fetch_add(1, Ordering::Relaxed);
-            sc.generation += 1;
         }
-        // The call's parameters: one staging buffer of its own, [call | rows | touches].
-        let call_bytes = bytemuck::bytes_of(&call);
-        let rows_bytes: &[u8] = bytemuck::cast_slice(&host.rows);
-        let touch_bytes: &[u8] = bytemuck::cast_slice(&host.touches);
+        // The call's parameters: one staging buffer of its own.
+        let parts: [&[u8]; 5] = [
+            bytemuck::bytes_of(&call),
+            bytemuck::cast_slice(&host.slots),
+            bytemuck::cast_slice(&host.state),
+            bytemuck::cast_slice(&host.rmap),
+            bytemuck::cast_slice(&host.lists),
+        ];
         host.bytes.clear();
-        host.bytes.extend_from_slice(call_bytes);
-        host.bytes.extend_from_slice(rows_bytes);
-        host.bytes.extend_from_slice(touch_bytes);
+        for p in parts {
+            host.bytes.extend_from_slice(p);
+        }
         let (stage, made) = self.stages.take(dev, host.bytes.len() as u64);
         if made {
             self.created.fetch_add(1, Ordering::Relaxed);
         }
         self.queue.write_buffer(&stage, 0, &host.bytes);
-        let (c, r) = (call_bytes.len() as u64, rows_bytes.len() as u64);
-        encoder.copy_buffer_to_buffer(&stage, 0, &sc.call, 0, c);
-        encoder.copy_buffer_to_buffer(&stage, c, &sc.rows.buf, 0, r);
-        encoder.copy_buffer_to_buffer(&stage, c + r, &sc.touches.buf, 0, touch_bytes.len() as u64);
+        let targets = [
+            &sc.bufs.call,
+            &sc.bufs.sparams.buf,
+            &sc.bufs.sstate.buf,
+            &sc.bufs.rmap.buf,
+            &sc.bufs.lists.buf,
+        ];
+        let mut at = 0u64;
+        for (p, to) in parts.iter().zip(targets) {
+            if !p.is_empty() {
+                encoder.copy_buffer_to_buffer(&stage, at, to, 0, p.len() as u64);
+            }
+            at += p.len() as u64;
+        }
         self.stages.release_after(encoder, stage);
         sc.host_lists = host;
 
         let key = BindKey {
             logits: logits.buffer.clone(),
             tokens: out.tokens.clone(),
-            generation: sc.generation,
+            generation: sc.bufs.generation,
         };
         if !matches!(&sc.bind, Some((k, _)) if *k == key) {
             self.created.fetch_add(1, Ordering::Relaxed);
-            let bufs = [
-                &sc.call,
-                logits.buffer,
-                &sc.rows.buf,
-                &sc.touches.buf,
-                &sc.state.buf,
-                &sc.slots.buf,
-                &sc.hist.buf,
-                &sc.bitmap.buf,
-                &out.tokens,
-                &out.status,
-                &out.logprobs,
-            ];
-            let entries: Vec<wgpu::BindGroupEntry<'_>> = bufs
-                .iter()
-                .enumerate()
-                .map(|(i, buf)| wgpu::BindGroupEntry {
-                    binding: i as u32,
-                    resource: buf.as_entire_binding(),
-                })
-                .collect();
-            let group = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("decoda"),
-                layout: &self.pipes.layout,
-                entries: &entries,
-            });
+            let group = bind_group(dev, &self.kernels, &sc.bufs, logits.buffer, out);
             sc.bind = Some((key, group));
         }
         let group = &sc.bind.as_ref().expect("bind group set above").1;
-
-        let touch_groups = n_touches.div_ceil(64).max(1);
-        let (tx, ty) = if touch_groups <= MAX_GRID {
-            (touch_groups, 1)
-        } else {
-            (MAX_GRID, touch_groups.div_ceil(MAX_GRID))
-        };
-        let (sx, sy) = (splits as u32, b as u32);
-        let rows = b as u32;
-        let p = &self.pipes;
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("decoda sample"),
-            timestamp_writes: timestamps.map(|q| wgpu::ComputePassTimestampWrites {
-                query_set: q,
-                beginning_of_pass_write_index: Some(0),
-                end_of_pass_write_index: Some(1),
-            }),
-        });
-        pass.set_bind_group(0, group, &[]);
-        let mut run = |pipe: &wgpu::ComputePipeline, x: u32, y: u32| {
-            pass.set_pipeline(pipe);
-            pass.dispatch_workgroups(x, y, 1);
-        };
-        run(&p.touch, tx as u32, ty as u32);
-        run(&p.stats, sx, sy);
-        run(&p.decide_stats, rows, 1);
-        for _ in 0..3 {
-            run(&p.hist_k, sx, sy);
-            run(&p.decide_k, rows, 1);
-        }
-        for _ in 0..3 {
-            run(&p.hist_p, sx, sy);
-            run(&p.decide_p, rows, 1);
-        }
-        run(&p.draw, sx, sy);
-        run(&p.finish, rows, 1);
-        run(&p.rank_topn, sx, sy);
-        run(&p.finish_lp, rows, 1);
-        if draws > 0 {
-            run(&p.draw_many, draw_groups as u32, rows);
-        }
-        run(&p.untouch, tx as u32, ty as u32);
+        self.kernels.record_step(
+            encoder,
+            group,
+            StepShape {
+                rows: b,
+                splits,
+                draw_groups: if draws > 0 { draw_groups } else { 0 },
+            },
+            timestamps,
+        );
         Ok(())
+    }
+}
+
+/// The bind group of a step over `logits` into `out`.
+pub(crate) fn bind_group(
+    device: &wgpu::Device,
+    kernels: &Kernels,
+    bufs: &StepBuffers,
+    logits: &wgpu::Buffer,
+    out: &DeviceOutputs,
+) -> wgpu::BindGroup {
+    bind_group_raw(device, kernels, bufs, logits, &out.tokens, &out.results)
+}
+
+/// The bind group of a step over `logits` into `tokens` and `results`.
+pub(crate) fn bind_group_raw(
+    device: &wgpu::Device,
+    kernels: &Kernels,
+    bufs: &StepBuffers,
+    logits: &wgpu::Buffer,
+    tokens: &wgpu::Buffer,
+    results: &wgpu::Buffer,
+) -> wgpu::BindGroup {
+    let all = [
+        &bufs.call,
+        logits,
+        &bufs.sparams.buf,
+        &bufs.sstate.buf,
+        &bufs.rmap.buf,
+        &bufs.pen.buf,
+        &bufs.lists.buf,
+        &bufs.work.buf,
+        &bufs.ctr.buf,
+        tokens,
+        results,
+    ];
+    let entries: Vec<wgpu::BindGroupEntry<'_>> = all
+        .iter()
+        .enumerate()
+        .map(|(i, buf)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: buf.as_entire_binding(),
+        })
+        .collect();
+    device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("decoda"),
+        layout: &kernels.layout,
+        entries: &entries,
+    })
+}
+
+pub(crate) fn dtype_code(d: DType) -> u32 {
+    match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Bf16 => 2,
     }
 }
 
@@ -637,12 +645,18 @@ pub(crate) fn poisoned() -> Error {
     Error::Device("a previous call panicked while holding the sampler".into())
 }
 
-/// The sampler's view of a request's row parameters.
-fn row_params(req: &Request, vocab: usize, touch_off: usize, touch_len: usize) -> Result<RowU> {
-    let p = &req.params;
-    let s = &req.state;
+/// The device's view of a slot's parameters; its logit bias is appended to `lists` as
+/// (token, bias bits) pairs in token order.
+pub(crate) fn slot_params(
+    p: &crate::params::SamplingParams,
+    seed: u64,
+    vocab: usize,
+    touch: bool,
+    pen_slot: usize,
+    lists: &mut Vec<u32>,
+) -> Result<SlotU> {
     let mut flags = 0;
-    if touch_len > 0 {
+    if touch {
         flags |= F_TOUCH;
     }
     if p.logprobs.is_some() {
@@ -657,9 +671,14 @@ fn row_params(req: &Request, vocab: usize, touch_off: usize, touch_len: usize) -
     if p.top_k > 0 && (p.top_k as usize) < vocab {
         flags |= F_TOP_K;
     }
-    let off = u32::try_from(touch_off)
-        .map_err(|_| Error::Shape("too many penalised tokens in one call".into()))?;
-    Ok(RowU {
+    if p.min_p > 0.0 {
+        flags |= F_MIN_P;
+    }
+    let bias_off = to_u32(lists.len(), "logit biases")?;
+    for (&t, &b) in &p.logit_bias {
+        lists.extend([t, b.to_bits()]);
+    }
+    Ok(SlotU {
         temperature: p.temperature,
         top_k: p.top_k,
         top_p: p.top_p,
@@ -668,13 +687,34 @@ fn row_params(req: &Request, vocab: usize, touch_off: usize, touch_len: usize) -
         freq: p.frequency_penalty,
         pres: p.presence_penalty,
         flags,
-        seed_lo: s.seed as u32,
-        seed_hi: (s.seed >> 32) as u32,
-        step_lo: s.step as u32,
-        step_hi: (s.step >> 32) as u32,
-        touch_off: off,
-        touch_len: touch_len as u32,
+        seed_lo: seed as u32,
+        seed_hi: (seed >> 32) as u32,
         n_lp: p.logprobs.unwrap_or(0).min(MAX_LOGPROBS),
-        pad: 0,
+        bias_off,
+        bias_len: p.logit_bias.len() as u32,
+        stop_off: 0,
+        stop_len: 0,
+        hist_off: 0,
+        hist_len: 0,
+        max_lo: u32::MAX,
+        max_hi: u32::MAX,
+        pen_slot: pen_slot as u32,
     })
+}
+
+/// Appends a history for the scatter kernels (prompt tokens as they are, output tokens
+/// with bit 31 set); returns its offset and length.
+pub(crate) fn push_history(
+    lists: &mut Vec<u32>,
+    prompt: &[u32],
+    output: &[u32],
+) -> Result<(u32, u32)> {
+    let off = to_u32(lists.len(), "history tokens")?;
+    lists.extend_from_slice(prompt);
+    lists.extend(output.iter().map(|&t| t | 1 << 31));
+    Ok((off, to_u32(prompt.len() + output.len(), "history tokens")?))
+}
+
+fn to_u32(n: usize, what: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::Shape(format!("too many {what} in one call")))
 }

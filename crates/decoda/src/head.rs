@@ -1,0 +1,433 @@
+//! The sampling head: per-sequence decode state kept by the sampler, in slots.
+//!
+//! A head has a fixed number of slots. [`Head::join`] puts a sequence in a slot once
+//! (parameters, seed, step, prompt and earlier output, logit bias, `max_tokens`, stop
+//! ids); each [`Head::step`] then samples one row of logits for each listed slot and
+//! advances that slot: its step, its history (the drawn token's presence and count) and
+//! its stop conditions. A slot's token at its step `n` is exactly what
+//! [`crate::CpuSampler`] draws for (row, parameters, seed, step `n`, history = prompt +
+//! earlier output + the slot's own tokens) — the same token on every backend.
+//!
+//! [`CpuHead`] is the CPU's head; `decoda::wgpu::WgpuHead` keeps the state on the GPU, so
+//! that a decode loop writes nothing from the host per token.
+//!
+//! ```
+//! use decoda::head::{CpuHead, Head, SlotRequest};
+//! use decoda::{Logits, SamplingParams};
+//!
+//! let mut head = CpuHead::new(2, 4)?; // two slots, V = 4
+//! head.join(0, SlotRequest::new(SamplingParams::default()).seed(7).max_tokens(2))?;
+//! head.join(1, SlotRequest::new(SamplingParams::greedy()).seed(1))?;
+//! let logits = [0.1f32, 2.0, 0.3, 1.0, 3.0, 0.0, 0.0, 0.0];
+//! let out = head.step(&Logits::f32(&logits, 2, 4)?, &[0, 1])?; // row 0 -> slot 0, row 1 -> slot 1
+//! assert_eq!(out[1].result.as_ref().unwrap().token, 0);
+//! # Ok::<(), decoda::Error>(())
+//! ```
+
+use crate::backend::Backend;
+use crate::cpu::CpuSampler;
+use crate::error::{Error, Result, RowError};
+use crate::logits::Logits;
+use crate::params::{Request, SamplingParams, SequenceState};
+use crate::pipeline::RowResult;
+
+/// Most logit-bias entries a slot may hold.
+pub const MAX_SLOT_BIAS: usize = 1024;
+/// Most stop token ids a slot may hold.
+pub const MAX_SLOT_STOP: usize = 64;
+
+/// What a sequence joins a slot with.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SlotRequest {
+    /// Sampling parameters (changeable later with [`Head::set_params`]).
+    pub params: SamplingParams,
+    /// The RNG key; `None` draws one from the OS ([`Head::join`] returns it).
+    pub seed: Option<u64>,
+    /// The step of the first token the slot draws.
+    pub step: u64,
+    /// Prompt token ids (repetition penalty).
+    pub prompt: Vec<u32>,
+    /// Tokens generated before the slot joined (all penalties).
+    pub output: Vec<u32>,
+    /// The slot finishes after drawing this many tokens (`None`: no limit).
+    pub max_tokens: Option<u64>,
+    /// The slot finishes after drawing one of these ids (it is part of the output).
+    pub stop: Vec<u32>,
+}
+
+impl SlotRequest {
+    /// A request with `params`, a seed from the OS, step 0 and no history or limits.
+    pub fn new(params: SamplingParams) -> Self {
+        Self {
+            params,
+            ..Default::default()
+        }
+    }
+    /// With this seed.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+    /// With this first step.
+    pub fn step(mut self, step: u64) -> Self {
+        self.step = step;
+        self
+    }
+    /// With this prompt.
+    pub fn prompt(mut self, prompt: Vec<u32>) -> Self {
+        self.prompt = prompt;
+        self
+    }
+    /// With this earlier output.
+    pub fn output(mut self, output: Vec<u32>) -> Self {
+        self.output = output;
+        self
+    }
+    /// Finishing after `n` tokens.
+    pub fn max_tokens(mut self, n: u64) -> Self {
+        self.max_tokens = Some(n);
+        self
+    }
+    /// Finishing at any of these ids.
+    pub fn stop(mut self, ids: Vec<u32>) -> Self {
+        self.stop = ids;
+        self
+    }
+
+    /// Checks the request for slot `slot` of a head over `vocab` tokens (the error names
+    /// the slot as its row).
+    pub fn validate(&self, slot: usize, vocab: usize) -> Result<()> {
+        self.params.validate(slot, vocab)?;
+        let state = SequenceState {
+            seed: 0,
+            step: self.step,
+            prompt: self.prompt.clone(),
+            output: self.output.clone(),
+        };
+        state.validate(slot, vocab)?;
+        if let Some(&id) = self.stop.iter().find(|&&id| id as usize >= vocab) {
+            return Err(Error::TokenOutOfRange {
+                row: slot,
+                field: "stop",
+                id: id.into(),
+                vocab,
+            });
+        }
+        check_slot_lists(slot, &self.params, self.stop.len())
+    }
+}
+
+fn check_slot_lists(slot: usize, params: &SamplingParams, stops: usize) -> Result<()> {
+    if params.logit_bias.len() > MAX_SLOT_BIAS {
+        return Err(Error::InvalidParameter {
+            row: slot,
+            field: "logit_bias",
+            value: format!("{} entries", params.logit_bias.len()),
+            expected: "at most 1024 entries per slot",
+        });
+    }
+    if stops > MAX_SLOT_STOP {
+        return Err(Error::InvalidParameter {
+            row: slot,
+            field: "stop",
+            value: format!("{stops} ids"),
+            expected: "at most 64 stop ids per slot",
+        });
+    }
+    Ok(())
+}
+
+/// Why a slot finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// It drew one of its stop ids.
+    Stop,
+    /// It drew `max_tokens` tokens.
+    Length,
+}
+
+/// The result of one row of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotStep {
+    /// The slot the row belonged to.
+    pub slot: usize,
+    /// The drawn token (with log-probabilities if the slot asked for them), or the row's
+    /// error ([`RowError::Finished`] for a slot that had already finished).
+    pub result: RowResult,
+    /// Set when the slot has finished (at this step or before).
+    pub finished: Option<FinishReason>,
+}
+
+/// A sampling head: slots of decode state, stepped together.
+pub trait Head {
+    /// A short name for reports (`cpu`, `wgpu:<adapter>`).
+    fn name(&self) -> String;
+    /// The number of slots.
+    fn slots(&self) -> usize;
+    /// The vocabulary size.
+    fn vocab(&self) -> usize;
+    /// Puts a sequence in `slot` (which must be free); returns its seed.
+    fn join(&mut self, slot: usize, request: SlotRequest) -> Result<u64>;
+    /// Frees `slot`.
+    fn leave(&mut self, slot: usize) -> Result<()>;
+    /// Replaces the sampling parameters of a joined slot (its state stays).
+    fn set_params(&mut self, slot: usize, params: SamplingParams) -> Result<()>;
+    /// Samples row `r` of `logits` for slot `rows[r]` and advances each slot. A slot may
+    /// appear once per step.
+    fn step(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>>;
+}
+
+/// Checks a step's row -> slot map against the joined slots.
+pub fn check_rows(rows: &[usize], logits_rows: usize, joined: &[bool]) -> Result<()> {
+    if rows.len() != logits_rows {
+        return Err(Error::Shape(format!(
+            "{} slots for {logits_rows} rows of logits: give one slot per row",
+            rows.len()
+        )));
+    }
+    let mut seen = vec![false; joined.len()];
+    for (r, &s) in rows.iter().enumerate() {
+        if s >= joined.len() {
+            return Err(Error::Shape(format!(
+                "row {r}: slot {s} does not exist (the head has {})",
+                joined.len()
+            )));
+        }
+        if !joined[s] {
+            return Err(Error::Shape(format!("row {r}: slot {s} has no sequence")));
+        }
+        if seen[s] {
+            return Err(Error::Shape(format!(
+                "row {r}: slot {s} appears twice in one step"
+            )));
+        }
+        seen[s] = true;
+    }
+    Ok(())
+}
+
+/// Checks a slot index for a head of `slots` slots.
+pub fn check_slot(slot: usize, slots: usize) -> Result<()> {
+    if slot >= slots {
+        return Err(Error::Shape(format!(
+            "slot {slot} does not exist (the head has {slots})"
+        )));
+    }
+    Ok(())
+}
+
+/// The seed of a request: its own, or one from the OS.
+pub fn seed_of(request: &SlotRequest) -> Result<u64> {
+    match request.seed {
+        Some(s) => Ok(s),
+        None => Ok(SequenceState::from_entropy()?.seed),
+    }
+}
+
+/// One sequence of a [`CpuHead`].
+#[derive(Debug, Clone)]
+struct Sequence {
+    request: Request,
+    max_tokens: Option<u64>,
+    stop: Vec<u32>,
+    generated: u64,
+    finished: Option<FinishReason>,
+}
+
+/// The CPU's sampling head: each step samples with [`CpuSampler`] and pushes the drawn
+/// tokens into the slots' histories.
+#[derive(Debug)]
+pub struct CpuHead {
+    sampler: CpuSampler,
+    vocab: usize,
+    seqs: Vec<Option<Sequence>>,
+}
+
+impl CpuHead {
+    /// A head of `slots` slots for a vocabulary of `vocab` tokens.
+    pub fn new(slots: usize, vocab: usize) -> Result<Self> {
+        Self::with_sampler(CpuSampler::new(), slots, vocab)
+    }
+
+    /// The same with a given CPU sampler (for its thread pool).
+    pub fn with_sampler(sampler: CpuSampler, slots: usize, vocab: usize) -> Result<Self> {
+        if vocab == 0 {
+            return Err(Error::Shape(
+                "a head needs a vocabulary of at least one token".into(),
+            ));
+        }
+        Ok(Self {
+            sampler,
+            vocab,
+            seqs: vec![None; slots],
+        })
+    }
+
+    /// The request slot `slot` would be sampled with now (parameters and full state).
+    pub fn request(&self, slot: usize) -> Option<&Request> {
+        self.seqs.get(slot)?.as_ref().map(|s| &s.request)
+    }
+}
+
+impl Head for CpuHead {
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn slots(&self) -> usize {
+        self.seqs.len()
+    }
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    fn join(&mut self, slot: usize, request: SlotRequest) -> Result<u64> {
+        check_slot(slot, self.seqs.len())?;
+        if self.seqs[slot].is_some() {
+            return Err(Error::Shape(format!(
+                "slot {slot} is taken: leave it first"
+            )));
+        }
+        request.validate(slot, self.vocab)?;
+        let seed = seed_of(&request)?;
+        self.seqs[slot] = Some(Sequence {
+            request: Request {
+                params: request.params,
+                state: SequenceState {
+                    seed,
+                    step: request.step,
+                    prompt: request.prompt,
+                    output: request.output,
+                },
+            },
+            max_tokens: request.max_tokens,
+            stop: request.stop,
+            generated: 0,
+            finished: None,
+        });
+        Ok(seed)
+    }
+
+    fn leave(&mut self, slot: usize) -> Result<()> {
+        check_slot(slot, self.seqs.len())?;
+        self.seqs[slot] = None;
+        Ok(())
+    }
+
+    fn set_params(&mut self, slot: usize, params: SamplingParams) -> Result<()> {
+        check_slot(slot, self.seqs.len())?;
+        params.validate(slot, self.vocab)?;
+        let seq = self.seqs[slot]
+            .as_mut()
+            .ok_or_else(|| Error::Shape(format!("slot {slot} has no sequence")))?;
+        check_slot_lists(slot, &params, seq.stop.len())?;
+        seq.request.params = params;
+        Ok(())
+    }
+
+    fn step(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
+        let joined: Vec<bool> = self.seqs.iter().map(Option::is_some).collect();
+        check_rows(rows, logits.rows(), &joined)?;
+        if logits.vocab() != self.vocab {
+            return Err(Error::Shape(format!(
+                "logits of {} tokens for a head of {}",
+                logits.vocab(),
+                self.vocab
+            )));
+        }
+        // finished slots draw nothing: sample the others as one batch
+        let live: Vec<usize> = (0..rows.len())
+            .filter(|&r| {
+                self.seqs[rows[r]]
+                    .as_ref()
+                    .expect("checked")
+                    .finished
+                    .is_none()
+            })
+            .collect();
+        let mut results: Vec<Option<RowResult>> = vec![None; rows.len()];
+        if !live.is_empty() {
+            let reqs: Vec<Request> = live
+                .iter()
+                .map(|&r| {
+                    self.seqs[rows[r]]
+                        .as_ref()
+                        .expect("checked")
+                        .request
+                        .clone()
+                })
+                .collect();
+            let part = gather_rows(logits, &live)?;
+            let sampled = self.sampler.sample(&part.view()?, &reqs)?;
+            for (&r, res) in live.iter().zip(sampled) {
+                results[r] = Some(res);
+            }
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        for (&s, result) in rows.iter().zip(results) {
+            let seq = self.seqs[s].as_mut().expect("checked");
+            let Some(result) = result else {
+                out.push(SlotStep {
+                    slot: s,
+                    result: Err(RowError::Finished),
+                    finished: seq.finished,
+                });
+                continue;
+            };
+            if let Ok(sample) = &result {
+                seq.request.state.push(sample.token);
+                seq.generated += 1;
+                if seq.stop.contains(&sample.token) {
+                    seq.finished = Some(FinishReason::Stop);
+                } else if seq.max_tokens.is_some_and(|m| seq.generated >= m) {
+                    seq.finished = Some(FinishReason::Length);
+                }
+            }
+            out.push(SlotStep {
+                slot: s,
+                result,
+                finished: seq.finished,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Some rows of a batch, copied (the rows of a step whose slots still draw).
+enum Rows<'a> {
+    All(Logits<'a>),
+    F32(Vec<f32>, usize, usize),
+    F16(Vec<half::f16>, usize, usize),
+    Bf16(Vec<half::bf16>, usize, usize),
+}
+
+impl Rows<'_> {
+    fn view(&self) -> Result<Logits<'_>> {
+        match self {
+            Rows::All(l) => Ok(*l),
+            Rows::F32(d, b, v) => Logits::f32(d, *b, *v),
+            Rows::F16(d, b, v) => Logits::f16(d, *b, *v),
+            Rows::Bf16(d, b, v) => Logits::bf16(d, *b, *v),
+        }
+    }
+}
+
+fn gather_rows<'a>(logits: &Logits<'a>, rows: &[usize]) -> Result<Rows<'a>> {
+    use crate::logits::LogitsData;
+    if rows.len() == logits.rows() {
+        return Ok(Rows::All(*logits));
+    }
+    let v = logits.vocab();
+    fn pick<T: Copy>(d: &[T], rows: &[usize], v: usize) -> Vec<T> {
+        rows.iter()
+            .flat_map(|&r| d[r * v..(r + 1) * v].iter().copied())
+            .collect()
+    }
+    Ok(match logits.data() {
+        LogitsData::F32(d) => Rows::F32(pick(d, rows, v), rows.len(), v),
+        LogitsData::F16(d) => Rows::F16(pick(d, rows, v), rows.len(), v),
+        LogitsData::Bf16(d) => Rows::Bf16(pick(d, rows, v), rows.len(), v),
+    })
+}

@@ -1,0 +1,766 @@
+//! The sampling head on the device: slots whose parameters, seed, step, history
+//! (presence bitmap and output counts) and stop conditions live in device buffers.
+//!
+//! [`WgpuHead::record_step`] records one decode step into the caller's encoder: the
+//! step kernels sample each row of a [`DeviceLogits`] view for its slot and advance the
+//! slot on the device, writing the tokens to [`WgpuHead::tokens`] (which the model's
+//! next embedding lookup can read). The host writes nothing per step; only when the
+//! batch composition (the row -> slot map or the logits view) changes does it write the
+//! new map. Each step's tokens come back through a ring of readback buffers that are
+//! mapped when the step's submission has run: [`WgpuHead::poll`] returns the steps that
+//! are done, in order, so a loop can run ahead of its readbacks.
+//!
+//! Per slot the device keeps its parameters (80 bytes), its state (32 bytes), its logit
+//! bias and stop ids (8.4 KiB), and its history as two bitmaps of V bits (seen tokens,
+//! biased tokens) and a dense u32 count per token (`4 V + V / 4` bytes: 608 KiB at
+//! V = 151,936). Dense counts make a lookup one load and the update one atomic add; a
+//! sparse table would be smaller for short outputs but needs a search per touched token
+//! and a bound on the output length.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::head::{self, FinishReason, Head, SlotRequest, SlotStep, MAX_SLOT_BIAS, MAX_SLOT_STOP};
+use crate::logits::Logits;
+use crate::params::SamplingParams;
+
+use super::host::{checked, parse_logprobs, row_status};
+use super::kernels::{self, Kernels, Sizes, StepBuffers, StepShape};
+use super::layout::*;
+use super::sampler::{
+    bind_group_raw, dtype_code, make_buffer, push_history, slot_params, DeviceLogits, WgpuSampler,
+};
+use super::staging::StagePool;
+
+/// List words of one slot: its bias pairs, then its stop ids.
+const SLOT_LIST_WORDS: usize = 2 * MAX_SLOT_BIAS + MAX_SLOT_STOP;
+
+/// A step recorded by [`WgpuHead::record_step`], identified in order.
+pub type StepId = u64;
+
+/// The results of one step, returned by [`WgpuHead::poll`] and [`WgpuHead::wait`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepResults {
+    /// Which step (in recording order, from 0).
+    pub id: StepId,
+    /// One entry per row of the step, in row order.
+    pub rows: Vec<SlotStep>,
+}
+
+/// A readback buffer of the ring.
+struct Readback {
+    buf: wgpu::Buffer,
+    ready: Arc<AtomicBool>,
+    /// The step it holds (None: free).
+    step: Option<(StepId, Vec<usize>)>,
+}
+
+/// What the host remembers of a slot.
+#[derive(Debug, Clone)]
+struct HostSlot {
+    params: SamplingParams,
+    stop: Vec<u32>,
+    max_tokens: Option<u64>,
+    seed: u64,
+}
+
+/// The sampling head on a wgpu device. See the module docs.
+pub struct WgpuHead {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    name: String,
+    kernels: Arc<Kernels>,
+    target_wg: usize,
+    slots: usize,
+    vocab: usize,
+    bufs: StepBuffers,
+    /// A second call block and row map for joins and leaves.
+    op_call: wgpu::Buffer,
+    op_rmap: wgpu::Buffer,
+    tokens: wgpu::Buffer,
+    results: wgpu::Buffer,
+    /// What the step buffers hold now: the call block and the row map.
+    current: Option<(CallU, Vec<u32>)>,
+    bind: Option<(wgpu::Buffer, u64, wgpu::BindGroup)>,
+    op_bind: Option<(u64, wgpu::BindGroup)>,
+    stages: StagePool,
+    ring: Vec<Readback>,
+    next_step: StepId,
+    host: Vec<Option<HostSlot>>,
+    bytes_written: u64,
+    upload: Option<wgpu::Buffer>,
+}
+
+impl WgpuHead {
+    pub(crate) fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+    pub(crate) fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+}
+
+impl std::fmt::Debug for WgpuHead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuHead")
+            .field("adapter", &self.name)
+            .field("slots", &self.slots)
+            .field("vocab", &self.vocab)
+            .finish()
+    }
+}
+
+impl WgpuHead {
+    /// A head of `slots` slots for a vocabulary of `vocab` tokens on `sampler`'s device
+    /// (sharing its compiled kernels). Allocates every slot's state up front.
+    pub fn new(sampler: &WgpuSampler, slots: usize, vocab: usize) -> Result<Self> {
+        if slots == 0 || vocab == 0 {
+            return Err(Error::Shape(
+                "a head needs at least one slot and one token".into(),
+            ));
+        }
+        if slots > MAX_GRID || vocab > super::sampler::MAX_VOCAB {
+            return Err(Error::Shape(format!(
+                "{slots} slots of {vocab} tokens: at most {MAX_GRID} slots and {} tokens",
+                super::sampler::MAX_VOCAB
+            )));
+        }
+        let device = sampler.device().clone();
+        let max_binding = device.limits().max_storage_buffer_binding_size;
+        let pen_bytes = (slots * kernels::pen_words(vocab) * 4) as u64;
+        if pen_bytes > max_binding {
+            return Err(Error::Shape(format!(
+                "{slots} slots of {vocab} tokens need {pen_bytes} bytes of history state; this \
+                 adapter binds at most {max_binding}"
+            )));
+        }
+        let mut bufs = StepBuffers::new(&device);
+        let (splits, _) = kernels::split(vocab, 1, sampler.target_wg, 4096);
+        bufs.ensure(
+            &device,
+            &Sizes {
+                rows: slots,
+                splits,
+                slots,
+                pen_words: slots * kernels::pen_words(vocab),
+                list_words: slots * SLOT_LIST_WORDS,
+            },
+        );
+        use wgpu::BufferUsages as U;
+        let u = U::STORAGE | U::COPY_SRC | U::COPY_DST;
+        Ok(Self {
+            op_call: make_buffer(
+                &device,
+                "decoda head op call",
+                std::mem::size_of::<CallU>() as u64,
+                U::UNIFORM | U::COPY_DST,
+            ),
+            op_rmap: make_buffer(
+                &device,
+                "decoda head op slots",
+                256,
+                U::STORAGE | U::COPY_DST,
+            ),
+            tokens: make_buffer(&device, "decoda head tokens", (slots * 4) as u64, u),
+            results: make_buffer(
+                &device,
+                "decoda head results",
+                (slots * RES_WORDS * 4) as u64,
+                u,
+            ),
+            queue: sampler.queue().clone(),
+            name: sampler.info.name.clone(),
+            kernels: Arc::clone(&sampler.kernels),
+            target_wg: sampler.target_wg,
+            device,
+            slots,
+            vocab,
+            bufs,
+            current: None,
+            bind: None,
+            op_bind: None,
+            stages: StagePool::new(),
+            ring: Vec::new(),
+            next_step: 0,
+            host: vec![None; slots],
+            bytes_written: 0,
+            upload: None,
+        })
+    }
+
+    /// The tokens of the last step recorded, u32 per row (0 for a failed or finished
+    /// row): what the next step's embedding lookup reads.
+    pub fn tokens(&self) -> &wgpu::Buffer {
+        &self.tokens
+    }
+
+    /// Bytes the head has written from the host for its steps (the row map and call
+    /// block when the batch composition changes; joins, leaves and parameter changes are
+    /// not counted). Constant across steps of an unchanged batch.
+    pub fn host_bytes_written(&self) -> u64 {
+        self.bytes_written
+    }
+
+    /// Records one step into `encoder`: row `r` of `logits` is sampled for slot
+    /// `rows[r]`, and the slots advance on the device. Returns the step's id; its
+    /// results come back through [`WgpuHead::poll`] once the submission holding it has
+    /// run. Joins, leaves and parameter changes take effect from the next submission.
+    pub fn record_step(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        logits: &DeviceLogits<'_>,
+        rows: &[usize],
+    ) -> Result<StepId> {
+        self.record_step_with(encoder, logits, rows, None)
+    }
+
+    /// [`WgpuHead::record_step`] with timestamps written around the step's compute pass
+    /// into `timestamps` (a 2-query set).
+    pub(crate) fn record_step_with(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        logits: &DeviceLogits<'_>,
+        rows: &[usize],
+        timestamps: Option<&wgpu::QuerySet>,
+    ) -> Result<StepId> {
+        let joined: Vec<bool> = self.host.iter().map(Option::is_some).collect();
+        head::check_rows(rows, logits.rows, &joined)?;
+        if logits.vocab != self.vocab {
+            return Err(Error::Shape(format!(
+                "logits of {} tokens for a head of {}",
+                logits.vocab, self.vocab
+            )));
+        }
+        check_view(&self.device, logits)?;
+        let b = rows.len();
+        let id = self.next_step;
+        if b == 0 {
+            return Err(Error::Shape("a step needs at least one row".into()));
+        }
+        let v = self.vocab;
+        let (splits, chunk) = kernels::split(v, b, self.target_wg, 4096);
+        // the buffers were sized for every slot at construction (one row has the most
+        // splits), so a step never reallocates the slots' state
+        let sizes = Sizes {
+            rows: self.slots,
+            splits,
+            slots: self.slots,
+            pen_words: self.slots * kernels::pen_words(v),
+            list_words: self.bufs_list_words(),
+        };
+        let call = CallU {
+            rows: b as u32,
+            vocab: v as u32,
+            stride: logits.row_stride as u32,
+            dtype: dtype_code(logits.dtype),
+            base: logits.offset as u32,
+            splits: splits as u32,
+            chunk: chunk as u32,
+            bm_words: v.div_ceil(32) as u32,
+            cap: CAP as u32,
+            mode: M_HEAD,
+            draws: 0,
+            draw_lanes: 1,
+            part_base: sizes.part_base() as u32,
+            cand_base: sizes.cand_base() as u32,
+            zero: 0,
+            pad: 0,
+        };
+        let rmap: Vec<u32> = rows.iter().map(|&s| s as u32).collect();
+        let changed = !matches!(&self.current, Some((c, m)) if *c == call && *m == rmap);
+        if changed {
+            // through a staging buffer of its own, copied by this step's commands
+            let mut bytes = bytemuck::bytes_of(&call).to_vec();
+            bytes.extend_from_slice(bytemuck::cast_slice(&rmap));
+            let (stage, _) = self.stages.take(&self.device, bytes.len() as u64);
+            self.queue.write_buffer(&stage, 0, &bytes);
+            self.bytes_written += bytes.len() as u64;
+            let c = std::mem::size_of::<CallU>() as u64;
+            encoder.copy_buffer_to_buffer(&stage, 0, &self.bufs.call, 0, c);
+            encoder.copy_buffer_to_buffer(&stage, c, &self.bufs.rmap.buf, 0, (b * 4) as u64);
+            self.stages.release_after(encoder, stage);
+            self.current = Some((call, rmap));
+        }
+        let fresh = !matches!(&self.bind, Some((l, g, _)) if l == logits.buffer && *g == self.bufs.generation);
+        if fresh {
+            let group = bind_group_raw(
+                &self.device,
+                &self.kernels,
+                &self.bufs,
+                logits.buffer,
+                &self.tokens,
+                &self.results,
+            );
+            self.bind = Some((logits.buffer.clone(), self.bufs.generation, group));
+        }
+        let group = &self.bind.as_ref().expect("set above").2;
+        self.kernels.record_step(
+            encoder,
+            group,
+            StepShape {
+                rows: b,
+                splits,
+                draw_groups: 0,
+            },
+            timestamps,
+        );
+        // the step's results into a readback buffer, mapped when the submission has run
+        let bytes = ((b + b * RES_WORDS) * 4) as u64;
+        let k = match self
+            .ring
+            .iter()
+            .position(|r| r.step.is_none() && r.buf.size() >= bytes)
+        {
+            Some(k) => k,
+            None => {
+                let buf = make_buffer(
+                    &self.device,
+                    "decoda head readback",
+                    ((self.slots + self.slots * RES_WORDS) * 4) as u64,
+                    wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                );
+                self.ring.push(Readback {
+                    buf,
+                    ready: Arc::new(AtomicBool::new(false)),
+                    step: None,
+                });
+                self.ring.len() - 1
+            }
+        };
+        let r = &mut self.ring[k];
+        encoder.copy_buffer_to_buffer(&self.tokens, 0, &r.buf, 0, (b * 4) as u64);
+        encoder.copy_buffer_to_buffer(
+            &self.results,
+            0,
+            &r.buf,
+            (b * 4) as u64,
+            (b * RES_WORDS * 4) as u64,
+        );
+        r.ready.store(false, Ordering::Release);
+        let ready = Arc::clone(&r.ready);
+        encoder.map_buffer_on_submit(&r.buf, wgpu::MapMode::Read, 0..bytes, move |res| {
+            if res.is_ok() {
+                ready.store(true, Ordering::Release);
+            }
+        });
+        r.step = Some((id, rows.to_vec()));
+        self.next_step += 1;
+        Ok(id)
+    }
+
+    /// The results of the steps whose submissions have finished, oldest first, stopping
+    /// at the first that has not (without waiting).
+    pub fn poll(&mut self) -> Result<Vec<StepResults>> {
+        self.device
+            .poll(wgpu::PollType::Poll)
+            .map_err(|e| Error::Device(format!("polling the device: {e}")))?;
+        self.collect()
+    }
+
+    /// Waits for every submitted step, then returns their results as [`WgpuHead::poll`].
+    pub fn wait(&mut self) -> Result<Vec<StepResults>> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
+        self.collect()
+    }
+
+    fn collect(&mut self) -> Result<Vec<StepResults>> {
+        let mut out = Vec::new();
+        while let Some(k) = (0..self.ring.len())
+            .filter(|&k| self.ring[k].step.is_some())
+            .min_by_key(|&k| self.ring[k].step.as_ref().map(|s| s.0))
+        {
+            if !self.ring[k].ready.load(Ordering::Acquire) {
+                break;
+            }
+            let (id, rows) = self.ring[k].step.take().expect("checked");
+            let b = rows.len();
+            let words: Vec<u32> = {
+                let slice = self.ring[k].buf.slice(0..((b + b * RES_WORDS) * 4) as u64);
+                let view = slice
+                    .get_mapped_range()
+                    .map_err(|e| Error::Device(format!("reading a step's results: {e}")))?;
+                bytemuck::cast_slice::<u8, u32>(&view).to_vec()
+            };
+            self.ring[k].buf.unmap();
+            self.ring[k].ready.store(false, Ordering::Release);
+            out.push(StepResults {
+                id,
+                rows: self.parse(&words, &rows),
+            });
+        }
+        Ok(out)
+    }
+
+    fn parse(&self, words: &[u32], rows: &[usize]) -> Vec<SlotStep> {
+        let b = rows.len();
+        let (tokens, res) = words.split_at(b);
+        rows.iter()
+            .enumerate()
+            .map(|(r, &slot)| {
+                let w = &res[r * RES_WORDS..(r + 1) * RES_WORDS];
+                let logprobs = self.host[slot]
+                    .as_ref()
+                    .and_then(|h| h.params.logprobs)
+                    .map(|_| parse_logprobs(&w[2..2 + LP_WORDS]));
+                let result = match row_status(w[0], w[1]) {
+                    None => checked(tokens[r], self.vocab, logprobs),
+                    Some(e) => Err(e),
+                };
+                // the second word: the slot's finish (after this step, or from before)
+                let finished = match (w[0], w[1]) {
+                    (STATUS_OK | STATUS_FINISHED, 1) => Some(FinishReason::Stop),
+                    (STATUS_OK | STATUS_FINISHED, 2) => Some(FinishReason::Length),
+                    _ => None,
+                };
+                SlotStep {
+                    slot,
+                    result,
+                    finished,
+                }
+            })
+            .collect()
+    }
+
+    fn bufs_list_words(&self) -> usize {
+        (self.bufs.lists.buf.size() / 4) as usize
+    }
+
+    /// Runs a join or leave kernel for `slot` right away (its own submission).
+    fn run_op(&mut self, slot: usize, pipe_join: bool, extra_lists: &[u32]) -> Result<()> {
+        let v = self.vocab;
+        self.grow_lists(self.slots * SLOT_LIST_WORDS + extra_lists.len());
+        if !extra_lists.is_empty() {
+            self.queue.write_buffer(
+                &self.bufs.lists.buf,
+                (self.slots * SLOT_LIST_WORDS * 4) as u64,
+                bytemuck::cast_slice(extra_lists),
+            );
+        }
+        let call = CallU {
+            rows: 1,
+            vocab: v as u32,
+            bm_words: v.div_ceil(32) as u32,
+            cap: CAP as u32,
+            splits: 1,
+            chunk: 4,
+            draw_lanes: 1,
+            ..Default::default()
+        };
+        self.queue
+            .write_buffer(&self.op_call, 0, bytemuck::bytes_of(&call));
+        self.queue
+            .write_buffer(&self.op_rmap, 0, bytemuck::bytes_of(&(slot as u32)));
+        let gen = self.bufs.generation;
+        if !matches!(&self.op_bind, Some((g, _)) if *g == gen) {
+            let all = [
+                &self.op_call,
+                // (no logits: any read-only buffer)
+                &self.op_rmap,
+                &self.bufs.sparams.buf,
+                &self.bufs.sstate.buf,
+                &self.op_rmap,
+                &self.bufs.pen.buf,
+                &self.bufs.lists.buf,
+                &self.bufs.work.buf,
+                &self.bufs.ctr.buf,
+                &self.tokens,
+                &self.results,
+            ];
+            let entries: Vec<wgpu::BindGroupEntry<'_>> = all
+                .iter()
+                .enumerate()
+                .map(|(i, buf)| wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: buf.as_entire_binding(),
+                })
+                .collect();
+            let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("decoda head op"),
+                layout: &self.kernels.layout,
+                entries: &entries,
+            });
+            self.op_bind = Some((gen, group));
+        }
+        let group = &self.op_bind.as_ref().expect("set above").1;
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_bind_group(0, group, &[]);
+            if pipe_join {
+                pass.set_pipeline(&self.kernels.join);
+                pass.dispatch_workgroups(1, 1, 1);
+            } else {
+                pass.set_pipeline(&self.kernels.wipe);
+                let groups = kernels::pen_words(v).div_ceil(WG);
+                let (x, y) = if groups <= MAX_GRID {
+                    (groups, 1)
+                } else {
+                    (MAX_GRID, groups.div_ceil(MAX_GRID))
+                };
+                pass.dispatch_workgroups(x as u32, y as u32, 1);
+            }
+        }
+        self.queue.submit([enc.finish()]);
+        Ok(())
+    }
+
+    /// Writes slot `slot`'s parameters and lists (bias, stop ids); `hist` points its
+    /// history at the join area.
+    fn write_slot(&mut self, slot: usize, h: &HostSlot, hist: (u32, u32)) -> Result<()> {
+        let mut lists = Vec::new();
+        let touch = h.params.repetition_penalty != 1.0
+            || h.params.frequency_penalty != 0.0
+            || h.params.presence_penalty != 0.0
+            || !h.params.logit_bias.is_empty();
+        let mut sp = slot_params(&h.params, h.seed, self.vocab, touch, slot, &mut lists)?;
+        let base = slot * SLOT_LIST_WORDS;
+        sp.bias_off = base as u32;
+        sp.stop_off = (base + 2 * MAX_SLOT_BIAS) as u32;
+        sp.stop_len = h.stop.len() as u32;
+        let max = h.max_tokens.unwrap_or(u64::MAX);
+        sp.max_lo = max as u32;
+        sp.max_hi = (max >> 32) as u32;
+        sp.hist_off = hist.0;
+        sp.hist_len = hist.1;
+        lists.resize(2 * MAX_SLOT_BIAS, 0);
+        lists.extend_from_slice(&h.stop);
+        self.queue.write_buffer(
+            &self.bufs.sparams.buf,
+            (slot * std::mem::size_of::<SlotU>()) as u64,
+            bytemuck::bytes_of(&sp),
+        );
+        self.queue.write_buffer(
+            &self.bufs.lists.buf,
+            (base * 4) as u64,
+            bytemuck::cast_slice(&lists),
+        );
+        Ok(())
+    }
+}
+
+/// Checks a logits view against the device (what `record` checks for the per-call API).
+fn check_view(device: &wgpu::Device, l: &DeviceLogits<'_>) -> Result<()> {
+    if l.row_stride < l.vocab {
+        return Err(Error::Shape(format!(
+            "row_stride {} is below the vocabulary size {}",
+            l.row_stride, l.vocab
+        )));
+    }
+    if !l.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+        return Err(Error::Shape(
+            "the logits buffer needs BufferUsages::STORAGE".into(),
+        ));
+    }
+    let last = l
+        .offset
+        .checked_add(l.rows.saturating_sub(1).saturating_mul(l.row_stride))
+        .and_then(|v| v.checked_add(l.vocab))
+        .unwrap_or(usize::MAX);
+    let need = (last as u64).saturating_mul(l.dtype.size() as u64);
+    if l.rows > 0 && need > l.buffer.size() {
+        return Err(Error::Shape(format!(
+            "[{}, {}] {} logits with row stride {} at offset {} need {need} bytes; the buffer \
+             has {}",
+            l.rows,
+            l.vocab,
+            l.dtype,
+            l.row_stride,
+            l.offset,
+            l.buffer.size()
+        )));
+    }
+    if last > u32::MAX as usize || l.buffer.size() > device.limits().max_storage_buffer_binding_size
+    {
+        return Err(Error::Shape(
+            "the logits buffer is larger than this adapter binds at once".into(),
+        ));
+    }
+    Ok(())
+}
+
+impl Head for WgpuHead {
+    fn name(&self) -> String {
+        format!("wgpu:{}", self.name)
+    }
+
+    fn slots(&self) -> usize {
+        self.slots
+    }
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    fn join(&mut self, slot: usize, request: SlotRequest) -> Result<u64> {
+        head::check_slot(slot, self.slots)?;
+        if self.host[slot].is_some() {
+            return Err(Error::Shape(format!(
+                "slot {slot} is taken: leave it first"
+            )));
+        }
+        request.validate(slot, self.vocab)?;
+        let seed = head::seed_of(&request)?;
+        let h = HostSlot {
+            params: request.params,
+            stop: request.stop,
+            max_tokens: request.max_tokens,
+            seed,
+        };
+        let mut hist = Vec::new();
+        let (_, n) = push_history(&mut hist, &request.prompt, &request.output)?;
+        let join_off = (self.slots * SLOT_LIST_WORDS) as u32;
+        self.grow_lists(self.slots * SLOT_LIST_WORDS + hist.len());
+        self.write_slot(slot, &h, (join_off, n))?;
+        let state = [
+            request.step as u32,
+            (request.step >> 32) as u32,
+            0u32,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        self.queue.write_buffer(
+            &self.bufs.sstate.buf,
+            (slot * SLOT_STATE_WORDS * 4) as u64,
+            bytemuck::cast_slice(&state),
+        );
+        self.run_op(slot, true, &hist)?;
+        self.host[slot] = Some(h);
+        Ok(seed)
+    }
+
+    fn leave(&mut self, slot: usize) -> Result<()> {
+        head::check_slot(slot, self.slots)?;
+        if self.host[slot].is_none() {
+            return Ok(());
+        }
+        self.run_op(slot, false, &[])?;
+        self.host[slot] = None;
+        Ok(())
+    }
+
+    fn set_params(&mut self, slot: usize, params: SamplingParams) -> Result<()> {
+        head::check_slot(slot, self.slots)?;
+        params.validate(slot, self.vocab)?;
+        let Some(mut h) = self.host[slot].clone() else {
+            return Err(Error::Shape(format!("slot {slot} has no sequence")));
+        };
+        if params.logit_bias.len() > MAX_SLOT_BIAS {
+            return Err(Error::InvalidParameter {
+                row: slot,
+                field: "logit_bias",
+                value: format!("{} entries", params.logit_bias.len()),
+                expected: "at most 1024 entries per slot",
+            });
+        }
+        let old_bias: BTreeMap<u32, f32> = h.params.logit_bias.clone();
+        h.params = params;
+        self.write_slot(slot, &h, (0, 0))?;
+        if old_bias != h.params.logit_bias {
+            // the bias bitmap follows the new bias list: clear the old bits, set the new
+            self.rebuild_bias_bits(slot, &old_bias, &h.params.logit_bias)?;
+        }
+        self.host[slot] = Some(h);
+        Ok(())
+    }
+
+    fn step(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
+        // host logits: uploaded into the head's buffer, then a device step
+        let bytes = logits_bytes(logits);
+        let size = (bytes.len() as u64).next_multiple_of(4).max(4);
+        if self.upload.as_ref().is_none_or(|b| b.size() < size) {
+            self.upload = Some(make_buffer(
+                &self.device,
+                "decoda head logits",
+                size,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            ));
+        }
+        let buf = self.upload.clone().expect("set above");
+        let mut padded = bytes;
+        padded.resize(size as usize, 0);
+        self.queue.write_buffer(&buf, 0, &padded);
+        let view = DeviceLogits {
+            buffer: &buf,
+            dtype: logits.dtype(),
+            rows: logits.rows(),
+            vocab: logits.vocab(),
+            row_stride: logits.vocab(),
+            offset: 0,
+        };
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let id = self.record_step(&mut enc, &view, rows)?;
+        self.queue.submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Device(format!("{}: {e}", self.name)));
+        }
+        let done = self.wait()?;
+        done.into_iter()
+            .find(|s| s.id == id)
+            .map(|s| s.rows)
+            .ok_or_else(|| Error::Device("the step's results never came back".into()))
+    }
+}
+
+impl WgpuHead {
+    /// Makes the lists buffer hold `words` words, keeping what the slots' regions hold.
+    fn grow_lists(&mut self, words: usize) {
+        let bytes = (words.max(1) * 4) as u64;
+        let old = self.bufs.lists.buf.clone();
+        if old.size() >= bytes {
+            return;
+        }
+        self.bufs.lists.ensure(&self.device, bytes);
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        enc.copy_buffer_to_buffer(&old, 0, &self.bufs.lists.buf, 0, old.size());
+        self.queue.submit([enc.finish()]);
+        self.bufs.generation += 1;
+    }
+
+    /// Clears the bias bits of `old` and sets those of `new` for `slot` (a join of an
+    /// empty history with the new bias list after wiping the old bias words).
+    fn rebuild_bias_bits(
+        &mut self,
+        slot: usize,
+        old: &BTreeMap<u32, f32>,
+        new: &BTreeMap<u32, f32>,
+    ) -> Result<()> {
+        let bm = self.vocab.div_ceil(32);
+        let base = (slot * kernels::pen_words(self.vocab) + bm) * 4;
+        for &t in old.keys() {
+            self.queue.write_buffer(
+                &self.bufs.pen.buf,
+                (base + (t as usize >> 5) * 4) as u64,
+                &[0u8; 4],
+            );
+        }
+        if !new.is_empty() {
+            // the join kernel with an empty history sets the new bias bits
+            self.run_op(slot, true, &[])?;
+        }
+        Ok(())
+    }
+}
+
+fn logits_bytes(logits: &Logits<'_>) -> Vec<u8> {
+    use crate::logits::LogitsData;
+    use half::slice::HalfFloatSliceExt;
+    match logits.data() {
+        LogitsData::F32(d) => bytemuck::cast_slice(d).to_vec(),
+        LogitsData::F16(d) => bytemuck::cast_slice(d.reinterpret_cast()).to_vec(),
+        LogitsData::Bf16(d) => bytemuck::cast_slice(d.reinterpret_cast()).to_vec(),
+    }
+}

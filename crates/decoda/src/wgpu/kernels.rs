@@ -1,0 +1,260 @@
+//! The step kernels' host side: pipelines, the buffers they bind, and the fixed dispatch
+//! sequence of one step (`step.wgsl`).
+
+use crate::error::{Error, Result};
+
+use super::layout::*;
+use super::sampler::{make_buffer, Grow};
+
+/// Storage buffers one kernel binds.
+pub(crate) const STORAGE_BUFFERS: u32 = 10;
+
+/// The compute pipelines, one per entry point of `step.wgsl`.
+pub(crate) struct Kernels {
+    pub layout: wgpu::BindGroupLayout,
+    pub join: wgpu::ComputePipeline,
+    pub wipe: wgpu::ComputePipeline,
+    pub probe: wgpu::ComputePipeline,
+    pub scan: wgpu::ComputePipeline,
+    pub settle: wgpu::ComputePipeline,
+    pub lp: wgpu::ComputePipeline,
+    pub finish: wgpu::ComputePipeline,
+    pub draw_many: wgpu::ComputePipeline,
+}
+
+impl Kernels {
+    /// Compiles the module (with subgroup reductions when the device has the feature)
+    /// and builds every pipeline; a shader error is [`Error::Device`].
+    pub fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Self> {
+        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("decoda step.wgsl"),
+            source: wgpu::ShaderSource::Wgsl(super::shader_source(subgroups).into()),
+        });
+        let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        };
+        let ro = wgpu::BufferBindingType::Storage { read_only: true };
+        let rw = wgpu::BufferBindingType::Storage { read_only: false };
+        // call, logits, sparams, sstate, rmap, pen, lists, work, ctr, tokens, results
+        let kinds = [
+            wgpu::BufferBindingType::Uniform,
+            ro,
+            ro,
+            rw,
+            ro,
+            rw,
+            ro,
+            rw,
+            rw,
+            rw,
+            rw,
+        ];
+        let entries: Vec<_> = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| entry(i as u32, k))
+            .collect();
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("decoda"),
+            entries: &entries,
+        });
+        let pl_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some("decoda"),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let make = |entry: &str| {
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: Some(&pl_layout),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        };
+        let k = Self {
+            join: make("join"),
+            wipe: make("wipe"),
+            probe: make("probe"),
+            scan: make("scan"),
+            settle: make("settle"),
+            lp: make("lp"),
+            finish: make("finish"),
+            draw_many: make("draw_many"),
+            layout,
+        };
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Device(format!(
+                "{}: building the shaders failed: {e}",
+                info.name
+            )));
+        }
+        Ok(k)
+    }
+
+    /// Records one step: probe, scan, settle, [draw_many], lp, finish, in one compute
+    /// pass, with `timestamps` (a 2-query set) around it when given.
+    pub fn record_step(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        group: &wgpu::BindGroup,
+        shape: StepShape,
+        timestamps: Option<&wgpu::QuerySet>,
+    ) {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("decoda step"),
+            timestamp_writes: timestamps.map(|q| wgpu::ComputePassTimestampWrites {
+                query_set: q,
+                beginning_of_pass_write_index: Some(0),
+                end_of_pass_write_index: Some(1),
+            }),
+        });
+        pass.set_bind_group(0, group, &[]);
+        let (b, w) = (shape.rows as u32, shape.splits as u32);
+        let mut run = |pipe: &wgpu::ComputePipeline, x: u32, y: u32| {
+            pass.set_pipeline(pipe);
+            pass.dispatch_workgroups(x, y, 1);
+        };
+        run(&self.probe, b, 1);
+        run(&self.scan, w, b);
+        run(&self.settle, b, 1);
+        if shape.draw_groups > 0 {
+            run(&self.draw_many, shape.draw_groups as u32, b);
+        }
+        run(&self.lp, w, b);
+        run(&self.finish, b, 1);
+    }
+}
+
+/// The grid of one step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StepShape {
+    pub rows: usize,
+    pub splits: usize,
+    /// Workgroups of `draw_many` (0: none).
+    pub draw_groups: usize,
+}
+
+/// How a row of `v` logits is cut among workgroups for a batch of `b` rows: enough
+/// pieces to keep about `target` workgroups busy, none smaller than `min_chunk` logits
+/// or over [`MAX_CHUNK`], at most [`MAX_SPLITS`]. Results do not depend on it.
+pub(crate) fn split(v: usize, b: usize, target: usize, min_chunk: usize) -> (usize, usize) {
+    let by_size = v.div_ceil(min_chunk.max(4)).max(1);
+    let by_batch = target.div_ceil(b.max(1)).max(1);
+    let mut splits = by_size
+        .min(by_batch)
+        .max(v.div_ceil(MAX_CHUNK))
+        .clamp(1, MAX_SPLITS);
+    let chunk = v.div_ceil(splits).next_multiple_of(4).max(4);
+    splits = v.div_ceil(chunk).max(1);
+    (splits, chunk)
+}
+
+/// Invocations sharing one draw of `draw_many` for rows of `v` logits.
+pub(crate) fn draw_lanes(v: usize) -> usize {
+    v.div_ceil(4)
+        .div_ceil(DRAW_GROUPS_PER_LANE)
+        .next_power_of_two()
+        .clamp(1, DRAW_WG)
+}
+
+/// The buffers a step binds besides the logits and the outputs, grown on demand.
+pub(crate) struct StepBuffers {
+    pub call: wgpu::Buffer,
+    pub sparams: Grow,
+    pub sstate: Grow,
+    pub rmap: Grow,
+    pub pen: Grow,
+    pub lists: Grow,
+    pub work: Grow,
+    pub ctr: Grow,
+    /// Bumped whenever a buffer is replaced (bind groups made before are then stale).
+    pub generation: u64,
+}
+
+impl StepBuffers {
+    pub fn new(device: &wgpu::Device) -> Self {
+        use wgpu::BufferUsages as U;
+        let st = U::STORAGE | U::COPY_DST;
+        Self {
+            call: make_buffer(
+                device,
+                "decoda call",
+                std::mem::size_of::<CallU>() as u64,
+                U::UNIFORM | U::COPY_DST,
+            ),
+            sparams: Grow::new(device, "decoda slot params", st),
+            sstate: Grow::new(device, "decoda slot state", st),
+            rmap: Grow::new(device, "decoda row slots", st),
+            pen: Grow::new(device, "decoda penalties", st),
+            lists: Grow::new(device, "decoda lists", st | U::COPY_SRC),
+            work: Grow::new(device, "decoda work", st),
+            ctr: Grow::new(device, "decoda counters", st),
+            generation: 0,
+        }
+    }
+
+    /// Makes every per-row buffer big enough for `rows` rows cut in `splits`, `slots`
+    /// slot entries, `pens` penalty areas of rows of `vocab`, and `list_words` words of
+    /// lists; true when some buffer was replaced.
+    pub fn ensure(&mut self, device: &wgpu::Device, need: &Sizes) -> bool {
+        let words = |n: usize| (n.max(1) * 4) as u64;
+        let mut grown = false;
+        grown |= self.sparams.ensure(
+            device,
+            (need.slots.max(1) * std::mem::size_of::<SlotU>()) as u64,
+        );
+        grown |= self
+            .sstate
+            .ensure(device, words(need.slots * SLOT_STATE_WORDS));
+        grown |= self.rmap.ensure(device, words(need.rows.max(need.slots)));
+        grown |= self.pen.ensure(device, words(need.pen_words));
+        grown |= self.lists.ensure(device, words(need.list_words));
+        grown |= self.work.ensure(device, words(need.work_words()));
+        grown |= self
+            .ctr
+            .ensure(device, words(2 * need.rows + need.rows * HIST_WORDS));
+        if grown {
+            self.generation += 1;
+        }
+        grown
+    }
+}
+
+/// Sizes a step needs.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Sizes {
+    pub rows: usize,
+    pub splits: usize,
+    pub slots: usize,
+    pub pen_words: usize,
+    pub list_words: usize,
+}
+
+impl Sizes {
+    /// Work words: per-row state, per-(row, split) partials, per-row candidates.
+    pub fn work_words(&self) -> usize {
+        self.cand_base() + self.rows * CAP * 2
+    }
+    pub fn part_base(&self) -> usize {
+        self.rows * STATE_WORDS
+    }
+    pub fn cand_base(&self) -> usize {
+        self.part_base() + self.rows * self.splits * PART_WORDS
+    }
+}
+
+/// Penalty-area words of one slot for rows of `vocab`: two bitmaps and the counts.
+pub(crate) fn pen_words(vocab: usize) -> usize {
+    2 * vocab.div_ceil(32) + vocab
+}

@@ -1,0 +1,198 @@
+//! The sampling head on the device: the same tokens as `CpuSampler` driven by hand (64
+//! slots, joins and leaves, stops, long penalised histories, 300 steps), nothing written
+//! by the host across steps of an unchanged batch, steps recorded ahead of their
+//! readbacks, and the token buffer a model's next step reads.
+#![cfg(feature = "wgpu")]
+
+use decoda::conformance::head::head_matches_sequences;
+use decoda::conformance::Rng;
+use decoda::head::{FinishReason, Head, SlotRequest};
+use decoda::wgpu::{DeviceLogits, WgpuHead, WgpuSampler};
+use decoda::{Backend, CpuSampler, DType, Logits, Request, SamplingParams, SequenceState};
+
+fn sampler() -> Option<WgpuSampler> {
+    match WgpuSampler::new() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
+            }
+            eprintln!("skipped: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn head_matches_driven_sequences() {
+    let Some(s) = sampler() else { return };
+    let mut head = WgpuHead::new(&s, 64, 3000).unwrap();
+    let t = head_matches_sequences(&mut head, 300, 4000, 99).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("wgpu head: {t:?}");
+    assert!(t.stops > 0 && t.lengths > 0 && t.leaves > 0, "{t:?}");
+}
+
+#[test]
+fn head_at_a_real_vocabulary() {
+    let Some(s) = sampler() else { return };
+    let mut head = WgpuHead::new(&s, 8, 151_936).unwrap();
+    let t = head_matches_sequences(&mut head, 25, 3000, 7).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("wgpu head, V = 151936: {t:?}");
+}
+
+/// After the joins, 100 steps over logits on the device write nothing from the host, and
+/// every step's tokens are CpuSampler's for the slot's state (recorded 8 steps ahead of
+/// the readbacks).
+#[test]
+fn steps_write_nothing_from_the_host() {
+    let Some(s) = sampler() else { return };
+    let (slots, v) = (6usize, 5000usize);
+    let mut head = WgpuHead::new(&s, slots, v).unwrap();
+    let mut rng = Rng::new(3);
+    let mut states = Vec::new();
+    for slot in 0..slots {
+        let params = SamplingParams {
+            temperature: 0.9,
+            top_k: [0, 40][slot % 2],
+            top_p: [1.0, 0.9, 0.95][slot % 3],
+            repetition_penalty: 1.1,
+            frequency_penalty: 0.2,
+            ..Default::default()
+        };
+        let prompt: Vec<u32> = (0..500).map(|_| rng.below(v as u64) as u32).collect();
+        head.join(
+            slot,
+            SlotRequest::new(params.clone())
+                .seed(slot as u64 + 10)
+                .prompt(prompt.clone()),
+        )
+        .unwrap();
+        let mut st = SequenceState::new(slot as u64 + 10);
+        st.prompt = prompt;
+        states.push(Request { params, state: st });
+    }
+    // one set of logits on the device for every step
+    let data: Vec<f32> = (0..slots * v).map(|_| 3.0 * rng.normal()).collect();
+    let buf = s.upload_logits(&Logits::f32(&data, slots, v).unwrap());
+    let view = DeviceLogits {
+        buffer: &buf,
+        dtype: DType::F32,
+        rows: slots,
+        vocab: v,
+        row_stride: v,
+        offset: 0,
+    };
+    let rows: Vec<usize> = (0..slots).collect();
+    // the first step writes the row map once
+    let mut enc = s.device().create_command_encoder(&Default::default());
+    head.record_step(&mut enc, &view, &rows).unwrap();
+    s.queue().submit([enc.finish()]);
+    let mut results = head.wait().unwrap();
+    let before = head.host_bytes_written();
+    assert!(before > 0);
+    for _ in 0..100 / 4 {
+        // four steps in one submission, read back later
+        let mut enc = s.device().create_command_encoder(&Default::default());
+        for _ in 0..4 {
+            head.record_step(&mut enc, &view, &rows).unwrap();
+        }
+        s.queue().submit([enc.finish()]);
+        results.extend(head.poll().unwrap());
+    }
+    results.extend(head.wait().unwrap());
+    assert_eq!(
+        head.host_bytes_written(),
+        before,
+        "bytes written by the host in 100 steps"
+    );
+    assert_eq!(results.len(), 101);
+    let cpu = CpuSampler::new();
+    for (k, step) in results.iter().enumerate() {
+        assert_eq!(step.id, k as u64, "steps come back in order");
+        let want = cpu
+            .sample(&Logits::f32(&data, slots, v).unwrap(), &states)
+            .unwrap();
+        for (r, out) in step.rows.iter().enumerate() {
+            let w = want[r].as_ref().unwrap().token;
+            assert_eq!(out.result.as_ref().unwrap().token, w, "step {k} slot {r}");
+            states[r].state.push(w);
+        }
+    }
+    // the token buffer holds the last step's tokens, for the next embedding lookup
+    let last: Vec<u32> = results[100]
+        .rows
+        .iter()
+        .map(|r| r.result.as_ref().unwrap().token)
+        .collect();
+    let read = s.device().create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: (slots * 4) as u64,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut enc = s.device().create_command_encoder(&Default::default());
+    enc.copy_buffer_to_buffer(head.tokens(), 0, &read, 0, (slots * 4) as u64);
+    s.queue().submit([enc.finish()]);
+    read.slice(..)
+        .map_async(wgpu::MapMode::Read, |r| r.unwrap());
+    s.device()
+        .poll(wgpu::PollType::wait_indefinitely())
+        .unwrap();
+    let got: Vec<u32> =
+        bytemuck::cast_slice::<u8, u32>(&read.slice(..).get_mapped_range().unwrap()).to_vec();
+    assert_eq!(got, last);
+}
+
+/// Stop ids and max_tokens finish a slot; later steps report it finished, and a new
+/// sequence can join the slot after it leaves.
+#[test]
+fn stops_and_rejoin() {
+    let Some(s) = sampler() else { return };
+    let v = 50;
+    let mut head = WgpuHead::new(&s, 2, v).unwrap();
+    // slot 0: greedy on a row whose largest logit is token 7, which is a stop id
+    head.join(
+        0,
+        SlotRequest::new(SamplingParams::greedy())
+            .seed(1)
+            .stop(vec![7]),
+    )
+    .unwrap();
+    head.join(
+        1,
+        SlotRequest::new(SamplingParams::default())
+            .seed(2)
+            .max_tokens(3),
+    )
+    .unwrap();
+    let mut x = vec![0.0f32; 2 * v];
+    x[7] = 5.0;
+    let logits = Logits::f32(&x, 2, v).unwrap();
+    let a = head.step(&logits, &[0, 1]).unwrap();
+    assert_eq!(a[0].result.as_ref().unwrap().token, 7);
+    assert_eq!(a[0].finished, Some(FinishReason::Stop));
+    assert_eq!(a[1].finished, None);
+    let b = head.step(&logits, &[0, 1]).unwrap();
+    assert_eq!(b[0].result, Err(decoda::RowError::Finished));
+    assert_eq!(b[0].finished, Some(FinishReason::Stop));
+    let one = Logits::f32(&x[..v], 1, v).unwrap();
+    let c = head.step(&one, &[1]).unwrap();
+    assert_eq!(c[0].finished, Some(FinishReason::Length));
+    let d = head.step(&one, &[1]).unwrap();
+    assert_eq!(d[0].result, Err(decoda::RowError::Finished));
+    head.leave(0).unwrap();
+    head.join(0, SlotRequest::new(SamplingParams::greedy()).seed(1))
+        .unwrap();
+    let e = head.step(&one, &[0]).unwrap();
+    assert_eq!(e[0].result.as_ref().unwrap().token, 7);
+    assert_eq!(e[0].finished, None);
+    // bad requests name the slot and the field
+    assert!(head
+        .join(5, SlotRequest::new(SamplingParams::default()))
+        .is_err());
+    let err = head
+        .join(1, SlotRequest::new(SamplingParams::default()))
+        .unwrap_err();
+    assert!(err.to_string().contains("slot 1"), "{err}");
+    assert!(head.step(&logits, &[0, 0]).is_err());
+}
