@@ -197,6 +197,27 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
     });
     let mut passed = report.passed;
     let mut failed = report.failed.len();
+    // the sampling head: 64 slots, 300 steps of joins, leaves, stops and long histories
+    let head: Result<Box<dyn decoda::head::Head>, String> = if be.name().starts_with("wgpu") {
+        decoda::wgpu::WgpuSampler::new()
+            .and_then(|g| decoda::wgpu::WgpuHead::new(&g, 64, 3000))
+            .map(|h| Box::new(h) as Box<dyn decoda::head::Head>)
+            .map_err(|e| e.to_string())
+    } else {
+        decoda::head::CpuHead::new(64, 3000)
+            .map(|h| Box::new(h) as Box<dyn decoda::head::Head>)
+            .map_err(|e| e.to_string())
+    };
+    match head.and_then(|mut h| conformance::head::head_sequences(h.as_mut())) {
+        Ok(()) => {
+            passed += 1;
+            println!("  ok    head_sequences");
+        }
+        Err(e) => {
+            failed += 1;
+            println!("  FAIL  head_sequences: {e}");
+        }
+    }
     // real decode shapes: every vocabulary size of real models at B = 1, 2, 3, through
     // sample and sample_draws (1 and 3 draws), on fresh samplers and a long-lived one
     let on_gpu = be.name().starts_with("wgpu");
