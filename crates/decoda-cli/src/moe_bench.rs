@@ -4,20 +4,18 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use decoda::moe::{synthetic, Dispatch, MoeShape, WeightDtype};
+use decoda::MoeLayer;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::bench::round2;
 
-/// Element type of the expert weights.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DtypeArg {
-    /// 32-bit floats.
-    F32,
-    /// bfloat16 (accumulated in f32).
-    Bf16,
+fn parse_dtype(s: &str) -> Result<WeightDtype, String> {
+    WeightDtype::parse(s).ok_or_else(|| {
+        format!("unknown weight format {s:?} (f32, bf16, f16, q4g32, q4g64, q8g64, ...)")
+    })
 }
 
 #[derive(Args)]
@@ -41,9 +39,13 @@ pub struct MoeBenchArgs {
         default_value = "1,2,4,8,16,32,64,128,256,512,1024"
     )]
     tokens: Vec<usize>,
-    /// Element type of the weights.
-    #[arg(long, value_enum, default_value_t = DtypeArg::Bf16)]
-    dtype: DtypeArg,
+    /// Weight format: f32, bf16, f16, or MLX's affine q4g32, q4g64, q8g64 (4 or 8 bits, groups
+    /// of 32, 64 or 128 inputs).
+    #[arg(long, default_value = "bf16", value_parser = parse_dtype)]
+    dtype: WeightDtype,
+    /// Where to run the layer.
+    #[arg(long, value_enum, default_value_t = crate::device::Device::Auto)]
+    device: crate::device::Device,
     /// Keep gate and up as two matrices instead of one fused `[E, 2H, D]`.
     #[arg(long)]
     separate: bool,
@@ -121,7 +123,8 @@ pub fn run(a: MoeBenchArgs) -> Result<ExitCode, String> {
     crate::device::check_threads(a.threads)?;
     // Memory the run needs: the weights (gate, up, down), the largest batch's activations
     // and gathered rows; refuse sizes that overflow or exceed a budget before allocating.
-    let elem: u128 = if a.dtype == DtypeArg::Bf16 { 2 } else { 4 };
+    let dtype = a.dtype;
+    let elem: u128 = (dtype.bytes_per_weight() * 8.0).ceil() as u128;
     let (e, k, d, h) = (
         shape.experts as u128,
         shape.top_k as u128,
@@ -129,7 +132,7 @@ pub fn run(a: MoeBenchArgs) -> Result<ExitCode, String> {
         shape.intermediate as u128,
     );
     let n = *a.tokens.iter().max().expect("non-empty") as u128;
-    let weights = e * 3 * h * d * elem;
+    let weights = e * 3 * h * d * elem / 8;
     let acts = n * k * (2 * d + 3 * h) * 4 + n * d * 8;
     let budget: u128 = 64 << 30;
     if weights + acts > budget {
@@ -144,10 +147,17 @@ pub fn run(a: MoeBenchArgs) -> Result<ExitCode, String> {
             budget >> 30
         ));
     }
-    let dtype = match a.dtype {
-        DtypeArg::F32 => WeightDtype::F32,
-        DtypeArg::Bf16 => WeightDtype::Bf16,
-    };
+    if let WeightDtype::Affine(q) = dtype {
+        if !shape.hidden.is_multiple_of(q.group) || !shape.intermediate.is_multiple_of(q.group) {
+            return Err(format!(
+                "{}: --hidden {} and --intermediate {} must be multiples of the group size {}",
+                dtype.name(),
+                shape.hidden,
+                shape.intermediate,
+                q.group
+            ));
+        }
+    }
     let mut tokens = a.tokens.clone();
     tokens.sort_unstable();
     tokens.dedup();
@@ -156,14 +166,8 @@ pub fn run(a: MoeBenchArgs) -> Result<ExitCode, String> {
         .build()
         .map_err(|e| e.to_string())?;
     let threads = pool.current_num_threads();
-    let bytes = 3
-        * shape.experts
-        * shape.hidden
-        * shape.intermediate
-        * match dtype {
-            WeightDtype::F32 => 4,
-            WeightDtype::Bf16 => 2,
-        };
+    let bytes =
+        (3 * shape.experts * shape.hidden * shape.intermediate) as f64 * dtype.bytes_per_weight();
     if !a.json {
         println!(
             "building the layer: E={} k={} D={} H={} {} ({} weights, {:.0} MB)",
@@ -177,13 +181,28 @@ pub fn run(a: MoeBenchArgs) -> Result<ExitCode, String> {
             } else {
                 "fused gate/up"
             },
-            bytes as f64 / 1e6
+            bytes / 1e6
         );
     }
     // The cutoff does not matter: every call below forces its branch.
-    let layer = pool
+    let cpu_layer = pool
         .install(|| synthetic::layer(shape, dtype, !a.separate, 1, 11))
         .map_err(|e| e.to_string())?;
+    let gpu = match a.device {
+        crate::device::Device::Cpu => None,
+        crate::device::Device::Wgpu => {
+            Some(decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?)
+        }
+        crate::device::Device::Auto => crate::device::auto_gpu(),
+    };
+    let layer: Box<dyn MoeLayer> = match &gpu {
+        Some(g) => Box::new(decoda::wgpu::WgpuMoe::new(g, &cpu_layer).map_err(|e| e.to_string())?),
+        None => Box::new(cpu_layer),
+    };
+    let device_name = layer.name();
+    if !a.json {
+        println!("on {device_name}");
+    }
     let bar = ProgressBar::new(tokens.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").map_err(|e| e.to_string())?,
@@ -219,6 +238,7 @@ pub fn run(a: MoeBenchArgs) -> Result<ExitCode, String> {
             "intermediate": shape.intermediate, "dtype": dtype.name(), "tokens": n,
             "sorted_us": round2(sorted_us), "unsorted_us": round2(unsorted_us),
             "threads": threads, "fused": !a.separate, "max_rel_diff": diff,
+            "device": device_name,
         });
         if a.json {
             bar.suspend(|| println!("{line}"));

@@ -109,3 +109,45 @@ impl<B: Backend + ?Sized> Backend for &B {
         (**self).sample_draws(logits, requests, draws)
     }
 }
+
+/// A layer of SwiGLU experts on some backend: the MoE contract (README, "MoE dispatch")
+/// for `x [N, D]` and a routing, sorting the pairs by expert iff `N > sort_cutoff`.
+/// [`crate::moe::SwitchMlp`] is the CPU's; `decoda::wgpu::WgpuMoe` the device's.
+pub trait MoeLayer: Send + Sync {
+    /// A short name for reports (`cpu`, `wgpu:<adapter>`).
+    fn name(&self) -> String;
+    /// The layer's experts E, width D and expert width H.
+    fn dims(&self) -> (usize, usize, usize);
+    /// The cutoff fixed at construction.
+    fn sort_cutoff(&self) -> usize;
+    /// `y [N, D]` with the branch forced.
+    fn forward_with(
+        &self,
+        x: &[f32],
+        routing: &crate::moe::Routing,
+        dispatch: crate::moe::Dispatch,
+    ) -> Result<crate::moe::MoeOutput>;
+    /// `y [N, D]`, the branch chosen from N.
+    fn forward(&self, x: &[f32], routing: &crate::moe::Routing) -> Result<crate::moe::MoeOutput> {
+        let d = if routing.tokens > self.sort_cutoff() {
+            crate::moe::Dispatch::Sorted
+        } else {
+            crate::moe::Dispatch::Unsorted
+        };
+        self.forward_with(x, routing, d)
+    }
+    /// Routes `router_logits [N, E]` on the backend, then runs the layer (the branch
+    /// from N); returns the routing it used and the output.
+    fn route_forward(
+        &self,
+        x: &[f32],
+        router_logits: &[f32],
+        top_k: usize,
+        router: crate::moe::Router,
+    ) -> Result<(crate::moe::Routing, crate::moe::MoeOutput)> {
+        let (e, _, _) = self.dims();
+        let routing = crate::moe::route_with(router_logits, e, top_k, router)?;
+        let out = self.forward(x, &routing)?;
+        Ok((routing, out))
+    }
+}

@@ -45,7 +45,7 @@ pub mod workload;
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
-pub use backend::Backend;
+pub use backend::{Backend, MoeLayer};
 pub use cpu::CpuSampler;
 pub use error::{Error, Result, RowError};
 pub use logits::{DType, LogitElem, Logits, LogitsData};

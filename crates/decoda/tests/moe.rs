@@ -105,6 +105,10 @@ fn weights(e: usize, out: usize, inp: usize, dtype: WeightDtype, seed: u64) -> E
             inp,
         )
         .unwrap(),
+        other => ExpertWeights::from_f32(v, e, out, inp)
+            .unwrap()
+            .converted(other)
+            .unwrap(),
     }
 }
 

@@ -474,6 +474,178 @@ mod body {
             *d = bf16_bits_to_f32(s);
         }
     }
+
+    /// IEEE half to f32, exactly, without branches (vectorises): the exponent is rebiased
+    /// by a multiplication by 2^112 (which also normalises subnormals); infinities and
+    /// NaN are rebuilt on their bits.
+    #[inline(always)]
+    fn f16_bits_to_f32(h: u16) -> f32 {
+        let h = u32::from(h);
+        let em = h & 0x7fff;
+        let scaled = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
+        let special = f32::from_bits((em << 13) | 0x7f80_0000);
+        let v = if em >= 0x7c00 { special } else { scaled };
+        f32::from_bits(v.to_bits() | ((h & 0x8000) << 16))
+    }
+
+    #[inline(always)]
+    pub fn matvec_f16(w: &[u16], x: &[f32], y: &mut [f32]) {
+        matvec(w, x, y, f16_bits_to_f32);
+    }
+
+    #[inline(always)]
+    pub fn widen_f16(src: &[u16], dst: &mut [f32]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = f16_bits_to_f32(s);
+        }
+    }
+
+    /// 16 codes of `BITS` bits starting at code `i0` of a packed row, dequantized:
+    /// `scale * q + bias` (rounded after the product and after the sum).
+    #[inline(always)]
+    fn dequant16<const BITS: u32>(
+        row: &[u32],
+        i0: usize,
+        scale: f32,
+        bias: f32,
+        out: &mut [f32; 16],
+    ) {
+        let per = (32 / BITS) as usize;
+        let mask = (1u32 << BITS) - 1;
+        let words = &row[i0 / per..i0 / per + 16 / per];
+        for j in 0..16 {
+            let q = (words[j / per] >> (BITS as usize * (j % per))) & mask;
+            out[j] = scale * q as f32 + bias;
+        }
+    }
+
+    #[inline(always)]
+    fn matvec_q<const BITS: u32>(
+        group: usize,
+        packed: &[u32],
+        scales: &[f32],
+        biases: &[f32],
+        x: &[f32],
+        y: &mut [f32],
+    ) {
+        let inf = x.len();
+        let rw = inf / (32 / BITS) as usize;
+        let rg = inf / group;
+        let mut w = [0f32; 16];
+        for (o, yo) in y.iter_mut().enumerate() {
+            let row = &packed[o * rw..(o + 1) * rw];
+            let mut acc = [0f32; 16];
+            for g in 0..rg {
+                let (s, b) = (scales[o * rg + g], biases[o * rg + g]);
+                for c in (g * group..(g + 1) * group).step_by(16) {
+                    dequant16::<BITS>(row, c, s, b, &mut w);
+                    let xs = &x[c..c + 16];
+                    for j in 0..16 {
+                        acc[j] += w[j] * xs[j];
+                    }
+                }
+            }
+            let mut v = acc;
+            let mut n = 16;
+            while n > 1 {
+                n /= 2;
+                for j in 0..n {
+                    v[j] += v[j + n];
+                }
+            }
+            *yo = v[0];
+        }
+    }
+
+    /// `y = W x` for affine-quantized `W [y.len(), x.len()]` (see `moe::quant`), each code
+    /// dequantized in registers.
+    #[inline(always)]
+    pub fn matvec_affine(
+        bits: u32,
+        group: usize,
+        packed: &[u32],
+        scales: &[f32],
+        biases: &[f32],
+        x: &[f32],
+        y: &mut [f32],
+    ) {
+        if bits == 4 {
+            matvec_q::<4>(group, packed, scales, biases, x, y);
+        } else {
+            matvec_q::<8>(group, packed, scales, biases, x, y);
+        }
+    }
+
+    #[inline(always)]
+    fn matmul_q<const BITS: u32>(
+        group: usize,
+        inf: usize,
+        packed: &[u32],
+        scales: &[f32],
+        biases: &[f32],
+        lhs: &[f32],
+        dst: &mut [f32],
+    ) {
+        let m = lhs.len() / inf;
+        if m == 0 {
+            return;
+        }
+        let of = dst.len() / m;
+        let rw = inf / (32 / BITS) as usize;
+        let rg = inf / group;
+        let mut w = [0f32; 16];
+        let mut acc = vec![[0f32; 16]; m];
+        for o in 0..of {
+            for a in acc.iter_mut() {
+                *a = [0.0; 16];
+            }
+            let row = &packed[o * rw..(o + 1) * rw];
+            for g in 0..rg {
+                let (s, b) = (scales[o * rg + g], biases[o * rg + g]);
+                for c in (g * group..(g + 1) * group).step_by(16) {
+                    dequant16::<BITS>(row, c, s, b, &mut w);
+                    for (t, a) in acc.iter_mut().enumerate() {
+                        let xs = &lhs[t * inf + c..t * inf + c + 16];
+                        for j in 0..16 {
+                            a[j] += w[j] * xs[j];
+                        }
+                    }
+                }
+            }
+            for (t, a) in acc.iter().enumerate() {
+                let mut v = *a;
+                let mut n = 16;
+                while n > 1 {
+                    n /= 2;
+                    for j in 0..n {
+                        v[j] += v[j + n];
+                    }
+                }
+                dst[t * of + o] = v[0];
+            }
+        }
+    }
+
+    /// `dst [m, out] = lhs [m, in] · W^T` for affine-quantized `W [out, in]`: each group
+    /// of 16 codes is dequantized once in registers and applied to every row of `lhs`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_affine(
+        bits: u32,
+        group: usize,
+        inf: usize,
+        packed: &[u32],
+        scales: &[f32],
+        biases: &[f32],
+        lhs: &[f32],
+        dst: &mut [f32],
+    ) {
+        if bits == 4 {
+            matmul_q::<4>(group, inf, packed, scales, biases, lhs, dst);
+        } else {
+            matmul_q::<8>(group, inf, packed, scales, biases, lhs, dst);
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -530,14 +702,17 @@ pub fn isa() -> &'static str {
 macro_rules! dispatch {
     ($(#[$doc:meta])* pub fn $name:ident($($arg:ident : $ty:ty),*) -> $ret:ty;) => {
         $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
         pub fn $name($($arg: $ty),*) -> $ret {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
                 unsafe fn wide($($arg: $ty),*) -> $ret {
                     body::$name($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
                 unsafe fn avx2($($arg: $ty),*) -> $ret {
                     body::$name($($arg),*)
                 }
@@ -972,6 +1147,24 @@ dispatch! {
 dispatch! {
     /// Widens bf16 bit patterns to f32 (exact).
     pub fn widen_bf16(src: &[u16], dst: &mut [f32]) -> ();
+}
+dispatch! {
+    /// `y = W x` for a row-major f16 `W [y.len(), x.len()]` (bit patterns, widened exactly).
+    pub fn matvec_f16(w: &[u16], x: &[f32], y: &mut [f32]) -> ();
+}
+dispatch! {
+    /// Widens f16 bit patterns to f32 (exact).
+    pub fn widen_f16(src: &[u16], dst: &mut [f32]) -> ();
+}
+dispatch! {
+    /// `y = W x` for an affine-quantized `W [y.len(), x.len()]` (`moe::quant`'s format:
+    /// `bits` 4 or 8, `group` inputs per scale and bias), dequantized in registers.
+    pub fn matvec_affine(bits: u32, group: usize, packed: &[u32], scales: &[f32], biases: &[f32], x: &[f32], y: &mut [f32]) -> ();
+}
+dispatch! {
+    /// `dst [m, out] = lhs [m, in] · W^T` for an affine-quantized `W [out, in]`,
+    /// dequantized in registers, 16 codes at a time for every row of `lhs`.
+    pub fn matmul_affine(bits: u32, group: usize, inf: usize, packed: &[u32], scales: &[f32], biases: &[f32], lhs: &[f32], dst: &mut [f32]) -> ();
 }
 
 dispatch! {

@@ -41,12 +41,14 @@ mod head;
 mod host;
 mod kernels;
 mod layout;
+mod moe;
 mod sampler;
 mod staging;
 
 pub use bench::StepTime;
 pub use device::{list_adapters, AdapterSummary, WORKGROUPS_ENV};
 pub use head::{StepId, StepResults, WgpuHead};
+pub use moe::{moe_shader_source, MoeRouting, WgpuMoe, SHADER_MOE};
 pub use sampler::{DeviceLogits, DeviceOutputs, WgpuSampler};
 
 /// The WGSL of the sampler's kernels, without the shared arithmetic and the reductions.

@@ -29,247 +29,21 @@
 //! # Ok::<(), decoda::Error>(())
 //! ```
 
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use half::bf16;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::cpu::kernels;
 use crate::error::{Error, Result};
 
-/// Element type of expert weights. Activations and accumulation are always f32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WeightDtype {
-    /// 32-bit floats.
-    F32,
-    /// bfloat16, widened exactly to f32 before every product.
-    Bf16,
-}
+mod plan;
+pub mod quant;
+pub(crate) mod weights;
 
-impl WeightDtype {
-    /// `"f32"` or `"bf16"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightDtype::F32 => "f32",
-            WeightDtype::Bf16 => "bf16",
-        }
-    }
-}
-
-#[derive(Clone, Debug)]
-enum WeightData {
-    F32(Vec<f32>),
-    Bf16(Vec<bf16>),
-}
-
-/// One matrix per expert, `[E, out, in]` in row-major order: expert `e` maps an `in`-vector
-/// `x` to `W[e] · x`.
-#[derive(Clone, Debug)]
-pub struct ExpertWeights {
-    experts: usize,
-    out_features: usize,
-    in_features: usize,
-    data: WeightData,
-}
-
-/// `Ok` when every `(field, value)` is at least 1, else an error naming the first zero.
-fn at_least_one(fields: &[(&'static str, usize)]) -> Result<()> {
-    match fields.iter().find(|f| f.1 == 0) {
-        Some(&(field, _)) => Err(Error::InvalidMoe {
-            field,
-            value: "0".into(),
-            expected: "at least 1",
-        }),
-        None => Ok(()),
-    }
-}
-
-fn check_dims(len: usize, experts: usize, out: usize, inp: usize) -> Result<()> {
-    at_least_one(&[
-        ("experts", experts),
-        ("out_features", out),
-        ("in_features", inp),
-    ])?;
-    let want = experts
-        .checked_mul(out)
-        .and_then(|v| v.checked_mul(inp))
-        .ok_or_else(|| Error::Shape(format!("[{experts}, {out}, {inp}] overflows usize")))?;
-    if len != want {
-        return Err(Error::Shape(format!(
-            "expert weights hold {len} values, but [E={experts}, out={out}, in={inp}] needs {want}"
-        )));
-    }
-    Ok(())
-}
-
-thread_local! {
-    /// Per-thread buffer for one expert's bf16 matrix widened to f32 (sorted branch).
-    static WIDE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-impl ExpertWeights {
-    /// Weights from f32 values laid out as `[experts, out_features, in_features]`.
-    pub fn from_f32(
-        data: Vec<f32>,
-        experts: usize,
-        out_features: usize,
-        in_features: usize,
-    ) -> Result<Self> {
-        check_dims(data.len(), experts, out_features, in_features)?;
-        Ok(Self::checked(
-            WeightData::F32(data),
-            experts,
-            out_features,
-            in_features,
-        ))
-    }
-
-    /// Weights from bf16 values laid out as `[experts, out_features, in_features]`.
-    pub fn from_bf16(
-        data: Vec<bf16>,
-        experts: usize,
-        out_features: usize,
-        in_features: usize,
-    ) -> Result<Self> {
-        check_dims(data.len(), experts, out_features, in_features)?;
-        Ok(Self::checked(
-            WeightData::Bf16(data),
-            experts,
-            out_features,
-            in_features,
-        ))
-    }
-
-    /// Weights whose length `check_dims` accepted.
-    fn checked(data: WeightData, experts: usize, out_features: usize, in_features: usize) -> Self {
-        Self {
-            experts,
-            out_features,
-            in_features,
-            data,
-        }
-    }
-
-    /// Number of experts E.
-    pub fn experts(&self) -> usize {
-        self.experts
-    }
-
-    /// Rows of each expert's matrix (length of an output vector).
-    pub fn out_features(&self) -> usize {
-        self.out_features
-    }
-
-    /// Columns of each expert's matrix (length of an input vector).
-    pub fn in_features(&self) -> usize {
-        self.in_features
-    }
-
-    /// Element type.
-    pub fn dtype(&self) -> WeightDtype {
-        match self.data {
-            WeightData::F32(_) => WeightDtype::F32,
-            WeightData::Bf16(_) => WeightDtype::Bf16,
-        }
-    }
-
-    /// Expert `e`'s matrix `[out, in]` as f32 (bf16 widened exactly). Panics if `e >= E`.
-    pub fn expert_f32(&self, e: usize) -> Vec<f32> {
-        let (s, n) = self.span(e);
-        match &self.data {
-            WeightData::F32(v) => v[s..s + n].to_vec(),
-            WeightData::Bf16(v) => v[s..s + n].iter().map(|w| w.to_f32()).collect(),
-        }
-    }
-
-    fn span(&self, e: usize) -> (usize, usize) {
-        let n = self.out_features * self.in_features;
-        (e * n, n)
-    }
-
-    /// `y = W[e] · x` (`x.len() == in`, `y.len() == out`).
-    fn matvec(&self, e: usize, x: &[f32], y: &mut [f32]) {
-        let (s, n) = self.span(e);
-        match &self.data {
-            WeightData::F32(v) => kernels::matvec_f32(&v[s..s + n], x, y),
-            WeightData::Bf16(v) => kernels::matvec_bf16(bits(&v[s..s + n]), x, y),
-        }
-    }
-
-    /// `dst [m, out] = lhs [m, in] · W[e]^T`: one matrix product for f32 weights; for bf16,
-    /// blocks of rows of `W[e]` are widened into a per-thread buffer that stays in L2 and
-    /// each block is one matrix product into its columns of `dst`.
-    fn matmul(&self, e: usize, lhs: &[f32], dst: &mut [f32]) {
-        let (s, n) = self.span(e);
-        let (inf, of) = (self.in_features, self.out_features);
-        match &self.data {
-            WeightData::F32(v) => gemm_nt(lhs, &v[s..s + n], inf, dst, of, 0),
-            WeightData::Bf16(v) => WIDE.with(|buf| {
-                let mut buf = buf.borrow_mut();
-                let w = bits(&v[s..s + n]);
-                let block = (WIDE_BLOCK / inf).clamp(1, of);
-                buf.resize(block * inf, 0.0);
-                let mut r0 = 0;
-                while r0 < of {
-                    let r1 = (r0 + block).min(of);
-                    let wb = &mut buf[..(r1 - r0) * inf];
-                    kernels::widen_bf16(&w[r0 * inf..r1 * inf], wb);
-                    gemm_nt(lhs, wb, inf, dst, of, r0);
-                    r0 = r1;
-                }
-            }),
-        }
-    }
-}
-
-/// Floats of a widened bf16 block (256 KiB: well inside a core's L2).
-const WIDE_BLOCK: usize = 64 * 1024;
-
-fn bits(v: &[bf16]) -> &[u16] {
-    use half::slice::HalfFloatSliceExt;
-    v.reinterpret_cast()
-}
-
-/// Columns `col .. col + n` of `dst [m, width]` (row-major) get `lhs [m, k] · w^T` where
-/// `w` is `[n, k]`, all row-major, with the `gemm` crate.
-fn gemm_nt(lhs: &[f32], w: &[f32], k: usize, dst: &mut [f32], width: usize, col: usize) {
-    let m = lhs.len() / k;
-    let n = w.len() / k;
-    assert!(lhs.len() == m * k && w.len() == n * k && dst.len() == m * width && col + n <= width);
-    if m == 0 || n == 0 {
-        return;
-    }
-    // SAFETY: lhs and w hold exactly m*k and n*k values and dst m*width (asserted above).
-    // The strides address only inside them: lhs (i, kk) at i*k + kk; rhs = w^T, (kk, j) at
-    // j*k + kk; dst (i, j) at col + i*width + j <= (m-1)*width + width - 1. dst is a `&mut`
-    // and so aliases neither input.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr().add(col),
-            1,
-            width as isize,
-            false,
-            lhs.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-}
+pub use plan::DispatchPlan;
+pub use quant::Affine;
+use weights::at_least_one;
+pub use weights::{ExpertWeights, WeightDtype};
 
 /// The routing of `tokens` tokens: `k` expert ids and weights per token, `[N, k]` row-major.
 #[derive(Clone, Debug, PartialEq)]
@@ -317,16 +91,49 @@ impl Routing {
     }
 }
 
-/// Router softmax and top-k: `router_logits [N, E]` to `k` experts per token.
-///
-/// Probabilities are the softmax over the `E` logits (in f32); the `k` largest are kept,
-/// ties going to the smaller expert id, in decreasing order of probability. With
-/// `renormalize` (Qwen3-MoE's `norm_topk_prob`) the `k` weights are divided by their sum.
+/// How a router turns a token's `E` logits into `k` experts and their weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Router {
+    /// Softmax over all `E` logits, then the `k` largest probabilities; with
+    /// `renormalize`, divided by their sum (Qwen3-MoE, `norm_topk_prob`).
+    SoftmaxTopK {
+        /// Divide the `k` weights by their sum.
+        renormalize: bool,
+    },
+    /// The `k` largest logits, then a softmax over those `k` (Mixtral).
+    TopKSoftmax,
+}
+
+/// Router softmax and top-k: `router_logits [N, E]` to `k` experts per token, as
+/// [`route_with`] with [`Router::SoftmaxTopK`].
 pub fn route(
     router_logits: &[f32],
     experts: usize,
     top_k: usize,
     renormalize: bool,
+) -> Result<Routing> {
+    route_with(
+        router_logits,
+        experts,
+        top_k,
+        Router::SoftmaxTopK { renormalize },
+    )
+}
+
+/// Routing: `router_logits [N, E]` to `k` experts per token and their weights.
+///
+/// Every backend computes exactly this, in f32: `m` = the row's max, `e_i = exp(l_i - m)`
+/// with decoda's own `exp` ([`crate::fmath::exp`]), `p_i = e_i / Σ e` (summed in expert
+/// order, an IEEE division). [`Router::SoftmaxTopK`] keeps the `k` largest `p_i` (ties to
+/// the smaller expert id, in decreasing order) and with `renormalize` divides each by
+/// their sum (summed in that order). [`Router::TopKSoftmax`] keeps the `k` largest logits
+/// the same way and takes the softmax over them alone.
+pub fn route_with(
+    router_logits: &[f32],
+    experts: usize,
+    top_k: usize,
+    router: Router,
 ) -> Result<Routing> {
     at_least_one(&[("experts", experts)])?;
     if top_k == 0 || top_k > experts {
@@ -361,33 +168,48 @@ pub fn route(
     let mut ids: Vec<u32> = Vec::with_capacity(experts);
     for row in router_logits.chunks_exact(experts) {
         let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for (p, &v) in probs.iter_mut().zip(row) {
-            *p = (v - m).exp();
-            sum += *p;
-        }
-        for p in probs.iter_mut() {
-            *p /= sum;
-        }
-        ids.clear();
-        ids.extend(0..experts as u32);
-        let cmp = |a: &u32, b: &u32| {
-            probs[*b as usize]
-                .total_cmp(&probs[*a as usize])
-                .then(a.cmp(b))
+        let mut pick = |v: &[f32]| {
+            let by = |a: &u32, b: &u32| v[*b as usize].total_cmp(&v[*a as usize]).then(a.cmp(b));
+            ids.clear();
+            ids.extend(0..experts as u32);
+            if top_k < experts {
+                ids.select_nth_unstable_by(top_k - 1, by);
+            }
+            ids[..top_k].sort_unstable_by(by);
         };
-        if top_k < experts {
-            ids.select_nth_unstable_by(top_k - 1, cmp);
+        match router {
+            Router::SoftmaxTopK { renormalize } => {
+                let mut sum = 0f32;
+                for (p, &v) in probs.iter_mut().zip(row) {
+                    *p = crate::fmath::exp(v - m);
+                    sum += *p;
+                }
+                for p in probs.iter_mut() {
+                    *p /= sum;
+                }
+                pick(&probs);
+                let chosen = &ids[..top_k];
+                indices.extend_from_slice(chosen);
+                if renormalize {
+                    let norm: f32 = chosen.iter().fold(0f32, |a, &e| a + probs[e as usize]);
+                    weights.extend(chosen.iter().map(|&e| probs[e as usize] / norm));
+                } else {
+                    weights.extend(chosen.iter().map(|&e| probs[e as usize]));
+                }
+            }
+            Router::TopKSoftmax => {
+                pick(row);
+                let chosen = &ids[..top_k];
+                let top = row[chosen[0] as usize];
+                let e: Vec<f32> = chosen
+                    .iter()
+                    .map(|&c| crate::fmath::exp(row[c as usize] - top))
+                    .collect();
+                let sum: f32 = e.iter().fold(0f32, |a, &v| a + v);
+                indices.extend_from_slice(chosen);
+                weights.extend(e.iter().map(|&v| v / sum));
+            }
         }
-        ids[..top_k].sort_unstable_by(cmp);
-        let chosen = &ids[..top_k];
-        let norm = if renormalize {
-            chosen.iter().map(|&e| probs[e as usize]).sum::<f32>()
-        } else {
-            1.0
-        };
-        indices.extend_from_slice(chosen);
-        weights.extend(chosen.iter().map(|&e| probs[e as usize] / norm));
     }
     Ok(Routing {
         tokens,
@@ -434,7 +256,7 @@ pub fn stable_argsort(flat: &[u32], experts: usize) -> Result<Vec<u32>> {
     Ok(order)
 }
 
-fn check_ids(flat: &[u32], top_k: usize, experts: usize) -> Result<()> {
+pub(crate) fn check_ids(flat: &[u32], top_k: usize, experts: usize) -> Result<()> {
     if let Some(i) = flat.iter().position(|&e| e as usize >= experts) {
         return Err(Error::ExpertOutOfRange {
             token: i / top_k,
@@ -848,14 +670,39 @@ impl SwitchMlp {
         check_routing(routing)?;
         let sorted = dispatch == Dispatch::Sorted;
         let (d, h) = (self.hidden, self.intermediate);
-        let g = gather(x, d, &routing.indices, routing.top_k, self.experts, sorted)?;
-        if routing.weights.len() != routing.indices.len() {
+        if Some(x.len()) != routing.tokens.checked_mul(d) {
             return Err(Error::Shape(format!(
-                "expert_weights holds {} values but expert_indices {}",
-                routing.weights.len(),
-                routing.indices.len()
+                "x holds {} values, but [N={}, D={d}] needs {}",
+                x.len(),
+                routing.tokens,
+                routing.tokens.saturating_mul(d)
             )));
         }
+        let plan = DispatchPlan::new(&routing.indices, routing.top_k, self.experts, dispatch)?;
+        // the gathered rows: row j is the activation of token plan.token(j)
+        let mut x_in = vec![0f32; plan.rows() * d];
+        x_in.par_chunks_mut(d)
+            .with_min_len(64)
+            .enumerate()
+            .for_each(|(j, dst)| {
+                let t = plan.token(j);
+                dst.copy_from_slice(&x[t * d..(t + 1) * d]);
+            });
+        let g = Gathered {
+            x_in,
+            idx: plan.idx.clone(),
+            sorted,
+            order: if sorted {
+                plan.order.clone()
+            } else {
+                Vec::new()
+            },
+            inv_order: if sorted {
+                plan.inv_order.clone()
+            } else {
+                Vec::new()
+            },
+        };
         let rows = g.idx.len();
         let mut act = vec![0f32; rows * h];
         match &self.gate_up {
@@ -897,6 +744,32 @@ impl SwitchMlp {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         Ok(MoeOutput { y, dispatch })
+    }
+}
+
+impl crate::backend::MoeLayer for SwitchMlp {
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+    fn dims(&self) -> (usize, usize, usize) {
+        (self.experts, self.hidden, self.intermediate)
+    }
+    fn sort_cutoff(&self) -> usize {
+        self.sort_cutoff
+    }
+    fn forward_with(&self, x: &[f32], routing: &Routing, dispatch: Dispatch) -> Result<MoeOutput> {
+        SwitchMlp::forward_with(self, x, routing, dispatch)
+    }
+}
+
+impl SwitchMlp {
+    /// The gate and up weights.
+    pub fn gate_up(&self) -> &GateUp {
+        &self.gate_up
+    }
+    /// The down weights `[E, D, H]`.
+    pub fn down(&self) -> &ExpertWeights {
+        &self.down
     }
 }
 
@@ -971,14 +844,11 @@ pub mod synthetic {
         seed: u64,
     ) -> Result<ExpertWeights> {
         let v = uniform(experts * out * inp, 1.0 / (inp as f32).sqrt(), seed);
-        match dtype {
-            WeightDtype::F32 => ExpertWeights::from_f32(v, experts, out, inp),
-            WeightDtype::Bf16 => ExpertWeights::from_bf16(
-                v.par_iter().map(|&x| bf16::from_f32(x)).collect(),
-                experts,
-                out,
-                inp,
-            ),
+        let w = ExpertWeights::from_f32(v, experts, out, inp)?;
+        if dtype == WeightDtype::F32 {
+            Ok(w)
+        } else {
+            w.converted(dtype)
         }
     }
 

@@ -1,0 +1,732 @@
+//! MoE dispatch on the device (`moe.wgsl`): a [`SwitchMlp`]'s weights uploaded once in
+//! their own format, and each call recorded into an encoder with device buffers in and
+//! out — routing, the plan, the grouped products and the combine all on the device. The
+//! branch is decided per call from N against the layer's `sort_cutoff`; the grids are
+//! sized by N, N*k, E, D and H, never by the routing, so nothing goes back to the host.
+
+use std::sync::Mutex;
+
+use crate::backend::MoeLayer;
+use crate::error::{Error, Result};
+use crate::moe::weights::WeightData;
+use crate::moe::{
+    Dispatch, DispatchPlan, ExpertWeights, GateUp, MoeOutput, Router, Routing, SwitchMlp,
+    WeightDtype,
+};
+
+use super::sampler::{make_buffer, poisoned, Grow, WgpuSampler};
+use super::staging::StagePool;
+
+/// The WGSL of the MoE kernels (without the shared arithmetic).
+pub const SHADER_MOE: &str = include_str!("moe.wgsl");
+
+/// The complete MoE module (with `fmath.wgsl`).
+pub fn moe_shader_source() -> String {
+    format!("{SHADER_MOE}\n{}", super::SHADER_FMATH)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct MoeParams {
+    pub tokens: u32,
+    pub top_k: u32,
+    pub experts: u32,
+    pub hidden: u32,
+    pub inter: u32,
+    pub sorted: u32,
+    pub router: u32,
+    pub separate: u32,
+    pub dtype: u32,
+    pub bits: u32,
+    pub group: u32,
+    pub zero: u32,
+    pub gate_w: u32,
+    pub gate_s: u32,
+    pub gate_b: u32,
+    pub up_w: u32,
+    pub up_s: u32,
+    pub up_b: u32,
+    pub down_w: u32,
+    pub down_s: u32,
+    pub down_b: u32,
+    pub w_idx_in: u32,
+    pub w_wt: u32,
+    pub w_order: u32,
+    pub w_idx: u32,
+    pub w_inv: u32,
+    pub w_off: u32,
+    pub w_act: u32,
+    pub w_out: u32,
+    pub pad0: u32,
+    pub pad1: u32,
+    pub pad2: u32,
+}
+
+struct Pipes {
+    layout: wgpu::BindGroupLayout,
+    route: wgpu::ComputePipeline,
+    count: wgpu::ComputePipeline,
+    place: wgpu::ComputePipeline,
+    act: wgpu::ComputePipeline,
+    down: wgpu::ComputePipeline,
+    combine: wgpu::ComputePipeline,
+}
+
+/// The routing of a recorded call.
+#[derive(Debug, Clone, Copy)]
+pub enum MoeRouting<'a> {
+    /// Router logits `[N, E]` f32 in a device buffer, routed on the device.
+    Logits {
+        /// The buffer (STORAGE).
+        buffer: &'a wgpu::Buffer,
+        /// Experts per token.
+        top_k: usize,
+        /// The router.
+        router: Router,
+    },
+    /// A routing from the host (uploaded with the call's parameters).
+    Given(&'a Routing),
+}
+
+struct Scratch {
+    work: Grow,
+    counts: Grow,
+    logits: Grow,
+    x: Grow,
+    y: Grow,
+    read: Grow,
+}
+
+/// A SwiGLU expert layer on the device.
+pub struct WgpuMoe {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    name: String,
+    pipes: Pipes,
+    weights: wgpu::Buffer,
+    base: MoeParams,
+    experts: usize,
+    hidden: usize,
+    inter: usize,
+    sort_cutoff: usize,
+    scratch: Mutex<Scratch>,
+    stages: StagePool,
+    /// The call's parameters: copied from a staging buffer by each recorded call just
+    /// before its dispatches, so calls recorded back to back each see their own.
+    params_buf: wgpu::Buffer,
+}
+
+impl std::fmt::Debug for WgpuMoe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuMoe")
+            .field("adapter", &self.name)
+            .field("experts", &self.experts)
+            .field("hidden", &self.hidden)
+            .field("intermediate", &self.inter)
+            .finish()
+    }
+}
+
+/// Appends a matrix's words (weights, then scales and biases for affine ones) to `all`;
+/// returns their offsets.
+fn push_matrix(all: &mut Vec<u32>, w: &ExpertWeights) -> (u32, u32, u32) {
+    let at = |all: &Vec<u32>| all.len() as u32;
+    match w.data() {
+        WeightData::F32(v) => {
+            let o = at(all);
+            all.extend(v.iter().map(|x| x.to_bits()));
+            (o, 0, 0)
+        }
+        WeightData::Bf16(v) => {
+            let o = at(all);
+            push_halves(all, v.iter().map(|x| x.to_bits()));
+            (o, 0, 0)
+        }
+        WeightData::F16(v) => {
+            let o = at(all);
+            push_halves(all, v.iter().map(|x| x.to_bits()));
+            (o, 0, 0)
+        }
+        WeightData::Affine {
+            packed,
+            scales,
+            biases,
+            ..
+        } => {
+            let o = at(all);
+            all.extend_from_slice(packed);
+            let s = at(all);
+            all.extend(scales.iter().map(|x| x.to_bits()));
+            let b = at(all);
+            all.extend(biases.iter().map(|x| x.to_bits()));
+            (o, s, b)
+        }
+    }
+}
+
+fn push_halves(all: &mut Vec<u32>, it: impl Iterator<Item = u16>) {
+    let v: Vec<u16> = it.collect();
+    for pair in v.chunks(2) {
+        let lo = u32::from(pair[0]);
+        let hi = pair.get(1).map_or(0, |&h| u32::from(h));
+        all.push(lo | (hi << 16));
+    }
+}
+
+impl WgpuMoe {
+    /// Uploads `layer`'s weights to `sampler`'s device. Every matrix must have the same
+    /// dtype (as checkpoints have).
+    pub fn new(sampler: &WgpuSampler, layer: &SwitchMlp) -> Result<Self> {
+        let device = sampler.device().clone();
+        let dtype = layer.down().dtype();
+        let (gate, up) = match layer.gate_up() {
+            GateUp::Fused(w) => (w, None),
+            GateUp::Separate { gate, up } => (gate, Some(up)),
+        };
+        if gate.dtype() != dtype || up.is_some_and(|u| u.dtype() != dtype) {
+            return Err(Error::InvalidMoe {
+                field: "weights",
+                value: "matrices of different dtypes".into(),
+                expected: "one dtype for gate, up and down on the device",
+            });
+        }
+        let mut all = Vec::new();
+        let (gw, gs, gb) = push_matrix(&mut all, gate);
+        let (uw, us, ub) = match up {
+            Some(u) => push_matrix(&mut all, u),
+            None => (0, 0, 0),
+        };
+        let (dw, ds, db) = push_matrix(&mut all, layer.down());
+        let bytes = (all.len() * 4) as u64;
+        let limit = device.limits().max_storage_buffer_binding_size;
+        if bytes > limit {
+            return Err(Error::Shape(format!(
+                "the layer's weights take {bytes} bytes; this adapter binds at most {limit}"
+            )));
+        }
+        use wgpu::util::DeviceExt;
+        let weights = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("decoda moe weights"),
+            contents: bytemuck::cast_slice(&all),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+        let (code, bits, group) = match dtype {
+            WeightDtype::F32 => (0, 0, 1),
+            WeightDtype::Bf16 => (1, 0, 1),
+            WeightDtype::F16 => (2, 0, 1),
+            WeightDtype::Affine(q) => (3, q.bits, q.group as u32),
+        };
+        let base = MoeParams {
+            experts: layer.experts() as u32,
+            hidden: layer.hidden() as u32,
+            inter: layer.intermediate() as u32,
+            separate: u32::from(up.is_some()),
+            dtype: code,
+            bits,
+            group,
+            gate_w: gw,
+            gate_s: gs,
+            gate_b: gb,
+            up_w: uw,
+            up_s: us,
+            up_b: ub,
+            down_w: dw,
+            down_s: ds,
+            down_b: db,
+            ..Default::default()
+        };
+        let pipes = build(&device, &sampler.info)?;
+        use wgpu::BufferUsages as U;
+        let st = U::STORAGE | U::COPY_DST | U::COPY_SRC;
+        Ok(Self {
+            queue: sampler.queue().clone(),
+            name: sampler.info.name.clone(),
+            scratch: Mutex::new(Scratch {
+                work: Grow::new(&device, "decoda moe work", st),
+                counts: Grow::new(&device, "decoda moe counts", st),
+                logits: Grow::new(&device, "decoda moe logits", st),
+                x: Grow::new(&device, "decoda moe x", st),
+                y: Grow::new(&device, "decoda moe y", st),
+                read: Grow::new(&device, "decoda moe read", U::MAP_READ | U::COPY_DST),
+            }),
+            params_buf: make_params(&device),
+            device,
+            pipes,
+            weights,
+            base,
+            experts: layer.experts(),
+            hidden: layer.hidden(),
+            inter: layer.intermediate(),
+            sort_cutoff: layer.sort_cutoff(),
+            stages: StagePool::new(),
+        })
+    }
+
+    /// The branch a call with `tokens` tokens takes: sorted iff `tokens > sort_cutoff`.
+    pub fn dispatch_for(&self, tokens: usize) -> Dispatch {
+        if tokens > self.sort_cutoff {
+            Dispatch::Sorted
+        } else {
+            Dispatch::Unsorted
+        }
+    }
+
+    fn params(&self, n: usize, k: usize, dispatch: Dispatch, router: u32) -> MoeParams {
+        let rows = (n * k) as u32;
+        let mut p = self.base;
+        p.tokens = n as u32;
+        p.top_k = k as u32;
+        p.sorted = u32::from(dispatch == Dispatch::Sorted);
+        p.router = router;
+        p.w_idx_in = 0;
+        p.w_wt = rows;
+        p.w_order = 2 * rows;
+        p.w_idx = 3 * rows;
+        p.w_inv = 4 * rows;
+        p.w_off = 5 * rows;
+        p.w_act = 5 * rows + self.experts as u32 + 1;
+        p.w_out = p.w_act + rows * self.inter as u32;
+        p
+    }
+
+    /// Records one call into `encoder`: `x [n, D]` f32 (a STORAGE buffer), the routing
+    /// (router logits on the device, or one from the host), `y [n, D]` f32 out (STORAGE).
+    /// Returns the branch, chosen from `n`. `dispatch` forces one (tests, benchmarks).
+    pub fn record(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        n: usize,
+        routing: MoeRouting<'_>,
+        y: &wgpu::Buffer,
+        dispatch: Option<Dispatch>,
+    ) -> Result<Dispatch> {
+        let (k, router) = match routing {
+            MoeRouting::Logits { top_k, router, .. } => (
+                top_k,
+                match router {
+                    Router::SoftmaxTopK { renormalize: false } => 0,
+                    Router::SoftmaxTopK { renormalize: true } => 1,
+                    Router::TopKSoftmax => 2,
+                },
+            ),
+            MoeRouting::Given(r) => {
+                if r.tokens != n {
+                    return Err(Error::Shape(format!(
+                        "a routing of {} tokens for {n} rows of x",
+                        r.tokens
+                    )));
+                }
+                crate::moe::check_ids(&r.indices, r.top_k, self.experts)?;
+                (r.top_k, 0)
+            }
+        };
+        if k == 0 || k > self.experts {
+            return Err(Error::InvalidMoe {
+                field: "top_k",
+                value: k.to_string(),
+                expected: "1 ..= experts",
+            });
+        }
+        let d = self.hidden;
+        let need_x = (n * d * 4) as u64;
+        if x.size() < need_x || y.size() < need_x {
+            return Err(Error::Shape(format!(
+                "x and y need {need_x} bytes for [{n}, {d}]; they have {} and {}",
+                x.size(),
+                y.size()
+            )));
+        }
+        if let MoeRouting::Logits { buffer, .. } = routing {
+            if buffer.size() < (n * self.experts * 4) as u64 {
+                return Err(Error::Shape(format!(
+                    "router logits need {} bytes for [{n}, {}]",
+                    n * self.experts * 4,
+                    self.experts
+                )));
+            }
+        }
+        if n == 0 {
+            return Ok(self.dispatch_for(0));
+        }
+        if n > 65535 {
+            return Err(Error::Shape(format!(
+                "{n} tokens in one call; at most 65535"
+            )));
+        }
+        let dispatch = dispatch.unwrap_or_else(|| self.dispatch_for(n));
+        let p = self.params(n, k, dispatch, router);
+        let work_words = p.w_out as usize + n * k * d;
+        let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
+        let limit = self.device.limits().max_storage_buffer_binding_size;
+        if (work_words * 4) as u64 > limit {
+            return Err(Error::Shape(format!(
+                "{n} tokens need {} bytes of work space; this adapter binds at most {limit}",
+                work_words * 4
+            )));
+        }
+        sc.work.ensure(&self.device, (work_words * 4) as u64);
+        sc.counts.ensure(&self.device, (self.experts * 4) as u64);
+        // the call's parameters (and a host routing) through a staging buffer of its own
+        let mut bytes = bytemuck::bytes_of(&p).to_vec();
+        if let MoeRouting::Given(r) = routing {
+            bytes.extend_from_slice(bytemuck::cast_slice(&r.indices));
+            bytes.extend(r.weights.iter().flat_map(|w| w.to_bits().to_le_bytes()));
+        }
+        let (stage, _) = self.stages.take(&self.device, bytes.len() as u64);
+        self.queue.write_buffer(&stage, 0, &bytes);
+        let params = self.params_buf.clone();
+        let psize = std::mem::size_of::<MoeParams>() as u64;
+        encoder.copy_buffer_to_buffer(&stage, 0, &params, 0, psize);
+        if let MoeRouting::Given(_) = routing {
+            let rbytes = (2 * n * k * 4) as u64;
+            encoder.copy_buffer_to_buffer(&stage, psize, &sc.work.buf, 0, rbytes);
+        }
+        self.stages.release_after(encoder, stage);
+        let logits = match routing {
+            MoeRouting::Logits { buffer, .. } => buffer.clone(),
+            // (no logits: any read-only buffer)
+            MoeRouting::Given(_) => self.weights.clone(),
+        };
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("decoda moe"),
+            layout: &self.pipes.layout,
+            entries: &[
+                entry(0, &params),
+                entry(1, &self.weights),
+                entry(2, x),
+                entry(3, &logits),
+                entry(4, &sc.work.buf),
+                entry(5, &sc.counts.buf),
+                entry(6, y),
+            ],
+        });
+        let rows = n * k;
+        if dispatch == Dispatch::Sorted {
+            encoder.clear_buffer(&sc.counts.buf, 0, Some((self.experts * 4) as u64));
+        }
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("decoda moe"),
+            timestamp_writes: None,
+        });
+        pass.set_bind_group(0, &group, &[]);
+        let mut run = |pipe: &wgpu::ComputePipeline, x: usize, y: usize| {
+            pass.set_pipeline(pipe);
+            pass.dispatch_workgroups(x as u32, y as u32, 1);
+        };
+        if let MoeRouting::Logits { .. } = routing {
+            run(&self.pipes.route, n.div_ceil(64), 1);
+        }
+        if dispatch == Dispatch::Sorted {
+            run(&self.pipes.count, rows.div_ceil(256), 1);
+            run(&self.pipes.place, self.experts, 1);
+        }
+        run(&self.pipes.act, self.inter.div_ceil(64), rows.div_ceil(16));
+        run(&self.pipes.down, d.div_ceil(64), rows.div_ceil(16));
+        run(&self.pipes.combine, d.div_ceil(256), n);
+        drop(pass);
+        drop(sc);
+        Ok(dispatch)
+    }
+
+    /// Host inputs in, results out: uploads x (and router logits), records, submits and
+    /// reads back y, and the plan and routing the device used.
+    fn run_host(
+        &self,
+        x: &[f32],
+        routing: HostRouting<'_>,
+        dispatch: Option<Dispatch>,
+    ) -> Result<(MoeOutput, Routing, DispatchPlan)> {
+        let d = self.hidden;
+        if !x.len().is_multiple_of(d) {
+            return Err(Error::Shape(format!(
+                "x holds {} values, not rows of D = {d}",
+                x.len()
+            )));
+        }
+        let n = x.len() / d;
+        let k = match routing {
+            HostRouting::Logits { top_k, .. } => top_k,
+            HostRouting::Given(r) => r.top_k,
+        };
+        let (xb, yb, lb) = {
+            let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
+            sc.x.ensure(&self.device, (x.len().max(1) * 4) as u64);
+            sc.y.ensure(&self.device, (x.len().max(1) * 4) as u64);
+            if let HostRouting::Logits { logits, .. } = routing {
+                sc.logits
+                    .ensure(&self.device, (logits.len().max(1) * 4) as u64);
+            }
+            (sc.x.buf.clone(), sc.y.buf.clone(), sc.logits.buf.clone())
+        };
+        self.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let taken = match routing {
+            HostRouting::Logits {
+                logits,
+                top_k,
+                router,
+            } => {
+                self.queue
+                    .write_buffer(&lb, 0, bytemuck::cast_slice(logits));
+                self.record(
+                    &mut enc,
+                    &xb,
+                    n,
+                    MoeRouting::Logits {
+                        buffer: &lb,
+                        top_k,
+                        router,
+                    },
+                    &yb,
+                    dispatch,
+                )?
+            }
+            HostRouting::Given(r) => {
+                self.record(&mut enc, &xb, n, MoeRouting::Given(r), &yb, dispatch)?
+            }
+        };
+        let rows = n * k;
+        let p = self.params(n, k, taken, 0);
+        // read back y, the routing and the plan
+        let parts = [
+            (yb.clone(), 0u64, (n * d * 4) as u64),
+            (self.work_buf()?, 0, (5 * rows * 4) as u64),
+            (
+                self.work_buf()?,
+                (p.w_off as u64) * 4,
+                ((self.experts + 1) * 4) as u64,
+            ),
+        ];
+        let total: u64 = parts.iter().map(|p| p.2).sum();
+        let read = {
+            let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
+            sc.read.ensure(&self.device, total.max(4));
+            sc.read.buf.clone()
+        };
+        let mut at = 0;
+        for (buf, off, len) in &parts {
+            if *len > 0 {
+                enc.copy_buffer_to_buffer(buf, *off, &read, at, *len);
+            }
+            at += len;
+        }
+        self.queue.submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Device(format!("{}: {e}", self.name)));
+        }
+        let words = map_words(&self.device, &read, total)?;
+        let y: Vec<f32> = words[..n * d].iter().map(|&w| f32::from_bits(w)).collect();
+        let w = &words[n * d..];
+        let routing = Routing {
+            tokens: n,
+            top_k: k,
+            indices: w[..rows].to_vec(),
+            weights: w[rows..2 * rows]
+                .iter()
+                .map(|&v| f32::from_bits(v))
+                .collect(),
+        };
+        let plan = match taken {
+            Dispatch::Sorted => DispatchPlan {
+                dispatch: taken,
+                top_k: k,
+                order: w[2 * rows..3 * rows].to_vec(),
+                idx: w[3 * rows..4 * rows].to_vec(),
+                inv_order: w[4 * rows..5 * rows].to_vec(),
+                offsets: w[5 * rows..5 * rows + self.experts + 1].to_vec(),
+            },
+            Dispatch::Unsorted => {
+                DispatchPlan::new(&routing.indices, k, self.experts, Dispatch::Unsorted)?
+            }
+        };
+        Ok((MoeOutput { y, dispatch: taken }, routing, plan))
+    }
+
+    fn work_buf(&self) -> Result<wgpu::Buffer> {
+        Ok(self
+            .scratch
+            .lock()
+            .map_err(|_| poisoned())?
+            .work
+            .buf
+            .clone())
+    }
+
+    /// The plan the device built for a call (a test hook: it reruns the call).
+    #[doc(hidden)]
+    pub fn device_plan(
+        &self,
+        x: &[f32],
+        routing: &Routing,
+        dispatch: Dispatch,
+    ) -> Result<DispatchPlan> {
+        Ok(self
+            .run_host(x, HostRouting::Given(routing), Some(dispatch))?
+            .2)
+    }
+}
+
+#[derive(Clone, Copy)]
+enum HostRouting<'a> {
+    Logits {
+        logits: &'a [f32],
+        top_k: usize,
+        router: Router,
+    },
+    Given(&'a Routing),
+}
+
+fn entry(binding: u32, buf: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+    wgpu::BindGroupEntry {
+        binding,
+        resource: buf.as_entire_binding(),
+    }
+}
+
+fn make_params(device: &wgpu::Device) -> wgpu::Buffer {
+    make_buffer(
+        device,
+        "decoda moe params",
+        std::mem::size_of::<MoeParams>() as u64,
+        wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+    )
+}
+
+fn map_words(device: &wgpu::Device, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u32>> {
+    let slice = buf.slice(0..bytes);
+    let (tx, rx) = std::sync::mpsc::channel();
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
+    rx.recv()
+        .map_err(|_| Error::Device("the map callback never ran".into()))?
+        .map_err(|e| Error::Device(format!("mapping the results: {e}")))?;
+    let words = {
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| Error::Device(format!("mapping the results: {e}")))?;
+        bytemuck::cast_slice::<u8, u32>(&view).to_vec()
+    };
+    buf.unmap();
+    Ok(words)
+}
+
+fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Pipes> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("decoda moe.wgsl"),
+        source: wgpu::ShaderSource::Wgsl(moe_shader_source().into()),
+    });
+    let e = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    };
+    let ro = wgpu::BufferBindingType::Storage { read_only: true };
+    let rw = wgpu::BufferBindingType::Storage { read_only: false };
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("decoda moe"),
+        entries: &[
+            e(0, wgpu::BufferBindingType::Uniform),
+            e(1, ro),
+            e(2, ro),
+            e(3, ro),
+            e(4, rw),
+            e(5, rw),
+            e(6, rw),
+        ],
+    });
+    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some("decoda moe"),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let make = |entry: &str| {
+        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: Some(&pl),
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        })
+    };
+    let pipes = Pipes {
+        route: make("route"),
+        count: make("count"),
+        place: make("place"),
+        act: make("act"),
+        down: make("down"),
+        combine: make("combine"),
+        layout,
+    };
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(Error::Device(format!(
+            "{}: building the MoE shaders failed: {e}",
+            info.name
+        )));
+    }
+    Ok(pipes)
+}
+
+impl MoeLayer for WgpuMoe {
+    fn name(&self) -> String {
+        format!("wgpu:{}", self.name)
+    }
+
+    fn dims(&self) -> (usize, usize, usize) {
+        (self.experts, self.hidden, self.inter)
+    }
+
+    fn sort_cutoff(&self) -> usize {
+        self.sort_cutoff
+    }
+
+    fn forward_with(&self, x: &[f32], routing: &Routing, dispatch: Dispatch) -> Result<MoeOutput> {
+        if Some(x.len()) != routing.tokens.checked_mul(self.hidden) {
+            return Err(Error::Shape(format!(
+                "x holds {} values, but [N={}, D={}] needs {}",
+                x.len(),
+                routing.tokens,
+                self.hidden,
+                routing.tokens.saturating_mul(self.hidden)
+            )));
+        }
+        Ok(self
+            .run_host(x, HostRouting::Given(routing), Some(dispatch))?
+            .0)
+    }
+
+    fn route_forward(
+        &self,
+        x: &[f32],
+        router_logits: &[f32],
+        top_k: usize,
+        router: Router,
+    ) -> Result<(Routing, MoeOutput)> {
+        // the same checks as the CPU's route (the device does not see bad values)
+        crate::moe::route_with(router_logits, self.experts, top_k, router)?;
+        let (out, routing, _) = self.run_host(
+            x,
+            HostRouting::Logits {
+                logits: router_logits,
+                top_k,
+                router,
+            },
+            None,
+        )?;
+        Ok((routing, out))
+    }
+}

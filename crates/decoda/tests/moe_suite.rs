@@ -1,0 +1,111 @@
+//! The MoE suite (`decoda::conformance::moe`) against the CPU's layer, and, with the
+//! `wgpu` feature, against the device's (`WgpuMoe`), which must also build the CPU's
+//! dispatch plan.
+
+use decoda::conformance::moe::{branches_match_reference, routing_matches_cpu, uneven_routings};
+use decoda::moe::SwitchMlp;
+use decoda::MoeLayer;
+
+fn cpu(layer: &SwitchMlp) -> Result<Box<dyn MoeLayer>, String> {
+    // a second CPU layer with the same weights and cutoff
+    SwitchMlp::new(
+        layer.gate_up().clone(),
+        layer.down().clone(),
+        layer.sort_cutoff(),
+    )
+    .map(|l| Box::new(l) as Box<dyn MoeLayer>)
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn cpu_branches_match_reference() {
+    let n = branches_match_reference(&cpu).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("cpu: {n} calls");
+}
+
+#[test]
+fn cpu_uneven_routings() {
+    uneven_routings(&cpu).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn cpu_routing() {
+    routing_matches_cpu(&cpu).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[cfg(feature = "wgpu")]
+mod device {
+    use super::*;
+    use decoda::moe::{synthetic, Dispatch, DispatchPlan, MoeShape, WeightDtype};
+    use decoda::wgpu::{WgpuMoe, WgpuSampler};
+    use std::sync::OnceLock;
+
+    fn sampler() -> Option<&'static WgpuSampler> {
+        static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
+        S.get_or_init(|| match WgpuSampler::new() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                    panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
+                }
+                eprintln!("skipped: {e}");
+                None
+            }
+        })
+        .as_ref()
+    }
+
+    fn gpu(layer: &SwitchMlp) -> Result<Box<dyn MoeLayer>, String> {
+        let s = sampler().ok_or("no adapter")?;
+        WgpuMoe::new(s, layer)
+            .map(|l| Box::new(l) as Box<dyn MoeLayer>)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn wgpu_branches_match_reference() {
+        if sampler().is_none() {
+            return;
+        }
+        let n = branches_match_reference(&gpu).unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("wgpu: {n} calls");
+    }
+
+    #[test]
+    fn wgpu_uneven_routings() {
+        if sampler().is_none() {
+            return;
+        }
+        uneven_routings(&gpu).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn wgpu_routing() {
+        if sampler().is_none() {
+            return;
+        }
+        routing_matches_cpu(&gpu).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// The device's plan (order, idx, inv_order, offsets) is the CPU's DispatchPlan.
+    #[test]
+    fn wgpu_builds_the_cpu_plan() {
+        let Some(s) = sampler() else { return };
+        let shape = MoeShape {
+            experts: 32,
+            top_k: 4,
+            hidden: 32,
+            intermediate: 32,
+        };
+        let layer = synthetic::layer(shape, WeightDtype::F32, true, 4, 3).unwrap();
+        let dev = WgpuMoe::new(s, &layer).unwrap();
+        for n in [1usize, 5, 300, 2000] {
+            let (x, routing) = synthetic::inputs(shape, n, n as u64).unwrap();
+            for dispatch in [Dispatch::Sorted, Dispatch::Unsorted] {
+                let got = dev.device_plan(&x, &routing, dispatch).unwrap();
+                let want = DispatchPlan::new(&routing.indices, 4, 32, dispatch).unwrap();
+                assert_eq!(got, want, "N = {n} {dispatch:?}");
+            }
+        }
+    }
+}
