@@ -33,6 +33,34 @@ fn cpu_routing() {
     routing_matches_cpu(&cpu).unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// The CPU tests above again, in child processes whose kernels run their AVX2 and
+/// baseline variants (`DECODA_ISA`): the affine products have an AVX-512 path and a
+/// portable one.
+#[test]
+fn cpu_on_every_instruction_set() {
+    if std::env::var("DECODA_ISA").is_ok() {
+        return;
+    }
+    let lower: &[&str] = match decoda::cpu::kernels::isa() {
+        "avx512" => &["avx2", "baseline"],
+        "avx2" => &["baseline"],
+        _ => &[],
+    };
+    for want in lower {
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .env("DECODA_ISA", want)
+            .args(["cpu_", "--skip", "every_instruction_set"])
+            .output()
+            .expect("run the tests again");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "DECODA_ISA={want}:\n{text}");
+        assert!(
+            text.contains("test result: ok") && !text.contains(" 0 passed"),
+            "DECODA_ISA={want}:\n{text}"
+        );
+    }
+}
+
 #[cfg(feature = "wgpu")]
 mod device {
     use super::*;

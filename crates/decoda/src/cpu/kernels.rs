@@ -500,23 +500,93 @@ mod body {
         }
     }
 
-    /// 16 codes of `BITS` bits starting at code `i0` of a packed row, dequantized:
-    /// `scale * q + bias` (rounded after the product and after the sum).
+    /// `x` reordered to match 16 packed words read side by side: with `P = 32 / BITS`
+    /// codes per word, block `k` of `16 P` inputs is laid out as `xp[k][s][l] =
+    /// x[16 P k + P l + s]` (code `s` of word `l`); a last partial block keeps the same
+    /// layout for the words it has.
     #[inline(always)]
-    fn dequant16<const BITS: u32>(
+    fn permute_x<const BITS: u32>(x: &[f32], xp: &mut Vec<f32>) {
+        let per = (32 / BITS) as usize;
+        let words = x.len() / per;
+        xp.clear();
+        xp.resize(x.len(), 0.0);
+        for k0 in (0..words).step_by(16) {
+            let lanes = (words - k0).min(16);
+            for s in 0..per {
+                for l in 0..lanes {
+                    xp[k0 * per + s * lanes + l] = x[(k0 + l) * per + s];
+                }
+            }
+        }
+    }
+
+    /// `Σ_i w_i x_i` over one packed row (`w = scale * q + bias` per group, rounded after
+    /// the product and after the sum), `xp` from [`permute_x`]: 16 words side by side, the
+    /// codes of each taken out by shifts (vectorises across the words).
+    #[inline(always)]
+    fn qdot<const BITS: u32>(
+        group: usize,
         row: &[u32],
-        i0: usize,
-        scale: f32,
-        bias: f32,
-        out: &mut [f32; 16],
-    ) {
+        scales: &[f32],
+        biases: &[f32],
+        xp: &[f32],
+    ) -> f32 {
         let per = (32 / BITS) as usize;
         let mask = (1u32 << BITS) - 1;
-        let words = &row[i0 / per..i0 / per + 16 / per];
-        for j in 0..16 {
-            let q = (words[j / per] >> (BITS as usize * (j % per))) & mask;
-            out[j] = scale * q as f32 + bias;
+        let mut acc = [0f32; 16];
+        let words = row.len();
+        let mut k0 = 0;
+        let mut head = 0f32;
+        #[cfg(target_arch = "x86_64")]
+        if super::level() == super::Level::Avx512 && group.is_power_of_two() {
+            let blocks = words / 16;
+            // SAFETY: `level()` detected AVX-512 F; the row holds `blocks * 16` words and
+            // `xp` their permuted inputs; scales and biases cover the row's groups.
+            head = unsafe {
+                super::simd512::qdot_blocks(BITS, group, row, blocks, scales, biases, xp)
+            };
+            k0 = blocks * 16;
         }
+        while k0 < words {
+            let lanes = (words - k0).min(16);
+            let mut w = [0u32; 16];
+            let mut sc = [0f32; 16];
+            let mut bi = [0f32; 16];
+            for l in 0..lanes {
+                w[l] = row[k0 + l];
+                let g = (k0 + l) * per / group;
+                sc[l] = scales[g];
+                bi[l] = biases[g];
+            }
+            let xb = &xp[k0 * per..k0 * per + lanes * per];
+            for s in 0..per {
+                let xs = &xb[s * lanes..s * lanes + lanes];
+                if lanes == 16 {
+                    for l in 0..16 {
+                        let q = ((w[l] >> (BITS as usize * s)) & mask) as f32;
+                        acc[l] += (sc[l] * q + bi[l]) * xs[l];
+                    }
+                } else {
+                    for l in 0..lanes {
+                        let q = ((w[l] >> (BITS as usize * s)) & mask) as f32;
+                        acc[l] += (sc[l] * q + bi[l]) * xs[l];
+                    }
+                }
+            }
+            k0 += lanes;
+        }
+        let mut n = 16;
+        while n > 1 {
+            n /= 2;
+            for j in 0..n {
+                acc[j] += acc[j + n];
+            }
+        }
+        head + acc[0]
+    }
+
+    thread_local! {
+        static XP: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
 
     #[inline(always)]
@@ -531,30 +601,19 @@ mod body {
         let inf = x.len();
         let rw = inf / (32 / BITS) as usize;
         let rg = inf / group;
-        let mut w = [0f32; 16];
-        for (o, yo) in y.iter_mut().enumerate() {
-            let row = &packed[o * rw..(o + 1) * rw];
-            let mut acc = [0f32; 16];
-            for g in 0..rg {
-                let (s, b) = (scales[o * rg + g], biases[o * rg + g]);
-                for c in (g * group..(g + 1) * group).step_by(16) {
-                    dequant16::<BITS>(row, c, s, b, &mut w);
-                    let xs = &x[c..c + 16];
-                    for j in 0..16 {
-                        acc[j] += w[j] * xs[j];
-                    }
-                }
+        XP.with(|xp| {
+            let mut xp = xp.borrow_mut();
+            permute_x::<BITS>(x, &mut xp);
+            for (o, yo) in y.iter_mut().enumerate() {
+                *yo = qdot::<BITS>(
+                    group,
+                    &packed[o * rw..(o + 1) * rw],
+                    &scales[o * rg..(o + 1) * rg],
+                    &biases[o * rg..(o + 1) * rg],
+                    &xp,
+                );
             }
-            let mut v = acc;
-            let mut n = 16;
-            while n > 1 {
-                n /= 2;
-                for j in 0..n {
-                    v[j] += v[j + n];
-                }
-            }
-            *yo = v[0];
-        }
+        });
     }
 
     /// `y = W x` for affine-quantized `W [y.len(), x.len()]` (see `moe::quant`), each code
@@ -593,35 +652,18 @@ mod body {
         let of = dst.len() / m;
         let rw = inf / (32 / BITS) as usize;
         let rg = inf / group;
-        let mut w = [0f32; 16];
-        let mut acc = vec![[0f32; 16]; m];
+        // every row of lhs permuted once; each weight row is then a dot with each
+        let mut xps = Vec::with_capacity(m * inf);
+        let mut one = Vec::new();
+        for t in 0..m {
+            permute_x::<BITS>(&lhs[t * inf..(t + 1) * inf], &mut one);
+            xps.extend_from_slice(&one);
+        }
         for o in 0..of {
-            for a in acc.iter_mut() {
-                *a = [0.0; 16];
-            }
             let row = &packed[o * rw..(o + 1) * rw];
-            for g in 0..rg {
-                let (s, b) = (scales[o * rg + g], biases[o * rg + g]);
-                for c in (g * group..(g + 1) * group).step_by(16) {
-                    dequant16::<BITS>(row, c, s, b, &mut w);
-                    for (t, a) in acc.iter_mut().enumerate() {
-                        let xs = &lhs[t * inf + c..t * inf + c + 16];
-                        for j in 0..16 {
-                            a[j] += w[j] * xs[j];
-                        }
-                    }
-                }
-            }
-            for (t, a) in acc.iter().enumerate() {
-                let mut v = *a;
-                let mut n = 16;
-                while n > 1 {
-                    n /= 2;
-                    for j in 0..n {
-                        v[j] += v[j + n];
-                    }
-                }
-                dst[t * of + o] = v[0];
+            let (sc, bi) = (&scales[o * rg..(o + 1) * rg], &biases[o * rg..(o + 1) * rg]);
+            for t in 0..m {
+                dst[t * of + o] = qdot::<BITS>(group, row, sc, bi, &xps[t * inf..(t + 1) * inf]);
             }
         }
     }
@@ -793,6 +835,58 @@ fn push_hits(mut hits: u64, at: usize, base: u32, z: &[f32], out: &mut Vec<(u32,
 mod simd512 {
     use super::{push_hits, EXP2_C1, EXP2_C2, EXP2_TABLE, MAGIC32};
     use std::arch::x86_64::*;
+
+    /// The full 16-word blocks of an affine row's dot product (see `body::qdot`): the
+    /// 16 words of a block side by side in one register, each code taken out by a shift
+    /// and a mask, dequantized (`scale * q + bias`, two roundings) and multiplied into
+    /// `xp`. Returns the sum over the first `blocks * 16` words.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present; `row` must hold `blocks * 16` words, `xp` the permuted
+    /// inputs of those words, and `scales`/`biases` every group they reach.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn qdot_blocks(
+        bits: u32,
+        group: usize,
+        row: &[u32],
+        blocks: usize,
+        scales: &[f32],
+        biases: &[f32],
+        xp: &[f32],
+    ) -> f32 {
+        let per = (32 / bits) as usize;
+        let mask = _mm512_set1_epi32(((1u32 << bits) - 1) as i32);
+        let gshift = _mm512_set1_epi32(group.trailing_zeros() as i32);
+        let lane_in = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(per as i32),
+        );
+        let mut acc = _mm512_setzero_ps();
+        assert!(row.len() >= blocks * 16 && xp.len() >= blocks * 16 * per);
+        for k in 0..blocks {
+            let k0 = k * 16;
+            // SAFETY: k0 + 16 <= row.len() (asserted above).
+            let w = _mm512_loadu_si512(row.as_ptr().add(k0).cast());
+            let g = _mm512_srlv_epi32(
+                _mm512_add_epi32(_mm512_set1_epi32((k0 * per) as i32), lane_in),
+                gshift,
+            );
+            // SAFETY: every lane's group lies in the row's groups (the caller's promise).
+            let sc = _mm512_i32gather_ps::<4>(g, scales.as_ptr());
+            let bi = _mm512_i32gather_ps::<4>(g, biases.as_ptr());
+            let xb = xp.as_ptr().add(k0 * per);
+            for sh in 0..per {
+                let q = _mm512_and_si512(
+                    _mm512_srlv_epi32(w, _mm512_set1_epi32((bits as usize * sh) as i32)),
+                    mask,
+                );
+                let wv = _mm512_add_ps(_mm512_mul_ps(sc, _mm512_cvtepi32_ps(q)), bi);
+                // SAFETY: k0 * per + sh * 16 + 16 <= xp.len() (asserted above).
+                acc = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xb.add(sh * 16)), acc);
+            }
+        }
+        _mm512_reduce_add_ps(acc)
+    }
 
     /// # Safety
     /// AVX-512 F must be present.

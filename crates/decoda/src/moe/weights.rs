@@ -510,3 +510,83 @@ pub(crate) fn gemm_nt(lhs: &[f32], w: &[f32], k: usize, dst: &mut [f32], width: 
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Products over every format equal the reference (dequantize, then f32) within f32
+    /// rounding: rows that fill 16-word blocks and rows that do not, every group size.
+    #[test]
+    fn products_match_the_dequantized_reference() {
+        let formats = [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (8, 128)];
+        for (bits, group) in formats {
+            let q = Affine::new(bits, group).unwrap();
+            for inf in [group, 3 * group, 1024 + group] {
+                let (e, of) = (2, 5);
+                let v: Vec<f32> = (0..e * of * inf)
+                    .map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * 0.3)
+                    .collect();
+                let w = ExpertWeights::from_f32(v, e, of, inf)
+                    .unwrap()
+                    .quantized(q)
+                    .unwrap();
+                let x: Vec<f32> = (0..3 * inf)
+                    .map(|i| ((i * 31 % 17) as f32 - 8.0) * 0.1)
+                    .collect();
+                for ex in 0..e {
+                    let r = w.expert_f32(ex);
+                    let want: Vec<f64> = (0..3)
+                        .flat_map(|t| {
+                            let r = &r;
+                            let x = &x;
+                            (0..of).map(move |o| {
+                                (0..inf)
+                                    .map(|i| f64::from(r[o * inf + i]) * f64::from(x[t * inf + i]))
+                                    .sum::<f64>()
+                            })
+                        })
+                        .collect();
+                    let scale: f64 = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+                    let mut y = vec![0f32; of];
+                    w.matvec(ex, &x[..inf], &mut y);
+                    for (o, &yv) in y.iter().enumerate() {
+                        assert!(
+                            (f64::from(yv) - want[o]).abs() <= 1e-5 * scale,
+                            "q{bits}g{group} in={inf}: matvec {yv} vs {}",
+                            want[o]
+                        );
+                    }
+                    let mut d = vec![0f32; 3 * of];
+                    w.matmul(ex, &x, &mut d);
+                    for (k, &dv) in d.iter().enumerate() {
+                        assert!(
+                            (f64::from(dv) - want[k]).abs() <= 1e-5 * scale,
+                            "q{bits}g{group} in={inf}: matmul {dv} vs {}",
+                            want[k]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn affine_inputs_are_checked() {
+        let q = Affine::new(4, 32).unwrap();
+        assert!(
+            ExpertWeights::from_affine(q, vec![0; 4], vec![1.0; 1], vec![0.0; 1], 1, 1, 32).is_ok()
+        );
+        let e = ExpertWeights::from_affine(q, vec![0; 3], vec![1.0; 1], vec![0.0; 1], 1, 1, 32)
+            .unwrap_err();
+        assert!(e.to_string().contains("packed"), "{e}");
+        let e =
+            ExpertWeights::from_affine(q, vec![0; 4], vec![f32::NAN; 1], vec![0.0; 1], 1, 1, 32)
+                .unwrap_err();
+        assert!(e.to_string().contains("scales"), "{e}");
+        let e = ExpertWeights::from_affine(q, vec![0; 2], vec![1.0; 1], vec![0.0; 1], 1, 1, 16)
+            .unwrap_err();
+        assert!(e.to_string().contains("group"), "{e}");
+        assert!(Affine::new(3, 32).is_err() && Affine::new(4, 48).is_err());
+    }
+}
