@@ -585,56 +585,6 @@ mod body {
         head + acc[0]
     }
 
-    thread_local! {
-        static XP: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-
-    #[inline(always)]
-    fn matvec_q<const BITS: u32>(
-        group: usize,
-        packed: &[u32],
-        scales: &[f32],
-        biases: &[f32],
-        x: &[f32],
-        y: &mut [f32],
-    ) {
-        let inf = x.len();
-        let rw = inf / (32 / BITS) as usize;
-        let rg = inf / group;
-        XP.with(|xp| {
-            let mut xp = xp.borrow_mut();
-            permute_x::<BITS>(x, &mut xp);
-            for (o, yo) in y.iter_mut().enumerate() {
-                *yo = qdot::<BITS>(
-                    group,
-                    &packed[o * rw..(o + 1) * rw],
-                    &scales[o * rg..(o + 1) * rg],
-                    &biases[o * rg..(o + 1) * rg],
-                    &xp,
-                );
-            }
-        });
-    }
-
-    /// `y = W x` for affine-quantized `W [y.len(), x.len()]` (see `moe::quant`), each code
-    /// dequantized in registers.
-    #[inline(always)]
-    pub fn matvec_affine(
-        bits: u32,
-        group: usize,
-        packed: &[u32],
-        scales: &[f32],
-        biases: &[f32],
-        x: &[f32],
-        y: &mut [f32],
-    ) {
-        if bits == 4 {
-            matvec_q::<4>(group, packed, scales, biases, x, y);
-        } else {
-            matvec_q::<8>(group, packed, scales, biases, x, y);
-        }
-    }
-
     #[inline(always)]
     fn matmul_q<const BITS: u32>(
         group: usize,
@@ -1249,11 +1199,6 @@ dispatch! {
 dispatch! {
     /// Widens f16 bit patterns to f32 (exact).
     pub fn widen_f16(src: &[u16], dst: &mut [f32]) -> ();
-}
-dispatch! {
-    /// `y = W x` for an affine-quantized `W [y.len(), x.len()]` (`moe::quant`'s format:
-    /// `bits` 4 or 8, `group` inputs per scale and bias), dequantized in registers.
-    pub fn matvec_affine(bits: u32, group: usize, packed: &[u32], scales: &[f32], biases: &[f32], x: &[f32], y: &mut [f32]) -> ();
 }
 dispatch! {
     /// `dst [m, out] = lhs [m, in] · W^T` for an affine-quantized `W [out, in]`,

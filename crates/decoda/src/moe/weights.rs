@@ -371,8 +371,8 @@ impl ExpertWeights {
 
     /// `y = W[e] · x` (`x.len() == in`, `y.len() == out`), reading the weights in their
     /// own format (16-bit widened, affine dequantized, in registers). f32 weights go
-    /// through the `gemm` crate's one-row product, which is faster than a plain
-    /// dot-product loop.
+    /// through the `gemm` crate's one-row product, affine ones through the one-row case
+    /// of [`kernels::matmul_affine`] (both measured faster than a dot-product loop).
     pub(crate) fn matvec(&self, e: usize, x: &[f32], y: &mut [f32]) {
         let (s, n) = self.span(e);
         let inf = self.in_features;
@@ -389,9 +389,10 @@ impl ExpertWeights {
                 let (rw, rg) = (q.row_words(inf), q.row_groups(inf));
                 let r0 = e * self.out_features;
                 let r1 = r0 + self.out_features;
-                kernels::matvec_affine(
+                kernels::matmul_affine(
                     q.bits,
                     q.group,
+                    inf,
                     &packed[r0 * rw..r1 * rw],
                     &scales[r0 * rg..r1 * rg],
                     &biases[r0 * rg..r1 * rg],
@@ -405,7 +406,7 @@ impl ExpertWeights {
     /// `dst [m, out] = lhs [m, in] · W[e]^T`: one matrix product for f32 weights; 16-bit
     /// weights are widened a block of rows at a time into a per-thread buffer that stays
     /// in L2, each block one matrix product into its columns of `dst`; affine weights go
-    /// through [`kernels::matmul_affine`], which dequantizes 64 codes at a time in
+    /// through [`kernels::matmul_affine`], which dequantizes 16 packed words at a time in
     /// registers and applies them to every row of `lhs`.
     pub(crate) fn matmul(&self, e: usize, lhs: &[f32], dst: &mut [f32]) {
         let (s, n) = self.span(e);
