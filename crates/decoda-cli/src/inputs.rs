@@ -118,9 +118,9 @@ pub fn read_array(path: &Path, ranks: &[usize]) -> Result<(LogitsFile, Vec<usize
     Ok((data, shape.iter().map(|&d| d as usize).collect()))
 }
 
-/// Parameters for every row, as flags, or per row from a JSON file.
-#[derive(Args, Debug, Clone)]
-pub struct ParamArgs {
+/// The sampling flags shared by `sample` and `generate`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingFlags {
     /// Temperature (0 = greedy).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub temperature: f32,
@@ -142,27 +142,57 @@ pub struct ParamArgs {
     /// Presence penalty in [-2, 2].
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub presence_penalty: f32,
-    /// RNG seed (default: drawn from OS entropy per row, and reported).
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Step of the first draw.
-    #[arg(long, default_value_t = 0)]
-    pub step: u64,
     /// Logit bias, "id:bias,id:bias" (bias may be -inf).
     #[arg(long, allow_hyphen_values = true)]
     pub logit_bias: Option<String>,
-    /// Prompt token ids, "1,2,3".
-    #[arg(long)]
-    pub prompt: Option<String>,
-    /// Output token ids so far, "4,5".
-    #[arg(long)]
-    pub output: Option<String>,
     /// Report the N most likely tokens' logprobs (0..=20).
     #[arg(long)]
     pub logprobs: Option<u32>,
     /// Which logprobs: raw or processed.
     #[arg(long, default_value = "raw")]
     pub logprobs_mode: LogprobsMode,
+}
+
+impl SamplingFlags {
+    /// The parameters these flags name.
+    pub fn params(&self) -> Result<SamplingParams, String> {
+        Ok(SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: self
+                .logit_bias
+                .as_deref()
+                .map(parse_bias)
+                .transpose()?
+                .unwrap_or_default(),
+            logprobs: self.logprobs,
+            logprobs_mode: self.logprobs_mode,
+        })
+    }
+}
+
+/// Parameters for every row, as flags, or per row from a JSON file.
+#[derive(Args, Debug, Clone)]
+pub struct ParamArgs {
+    #[command(flatten)]
+    pub sampling: SamplingFlags,
+    /// RNG seed (default: drawn from OS entropy per row, and reported).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Step of the first draw.
+    #[arg(long, default_value_t = 0)]
+    pub step: u64,
+    /// Prompt token ids, "1,2,3".
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Output token ids so far, "4,5".
+    #[arg(long)]
+    pub output: Option<String>,
     /// Per-row parameters: a JSON array with one object per row (overrides the flags).
     #[arg(long)]
     pub params: Option<std::path::PathBuf>,
@@ -259,23 +289,7 @@ pub fn requests(a: &ParamArgs, rows: usize) -> Result<Vec<Request>, String> {
             })
             .collect();
     }
-    let params = SamplingParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repetition_penalty: a.repetition_penalty,
-        frequency_penalty: a.frequency_penalty,
-        presence_penalty: a.presence_penalty,
-        logit_bias: a
-            .logit_bias
-            .as_deref()
-            .map(parse_bias)
-            .transpose()?
-            .unwrap_or_default(),
-        logprobs: a.logprobs,
-        logprobs_mode: a.logprobs_mode,
-    };
+    let params = a.sampling.params()?;
     let prompt = a
         .prompt
         .as_deref()

@@ -4,10 +4,12 @@ mod bench;
 mod bench_head;
 mod demo;
 mod device;
+mod generate;
 mod inputs;
 mod moe_bench;
 mod replay;
 mod sample;
+mod tiny_model;
 
 use std::process::ExitCode;
 
@@ -37,6 +39,10 @@ enum Command {
     Selftest(demo::SelftestArgs),
     /// Run the sampling head over logged logits [T, S, V] to reproduce a decode.
     Replay(replay::ReplayArgs),
+    /// Generate with a Qwen3-MoE checkpoint: prefill, then decode steps sampled on the device.
+    Generate(generate::GenerateArgs),
+    /// Write a small random Qwen3-MoE checkpoint (and a byte-level tokenizer).
+    TinyModel(tiny_model::TinyModelArgs),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +56,8 @@ fn main() -> ExitCode {
         Command::MoeBench(a) => moe_bench::run(a),
         Command::Selftest(a) => demo::run_selftest(a),
         Command::Replay(a) => replay::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::TinyModel(a) => tiny_model::run(a),
     };
     match result {
         Ok(code) => code,

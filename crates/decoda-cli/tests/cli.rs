@@ -792,3 +792,228 @@ fn replay_reproduces_a_decode() {
     assert_eq!(code, 2);
     assert!(err.contains("top_p") && err.contains("row 0"), "{err}");
 }
+
+fn tiny(name: &str, extra: &[&str]) -> PathBuf {
+    let d = tmp(name);
+    let mut args = vec!["tiny-model", d.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("wrote"), "{out}");
+    d
+}
+
+/// `generate --json` on a tiny model: the documented keys, reproducible with a seed,
+/// `--prompt` through the tokenizer, text and ids agreeing.
+#[test]
+fn generate_json_shape_and_reproducibility() {
+    let d = tiny("gen-model", &["--seed", "3"]);
+    let m = d.to_str().unwrap();
+    let args = [
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "12",
+        "--seed",
+        "5",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--logprobs",
+        "3",
+        "--device",
+        "cpu",
+        "--json",
+    ];
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    for key in [
+        "device",
+        "tokens",
+        "logprobs",
+        "prefill_ms",
+        "decode_tok_s",
+        "moe",
+        "seed",
+        "text",
+        "finish",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}: {v}");
+    }
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 12);
+    assert_eq!(v["logprobs"].as_array().unwrap().len(), 12);
+    assert_eq!(v["logprobs"][0]["top"].as_array().unwrap().len(), 3);
+    assert_eq!(v["prompt_tokens"], 5, "byte-level: one token per byte");
+    assert_eq!(v["moe"]["decode"], "unsorted");
+    assert_eq!(v["finish"], "length");
+    // the same ids again, and with the prompt as ids
+    let (_, out2, _) = run(&args);
+    let v2: serde_json::Value = serde_json::from_str(out2.trim()).unwrap();
+    assert_eq!(v["tokens"], v2["tokens"]);
+    let mut by_ids = args.to_vec();
+    by_ids[3] = "--prompt-ids";
+    by_ids[4] = "72,101,108,108,111";
+    let (_, out3, _) = run(&by_ids);
+    let v3: serde_json::Value = serde_json::from_str(out3.trim()).unwrap();
+    assert_eq!(v["tokens"], v3["tokens"]);
+    // --sort-cutoff 1 sorts the prefill, a huge one never sorts: the same greedy ids
+    let greedy = |cut: &str| {
+        let (code, out, err) = run(&[
+            "generate",
+            "--model",
+            m,
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "16",
+            "--temperature",
+            "0",
+            "--sort-cutoff",
+            cut,
+            "--device",
+            "cpu",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()
+    };
+    let (a, b) = (greedy("1"), greedy("1000000"));
+    assert_eq!(a["moe"]["prefill"], "sorted");
+    assert_eq!(b["moe"]["prefill"], "unsorted");
+    assert_eq!(a["tokens"], b["tokens"]);
+}
+
+/// `--prompts FILE`: one object per line with its own parameters; every sequence gets
+/// its own output, and a sequence alone draws what it draws in the batch.
+#[test]
+fn generate_prompts_file_batches_sequences() {
+    let d = tiny("gen-batch", &["--seed", "4", "--quantize", "q4g32"]);
+    let m = d.to_str().unwrap();
+    let f = tmp("prompts.jsonl");
+    std::fs::write(
+        &f,
+        "{\"prompt\": \"abc\", \"seed\": 1, \"max_tokens\": 6}\n\
+         {\"prompt_ids\": [256, 1, 2], \"seed\": 2, \"temperature\": 0, \"max_tokens\": 9}\n\n\
+         {\"prompt\": \"xyz!\", \"seed\": 3, \"top_k\": 5, \"max_tokens\": 4, \"stop\": [300]}\n",
+    )
+    .unwrap();
+    let (code, out, err) = run(&[
+        "generate",
+        "--model",
+        m,
+        "--prompts",
+        f.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let seqs = v["sequences"].as_array().unwrap();
+    assert_eq!(seqs.len(), 3);
+    assert_eq!(seqs[0]["tokens"].as_array().unwrap().len(), 6);
+    assert_eq!(seqs[1]["tokens"].as_array().unwrap().len(), 9);
+    assert!(seqs[2]["tokens"].as_array().unwrap().len() <= 4);
+    let (_, alone, _) = run(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt-ids",
+        "256,1,2",
+        "--seed",
+        "2",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "9",
+        "--device",
+        "cpu",
+        "--json",
+    ]);
+    let alone: serde_json::Value = serde_json::from_str(alone.trim()).unwrap();
+    assert_eq!(alone["tokens"], seqs[1]["tokens"]);
+}
+
+#[test]
+fn generate_bad_input_exits_2_naming_the_problem() {
+    let d = tiny("gen-bad", &[]);
+    let m = d.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--prompt-ids", "1,999999"], "999999"),
+        (vec!["--prompt-ids", "1,x"], "\"x\""),
+        (vec!["--prompt-ids", "1", "--top-p", "2"], "top_p"),
+        (
+            vec!["--prompt-ids", "1", "--sort-cutoff", "0"],
+            "--sort-cutoff",
+        ),
+        (vec![], "--prompt"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["generate", "--model", m, "--device", "cpu"];
+        args.extend(extra.iter());
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let (code, _, err) = run(&[
+        "generate",
+        "--model",
+        "/nonexistent",
+        "--prompt-ids",
+        "1",
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/nonexistent"), "{err}");
+    let (code, _, err) = run(&[
+        "tiny-model",
+        tmp("q").to_str().unwrap(),
+        "--quantize",
+        "q5g7",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("q5g7"), "{err}");
+}
+
+/// The device runs the same greedy decode as the CPU (lavapipe in CI).
+#[test]
+fn generate_on_wgpu_matches_the_cpu() {
+    if !have_wgpu() {
+        return;
+    }
+    let d = tiny("gen-wgpu", &["--seed", "9"]);
+    let m = d.to_str().unwrap();
+    let ids = |dev: &str| {
+        let (code, out, err) = run(&[
+            "generate",
+            "--model",
+            m,
+            "--prompt",
+            "Hello, world",
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "0",
+            "--device",
+            dev,
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        (
+            v["tokens"].clone(),
+            v["device"].as_str().unwrap().to_string(),
+        )
+    };
+    let (c, cn) = ids("cpu");
+    let (g, gn) = ids("wgpu");
+    assert_eq!(cn, "cpu");
+    assert!(gn.starts_with("wgpu"), "{gn}");
+    assert_eq!(c, g);
+}

@@ -63,6 +63,10 @@ pub enum Error {
         /// Number of experts E.
         experts: usize,
     },
+    /// A model checkpoint or its config cannot be used (the message names the file, the
+    /// field or tensor, and what was expected).
+    #[error("model: {0}")]
+    Model(String),
     /// `idx` was declared sorted but decreases somewhere.
     #[error("moe: idx was declared sorted but idx[{position}] = {next} follows {previous}")]
     NotSorted {

@@ -31,6 +31,7 @@ pub mod error;
 pub mod fmath;
 pub mod head;
 pub mod logits;
+pub mod model;
 pub mod moe;
 pub mod params;
 pub mod philox;

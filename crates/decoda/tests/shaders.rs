@@ -4,9 +4,12 @@
 
 #![cfg(feature = "wgpu")]
 
-/// Both variants of the sampler's module: workgroup-memory and subgroup reductions.
+/// Both variants of the sampler's module (workgroup-memory and subgroup reductions), the
+/// MoE dispatch and the model's ops.
 fn shaders() -> Vec<(&'static str, String)> {
     vec![
+        ("moe", decoda::wgpu::moe_shader_source()),
+        ("model", decoda::wgpu::model_shader_source()),
         (
             "sample (workgroup reductions)",
             decoda::wgpu::shader_source(false),

@@ -13,6 +13,7 @@ use crate::pipeline::RowResult;
 use crate::reference::{reference_row, TieReport};
 
 pub mod head;
+pub mod model;
 pub mod moe;
 pub mod shapes;
 

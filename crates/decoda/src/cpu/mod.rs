@@ -15,6 +15,7 @@
 //!    whose best possible noise cannot reach the current leader.
 
 pub mod kernels;
+pub mod model;
 
 use std::cell::RefCell;
 use std::cmp::Ordering::Less;

@@ -360,6 +360,7 @@ impl ExpertWeights {
 
     /// The raw storage, for backends that upload it (`(kind, words)`: f32 bits, 16-bit
     /// values two to a word (low half first), or the packed codes).
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
     pub(crate) fn data(&self) -> &WeightData {
         &self.data
     }
@@ -454,6 +455,102 @@ impl ExpertWeights {
                     &biases[r0 * rg..r1 * rg],
                     lhs,
                     dst,
+                );
+            }
+        }
+    }
+}
+
+impl ExpertWeights {
+    /// Row `r` of expert `e` as f32 (an embedding lookup): widened or dequantized exactly
+    /// as [`ExpertWeights::expert_f32`] does. Panics if `e` or `r` is out of range.
+    pub fn row_f32(&self, e: usize, r: usize) -> Vec<f32> {
+        assert!(
+            e < self.experts && r < self.out_features,
+            "row {r} of expert {e}"
+        );
+        let inf = self.in_features;
+        let at = (e * self.out_features + r) * inf;
+        match &self.data {
+            WeightData::F32(v) => v[at..at + inf].to_vec(),
+            WeightData::Bf16(v) => v[at..at + inf].iter().map(|w| w.to_f32()).collect(),
+            WeightData::F16(v) => v[at..at + inf].iter().map(|w| w.to_f32()).collect(),
+            WeightData::Affine {
+                q,
+                packed,
+                scales,
+                biases,
+            } => {
+                let (rw, rg) = (q.row_words(inf), q.row_groups(inf));
+                let row = e * self.out_features + r;
+                quant::dequantize(
+                    *q,
+                    &packed[row * rw..(row + 1) * rw],
+                    &scales[row * rg..(row + 1) * rg],
+                    &biases[row * rg..(row + 1) * rg],
+                    inf,
+                )
+            }
+        }
+    }
+
+    /// `out [m, r1 - r0] = lhs [m, in] · W[e][r0 .. r1]^T`: the product for a range of
+    /// output rows, so that a caller can split a large matrix across threads. Each output
+    /// depends only on its own row of `lhs` and of the weights, read in the same order
+    /// whatever the range and `m` is 1 (one-row products are what a decode step runs);
+    /// with `m > 1`, f32 and 16-bit weights go through the `gemm` crate.
+    pub(crate) fn product_rows(
+        &self,
+        e: usize,
+        r0: usize,
+        r1: usize,
+        lhs: &[f32],
+        out: &mut [f32],
+    ) {
+        let inf = self.in_features;
+        let (s, _) = self.span(e);
+        let n = r1 - r0;
+        let m = lhs.len() / inf;
+        debug_assert!(r0 <= r1 && r1 <= self.out_features && out.len() == m * n);
+        let at = s + r0 * inf;
+        match &self.data {
+            WeightData::F32(v) => gemm_nt(lhs, &v[at..at + n * inf], inf, out, n, 0),
+            WeightData::Bf16(v) if m == 1 => {
+                kernels::matvec_bf16(bits16(&v[at..at + n * inf]), lhs, out)
+            }
+            WeightData::F16(v) if m == 1 => {
+                kernels::matvec_f16(bits16f(&v[at..at + n * inf]), lhs, out)
+            }
+            WeightData::Bf16(v) => WIDE.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                buf.resize(n * inf, 0.0);
+                kernels::widen_bf16(bits16(&v[at..at + n * inf]), &mut buf);
+                gemm_nt(lhs, &buf, inf, out, n, 0);
+            }),
+            WeightData::F16(v) => WIDE.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                buf.resize(n * inf, 0.0);
+                kernels::widen_f16(bits16f(&v[at..at + n * inf]), &mut buf);
+                gemm_nt(lhs, &buf, inf, out, n, 0);
+            }),
+            WeightData::Affine {
+                q,
+                packed,
+                scales,
+                biases,
+            } => {
+                let (rw, rg) = (q.row_words(inf), q.row_groups(inf));
+                let a = e * self.out_features + r0;
+                let b = a + n;
+                kernels::matmul_affine(
+                    q.bits,
+                    q.group,
+                    inf,
+                    &packed[a * rw..b * rw],
+                    &scales[a * rg..b * rg],
+                    &biases[a * rg..b * rg],
+                    lhs,
+                    out,
                 );
             }
         }

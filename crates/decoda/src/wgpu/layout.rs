@@ -196,6 +196,52 @@ mod tests {
         }
     }
 
+    fn parse(src: &str) -> naga::Module {
+        let module = naga::front::wgsl::parse_str(src)
+            .unwrap_or_else(|e| panic!("WGSL parse error:\n{}", e.emit_to_string(src)));
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::empty(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("validation error:\n{}", e.emit_to_string(src)));
+        module
+    }
+
+    /// The model's and the MoE kernels' parameter blocks against their WGSL.
+    #[test]
+    fn model_and_moe_params_match_the_wgsl() {
+        use super::super::model::{model_shader_source, ModelOp};
+        use super::super::moe::{moe_shader_source, MoeParams};
+        let m = parse(&model_shader_source());
+        check(
+            &m,
+            "Op",
+            std::mem::size_of::<ModelOp>(),
+            &fields!(ModelOp; rows, kind, in_w, out_w, dtype, bits, group, row_words, w_off,
+                s_off, b_off, aux_off, src_w, dst_w, src_row0, dst_row0, groups, eps, heads,
+                kv_heads, head_dim, max_pos, map_off, inplace, zero, pad0, pad1, pad2),
+        );
+        assert_eq!(
+            constant(&m, "ROW_LAST"),
+            u64::from(super::super::model::ROW_LAST)
+        );
+        assert!(
+            std::mem::size_of::<ModelOp>() as u64 <= super::super::model::OP_STRIDE,
+            "a dispatch's parameters fit its block"
+        );
+        let m = parse(&moe_shader_source());
+        check(
+            &m,
+            "Params",
+            std::mem::size_of::<MoeParams>(),
+            &fields!(MoeParams; tokens, top_k, experts, hidden, inter, sorted, router,
+                separate, dtype, bits, group, zero, gate_w, gate_s, gate_b, up_w, up_s, up_b,
+                down_w, down_s, down_b, w_idx_in, w_wt, w_order, w_idx, w_inv, w_off, w_act,
+                w_out, pad0, pad1, pad2),
+        );
+    }
+
     fn constant(m: &naga::Module, name: &str) -> u64 {
         for (_, c) in m.constants.iter() {
             if c.name.as_deref() == Some(name) {

@@ -41,6 +41,7 @@ mod head;
 mod host;
 mod kernels;
 mod layout;
+mod model;
 mod moe;
 mod sampler;
 mod staging;
@@ -48,6 +49,7 @@ mod staging;
 pub use bench::StepTime;
 pub use device::{list_adapters, AdapterSummary, WORKGROUPS_ENV};
 pub use head::{StepId, StepResults, WgpuHead};
+pub use model::{model_shader_source, WgpuEngine, WgpuModel, SHADER_MODEL};
 pub use moe::{moe_shader_source, MoeRouting, WgpuMoe, SHADER_MOE};
 pub use sampler::{DeviceLogits, DeviceOutputs, WgpuSampler};
 

@@ -88,6 +88,21 @@ pub enum MoeRouting<'a> {
     Given(&'a Routing),
 }
 
+/// Calls routed on the device whose parameters and bind group are kept.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct CallKey {
+    n: usize,
+    k: usize,
+    sorted: bool,
+    router: u32,
+    x: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    y: wgpu::Buffer,
+}
+
+/// Most kept calls (a model has a few shapes: prefill lengths and the decode batch).
+const CALL_CACHE: usize = 64;
+
 struct Scratch {
     work: Grow,
     counts: Grow,
@@ -111,6 +126,7 @@ pub struct WgpuMoe {
     sort_cutoff: usize,
     scratch: Mutex<Scratch>,
     stages: StagePool,
+    calls: Mutex<std::collections::HashMap<CallKey, (wgpu::BindGroup, wgpu::Buffer)>>,
     /// The call's parameters: copied from a staging buffer by each recorded call just
     /// before its dispatches, so calls recorded back to back each see their own.
     params_buf: wgpu::Buffer,
@@ -259,6 +275,31 @@ impl WgpuMoe {
             inter: layer.intermediate(),
             sort_cutoff: layer.sort_cutoff(),
             stages: StagePool::new(),
+            calls: Mutex::new(std::collections::HashMap::new()),
+        })
+    }
+
+    fn group(
+        &self,
+        params: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        logits: &wgpu::Buffer,
+        work: &wgpu::Buffer,
+        counts: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> wgpu::BindGroup {
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("decoda moe"),
+            layout: &self.pipes.layout,
+            entries: &[
+                entry(0, params),
+                entry(1, &self.weights),
+                entry(2, x),
+                entry(3, logits),
+                entry(4, work),
+                entry(5, counts),
+                entry(6, y),
+            ],
         })
     }
 
@@ -367,43 +408,64 @@ impl WgpuMoe {
         }
         sc.work.ensure(&self.device, (work_words * 4) as u64);
         sc.counts.ensure(&self.device, (self.experts * 4) as u64);
-        // the call's parameters (and a host routing) through a staging buffer of its own
-        let mut bytes = bytemuck::bytes_of(&p).to_vec();
-        if let MoeRouting::Given(r) = routing {
-            bytes.extend_from_slice(bytemuck::cast_slice(&r.indices));
-            bytes.extend(r.weights.iter().flat_map(|w| w.to_bits().to_le_bytes()));
-        }
-        let (stage, _) = self.stages.take(&self.device, bytes.len() as u64);
-        self.queue.write_buffer(&stage, 0, &bytes);
-        let params = self.params_buf.clone();
-        let psize = std::mem::size_of::<MoeParams>() as u64;
-        encoder.copy_buffer_to_buffer(&stage, 0, &params, 0, psize);
-        if let MoeRouting::Given(_) = routing {
-            let rbytes = (2 * n * k * 4) as u64;
-            encoder.copy_buffer_to_buffer(&stage, psize, &sc.work.buf, 0, rbytes);
-        }
-        self.stages.release_after(encoder, stage);
-        let logits = match routing {
-            MoeRouting::Logits { buffer, .. } => buffer.clone(),
-            // (no logits: any read-only buffer)
-            MoeRouting::Given(_) => self.weights.clone(),
+        let (group, counts) = match routing {
+            // device routing: the parameters and bind group of each (shape, buffers) are
+            // made once, so a decode loop writes nothing and creates nothing per call
+            MoeRouting::Logits { buffer, .. } => {
+                let key = CallKey {
+                    n,
+                    k,
+                    sorted: dispatch == Dispatch::Sorted,
+                    router,
+                    x: x.clone(),
+                    logits: buffer.clone(),
+                    y: y.clone(),
+                };
+                let mut cache = self.calls.lock().map_err(|_| poisoned())?;
+                if cache.len() >= CALL_CACHE && !cache.contains_key(&key) {
+                    cache.clear();
+                }
+                let entry = cache.entry(key).or_insert_with(|| {
+                    use wgpu::util::DeviceExt;
+                    let params =
+                        self.device
+                            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                                label: Some("decoda moe call params"),
+                                contents: bytemuck::bytes_of(&p),
+                                usage: wgpu::BufferUsages::UNIFORM,
+                            });
+                    let group = self.group(&params, x, buffer, &sc.work.buf, &sc.counts.buf, y);
+                    (group, sc.counts.buf.clone())
+                });
+                entry.clone()
+            }
+            // a host routing: the parameters and the routing through a staging buffer
+            MoeRouting::Given(r) => {
+                let mut bytes = bytemuck::bytes_of(&p).to_vec();
+                bytes.extend_from_slice(bytemuck::cast_slice(&r.indices));
+                bytes.extend(r.weights.iter().flat_map(|w| w.to_bits().to_le_bytes()));
+                let (stage, _) = self.stages.take(&self.device, bytes.len() as u64);
+                self.queue.write_buffer(&stage, 0, &bytes);
+                let psize = std::mem::size_of::<MoeParams>() as u64;
+                encoder.copy_buffer_to_buffer(&stage, 0, &self.params_buf, 0, psize);
+                let rbytes = (2 * n * k * 4) as u64;
+                encoder.copy_buffer_to_buffer(&stage, psize, &sc.work.buf, 0, rbytes);
+                self.stages.release_after(encoder, stage);
+                // (no router logits: any read-only buffer)
+                let group = self.group(
+                    &self.params_buf,
+                    x,
+                    &self.weights,
+                    &sc.work.buf,
+                    &sc.counts.buf,
+                    y,
+                );
+                (group, sc.counts.buf.clone())
+            }
         };
-        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("decoda moe"),
-            layout: &self.pipes.layout,
-            entries: &[
-                entry(0, &params),
-                entry(1, &self.weights),
-                entry(2, x),
-                entry(3, &logits),
-                entry(4, &sc.work.buf),
-                entry(5, &sc.counts.buf),
-                entry(6, y),
-            ],
-        });
         let rows = n * k;
         if dispatch == Dispatch::Sorted {
-            encoder.clear_buffer(&sc.counts.buf, 0, Some((self.experts * 4) as u64));
+            encoder.clear_buffer(&counts, 0, Some((self.experts * 4) as u64));
         }
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("decoda moe"),

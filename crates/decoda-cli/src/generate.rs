@@ -1,0 +1,362 @@
+//! `decoda generate`: a Qwen3-MoE checkpoint end to end — prefill, then decode steps
+//! whose logits the sampling head samples where they were made.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Args;
+use decoda::head::SlotRequest;
+use decoda::model::{generate, CpuEngine, Engine, Qwen3Moe, Report, Sequence, DEFAULT_SORT_CUTOFF};
+use serde_json::{json, Value};
+
+use crate::device::{check_threads, Device};
+use crate::inputs::SamplingFlags;
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// Checkpoint directory: config.json and *.safetensors (one file, or shards with
+    /// model.safetensors.index.json); tokenizer.json for --prompt.
+    #[arg(long)]
+    model: PathBuf,
+    /// Prompt token ids, "1,2,3".
+    #[arg(long, conflicts_with_all = ["prompt", "prompts"])]
+    prompt_ids: Option<String>,
+    /// Prompt text (needs tokenizer.json in the model directory).
+    #[arg(long, conflicts_with = "prompts")]
+    prompt: Option<String>,
+    /// Several sequences: a file with one JSON object per line ("prompt" text or
+    /// "prompt_ids", and any of "max_tokens", "seed", "stop" and the sampling keys).
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Tokens to generate per sequence.
+    #[arg(long, default_value_t = 32)]
+    max_tokens: u64,
+    /// Stop ids, "256,1": a sequence ends after drawing one.
+    #[arg(long)]
+    stop: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingFlags,
+    /// RNG seed (default: drawn from OS entropy per sequence, and reported).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Where to run.
+    #[arg(long, value_enum, default_value_t = Device::Auto)]
+    device: Device,
+    /// MoE calls with more tokens than this sort the pairs by expert.
+    #[arg(long, default_value_t = DEFAULT_SORT_CUTOFF)]
+    sort_cutoff: usize,
+    /// CPU threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// wgpu: sample on the host (copy the logits back each step) instead of on the device;
+    /// for comparison.
+    #[arg(long)]
+    host_sampling: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Keys of a --prompts line.
+const LINE_KEYS: &[&str] = &[
+    "prompt",
+    "prompt_ids",
+    "max_tokens",
+    "seed",
+    "stop",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "logprobs",
+    "logprobs_mode",
+];
+
+fn parse_ids(what: &str, s: &str) -> Result<Vec<u32>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            t.parse::<u32>()
+                .map_err(|_| format!("{what}: {t:?} is not a token id"))
+        })
+        .collect()
+}
+
+fn load_tokenizer(dir: &Path) -> Result<Option<tokenizers::Tokenizer>, String> {
+    let path = dir.join("tokenizer.json");
+    if !path.exists() {
+        return Ok(None);
+    }
+    tokenizers::Tokenizer::from_file(&path)
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn encode(tok: Option<&tokenizers::Tokenizer>, dir: &Path, text: &str) -> Result<Vec<u32>, String> {
+    let tok = tok.ok_or_else(|| {
+        format!(
+            "--prompt needs {}; give token ids with --prompt-ids",
+            dir.join("tokenizer.json").display()
+        )
+    })?;
+    let enc = tok
+        .encode(text, false)
+        .map_err(|e| format!("tokenizing the prompt: {e}"))?;
+    Ok(enc.get_ids().to_vec())
+}
+
+fn seed_or_entropy(seed: Option<u64>) -> Result<u64, String> {
+    match seed {
+        Some(s) => Ok(s),
+        None => decoda::SequenceState::from_entropy()
+            .map(|s| s.seed)
+            .map_err(|e| e.to_string()),
+    }
+}
+
+fn sequences(
+    a: &GenerateArgs,
+    tok: Option<&tokenizers::Tokenizer>,
+) -> Result<Vec<Sequence>, String> {
+    let base = a.sampling.params()?;
+    let stop = a
+        .stop
+        .as_deref()
+        .map(|s| parse_ids("--stop", s))
+        .transpose()?
+        .unwrap_or_default();
+    let Some(path) = &a.prompts else {
+        let prompt = match (&a.prompt_ids, &a.prompt) {
+            (Some(ids), _) => parse_ids("--prompt-ids", ids)?,
+            (None, Some(text)) => encode(tok, &a.model, text)?,
+            (None, None) => return Err("give --prompt-ids, --prompt or --prompts".into()),
+        };
+        let request = SlotRequest::new(base)
+            .seed(seed_or_entropy(a.seed)?)
+            .max_tokens(a.max_tokens)
+            .stop(stop);
+        return Ok(vec![Sequence { prompt, request }]);
+    };
+    let shown = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let mut out = Vec::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let at = format!("{shown}:{}", n + 1);
+        let v: Value = serde_json::from_str(line).map_err(|e| format!("{at}: not JSON: {e}"))?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| format!("{at}: not a JSON object"))?;
+        if let Some(k) = obj.keys().find(|k| !LINE_KEYS.contains(&k.as_str())) {
+            return Err(format!(
+                "{at}: unknown key {k:?} (known: {})",
+                LINE_KEYS.join(", ")
+            ));
+        }
+        let prompt = match (obj.get("prompt_ids"), obj.get("prompt")) {
+            (Some(ids), _) => serde_json::from_value::<Vec<u32>>(ids.clone())
+                .map_err(|e| format!("{at}: prompt_ids: {e}"))?,
+            (None, Some(Value::String(t))) => {
+                encode(tok, &a.model, t).map_err(|e| format!("{at}: {e}"))?
+            }
+            (None, Some(other)) => {
+                return Err(format!("{at}: prompt = {other}: expected a string"))
+            }
+            (None, None) => return Err(format!("{at}: needs \"prompt\" or \"prompt_ids\"")),
+        };
+        // the line's sampling keys over the flags'
+        let mut p = serde_json::to_value(&base).map_err(|e| e.to_string())?;
+        for (k, val) in obj {
+            if !["prompt", "prompt_ids", "max_tokens", "seed", "stop"].contains(&k.as_str()) {
+                p[k] = val.clone();
+            }
+        }
+        let params: decoda::SamplingParams =
+            serde_json::from_value(p).map_err(|e| format!("{at}: {e}"))?;
+        let num = |key: &str| -> Result<Option<u64>, String> {
+            obj.get(key)
+                .map(|x| {
+                    x.as_u64()
+                        .ok_or_else(|| format!("{at}: {key} = {x}: expected a whole number"))
+                })
+                .transpose()
+        };
+        let seq_stop = match obj.get("stop") {
+            Some(s) => serde_json::from_value::<Vec<u32>>(s.clone())
+                .map_err(|e| format!("{at}: stop: {e}"))?,
+            None => stop.clone(),
+        };
+        let request = SlotRequest::new(params)
+            .seed(seed_or_entropy(num("seed")?.or(a.seed))?)
+            .max_tokens(num("max_tokens")?.unwrap_or(a.max_tokens))
+            .stop(seq_stop);
+        out.push(Sequence { prompt, request });
+    }
+    if out.is_empty() {
+        return Err(format!("{shown}: no prompts"));
+    }
+    Ok(out)
+}
+
+/// The engine for `--device`; a device's caches hold `positions` tokens per sequence.
+fn engine(
+    a: &GenerateArgs,
+    model: Arc<Qwen3Moe>,
+    slots: usize,
+    positions: usize,
+) -> Result<Box<dyn Engine + Send>, String> {
+    let gpu = match a.device {
+        Device::Cpu => None,
+        Device::Wgpu => Some(decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?),
+        Device::Auto => crate::device::auto_gpu(),
+    };
+    match gpu {
+        None => {
+            if a.host_sampling {
+                return Err(
+                    "--host-sampling compares device runs; the CPU always samples on the host"
+                        .into(),
+                );
+            }
+            Ok(Box::new(
+                CpuEngine::new(model, slots).map_err(|e| e.to_string())?,
+            ))
+        }
+        Some(s) => {
+            let e = decoda::wgpu::WgpuEngine::new(&s, model, slots, positions, a.host_sampling)
+                .map_err(|e| e.to_string())?;
+            Ok(Box::new(e))
+        }
+    }
+}
+
+pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
+    check_threads(a.threads)?;
+    if a.sort_cutoff == 0 {
+        return Err("--sort-cutoff 0: expected at least 1 (calls with more tokens sort)".into());
+    }
+    let tok = load_tokenizer(&a.model)?;
+    let seqs = sequences(&a, tok.as_ref())?;
+    let model = Arc::new(Qwen3Moe::load(&a.model, a.sort_cutoff).map_err(|e| e.to_string())?);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(a.threads)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let positions = seqs
+        .iter()
+        .map(|s| s.prompt.len() + s.request.max_tokens.unwrap_or(0) as usize)
+        .max()
+        .unwrap_or(1);
+    let mut eng = engine(&a, model, seqs.len(), positions)?;
+    let total: u64 = seqs.iter().filter_map(|s| s.request.max_tokens).sum();
+    let bar = if a.json || total < 64 {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} tokens {per_sec} {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    };
+    let report = pool
+        .install(|| generate(eng.as_mut(), &seqs, &mut |n| bar.set_position(n as u64)))
+        .map_err(|e| e.to_string())?;
+    bar.finish_and_clear();
+    print_report(&a, eng.as_ref(), &seqs, &report, tok.as_ref())
+}
+
+fn text_of(tok: Option<&tokenizers::Tokenizer>, ids: &[u32]) -> Option<String> {
+    tok.and_then(|t| t.decode(ids, false).ok())
+}
+
+fn print_report(
+    a: &GenerateArgs,
+    eng: &dyn Engine,
+    seqs: &[Sequence],
+    r: &Report,
+    tok: Option<&tokenizers::Tokenizer>,
+) -> Result<ExitCode, String> {
+    let moe = json!({ "prefill": r.moe_prefill, "decode": r.moe_decode });
+    let failed = r.outputs.iter().any(|o| o.error.is_some());
+    if a.json {
+        let seq_json = |i: usize| {
+            let o = &r.outputs[i];
+            let mut v = json!({
+                "seed": seqs[i].request.seed,
+                "prompt_tokens": seqs[i].prompt.len(),
+                "tokens": o.tokens,
+                "finish": o.finish,
+            });
+            if !o.logprobs.is_empty() {
+                v["logprobs"] = json!(o.logprobs);
+            }
+            if let Some(t) = text_of(tok, &o.tokens) {
+                v["text"] = json!(t);
+            }
+            if let Some(e) = &o.error {
+                v["error"] = json!(e);
+            }
+            v
+        };
+        let mut out = json!({
+            "device": eng.name(),
+            "prefill_ms": r.prefill_ms,
+            "prefill_tokens": r.prefill_tokens,
+            "decode_tokens": r.decode_tokens,
+            "decode_tok_s": r.decode_tok_s(),
+            "moe": moe,
+        });
+        if a.prompts.is_some() {
+            out["sequences"] = Value::Array((0..seqs.len()).map(seq_json).collect());
+        } else if let Value::Object(m) = seq_json(0) {
+            for (k, v) in m {
+                out[k] = v;
+            }
+        }
+        println!("{out}");
+    } else {
+        for (i, o) in r.outputs.iter().enumerate() {
+            let ids: Vec<String> = o.tokens.iter().map(u32::to_string).collect();
+            let tag = if seqs.len() > 1 {
+                format!("[{i}] ")
+            } else {
+                String::new()
+            };
+            println!("{tag}tokens: {}", ids.join(","));
+            if let Some(t) = text_of(tok, &o.tokens) {
+                println!("{tag}text: {t:?}");
+            }
+            if let Some(e) = &o.error {
+                println!("{tag}error: {e}");
+            }
+        }
+        let name = |d: Option<decoda::moe::Dispatch>| {
+            d.map_or("-".to_string(), |d| format!("{d:?}").to_lowercase())
+        };
+        eprintln!(
+            "{}: prefill {} tokens in {:.1} ms, decode {} tokens at {:.1} tok/s; MoE prefill {}, decode {}",
+            eng.name(),
+            r.prefill_tokens,
+            r.prefill_ms,
+            r.decode_tokens,
+            r.decode_tok_s(),
+            name(r.moe_prefill),
+            name(r.moe_decode)
+        );
+    }
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}

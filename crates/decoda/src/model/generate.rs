@@ -1,0 +1,254 @@
+//! The generation loop, over any backend's [`Engine`] (a model and a sampling head on one
+//! device): one prefill per sequence, then batched decode steps through the head's
+//! slots; a sequence that finishes leaves its slot.
+//!
+//! A step samples the rows whose logits the previous call made, then runs the model on
+//! the drawn tokens for the sequences that go on. Engines may run ahead of their results
+//! (the device's does: results come back through the head's readback ring), so a
+//! sequence the host has not yet seen finish may be sampled again; the head reports such
+//! a row as finished and the loop ignores it.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::head::{FinishReason, SlotRequest, SlotStep};
+use crate::moe::Dispatch;
+use crate::pipeline::TokenLogprobs;
+
+/// A model and a sampling head on one backend.
+pub trait Engine {
+    /// A short name for reports (`cpu`, `wgpu:<adapter>`).
+    fn name(&self) -> String;
+    /// The model's vocabulary size.
+    fn vocab(&self) -> usize;
+    /// How many sequences can run at once.
+    fn slots(&self) -> usize;
+    /// Starts a sequence in `slot`: joins the head with `request`, empties the slot's
+    /// cache and runs `prompt` (the prefill); the logits of its last token are row
+    /// `logits_row` of the first step. Waits for the device. Returns the branch each MoE
+    /// layer took.
+    fn start(
+        &mut self,
+        slot: usize,
+        request: SlotRequest,
+        prompt: &[u32],
+        logits_row: usize,
+    ) -> Result<Vec<Dispatch>>;
+    /// One decode step: samples row `r` of the last call's logits for slot
+    /// `sample[r]`, then runs the model on the drawn tokens of the slots in `forward` (a
+    /// subsequence of `sample`), whose logits become the next step's rows in that order.
+    /// Returns the branch each MoE layer took in the forward.
+    fn step(&mut self, sample: &[usize], forward: &[usize]) -> Result<Vec<Dispatch>>;
+    /// The rows of the steps whose results are in, oldest first, without waiting.
+    fn poll(&mut self) -> Result<Vec<Vec<SlotStep>>>;
+    /// Waits for every recorded step and returns the results not yet returned.
+    fn wait(&mut self) -> Result<Vec<Vec<SlotStep>>>;
+    /// Frees `slot` (after its last step).
+    fn leave(&mut self, slot: usize) -> Result<()>;
+    /// The first `rows` rows of the last call's logits (read back from the device after
+    /// waiting for it): for tests and tools, never needed to generate.
+    fn read_logits(&mut self, rows: usize) -> Result<Vec<f32>>;
+    /// How many steps may be recorded before the loop must collect results.
+    fn ahead(&self) -> usize {
+        1
+    }
+}
+
+/// A sequence to generate.
+#[derive(Debug, Clone)]
+pub struct Sequence {
+    /// The prompt's token ids (at least one).
+    pub prompt: Vec<u32>,
+    /// Sampling parameters, seed, `max_tokens` (required) and stop ids.
+    pub request: SlotRequest,
+}
+
+/// What one sequence produced.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SequenceOutput {
+    /// The drawn tokens (a drawn stop id included).
+    pub tokens: Vec<u32>,
+    /// Per token, its log-probabilities (when the request asked for them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<TokenLogprobs>,
+    /// Why it ended.
+    pub finish: Option<FinishReason>,
+    /// The row error that ended it, if one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A run's outputs and timings.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// One output per sequence, in order.
+    pub outputs: Vec<SequenceOutput>,
+    /// Milliseconds spent in prefill (all sequences).
+    pub prefill_ms: f64,
+    /// Prompt tokens run in prefill.
+    pub prefill_tokens: usize,
+    /// Milliseconds of the decode loop.
+    pub decode_ms: f64,
+    /// Tokens drawn in the decode loop.
+    pub decode_tokens: usize,
+    /// The branch the MoE layers took in prefill (the last prefill's first MoE layer).
+    pub moe_prefill: Option<Dispatch>,
+    /// The branch the MoE layers took in decode (the first step's first MoE layer).
+    pub moe_decode: Option<Dispatch>,
+}
+
+impl Report {
+    /// Decode tokens per second.
+    pub fn decode_tok_s(&self) -> f64 {
+        if self.decode_ms > 0.0 {
+            self.decode_tokens as f64 / (self.decode_ms / 1e3)
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Runs `seqs` to completion on `engine`; `on_token` is called with the number of tokens
+/// drawn so far (for progress bars).
+pub fn generate<E: Engine + ?Sized>(
+    engine: &mut E,
+    seqs: &[Sequence],
+    on_token: &mut dyn FnMut(usize),
+) -> Result<Report> {
+    if seqs.is_empty() {
+        return Err(Error::Model("no sequence to generate".into()));
+    }
+    if seqs.len() > engine.slots() {
+        return Err(Error::Model(format!(
+            "{} sequences for {} slots",
+            seqs.len(),
+            engine.slots()
+        )));
+    }
+    let mut limits = Vec::with_capacity(seqs.len());
+    for (i, s) in seqs.iter().enumerate() {
+        if s.prompt.is_empty() {
+            return Err(Error::Model(format!("sequence {i}: the prompt is empty")));
+        }
+        match s.request.max_tokens {
+            Some(n) if n >= 1 => limits.push(n as usize),
+            other => {
+                return Err(Error::Model(format!(
+                    "sequence {i}: max_tokens = {other:?}: expected at least 1"
+                )))
+            }
+        }
+    }
+    let mut report = Report {
+        outputs: vec![SequenceOutput::default(); seqs.len()],
+        prefill_ms: 0.0,
+        prefill_tokens: 0,
+        decode_ms: 0.0,
+        decode_tokens: 0,
+        moe_prefill: None,
+        moe_decode: None,
+    };
+    let t0 = Instant::now();
+    for (i, s) in seqs.iter().enumerate() {
+        let branches = engine.start(i, s.request.clone(), &s.prompt, i)?;
+        report.prefill_tokens += s.prompt.len();
+        if let Some(&b) = branches.first() {
+            report.moe_prefill = Some(b);
+        }
+    }
+    report.prefill_ms = t0.elapsed().as_secs_f64() * 1e3;
+
+    let t1 = Instant::now();
+    let mut done = vec![false; seqs.len()];
+    let mut left = vec![false; seqs.len()];
+    // the rows of the last call's logits, and the steps each sequence has been sampled
+    let mut sample: Vec<usize> = (0..seqs.len()).collect();
+    let mut sampled = vec![0usize; seqs.len()];
+    let mut drawn = 0usize;
+    let mut in_flight = 0usize;
+    let take = |rows: Vec<Vec<SlotStep>>,
+                report: &mut Report,
+                done: &mut Vec<bool>,
+                drawn: &mut usize|
+     -> usize {
+        let n = rows.len();
+        for row in rows.into_iter().flatten() {
+            let i = row.slot;
+            if done[i] {
+                continue;
+            }
+            let out = &mut report.outputs[i];
+            match row.result {
+                Ok(s) => {
+                    out.tokens.push(s.token);
+                    if let Some(lp) = s.logprobs {
+                        out.logprobs.push(lp);
+                    }
+                    *drawn += 1;
+                }
+                Err(e) => {
+                    out.error = Some(e.to_string());
+                    done[i] = true;
+                }
+            }
+            if row.finished.is_some() {
+                out.finish = row.finished;
+                done[i] = true;
+            }
+        }
+        n
+    };
+    while !sample.is_empty() {
+        for &i in &sample {
+            sampled[i] += 1;
+        }
+        // the slots whose next token is wanted: not known to be done, and not at their limit
+        let forward: Vec<usize> = sample
+            .iter()
+            .copied()
+            .filter(|&i| !done[i] && sampled[i] < limits[i])
+            .collect();
+        let branches = engine.step(&sample, &forward)?;
+        if report.moe_decode.is_none() && !forward.is_empty() {
+            report.moe_decode = branches.first().copied();
+        }
+        in_flight += 1;
+        let got = if in_flight >= engine.ahead() {
+            engine.wait()?
+        } else {
+            engine.poll()?
+        };
+        in_flight -= take(got, &mut report, &mut done, &mut drawn).min(in_flight);
+        on_token(drawn);
+        // the next step samples exactly the rows this step's forward made
+        sample = forward;
+        if in_flight == 0 {
+            // every result is in: slots no longer sampled leave
+            for (i, l) in left.iter_mut().enumerate() {
+                if !*l && !sample.contains(&i) {
+                    engine.leave(i)?;
+                    *l = true;
+                }
+            }
+        }
+    }
+    let rest = engine.wait()?;
+    take(rest, &mut report, &mut done, &mut drawn);
+    on_token(drawn);
+    for (i, l) in left.iter_mut().enumerate() {
+        if !*l {
+            engine.leave(i)?;
+            *l = true;
+        }
+    }
+    report.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
+    report.decode_tokens = drawn;
+    for (i, out) in report.outputs.iter_mut().enumerate() {
+        if out.finish.is_none() && out.error.is_none() && out.tokens.len() >= limits[i] {
+            out.finish = Some(FinishReason::Length);
+        }
+    }
+    Ok(report)
+}

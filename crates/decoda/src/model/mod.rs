@@ -1,0 +1,34 @@
+//! A whole decode step: Qwen3-MoE checkpoints (`config.json` and safetensors, Hugging
+//! Face's and MLX's layouts, f32/bf16/f16 and MLX's 4- and 8-bit affine weights), the
+//! forward pass written once over each backend's ops, and the generation loop that feeds
+//! the sampling head's tokens back to the model.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use decoda::model::{generate, CpuEngine, Qwen3Moe, Sequence, DEFAULT_SORT_CUTOFF};
+//! use decoda::head::SlotRequest;
+//! use decoda::SamplingParams;
+//!
+//! let model = Arc::new(Qwen3Moe::load("tiny".as_ref(), DEFAULT_SORT_CUTOFF)?);
+//! let mut engine = CpuEngine::new(model, 1)?;
+//! let greedy = SamplingParams { temperature: 0.0, ..Default::default() };
+//! let seq = Sequence {
+//!     prompt: vec![1, 2, 3],
+//!     request: SlotRequest::new(greedy).seed(7).max_tokens(16),
+//! };
+//! let report = generate(&mut engine, &[seq], &mut |_| {})?;
+//! println!("{:?}", report.outputs[0].tokens);
+//! # Ok::<(), decoda::Error>(())
+//! ```
+
+pub mod config;
+pub mod generate;
+pub mod load;
+pub mod qwen3_moe;
+pub mod tiny;
+
+pub use crate::cpu::model::{CpuEngine, CpuModel};
+pub use config::Config;
+pub use generate::{generate, Engine, Report, Sequence, SequenceOutput};
+pub use load::Checkpoint;
+pub use qwen3_moe::{Qwen3Moe, RopeTable, DEFAULT_SORT_CUTOFF};

@@ -1,0 +1,286 @@
+//! The model and a sampling head on one device: [`WgpuEngine`], the generation loop's
+//! engine, and the comparison that copies the logits to the host instead.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::head::{CpuHead, Head, SlotRequest, SlotStep};
+use crate::logits::{DType, Logits};
+use crate::model::generate::Engine;
+use crate::model::qwen3_moe::Qwen3Moe;
+use crate::moe::Dispatch;
+
+use super::super::head::WgpuHead;
+use super::super::sampler::{make_buffer, DeviceLogits, WgpuSampler};
+use super::{Tokens, WgpuModel};
+
+/// The model and a sampling head on one device: the generation loop's [`Engine`].
+pub struct WgpuEngine {
+    model: WgpuModel,
+    head: WgpuHead,
+    /// `--host-sampling`: the logits go to the host each step and a CPU head samples them.
+    host: Option<HostSampling>,
+    pending: Vec<Vec<SlotStep>>,
+}
+
+struct HostSampling {
+    head: CpuHead,
+    read: wgpu::Buffer,
+}
+
+impl std::fmt::Debug for WgpuEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuEngine")
+            .field("model", &self.model)
+            .finish()
+    }
+}
+
+impl WgpuEngine {
+    /// `model` on `sampler`'s device with `slots` slots of `positions` positions each.
+    /// With `host_sampling`, each step copies the logits to the host and samples them
+    /// there (the comparison the benchmarks make).
+    pub fn new(
+        sampler: &WgpuSampler,
+        model: Arc<Qwen3Moe>,
+        slots: usize,
+        positions: usize,
+        host_sampling: bool,
+    ) -> Result<Self> {
+        let v = model.config.vocab_size;
+        let mut m = WgpuModel::new(sampler, model, slots, positions)?;
+        let head = WgpuHead::new(sampler, slots, v)?;
+        m.head_tokens = Some(head.tokens().clone());
+        let host = if host_sampling {
+            Some(HostSampling {
+                head: CpuHead::new(slots, v)?,
+                read: make_buffer(
+                    &m.device,
+                    "decoda logits readback",
+                    (slots * v * 4) as u64,
+                    wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                ),
+            })
+        } else {
+            None
+        };
+        Ok(Self {
+            model: m,
+            head,
+            host,
+            pending: Vec::new(),
+        })
+    }
+
+    /// The model (its logits buffer, for tests).
+    pub fn model(&self) -> &WgpuModel {
+        &self.model
+    }
+
+    /// Bytes the engine has written from the host for decode steps (the row map when
+    /// the batch changes); joins and prefills are not counted.
+    pub fn decode_bytes_written(&self) -> u64 {
+        self.head.host_bytes_written()
+    }
+}
+
+fn read_f32(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    buf: &wgpu::Buffer,
+    n: usize,
+) -> Result<Vec<f32>> {
+    let bytes = (n * 4) as u64;
+    let read = make_buffer(
+        device,
+        "decoda read",
+        bytes.max(4),
+        wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+    );
+    let mut enc = device.create_command_encoder(&Default::default());
+    enc.copy_buffer_to_buffer(buf, 0, &read, 0, bytes);
+    queue.submit([enc.finish()]);
+    map_f32(device, &read, n)
+}
+
+fn map_f32(device: &wgpu::Device, read: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
+    let slice = read.slice(0..(n * 4) as u64);
+    let (tx, rx) = std::sync::mpsc::channel();
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
+    rx.recv()
+        .map_err(|_| Error::Device("the map callback never ran".into()))?
+        .map_err(|e| Error::Device(format!("mapping the logits: {e}")))?;
+    let v = {
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| Error::Device(format!("mapping the logits: {e}")))?;
+        bytemuck::cast_slice::<u8, f32>(&view).to_vec()
+    };
+    read.unmap();
+    Ok(v)
+}
+
+impl Engine for WgpuEngine {
+    fn name(&self) -> String {
+        format!("wgpu:{}", self.model.name)
+    }
+
+    fn vocab(&self) -> usize {
+        self.model.model.config.vocab_size
+    }
+
+    fn slots(&self) -> usize {
+        self.model.slots
+    }
+
+    fn start(
+        &mut self,
+        slot: usize,
+        request: SlotRequest,
+        prompt: &[u32],
+        logits_row: usize,
+    ) -> Result<Vec<Dispatch>> {
+        if slot >= self.model.slots || logits_row >= self.model.slots {
+            return Err(Error::Model(format!(
+                "slot {slot}, logits row {logits_row}: the engine has {} slots",
+                self.model.slots
+            )));
+        }
+        if prompt.is_empty() {
+            return Err(Error::Model(format!("slot {slot}: the prompt is empty")));
+        }
+        match &mut self.host {
+            Some(h) => {
+                h.head.join(slot, request)?;
+            }
+            None => {
+                self.head.join(slot, request)?;
+            }
+        }
+        self.model.reset(slot);
+        let b = self.model.prefill(slot, prompt, logits_row)?;
+        self.model
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
+        Ok(b)
+    }
+
+    fn step(&mut self, sample: &[usize], forward: &[usize]) -> Result<Vec<Dispatch>> {
+        let v = self.vocab();
+        if let Some(h) = &self.host {
+            // the comparison: logits to the host, sampled there, tokens back
+            let (read, words) = (h.read.clone(), sample.len() * v);
+            let mut enc = self
+                .model
+                .device
+                .create_command_encoder(&Default::default());
+            enc.copy_buffer_to_buffer(&self.model.logits, 0, &read, 0, (words * 4) as u64);
+            self.model.queue.submit([enc.finish()]);
+            let logits = map_f32(&self.model.device, &read, words)?;
+            let Some(h) = self.host.as_mut() else {
+                return Err(Error::Model("host sampling without its head".into()));
+            };
+            let rows = h
+                .head
+                .step(&Logits::f32(&logits, sample.len(), v)?, sample)?;
+            let mut toks = vec![0u32; sample.len()];
+            for (r, row) in rows.iter().enumerate() {
+                toks[r] = row.result.as_ref().map_or(0, |s| s.token);
+            }
+            self.pending.push(rows);
+            if forward.is_empty() {
+                return Ok(Vec::new());
+            }
+            self.model
+                .queue
+                .write_buffer(&self.model.host_tokens, 0, bytemuck::cast_slice(&toks));
+            let map: Vec<(usize, usize)> = forward
+                .iter()
+                .map(|s| (*s, sample.iter().position(|x| x == s).unwrap_or(0)))
+                .collect();
+            let mut enc = self
+                .model
+                .device
+                .create_command_encoder(&Default::default());
+            let b = self.model.record_decode(&mut enc, &map, Tokens::Host)?;
+            self.model.queue.submit([enc.finish()]);
+            return Ok(b);
+        }
+        let mut enc = self
+            .model
+            .device
+            .create_command_encoder(&Default::default());
+        let view = DeviceLogits {
+            buffer: &self.model.logits,
+            dtype: DType::F32,
+            rows: sample.len(),
+            vocab: v,
+            row_stride: v,
+            offset: 0,
+        };
+        self.head.record_step(&mut enc, &view, sample)?;
+        let mut b = Vec::new();
+        if !forward.is_empty() {
+            let map: Vec<(usize, usize)> = forward
+                .iter()
+                .map(|s| (*s, sample.iter().position(|x| x == s).unwrap_or(0)))
+                .collect();
+            b = self.model.record_decode(&mut enc, &map, Tokens::Head)?;
+        }
+        self.model.queue.submit([enc.finish()]);
+        Ok(b)
+    }
+
+    fn poll(&mut self) -> Result<Vec<Vec<SlotStep>>> {
+        let mut out = std::mem::take(&mut self.pending);
+        if self.host.is_none() {
+            out.extend(self.head.poll()?.into_iter().map(|s| s.rows));
+        }
+        Ok(out)
+    }
+
+    fn wait(&mut self) -> Result<Vec<Vec<SlotStep>>> {
+        let mut out = std::mem::take(&mut self.pending);
+        if self.host.is_none() {
+            out.extend(self.head.wait()?.into_iter().map(|s| s.rows));
+        }
+        Ok(out)
+    }
+
+    fn leave(&mut self, slot: usize) -> Result<()> {
+        match &mut self.host {
+            Some(h) => h.head.leave(slot),
+            None => self.head.leave(slot),
+        }
+    }
+
+    fn read_logits(&mut self, rows: usize) -> Result<Vec<f32>> {
+        if rows > self.model.slots {
+            return Err(Error::Model(format!(
+                "{rows} rows of logits asked; the engine has {} slots",
+                self.model.slots
+            )));
+        }
+        let v = self.model.model.config.vocab_size;
+        read_f32(
+            &self.model.device,
+            &self.model.queue,
+            &self.model.logits,
+            rows * v,
+        )
+    }
+
+    fn ahead(&self) -> usize {
+        if self.host.is_some() {
+            1
+        } else {
+            3
+        }
+    }
+}

@@ -1,0 +1,542 @@
+//! The model on the device (`model.wgsl`): weights uploaded once in their checkpoint
+//! format, activations, KV caches, positions and logits in device buffers.
+//!
+//! A call's dispatches are planned once per shape by running the model's forward pass
+//! ([`crate::model::qwen3_moe::forward`]) over a recorder of [`Ops`]: the plan holds each
+//! dispatch's parameters (one uniform buffer) and bind groups, and the MoE layers'
+//! [`WgpuMoe`] calls. Running a planned call records those into an encoder and writes
+//! nothing from the host; the rows' positions live on the device and advance there.
+//! [`WgpuEngine`] puts a [`WgpuHead`] after the model: it samples the logits where they
+//! are and the next call's embedding lookup reads the head's token buffer.
+//!
+//! Split by job: this file holds the buffers and records planned calls; `weights`
+//! uploads matrices in their formats, `plan` turns the forward pass into dispatches, and
+//! `engine` is the generation loop's engine (with the host-sampling comparison).
+
+mod engine;
+mod plan;
+mod weights;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::model::qwen3_moe::{Act, Mlp, NormId, Qwen3Moe, RopeTable, WeightId};
+use crate::moe::{Dispatch, Router};
+
+use super::moe::{MoeRouting, WgpuMoe};
+use super::sampler::{make_buffer, WgpuSampler};
+
+pub use engine::WgpuEngine;
+use plan::{Plan, PlanKey, Tokens};
+use weights::{init_buffer, upload, Mat};
+
+/// The WGSL of the model's kernels (without the shared arithmetic).
+pub const SHADER_MODEL: &str = include_str!("model.wgsl");
+
+/// The complete module (with `fmath.wgsl`).
+pub fn model_shader_source() -> String {
+    format!("{SHADER_MODEL}\n{}", super::SHADER_FMATH)
+}
+
+/// One dispatch's parameters (`Op` in `model.wgsl`; the layout is checked by a test).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(crate) struct ModelOp {
+    pub rows: u32,
+    pub kind: u32,
+    pub in_w: u32,
+    pub out_w: u32,
+    pub dtype: u32,
+    pub bits: u32,
+    pub group: u32,
+    pub row_words: u32,
+    pub w_off: u32,
+    pub s_off: u32,
+    pub b_off: u32,
+    pub aux_off: u32,
+    pub src_w: u32,
+    pub dst_w: u32,
+    pub src_row0: u32,
+    pub dst_row0: u32,
+    pub groups: u32,
+    pub eps: f32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub max_pos: u32,
+    pub map_off: u32,
+    pub inplace: u32,
+    pub zero: u32,
+    pub pad0: u32,
+    pub pad1: u32,
+    pub pad2: u32,
+}
+
+/// `ROW_LAST` in `model.wgsl`: the row ends its segment.
+pub(crate) const ROW_LAST: u32 = 1;
+/// Bytes between the parameters of consecutive dispatches (uniform offset alignment).
+pub(crate) const OP_STRIDE: u64 = 256;
+/// Most rows in one call (longer prompts run in chunks).
+const MAX_CALL_ROWS: usize = 256;
+/// Bytes the attention scores of a call may take (bounds the prefill chunk).
+const SCORE_BYTES: usize = 64 << 20;
+/// Largest grid dimension used.
+const GRID: usize = 32768;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Pipe {
+    Embed,
+    Rms,
+    Linear,
+    RopeStore,
+    Attend,
+    Add,
+    Advance,
+}
+
+/// The model's buffers and pipelines on one device.
+pub struct WgpuModel {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    name: String,
+    model: Arc<Qwen3Moe>,
+    layout: wgpu::BindGroupLayout,
+    pipes: HashMap<Pipe, wgpu::ComputePipeline>,
+    mats: HashMap<WeightId, Mat>,
+    embed: Mat,
+    norms: wgpu::Buffer,
+    norm_off: HashMap<NormId, u32>,
+    moe: Vec<Option<WgpuMoe>>,
+    rope: wgpu::Buffer,
+    acts: HashMap<Act, wgpu::Buffer>,
+    kc: Vec<wgpu::Buffer>,
+    vc: Vec<wgpu::Buffer>,
+    scores: wgpu::Buffer,
+    ctl: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    prompt_tokens: wgpu::Buffer,
+    host_tokens: wgpu::Buffer,
+    /// Placeholders: one read-only, and one per read-write binding.
+    dummy_ro: wgpu::Buffer,
+    dummy_rw: [wgpu::Buffer; 4],
+    slots: usize,
+    max_pos: usize,
+    max_rows: usize,
+    plans: HashMap<PlanKey, Plan>,
+    head_tokens: Option<wgpu::Buffer>,
+    /// Host copies of what the device holds: each slot's position, the decode row map.
+    positions: Vec<usize>,
+    decode_map: Vec<u32>,
+}
+
+impl std::fmt::Debug for WgpuModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuModel")
+            .field("adapter", &self.name)
+            .field("slots", &self.slots)
+            .field("max_positions", &self.max_pos)
+            .finish()
+    }
+}
+
+fn build_pipes(
+    device: &wgpu::Device,
+) -> Result<(wgpu::BindGroupLayout, HashMap<Pipe, wgpu::ComputePipeline>)> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("decoda model.wgsl"),
+        source: wgpu::ShaderSource::Wgsl(model_shader_source().into()),
+    });
+    let e = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    };
+    let ro = wgpu::BufferBindingType::Storage { read_only: true };
+    let rw = wgpu::BufferBindingType::Storage { read_only: false };
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("decoda model"),
+        entries: &[
+            e(0, wgpu::BufferBindingType::Uniform),
+            e(1, ro),
+            e(2, ro),
+            e(3, ro),
+            e(4, rw),
+            e(5, rw),
+            e(6, rw),
+            e(7, rw),
+            e(8, rw),
+        ],
+    });
+    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some("decoda model"),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let mut pipes = HashMap::new();
+    for (p, entry) in [
+        (Pipe::Embed, "embed"),
+        (Pipe::Rms, "rms"),
+        (Pipe::Linear, "linear"),
+        (Pipe::RopeStore, "rope_store"),
+        (Pipe::Attend, "attend"),
+        (Pipe::Add, "add"),
+        (Pipe::Advance, "advance"),
+    ] {
+        let pipe = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: Some(&pl),
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        pipes.insert(p, pipe);
+    }
+    if let Some(err) = pollster::block_on(scope.pop()) {
+        return Err(Error::Device(format!(
+            "building the model's kernels: {err}"
+        )));
+    }
+    Ok((layout, pipes))
+}
+
+fn grid_of(n: usize) -> (u32, u32) {
+    let n = n.max(1);
+    (n.min(GRID) as u32, n.div_ceil(GRID) as u32)
+}
+
+impl WgpuModel {
+    /// Uploads `model` to `sampler`'s device with `slots` KV caches of `positions`
+    /// positions each.
+    pub fn new(
+        sampler: &WgpuSampler,
+        model: Arc<Qwen3Moe>,
+        slots: usize,
+        positions: usize,
+    ) -> Result<Self> {
+        let device = sampler.device().clone();
+        let cfg = model.config.clone();
+        if slots == 0 || positions == 0 {
+            return Err(Error::Model(
+                "a model needs at least one slot and one position".into(),
+            ));
+        }
+        let (layout, pipes) = build_pipes(&device)?;
+        let mut mats = HashMap::new();
+        for id in model.weight_ids() {
+            let name = format!("{id:?}");
+            let m = match id {
+                // swiglu reads gate and up as one matrix
+                WeightId::Gate(l) => upload(
+                    &device,
+                    &name,
+                    &[model.weight(id)?, model.weight(WeightId::Up(l))?],
+                )?,
+                WeightId::Up(_) => continue,
+                WeightId::LmHead if model.lm_head.is_none() => continue,
+                _ => upload(&device, &name, &[model.weight(id)?])?,
+            };
+            mats.insert(id, m);
+        }
+        let embed = upload(&device, "embed_tokens", &[&model.embed])?;
+        if model.lm_head.is_none() {
+            mats.insert(WeightId::LmHead, embed.clone());
+        }
+        let mut norm_words = Vec::new();
+        let mut norm_off = HashMap::new();
+        for id in model.norm_ids() {
+            norm_off.insert(id, norm_words.len() as u32);
+            norm_words.extend(model.norm_weight(id)?.iter().map(|x| x.to_bits()));
+        }
+        let norms = init_buffer(
+            &device,
+            "decoda model norms",
+            &norm_words,
+            wgpu::BufferUsages::STORAGE,
+        );
+        let mut moe = Vec::new();
+        for layer in &model.layers {
+            moe.push(match &layer.mlp {
+                Mlp::Moe { experts, .. } => Some(WgpuMoe::new(sampler, experts)?),
+                Mlp::Dense { .. } => None,
+            });
+        }
+        let table = RopeTable::new(&cfg, positions);
+        let rope_words: Vec<u32> = table
+            .cos
+            .iter()
+            .chain(&table.sin)
+            .map(|x| x.to_bits())
+            .collect();
+        let rope = init_buffer(
+            &device,
+            "decoda rope",
+            &rope_words,
+            wgpu::BufferUsages::STORAGE,
+        );
+        let limit = device.limits().max_storage_buffer_binding_size as usize;
+        let score_row = cfg.num_attention_heads * positions * 4;
+        let max_rows = (SCORE_BYTES.min(limit) / score_row)
+            .clamp(1, MAX_CALL_ROWS)
+            .max(slots.min(MAX_CALL_ROWS));
+        if slots > MAX_CALL_ROWS {
+            return Err(Error::Model(format!(
+                "{slots} slots: at most {MAX_CALL_ROWS}"
+            )));
+        }
+        let st = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        let sized = |label: &str, bytes: usize| -> Result<wgpu::Buffer> {
+            if bytes > limit {
+                return Err(Error::Model(format!(
+                    "{label} needs {bytes} bytes; this adapter binds at most {limit} (fewer slots or positions)"
+                )));
+            }
+            Ok(make_buffer(
+                &device,
+                label,
+                bytes.max(16).next_multiple_of(16) as u64,
+                st,
+            ))
+        };
+        let mut acts = HashMap::new();
+        for a in [
+            Act::X,
+            Act::H,
+            Act::Q,
+            Act::K,
+            Act::V,
+            Act::A,
+            Act::G,
+            Act::R,
+            Act::M,
+        ] {
+            acts.insert(
+                a,
+                sized("decoda model activations", max_rows * a.width(&cfg) * 4)?,
+            );
+        }
+        let kv_bytes = slots * positions * cfg.kv_width() * 4;
+        let mut kc = Vec::new();
+        let mut vc = Vec::new();
+        for _ in 0..cfg.num_hidden_layers {
+            kc.push(sized("decoda kv cache", kv_bytes)?);
+            vc.push(sized("decoda kv cache", kv_bytes)?);
+        }
+        let scores = sized("decoda attention scores", max_rows * score_row)?;
+        let ctl = sized("decoda model rows", (slots + 4 * (slots + max_rows)) * 4)?;
+        let logits = sized("decoda model logits", slots * cfg.vocab_size * 4)?;
+        let prompt_tokens = sized("decoda prompt tokens", max_rows * 4)?;
+        let host_tokens = sized("decoda host tokens", slots * 4)?;
+        let dummy = |l| make_buffer(&device, l, 16, st);
+        Ok(Self {
+            queue: sampler.queue().clone(),
+            name: sampler.adapter(),
+            layout,
+            pipes,
+            mats,
+            embed,
+            norms,
+            norm_off,
+            moe,
+            rope,
+            acts,
+            kc,
+            vc,
+            scores,
+            ctl,
+            logits,
+            prompt_tokens,
+            host_tokens,
+            dummy_ro: dummy("decoda dummy"),
+            dummy_rw: [
+                dummy("decoda dummy"),
+                dummy("decoda dummy"),
+                dummy("decoda dummy"),
+                dummy("decoda dummy"),
+            ],
+            slots,
+            max_pos: positions,
+            max_rows,
+            plans: HashMap::new(),
+            head_tokens: None,
+            positions: vec![0; slots],
+            decode_map: Vec::new(),
+            device,
+            model,
+        })
+    }
+
+    /// The logits buffer: `[slots, V]` f32, row `r` of the last call's output rows.
+    pub fn logits(&self) -> &wgpu::Buffer {
+        &self.logits
+    }
+
+    /// Positions each slot's cache holds.
+    pub fn max_positions(&self) -> usize {
+        self.max_pos
+    }
+
+    /// Empties `slot` (its position back to 0).
+    fn reset(&mut self, slot: usize) {
+        self.positions[slot] = 0;
+        self.queue
+            .write_buffer(&self.ctl, (slot * 4) as u64, &0u32.to_le_bytes());
+    }
+
+    fn map_off_decode(&self) -> usize {
+        self.slots
+    }
+
+    fn map_off_prompt(&self) -> usize {
+        self.slots + 4 * self.slots
+    }
+
+    /// Records the prefill of `prompt` for `slot` (in chunks), the logits of its last
+    /// token into row `logits_row`; submits each chunk. Returns the MoE branches.
+    fn prefill(&mut self, slot: usize, prompt: &[u32], logits_row: usize) -> Result<Vec<Dispatch>> {
+        let v = self.model.config.vocab_size;
+        if let Some((j, t)) = prompt.iter().enumerate().find(|(_, &t)| t as usize >= v) {
+            return Err(Error::Model(format!(
+                "prompt token {j} = {t} is not below vocab_size {v}"
+            )));
+        }
+        if self.positions[slot] + prompt.len() > self.max_pos {
+            return Err(Error::Model(format!(
+                "slot {slot}: {} tokens exceed the {} positions the cache holds",
+                self.positions[slot] + prompt.len(),
+                self.max_pos
+            )));
+        }
+        let mut branches = Vec::new();
+        let chunks: Vec<&[u32]> = prompt.chunks(self.max_rows).collect();
+        for (c, chunk) in chunks.iter().enumerate() {
+            let n = chunk.len();
+            let last = c + 1 == chunks.len();
+            let mut map = Vec::with_capacity(4 * n);
+            for j in 0..n {
+                map.extend([
+                    slot as u32,
+                    j as u32,
+                    j as u32,
+                    if j + 1 == n { ROW_LAST } else { 0 },
+                ]);
+            }
+            self.queue
+                .write_buffer(&self.prompt_tokens, 0, bytemuck::cast_slice(chunk));
+            self.queue.write_buffer(
+                &self.ctl,
+                (self.map_off_prompt() * 4) as u64,
+                bytemuck::cast_slice(&map),
+            );
+            let key = PlanKey {
+                rows: n,
+                map_off: self.map_off_prompt(),
+                tokens: Tokens::Prompt,
+                out: last.then_some((n - 1, logits_row, 1)),
+            };
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            branches = self.record(&mut enc, key)?;
+            self.queue.submit([enc.finish()]);
+            self.positions[slot] += n;
+        }
+        Ok(branches)
+    }
+
+    /// Records a decode call for `rows` (slot, index of its token in the token source),
+    /// logits into rows `0 .. rows.len()`.
+    fn record_decode(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        rows: &[(usize, usize)],
+        tokens: Tokens,
+    ) -> Result<Vec<Dispatch>> {
+        for &(slot, _) in rows {
+            if self.positions[slot] + 1 > self.max_pos {
+                return Err(Error::Model(format!(
+                    "slot {slot}: {} tokens exceed the {} positions the cache holds",
+                    self.positions[slot] + 1,
+                    self.max_pos
+                )));
+            }
+        }
+        let map: Vec<u32> = rows
+            .iter()
+            .flat_map(|&(slot, src)| [slot as u32, 0, src as u32, ROW_LAST])
+            .collect();
+        if map != self.decode_map {
+            // the batch changed: the new row map (the only host write of a decode step)
+            self.queue.write_buffer(
+                &self.ctl,
+                (self.map_off_decode() * 4) as u64,
+                bytemuck::cast_slice(&map),
+            );
+            self.decode_map = map;
+        }
+        let n = rows.len();
+        let key = PlanKey {
+            rows: n,
+            map_off: self.map_off_decode(),
+            tokens,
+            out: Some((0, 0, n)),
+        };
+        let b = self.record(enc, key)?;
+        for &(slot, _) in rows {
+            self.positions[slot] += 1;
+        }
+        Ok(b)
+    }
+
+    fn record(&mut self, enc: &mut wgpu::CommandEncoder, key: PlanKey) -> Result<Vec<Dispatch>> {
+        if !self.plans.contains_key(&key) {
+            if self.plans.len() >= 64 {
+                self.plans.clear();
+            }
+            let plan = self.plan(&key)?;
+            self.plans.insert(key.clone(), plan);
+        }
+        let plan = &self.plans[&key];
+        let cfg = &self.model.config;
+        for seg in &plan.segments {
+            if !seg.kernels.is_empty() {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("decoda model"),
+                    timestamp_writes: None,
+                });
+                for k in &seg.kernels {
+                    pass.set_pipeline(&self.pipes[&k.pipe]);
+                    pass.set_bind_group(0, &k.group, &[]);
+                    pass.dispatch_workgroups(k.grid.0, k.grid.1, 1);
+                }
+            }
+            if let Some((layer, n)) = seg.moe {
+                let moe = self.moe[layer].as_ref().ok_or_else(|| {
+                    Error::Model(format!("layer {layer} has no experts on the device"))
+                })?;
+                moe.record(
+                    enc,
+                    &self.acts[&Act::H],
+                    n,
+                    MoeRouting::Logits {
+                        buffer: &self.acts[&Act::R],
+                        top_k: cfg.num_experts_per_tok,
+                        router: Router::SoftmaxTopK {
+                            renormalize: cfg.norm_topk_prob,
+                        },
+                    },
+                    &self.acts[&Act::M],
+                    None,
+                )?;
+            }
+        }
+        Ok(plan.branches.clone())
+    }
+}

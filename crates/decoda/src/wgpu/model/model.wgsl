@@ -1,0 +1,401 @@
+// The model's ops on the device (crate::model::qwen3_moe::Ops; the launcher is model.rs).
+// Each dispatch runs over the rows of one call. A row's slot, its offset in its segment,
+// where its token comes from and whether it ends its segment are in `ctl` (the row map,
+// written when the batch changes); each slot's position (tokens in its cache) is in
+// `ctl[0 .. slots]`, advanced on the device at the end of the call, so a decode step
+// needs nothing from the host.
+//
+//   embed      (rows)              x[r] = embedding row of token aux[src(r)]
+//   rms        (rows * groups)     dst[r] = src[r] * w / sqrt(mean(src[r]^2) + eps), per group
+//   linear     (out)               dst[r][o] (=|+=) W[o] . src[r]; swiglu: silu(W[o].x) * W[I+o].x
+//   rope_store (rows)              rotate q (dst, in place) and k (src); k, v (scr) into the cache
+//   attend     (rows * heads)      a[r][h] = softmax(q . k_t * scale) . v_t over t <= pos(r)
+//   add        (rows * width / 256) dst += src
+//   advance    (1)                 pos[slot] += the segment's rows
+//
+// Matrices are read in their own format and dequantized in registers: f32 words, two
+// 16-bit values per word (rows padded to whole words), or MLX affine words (`32 / bits`
+// codes from the low bits up, `w = scale * q + bias` per group of the row).
+
+struct Op {
+    rows: u32,       // rows of the call this op runs over
+    kind: u32,       // linear: 0 store, 1 add, 2 swiglu
+    in_w: u32,       // input width (linear), group width (rms)
+    out_w: u32,      // output rows of the matrix (linear; swiglu: I)
+    dtype: u32,      // 0 f32, 1 bf16, 2 f16, 3 affine
+    bits: u32,
+    group: u32,
+    row_words: u32,  // words per matrix row
+    w_off: u32,      // word offsets in wts: codes or values, scales, biases
+    s_off: u32,
+    b_off: u32,
+    aux_off: u32,    // word offset in aux: norm weight, rope table
+    src_w: u32,      // floats between src rows
+    dst_w: u32,      // floats between dst rows
+    src_row0: u32,   // first src row read
+    dst_row0: u32,   // first dst row written
+    groups: u32,     // rms: groups per row
+    eps: f32,        // rms: epsilon; attend: scale
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    max_pos: u32,    // positions per slot in the cache and the rope table
+    map_off: u32,    // word offset of the row map in ctl (4 words per row)
+    inplace: u32,    // rms: read dst instead of src
+    zero: u32,       // always 0 (fp)
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
+}
+
+// flags word of a row: bit 0 = the row ends its segment
+const ROW_LAST: u32 = 1u;
+const WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> op: Op;
+@group(0) @binding(1) var<storage, read> wts: array<u32>;
+@group(0) @binding(2) var<storage, read> aux: array<u32>;
+@group(0) @binding(3) var<storage, read> src: array<f32>;
+@group(0) @binding(4) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(5) var<storage, read_write> ctl: array<u32>;
+@group(0) @binding(6) var<storage, read_write> kc: array<f32>;
+@group(0) @binding(7) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(8) var<storage, read_write> scr: array<f32>;
+
+var<workgroup> red4: array<vec4<f32>, 64>;
+var<workgroup> red4b: array<vec4<f32>, 64>;
+var<workgroup> red1: array<f32, 64>;
+
+fn opaque_zero() -> u32 {
+    return op.zero;
+}
+
+fn row_slot(r: u32) -> u32 {
+    return ctl[op.map_off + 4u * r];
+}
+
+fn row_pos(r: u32) -> u32 {
+    return ctl[row_slot(r)] + ctl[op.map_off + 4u * r + 1u];
+}
+
+fn flat_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x;
+}
+
+fn half_bits(h: u32) -> f32 {
+    if (op.dtype == 1u) {
+        return bitcast<f32>(h << 16u);
+    }
+    let sgn = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 31u) {
+        return bitcast<f32>(sgn | 0x7f800000u | (m << 13u));
+    }
+    if (e == 0u) {
+        let v = f32(m) * 5.9604645e-8;
+        return bitcast<f32>(bitcast<u32>(v) | sgn);
+    }
+    return bitcast<f32>(sgn | ((e + 112u) << 23u) | (m << 13u));
+}
+
+// Element i of matrix row `row`.
+fn elem(row: u32, i: u32) -> f32 {
+    let base = op.w_off + row * op.row_words;
+    if (op.dtype == 0u) {
+        return bitcast<f32>(wts[base + i]);
+    }
+    if (op.dtype <= 2u) {
+        let word = wts[base + i / 2u];
+        return half_bits((word >> (16u * (i & 1u))) & 0xffffu);
+    }
+    let per = 32u / op.bits;
+    let word = wts[base + i / per];
+    let q = f32((word >> (op.bits * (i % per))) & ((1u << op.bits) - 1u));
+    let g = row * (op.in_w / op.group) + i / op.group;
+    return fp(bitcast<f32>(wts[op.s_off + g]) * q) + bitcast<f32>(wts[op.b_off + g]);
+}
+
+// ---------------------------------------------------------------------------------
+
+@compute @workgroup_size(64)
+fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let r = flat_id(wid, nwg);
+    if (r >= op.rows) {
+        return;
+    }
+    let tok = aux[ctl[op.map_off + 4u * r + 2u]];
+    for (var i = lid; i < op.in_w; i = i + WG) {
+        dst[r * op.dst_w + i] = elem(tok, i);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+
+fn reduce1(lid: u32) -> f32 {
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            red1[lid] = red1[lid] + red1[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let v = red1[0];
+    workgroupBarrier();
+    return v;
+}
+
+@compute @workgroup_size(64)
+fn rms(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let id = flat_id(wid, nwg);
+    let r = id / op.groups;
+    let g = id % op.groups;
+    if (r >= op.rows) {
+        return;
+    }
+    let w = op.in_w;
+    let s0 = (op.src_row0 + r) * op.src_w + g * w;
+    let d0 = (op.dst_row0 + r) * op.dst_w + g * w;
+    var ss = 0.0;
+    for (var i = lid; i < w; i = i + WG) {
+        var x: f32;
+        if (op.inplace != 0u) {
+            x = dst[s0 + i];
+        } else {
+            x = src[s0 + i];
+        }
+        ss = ss + x * x;
+    }
+    red1[lid] = ss;
+    let total = reduce1(lid);
+    let inv = 1.0 / sqrt(total / f32(w) + op.eps);
+    for (var i = lid; i < w; i = i + WG) {
+        var x: f32;
+        if (op.inplace != 0u) {
+            x = dst[s0 + i];
+        } else {
+            x = src[s0 + i];
+        }
+        dst[d0 + i] = fp(x * inv) * bitcast<f32>(aux[op.aux_off + i]);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+
+// Up to four rows of src at input i (rows r0 .. r0 + nr).
+fn xs4(r0: u32, nr: u32, i: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    let b = (op.src_row0 + r0) * op.src_w + i;
+    v.x = src[b];
+    if (nr > 1u) {
+        v.y = src[b + op.src_w];
+    }
+    if (nr > 2u) {
+        v.z = src[b + 2u * op.src_w];
+    }
+    if (nr > 3u) {
+        v.w = src[b + 3u * op.src_w];
+    }
+    return v;
+}
+
+// This invocation's share of W[row] . src[r0 + j] for j < nr: the words lid, lid + 64, ...
+fn dot4(row: u32, r0: u32, nr: u32, lid: u32) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    let base = op.w_off + row * op.row_words;
+    if (op.dtype == 0u) {
+        for (var wi = lid; wi < op.row_words; wi = wi + WG) {
+            acc = acc + bitcast<f32>(wts[base + wi]) * xs4(r0, nr, wi);
+        }
+    } else if (op.dtype <= 2u) {
+        for (var wi = lid; wi < op.row_words; wi = wi + WG) {
+            let word = wts[base + wi];
+            let i = 2u * wi;
+            acc = acc + half_bits(word & 0xffffu) * xs4(r0, nr, i);
+            if (i + 1u < op.in_w) {
+                acc = acc + half_bits(word >> 16u) * xs4(r0, nr, i + 1u);
+            }
+        }
+    } else {
+        let per = 32u / op.bits;
+        let mask = (1u << op.bits) - 1u;
+        let gpr = op.in_w / op.group;
+        for (var wi = lid; wi < op.row_words; wi = wi + WG) {
+            let word = wts[base + wi];
+            let i0 = wi * per;
+            let g = row * gpr + i0 / op.group;
+            let sc = bitcast<f32>(wts[op.s_off + g]);
+            let bi = bitcast<f32>(wts[op.b_off + g]);
+            for (var j = 0u; j < per; j = j + 1u) {
+                let q = f32((word >> (op.bits * j)) & mask);
+                let w = fp(sc * q) + bi;
+                acc = acc + w * xs4(r0, nr, i0 + j);
+            }
+        }
+    }
+    return acc;
+}
+
+fn silu(g: f32) -> f32 {
+    return g / (1.0 + exp(-g));
+}
+
+@compute @workgroup_size(64)
+fn linear(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let o = flat_id(wid, nwg);
+    if (o >= op.out_w) {
+        return;
+    }
+    for (var r0 = 0u; r0 < op.rows; r0 = r0 + 4u) {
+        let nr = min(4u, op.rows - r0);
+        red4[lid] = dot4(o, r0, nr, lid);
+        if (op.kind == 2u) {
+            red4b[lid] = dot4(o + op.out_w, r0, nr, lid);
+        }
+        workgroupBarrier();
+        for (var s = 32u; s > 0u; s = s >> 1u) {
+            if (lid < s) {
+                red4[lid] = red4[lid] + red4[lid + s];
+                if (op.kind == 2u) {
+                    red4b[lid] = red4b[lid] + red4b[lid + s];
+                }
+            }
+            workgroupBarrier();
+        }
+        if (lid < nr) {
+            let at = (op.dst_row0 + r0 + lid) * op.dst_w + o;
+            let v = red4[0][lid];
+            if (op.kind == 0u) {
+                dst[at] = v;
+            } else if (op.kind == 1u) {
+                dst[at] = dst[at] + v;
+            } else {
+                dst[at] = silu(v) * red4b[0][lid];
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
+// ---------------------------------------------------------------------------------
+
+@compute @workgroup_size(64)
+fn rope_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let r = flat_id(wid, nwg);
+    if (r >= op.rows) {
+        return;
+    }
+    let hd = op.head_dim;
+    let half = hd / 2u;
+    let p = row_pos(r);
+    let slot = row_slot(r);
+    let cos0 = op.aux_off + p * half;
+    let sin0 = op.aux_off + op.max_pos * half + p * half;
+    let qw = op.heads * hd;
+    let kvw = op.kv_heads * hd;
+    for (var j = lid; j < op.heads * half; j = j + WG) {
+        let at = r * qw + (j / half) * hd + j % half;
+        let c = bitcast<f32>(aux[cos0 + j % half]);
+        let s = bitcast<f32>(aux[sin0 + j % half]);
+        let x0 = dst[at];
+        let x1 = dst[at + half];
+        dst[at] = fp(x0 * c) - fp(x1 * s);
+        dst[at + half] = fp(x1 * c) + fp(x0 * s);
+    }
+    let cbase = (slot * op.max_pos + p) * kvw;
+    for (var j = lid; j < op.kv_heads * half; j = j + WG) {
+        let off = (j / half) * hd + j % half;
+        let c = bitcast<f32>(aux[cos0 + j % half]);
+        let s = bitcast<f32>(aux[sin0 + j % half]);
+        let x0 = src[r * kvw + off];
+        let x1 = src[r * kvw + off + half];
+        kc[cbase + off] = fp(x0 * c) - fp(x1 * s);
+        kc[cbase + off + half] = fp(x1 * c) + fp(x0 * s);
+    }
+    for (var j = lid; j < kvw; j = j + WG) {
+        vc[cbase + j] = scr[r * kvw + j];
+    }
+}
+
+// ---------------------------------------------------------------------------------
+
+@compute @workgroup_size(64)
+fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let id = flat_id(wid, nwg);
+    let r = id / op.heads;
+    let h = id % op.heads;
+    if (r >= op.rows) {
+        return;
+    }
+    let hd = op.head_dim;
+    let kvw = op.kv_heads * hd;
+    let g = h / (op.heads / op.kv_heads);
+    let p = row_pos(r);
+    let slot = row_slot(r);
+    let q0 = r * op.heads * hd + h * hd;
+    let s0 = id * op.max_pos;
+    let c0 = slot * op.max_pos * kvw + g * hd;
+    var m = -3.0e38;
+    for (var t = lid; t <= p; t = t + WG) {
+        var s = 0.0;
+        for (var d = 0u; d < hd; d = d + 1u) {
+            s = s + src[q0 + d] * kc[c0 + t * kvw + d];
+        }
+        s = s * op.eps;
+        scr[s0 + t] = s;
+        m = max(m, s);
+    }
+    red1[lid] = m;
+    workgroupBarrier();
+    for (var st = 32u; st > 0u; st = st >> 1u) {
+        if (lid < st) {
+            red1[lid] = max(red1[lid], red1[lid + st]);
+        }
+        workgroupBarrier();
+    }
+    let mx = red1[0];
+    workgroupBarrier();
+    var sum = 0.0;
+    for (var t = lid; t <= p; t = t + WG) {
+        let e = exp_f32(scr[s0 + t] - mx);
+        scr[s0 + t] = e;
+        sum = sum + e;
+    }
+    red1[lid] = sum;
+    let total = reduce1(lid);
+    storageBarrier();
+    workgroupBarrier();
+    for (var d = lid; d < hd; d = d + WG) {
+        var acc = 0.0;
+        for (var t = 0u; t <= p; t = t + 1u) {
+            acc = acc + scr[s0 + t] * vc[c0 + t * kvw + d];
+        }
+        dst[q0 + d] = acc / total;
+    }
+}
+
+// ---------------------------------------------------------------------------------
+
+@compute @workgroup_size(256)
+fn add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let i = flat_id(wid, nwg) * 256u + lid;
+    if (i < op.rows * op.dst_w) {
+        dst[i] = dst[i] + src[i];
+    }
+}
+
+@compute @workgroup_size(64)
+fn advance(@builtin(local_invocation_index) lid: u32) {
+    for (var r = lid; r < op.rows; r = r + WG) {
+        if ((ctl[op.map_off + 4u * r + 3u] & ROW_LAST) != 0u) {
+            let slot = ctl[op.map_off + 4u * r];
+            ctl[slot] = ctl[slot] + ctl[op.map_off + 4u * r + 1u] + 1u;
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! Planning a call: the model's forward pass ([`forward`]) run over a recorder of
+//! [`Ops`], each op one dispatch with its parameters (one uniform buffer per plan, a
+//! block per dispatch) and bind group made once; the MoE layers' calls in between.
+
+use crate::error::{Error, Result};
+use crate::model::qwen3_moe::{forward, Acc, Act, NormId, Ops, WeightId};
+use crate::moe::Dispatch;
+
+use super::{grid_of, Mat, ModelOp, Pipe, WgpuModel, OP_STRIDE};
+
+/// Where a call's tokens come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Tokens {
+    /// The prefill buffer (a prompt chunk).
+    Prompt,
+    /// The head's token buffer (decode).
+    Head,
+    /// The host-sampling comparison's token buffer.
+    Host,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct PlanKey {
+    pub(super) rows: usize,
+    pub(super) map_off: usize,
+    pub(super) tokens: Tokens,
+    /// (first src row, first logits row, rows) of the LM head; None: no logits.
+    pub(super) out: Option<(usize, usize, usize)>,
+}
+
+pub(super) struct Kernel {
+    pub(super) pipe: Pipe,
+    pub(super) group: wgpu::BindGroup,
+    pub(super) grid: (u32, u32),
+}
+
+/// A run of kernels, then optionally an MoE layer's call.
+pub(super) struct Segment {
+    pub(super) kernels: Vec<Kernel>,
+    pub(super) moe: Option<(usize, usize)>,
+}
+
+pub(super) struct Plan {
+    pub(super) segments: Vec<Segment>,
+    pub(super) branches: Vec<Dispatch>,
+    pub(super) _params: wgpu::Buffer,
+}
+
+/// The buffers a dispatch binds (None: that binding's placeholder).
+#[derive(Default, Clone)]
+pub(super) struct Binds {
+    pub(super) wts: Option<wgpu::Buffer>,
+    pub(super) aux: Option<wgpu::Buffer>,
+    pub(super) src: Option<wgpu::Buffer>,
+    pub(super) dst: Option<wgpu::Buffer>,
+    pub(super) kc: Option<wgpu::Buffer>,
+    pub(super) vc: Option<wgpu::Buffer>,
+    pub(super) scr: Option<wgpu::Buffer>,
+}
+
+pub(super) struct Pending {
+    pub(super) pipe: Pipe,
+    pub(super) op: ModelOp,
+    pub(super) binds: Binds,
+    pub(super) grid: usize,
+}
+
+impl WgpuModel {
+    pub(super) fn plan(&self, key: &PlanKey) -> Result<Plan> {
+        let mut rec = Recorder {
+            m: self,
+            key,
+            pending: Vec::new(),
+            cuts: Vec::new(),
+        };
+        let branches = forward(&self.model.config, &mut rec)?;
+        let map_off = key.map_off as u32;
+        rec.push(
+            Pipe::Advance,
+            ModelOp {
+                rows: key.rows as u32,
+                map_off,
+                ..Default::default()
+            },
+            Binds::default(),
+            1,
+        );
+        let Recorder { pending, cuts, .. } = rec;
+        let mut bytes = vec![0u8; pending.len().max(1) * OP_STRIDE as usize];
+        for (i, p) in pending.iter().enumerate() {
+            let at = i * OP_STRIDE as usize;
+            bytes[at..at + std::mem::size_of::<ModelOp>()]
+                .copy_from_slice(bytemuck::bytes_of(&p.op));
+        }
+        use wgpu::util::DeviceExt;
+        let params = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("decoda model plan"),
+                contents: &bytes,
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let mut segments = vec![Segment {
+            kernels: Vec::new(),
+            moe: None,
+        }];
+        let mut cut = cuts.iter().peekable();
+        for (i, p) in pending.into_iter().enumerate() {
+            while let Some(&&(at, layer)) = cut.peek() {
+                if at != i {
+                    break;
+                }
+                segments.last_mut().expect("non-empty").moe = Some((layer, key.rows));
+                segments.push(Segment {
+                    kernels: Vec::new(),
+                    moe: None,
+                });
+                cut.next();
+            }
+            let b = &p.binds;
+            let or_ro =
+                |x: &Option<wgpu::Buffer>| x.clone().unwrap_or_else(|| self.dummy_ro.clone());
+            let or_rw = |x: &Option<wgpu::Buffer>, k: usize| {
+                x.clone().unwrap_or_else(|| self.dummy_rw[k].clone())
+            };
+            let bufs = [
+                or_ro(&b.wts),
+                or_ro(&b.aux),
+                or_ro(&b.src),
+                or_rw(&b.dst, 0),
+                self.ctl.clone(),
+                or_rw(&b.kc, 1),
+                or_rw(&b.vc, 2),
+                or_rw(&b.scr, 3),
+            ];
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &params,
+                    offset: i as u64 * OP_STRIDE,
+                    size: std::num::NonZeroU64::new(std::mem::size_of::<ModelOp>() as u64),
+                }),
+            }];
+            for (k, buf) in bufs.iter().enumerate() {
+                entries.push(wgpu::BindGroupEntry {
+                    binding: k as u32 + 1,
+                    resource: buf.as_entire_binding(),
+                });
+            }
+            let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some("decoda model"),
+                layout: &self.layout,
+                entries: &entries,
+            });
+            segments
+                .last_mut()
+                .expect("non-empty")
+                .kernels
+                .push(Kernel {
+                    pipe: p.pipe,
+                    group,
+                    grid: grid_of(p.grid),
+                });
+        }
+        Ok(Plan {
+            segments,
+            branches,
+            _params: params,
+        })
+    }
+}
+
+/// Plans a call: the [`Ops`] of the forward pass, recorded as dispatches.
+struct Recorder<'a> {
+    m: &'a WgpuModel,
+    key: &'a PlanKey,
+    pending: Vec<Pending>,
+    /// (index of the next kernel, layer): an MoE call goes there.
+    cuts: Vec<(usize, usize)>,
+}
+
+impl Recorder<'_> {
+    fn push(&mut self, pipe: Pipe, mut op: ModelOp, binds: Binds, grid: usize) {
+        op.zero = 0;
+        self.pending.push(Pending {
+            pipe,
+            op,
+            binds,
+            grid,
+        });
+    }
+
+    fn act(&self, a: Act) -> Option<wgpu::Buffer> {
+        Some(self.m.acts[&a].clone())
+    }
+
+    fn width(&self, a: Act) -> u32 {
+        a.width(&self.m.model.config) as u32
+    }
+
+    fn mat_op(mat: &Mat) -> ModelOp {
+        ModelOp {
+            dtype: mat.dtype,
+            bits: mat.bits,
+            group: mat.group,
+            row_words: mat.row_words,
+            w_off: mat.w_off,
+            s_off: mat.s_off,
+            b_off: mat.b_off,
+            in_w: mat.inp as u32,
+            ..Default::default()
+        }
+    }
+
+    fn mat(&self, id: WeightId) -> Result<&Mat> {
+        self.m
+            .mats
+            .get(&id)
+            .ok_or_else(|| Error::Model(format!("{id:?} is not on the device")))
+    }
+
+    fn cfg_op(&self) -> ModelOp {
+        let c = &self.m.model.config;
+        ModelOp {
+            rows: self.key.rows as u32,
+            heads: c.num_attention_heads as u32,
+            kv_heads: c.num_key_value_heads as u32,
+            head_dim: c.head_dim as u32,
+            max_pos: self.m.max_pos as u32,
+            map_off: self.key.map_off as u32,
+            ..Default::default()
+        }
+    }
+}
+
+impl Ops for Recorder<'_> {
+    fn embed(&mut self) -> Result<()> {
+        let e = &self.m.embed;
+        let tokens = match self.key.tokens {
+            Tokens::Prompt => self.m.prompt_tokens.clone(),
+            Tokens::Host => self.m.host_tokens.clone(),
+            Tokens::Head => self
+                .m
+                .head_tokens
+                .clone()
+                .ok_or_else(|| Error::Model("decode without a head".into()))?,
+        };
+        let op = ModelOp {
+            rows: self.key.rows as u32,
+            dst_w: self.width(Act::X),
+            map_off: self.key.map_off as u32,
+            ..Self::mat_op(e)
+        };
+        let binds = Binds {
+            wts: Some(e.buf.clone()),
+            aux: Some(tokens),
+            dst: self.act(Act::X),
+            ..Default::default()
+        };
+        self.push(Pipe::Embed, op, binds, self.key.rows);
+        Ok(())
+    }
+
+    fn rms_norm(&mut self, src: Act, dst: Act, w: NormId, groups: usize) -> Result<()> {
+        let width = self.width(src);
+        let op = ModelOp {
+            rows: self.key.rows as u32,
+            in_w: width / groups as u32,
+            groups: groups as u32,
+            src_w: width,
+            dst_w: self.width(dst),
+            eps: self.m.model.config.rms_norm_eps,
+            aux_off: self.m.norm_off[&w],
+            inplace: u32::from(src == dst),
+            ..Default::default()
+        };
+        let binds = Binds {
+            aux: Some(self.m.norms.clone()),
+            src: if src == dst { None } else { self.act(src) },
+            dst: self.act(dst),
+            ..Default::default()
+        };
+        self.push(Pipe::Rms, op, binds, self.key.rows * groups);
+        Ok(())
+    }
+
+    fn linear(&mut self, src: Act, dst: Act, w: WeightId, acc: Acc) -> Result<()> {
+        let mat = self.mat(w)?.clone();
+        let op = ModelOp {
+            rows: self.key.rows as u32,
+            kind: match acc {
+                Acc::Store => 0,
+                Acc::Add => 1,
+            },
+            out_w: mat.out as u32,
+            src_w: self.width(src),
+            dst_w: self.width(dst),
+            ..Self::mat_op(&mat)
+        };
+        let binds = Binds {
+            wts: Some(mat.buf.clone()),
+            src: self.act(src),
+            dst: self.act(dst),
+            ..Default::default()
+        };
+        self.push(Pipe::Linear, op, binds, mat.out);
+        Ok(())
+    }
+
+    fn swiglu(&mut self, src: Act, dst: Act, gate: WeightId, _up: WeightId) -> Result<()> {
+        let mat = self.mat(gate)?.clone();
+        let inter = mat.out / 2;
+        let op = ModelOp {
+            rows: self.key.rows as u32,
+            kind: 2,
+            out_w: inter as u32,
+            src_w: self.width(src),
+            dst_w: self.width(dst),
+            ..Self::mat_op(&mat)
+        };
+        let binds = Binds {
+            wts: Some(mat.buf.clone()),
+            src: self.act(src),
+            dst: self.act(dst),
+            ..Default::default()
+        };
+        self.push(Pipe::Linear, op, binds, inter);
+        Ok(())
+    }
+
+    fn rope_store(&mut self, layer: usize) -> Result<()> {
+        let binds = Binds {
+            aux: Some(self.m.rope.clone()),
+            src: self.act(Act::K),
+            dst: self.act(Act::Q),
+            scr: self.act(Act::V),
+            kc: Some(self.m.kc[layer].clone()),
+            vc: Some(self.m.vc[layer].clone()),
+            ..Default::default()
+        };
+        self.push(Pipe::RopeStore, self.cfg_op(), binds, self.key.rows);
+        Ok(())
+    }
+
+    fn attention(&mut self, layer: usize) -> Result<()> {
+        let op = ModelOp {
+            eps: 1.0 / (self.m.model.config.head_dim as f32).sqrt(),
+            ..self.cfg_op()
+        };
+        let binds = Binds {
+            src: self.act(Act::Q),
+            dst: self.act(Act::A),
+            kc: Some(self.m.kc[layer].clone()),
+            vc: Some(self.m.vc[layer].clone()),
+            scr: Some(self.m.scores.clone()),
+            ..Default::default()
+        };
+        let heads = self.m.model.config.num_attention_heads;
+        self.push(Pipe::Attend, op, binds, self.key.rows * heads);
+        Ok(())
+    }
+
+    fn moe(&mut self, layer: usize) -> Result<Dispatch> {
+        let moe = self.m.moe[layer]
+            .as_ref()
+            .ok_or_else(|| Error::Model(format!("layer {layer} is not an MoE layer")))?;
+        self.cuts.push((self.pending.len(), layer));
+        Ok(moe.dispatch_for(self.key.rows))
+    }
+
+    fn add(&mut self, src: Act, dst: Act) -> Result<()> {
+        let w = self.width(dst);
+        let op = ModelOp {
+            rows: self.key.rows as u32,
+            dst_w: w,
+            ..Default::default()
+        };
+        let binds = Binds {
+            src: self.act(src),
+            dst: self.act(dst),
+            ..Default::default()
+        };
+        self.push(
+            Pipe::Add,
+            op,
+            binds,
+            (self.key.rows * w as usize).div_ceil(256),
+        );
+        Ok(())
+    }
+
+    fn lm_head(&mut self) -> Result<()> {
+        let Some((src_row, dst_row, count)) = self.key.out else {
+            return Ok(());
+        };
+        let mat = self.mat(WeightId::LmHead)?.clone();
+        let op = ModelOp {
+            rows: count as u32,
+            kind: 0,
+            out_w: mat.out as u32,
+            src_w: self.width(Act::H),
+            dst_w: mat.out as u32,
+            src_row0: src_row as u32,
+            dst_row0: dst_row as u32,
+            ..Self::mat_op(&mat)
+        };
+        let binds = Binds {
+            wts: Some(mat.buf.clone()),
+            src: self.act(Act::H),
+            dst: Some(self.m.logits.clone()),
+            ..Default::default()
+        };
+        self.push(Pipe::Linear, op, binds, mat.out);
+        Ok(())
+    }
+}

@@ -1,0 +1,331 @@
+//! The model suite (`decoda::conformance::model`) on the CPU and, on any wgpu adapter
+//! (lavapipe in CI), on the device: greedy ids equal mlx-lm's for 64 tokens and raw
+//! logits within 1e-4 of the row's scale on f32 checkpoints of three shapes, greedy ids
+//! equal on the checkpoints MLX quantized (4-bit groups of 32 and 64, 8-bit), the same
+//! ids whether MoE calls sort or not, batch- and thread-count-invariant seeded sampling,
+//! stops and lengths.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use decoda::conformance::model::{
+    batch_invariant, matches_golden, sort_cutoff_does_not_change_ids, stops_and_lengths,
+    tiny_model, Golden,
+};
+use decoda::model::tiny::TinySpec;
+use decoda::model::{CpuEngine, Engine, Qwen3Moe};
+
+const TOLERANCE: f64 = 1e-4;
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+/// The `decoda tiny-model` flags of a golden case as a spec.
+fn spec_of(flags: &[String]) -> TinySpec {
+    let mut s = TinySpec::default();
+    let mut i = 0;
+    while i < flags.len() {
+        let f = flags[i].as_str();
+        let val = || flags.get(i + 1).cloned().unwrap_or_default();
+        let num = || val().parse::<usize>().expect("a number");
+        let mut takes = true;
+        match f {
+            "--seed" => s.seed = num() as u64,
+            "--hidden" => s.hidden = num(),
+            "--layers" => s.layers = num(),
+            "--heads" => s.heads = num(),
+            "--kv-heads" => s.kv_heads = num(),
+            "--head-dim" => s.head_dim = num(),
+            "--experts" => s.experts = num(),
+            "--top-k" => s.top_k = num(),
+            "--moe-intermediate" => s.moe_intermediate = num(),
+            "--intermediate" => s.intermediate = num(),
+            "--vocab" => s.vocab = num(),
+            "--shards" => s.shards = num(),
+            "--dense-layers" => {
+                s.dense_layers = val()
+                    .split(',')
+                    .filter(|t| !t.is_empty())
+                    .map(|t| t.parse().expect("index"))
+                    .collect()
+            }
+            "--tie" => (s.tie, takes) = (true, false),
+            "--no-norm-topk" => (s.norm_topk, takes) = (false, false),
+            "--mlx-layout" => (s.mlx_layout, takes) = (true, false),
+            other => panic!("golden flag {other} unknown to this test"),
+        }
+        i += if takes { 2 } else { 1 };
+    }
+    s
+}
+
+fn goldens(tmp: &Path) -> Vec<Golden> {
+    let text = std::fs::read_to_string(golden_dir().join("qwen3_moe.json")).expect("golden file");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let ids =
+        |x: &serde_json::Value| -> Vec<u32> { serde_json::from_value(x.clone()).expect("ids") };
+    v["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| {
+            let name = c["name"].as_str().expect("name").to_string();
+            let dir = match c.get("flags") {
+                Some(f) => {
+                    let flags: Vec<String> = serde_json::from_value(f.clone()).expect("flags");
+                    let d = tmp.join(&name);
+                    spec_of(&flags).write(&d).expect("write the checkpoint");
+                    d
+                }
+                None => golden_dir().join(c["dir"].as_str().expect("dir")),
+            };
+            Golden {
+                name,
+                dir,
+                prompt: ids(&c["prompt"]),
+                ids: ids(&c["ids"]),
+                logit_steps: serde_json::from_value(c["logit_steps"].clone()).expect("steps"),
+                logits: serde_json::from_value(c["logits"].clone()).expect("logits"),
+            }
+        })
+        .collect()
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("decoda-model-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn cpu(model: Arc<Qwen3Moe>, slots: usize, _positions: usize) -> Result<Box<dyn Engine>, String> {
+    Ok(Box::new(
+        CpuEngine::new(model, slots).map_err(|e| e.to_string())?,
+    ))
+}
+
+fn golden_suite(
+    make: &dyn Fn(Arc<Qwen3Moe>, usize, usize) -> Result<Box<dyn Engine>, String>,
+    tag: &str,
+) {
+    let t = tmp(tag);
+    let cases = goldens(&t);
+    assert!(
+        cases.len() >= 6,
+        "three f32 shapes and three quantized checkpoints"
+    );
+    for g in &cases {
+        for cutoff in [1, usize::MAX] {
+            let worst =
+                matches_golden(make, g, cutoff, TOLERANCE).unwrap_or_else(|e| panic!("{e}"));
+            eprintln!(
+                "{tag} {} (sort cutoff {cutoff}): ids equal; logits within {worst:.2e}",
+                g.name
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(t);
+}
+
+#[test]
+fn cpu_matches_mlx() {
+    golden_suite(&cpu, "cpu");
+}
+
+#[test]
+fn cpu_sort_cutoff_does_not_change_ids() {
+    let t = tmp("cpu-cutoff");
+    sort_cutoff_does_not_change_ids(&cpu, &tiny_model(&t, 5).unwrap())
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn cpu_batch_and_thread_invariant() {
+    let t = tmp("cpu-batch");
+    let dir = tiny_model(&t, 6).unwrap();
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| batch_invariant(&cpu, &dir))
+            .unwrap_or_else(|e| panic!("{threads} threads: {e}"));
+    }
+    // and the same ids whatever the pool: one run per thread count, compared
+    let model = Arc::new(Qwen3Moe::load(&dir, 16).unwrap());
+    let seq = decoda::model::Sequence {
+        prompt: vec![256, 50, 60],
+        request: decoda::head::SlotRequest::new(decoda::SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        })
+        .seed(99)
+        .max_tokens(16),
+    };
+    let per: Vec<Vec<u32>> = [1, 2, 4]
+        .iter()
+        .map(|&n| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                let mut e = CpuEngine::new(Arc::clone(&model), 1).unwrap();
+                decoda::model::generate(&mut e, std::slice::from_ref(&seq), &mut |_| {})
+                    .unwrap()
+                    .outputs[0]
+                    .tokens
+                    .clone()
+            })
+        })
+        .collect();
+    assert!(per.iter().all(|p| p == &per[0]), "{per:?}");
+}
+
+#[test]
+fn cpu_stops_and_lengths() {
+    let t = tmp("cpu-stops");
+    stops_and_lengths(&cpu, &tiny_model(&t, 7).unwrap()).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[cfg(feature = "wgpu")]
+mod wgpu {
+    use super::*;
+    use decoda::wgpu::{WgpuEngine, WgpuSampler};
+
+    /// Whether a wgpu adapter is there (lavapipe in CI); without one the tests say so
+    /// and pass, unless `DECODA_REQUIRE_GPU=1`.
+    fn available() -> bool {
+        match WgpuSampler::new() {
+            Ok(_) => true,
+            Err(e) => {
+                if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                    panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
+                }
+                eprintln!("skipped: {e}");
+                false
+            }
+        }
+    }
+
+    fn sampler() -> WgpuSampler {
+        WgpuSampler::new().expect("checked by available()")
+    }
+
+    fn dev(
+        model: Arc<Qwen3Moe>,
+        slots: usize,
+        positions: usize,
+    ) -> Result<Box<dyn Engine>, String> {
+        thread_local!(static S: WgpuSampler = sampler());
+        S.with(|s| {
+            WgpuEngine::new(s, model, slots, positions, false)
+                .map(|e| Box::new(e) as Box<dyn Engine>)
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn dev_host_sampling(
+        model: Arc<Qwen3Moe>,
+        slots: usize,
+        positions: usize,
+    ) -> Result<Box<dyn Engine>, String> {
+        thread_local!(static S: WgpuSampler = sampler());
+        S.with(|s| {
+            WgpuEngine::new(s, model, slots, positions, true)
+                .map(|e| Box::new(e) as Box<dyn Engine>)
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    #[test]
+    fn wgpu_matches_mlx() {
+        if !available() {
+            return;
+        }
+        golden_suite(&dev, "wgpu");
+    }
+
+    #[test]
+    fn wgpu_sort_cutoff_does_not_change_ids() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-cutoff");
+        sort_cutoff_does_not_change_ids(&dev, &tiny_model(&t, 5).unwrap())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn wgpu_batch_invariant() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-batch");
+        batch_invariant(&dev, &tiny_model(&t, 6).unwrap()).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn wgpu_stops_and_lengths() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-stops");
+        stops_and_lengths(&dev, &tiny_model(&t, 7).unwrap()).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Sampling on the host from logits copied back draws what the device's head draws.
+    #[test]
+    fn wgpu_host_sampling_agrees() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-host");
+        let dir = tiny_model(&t, 8).unwrap();
+        batch_invariant(&dev_host_sampling, &dir).unwrap_or_else(|e| panic!("{e}"));
+        let model = Arc::new(Qwen3Moe::load(&dir, 16).unwrap());
+        let seq = decoda::model::Sequence {
+            prompt: vec![256, 50, 60, 70],
+            request: decoda::head::SlotRequest::new(decoda::SamplingParams {
+                temperature: 0.8,
+                top_k: 40,
+                ..Default::default()
+            })
+            .seed(5)
+            .max_tokens(24),
+        };
+        let mut a = dev(Arc::clone(&model), 1, 40).unwrap();
+        let mut b = dev_host_sampling(model, 1, 40).unwrap();
+        let ra =
+            decoda::model::generate(a.as_mut(), std::slice::from_ref(&seq), &mut |_| {}).unwrap();
+        let rb =
+            decoda::model::generate(b.as_mut(), std::slice::from_ref(&seq), &mut |_| {}).unwrap();
+        assert_eq!(ra.outputs[0].tokens, rb.outputs[0].tokens);
+    }
+
+    /// CPU and device draw the same greedy ids on every golden checkpoint, and their
+    /// logits agree to 1e-5 of the row's scale.
+    #[test]
+    fn wgpu_matches_cpu() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-cpu");
+        for g in goldens(&t) {
+            let model = Arc::new(Qwen3Moe::load(&g.dir, 16).unwrap());
+            let mut c = cpu(Arc::clone(&model), 1, 0).unwrap();
+            let mut d = dev(model, 1, g.prompt.len() + 1).unwrap();
+            let req = decoda::head::SlotRequest::new(decoda::SamplingParams {
+                temperature: 0.0,
+                ..Default::default()
+            })
+            .max_tokens(1)
+            .seed(0);
+            c.start(0, req.clone(), &g.prompt, 0).unwrap();
+            d.start(0, req, &g.prompt, 0).unwrap();
+            let (lc, ld) = (c.read_logits(1).unwrap(), d.read_logits(1).unwrap());
+            let gap = decoda::conformance::model::relative_gap(&ld, &lc);
+            assert!(gap < 1e-5, "{}: device vs CPU logits {gap:.2e}", g.name);
+        }
+    }
+}
