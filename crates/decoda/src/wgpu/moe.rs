@@ -483,8 +483,8 @@ impl WgpuMoe {
             run(&self.pipes.count, rows.div_ceil(256), 1);
             run(&self.pipes.place, self.experts, 1);
         }
-        run(&self.pipes.act, self.inter.div_ceil(64), rows.div_ceil(16));
-        run(&self.pipes.down, d.div_ceil(64), rows.div_ceil(16));
+        run(&self.pipes.act, self.inter, rows.div_ceil(4));
+        run(&self.pipes.down, d, rows.div_ceil(4));
         run(&self.pipes.combine, d.div_ceil(256), n);
         drop(pass);
         drop(sc);

@@ -7,9 +7,9 @@
 //   place      (E)            sorted calls: the stable counting sort, one workgroup per
 //                             expert walking the pairs in order; the plan (order, idx,
 //                             inv_order, offsets) lands in `work`
-//   act        (H/64, rows/16) act[j] = silu(gate_e x_t) * up_e x_t for row j (expert
+//   act        (H, rows/4)     act[j] = silu(gate_e x_t) * up_e x_t for row j (expert
 //                             e = idx[j], token t), weights dequantized in registers
-//   down       (D/64, rows/16) out[j] = down_e act[j]
+//   down       (D, rows/4)     out[j] = down_e act[j]
 //   combine    (D/256, N)     y[n] = sum_s w[n, s] out[row of pair (n, s)], in slot order
 //
 // Every grid is sized by N, N*k, E, D and H: never by which experts were chosen, so the
@@ -270,62 +270,111 @@ fn silu(g: f32) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------
-// The grouped products: a workgroup computes 64 outputs of 16 consecutive rows (sorted:
-// mostly one expert, whose weight rows the rows share through the cache).
+// The grouped products: a workgroup of 64 invocations computes one output of up to 4
+// consecutive rows, the invocations splitting the weight row (consecutive words, so a
+// GPU reads each row in whole lines) and summing in a fixed tree. A row's result depends
+// only on its expert and token, so both branches give the same bits. (Sorted rows of one
+// expert share the weight row through the cache.)
 
-@compute @workgroup_size(64, 4)
-fn act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {
-    let o = wid.x * 64u + l.x;
+var<workgroup> red_g: array<f32, 64>;
+var<workgroup> red_u: array<f32, 64>;
+
+// Input i of a row: x (src 0) or the activations in `work` (src 1).
+fn xin(src: u32, base: u32, i: u32) -> f32 {
+    if (src == 0u) {
+        return xs[base + i];
+    }
+    return bitcast<f32>(work[base + i]);
+}
+
+// This invocation's share of W[e][o] . x: inputs lid, lid + 64, ... (affine: words).
+fn row_dot(w: u32, s: u32, b: u32, rows_per_expert: u32, inf: u32, e: u32, o: u32,
+           src: u32, xbase: u32, lid: u32) -> f32 {
+    var acc = 0.0;
+    if (prm.dtype == 3u) {
+        let per = 32u / prm.bits;
+        let rw = inf / per;
+        let mask = (1u << prm.bits) - 1u;
+        let gpr = inf / prm.group;
+        let r = e * rows_per_expert + o;
+        for (var wi = lid; wi < rw; wi = wi + 64u) {
+            let word = weights[w + r * rw + wi];
+            let i0 = wi * per;
+            let g = r * gpr + i0 / prm.group;
+            let sc = bitcast<f32>(weights[s + g]);
+            let bi = bitcast<f32>(weights[b + g]);
+            for (var q = 0u; q < per; q = q + 1u) {
+                let wv = fp(sc * f32((word >> (prm.bits * q)) & mask)) + bi;
+                acc = acc + wv * xin(src, xbase, i0 + q);
+            }
+        }
+    } else {
+        for (var i = lid; i < inf; i = i + 64u) {
+            acc = acc + weight(w, s, b, rows_per_expert, inf, e, o, i) * xin(src, xbase, i);
+        }
+    }
+    return acc;
+}
+
+// Sums red_g (and red_u) over the workgroup into element 0.
+fn reduce_pair(lid: u32) {
+    workgroupBarrier();
+    for (var st = 32u; st > 0u; st = st >> 1u) {
+        if (lid < st) {
+            red_g[lid] = red_g[lid] + red_g[lid + st];
+            red_u[lid] = red_u[lid] + red_u[lid + st];
+        }
+        workgroupBarrier();
+    }
+}
+
+@compute @workgroup_size(64)
+fn act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let o = wid.x;
     let rows = prm.tokens * prm.top_k;
     let d = prm.hidden;
     let h = prm.inter;
-    if (o >= h) {
-        return;
-    }
     for (var rr = 0u; rr < 4u; rr = rr + 1u) {
-        let j = wid.y * 16u + l.y * 4u + rr;
+        let j = wid.y * 4u + rr;
         if (j >= rows) {
             break;
         }
         let e = row_expert(j);
         let xb = row_token(j) * d;
-        var g = 0.0;
-        var u = 0.0;
-        for (var i = 0u; i < d; i = i + 1u) {
-            let xv = xs[xb + i];
-            if (prm.separate != 0u) {
-                g = g + weight(prm.gate_w, prm.gate_s, prm.gate_b, h, d, e, o, i) * xv;
-                u = u + weight(prm.up_w, prm.up_s, prm.up_b, h, d, e, o, i) * xv;
-            } else {
-                g = g + weight(prm.gate_w, prm.gate_s, prm.gate_b, 2u * h, d, e, o, i) * xv;
-                u = u + weight(prm.gate_w, prm.gate_s, prm.gate_b, 2u * h, d, e, h + o, i) * xv;
-            }
+        if (prm.separate != 0u) {
+            red_g[lid] = row_dot(prm.gate_w, prm.gate_s, prm.gate_b, h, d, e, o, 0u, xb, lid);
+            red_u[lid] = row_dot(prm.up_w, prm.up_s, prm.up_b, h, d, e, o, 0u, xb, lid);
+        } else {
+            red_g[lid] = row_dot(prm.gate_w, prm.gate_s, prm.gate_b, 2u * h, d, e, o, 0u, xb, lid);
+            red_u[lid] = row_dot(prm.gate_w, prm.gate_s, prm.gate_b, 2u * h, d, e, h + o, 0u, xb, lid);
         }
-        work[prm.w_act + j * h + o] = bitcast<u32>(silu(g) * u);
+        reduce_pair(lid);
+        if (lid == 0u) {
+            work[prm.w_act + j * h + o] = bitcast<u32>(silu(red_g[0]) * red_u[0]);
+        }
+        workgroupBarrier();
     }
 }
 
-@compute @workgroup_size(64, 4)
-fn down(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {
-    let o = wid.x * 64u + l.x;
+@compute @workgroup_size(64)
+fn down(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let o = wid.x;
     let rows = prm.tokens * prm.top_k;
     let d = prm.hidden;
     let h = prm.inter;
-    if (o >= d) {
-        return;
-    }
     for (var rr = 0u; rr < 4u; rr = rr + 1u) {
-        let j = wid.y * 16u + l.y * 4u + rr;
+        let j = wid.y * 4u + rr;
         if (j >= rows) {
             break;
         }
         let e = row_expert(j);
-        var acc = 0.0;
-        for (var i = 0u; i < h; i = i + 1u) {
-            let a = bitcast<f32>(work[prm.w_act + j * h + i]);
-            acc = acc + weight(prm.down_w, prm.down_s, prm.down_b, d, h, e, o, i) * a;
+        red_g[lid] = row_dot(prm.down_w, prm.down_s, prm.down_b, d, h, e, o, 1u, prm.w_act + j * h, lid);
+        red_u[lid] = 0.0;
+        reduce_pair(lid);
+        if (lid == 0u) {
+            work[prm.w_out + j * d + o] = bitcast<u32>(red_g[0]);
         }
-        work[prm.w_out + j * d + o] = bitcast<u32>(acc);
+        workgroupBarrier();
     }
 }
 
