@@ -60,21 +60,30 @@ pub struct MoeBenchArgs {
     json: bool,
 }
 
-/// Median of at least `min_runs` runs lasting at least `time_ms` in all, after one warm-up.
-fn time_median(time_ms: u64, min_runs: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut samples = Vec::new();
+/// Medians of `a` and `b` run alternately (so drift on a shared machine hits both
+/// alike): at least `min_runs` runs of each, and at least `time_ms` in all, after one
+/// warm-up of each.
+fn time_pair(time_ms: u64, min_runs: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+    a();
+    b();
+    let (mut sa, mut sb) = (Vec::new(), Vec::new());
     let start = Instant::now();
-    while samples.len() < min_runs || (start.elapsed().as_millis() as u64) < time_ms {
+    while sa.len() < min_runs || (start.elapsed().as_millis() as u64) < time_ms {
         let t = Instant::now();
-        f();
-        samples.push(t.elapsed().as_secs_f64() * 1e6);
-        if samples.len() >= 10_000 {
+        a();
+        sa.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        b();
+        sb.push(t.elapsed().as_secs_f64() * 1e6);
+        if sa.len() >= 10_000 {
             break;
         }
     }
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (median(sa), median(sb))
 }
 
 /// The crossover (smallest swept N from which the sorted branch is faster at every larger
@@ -227,12 +236,16 @@ pub fn run(a: MoeBenchArgs) -> Result<ExitCode, String> {
             .zip(&yu)
             .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
             / scale;
-        let sorted_us = time_median(a.time_ms, 3, || {
-            std::hint::black_box(run(Dispatch::Sorted).expect("checked above"));
-        });
-        let unsorted_us = time_median(a.time_ms, 3, || {
-            std::hint::black_box(run(Dispatch::Unsorted).expect("checked above"));
-        });
+        let (sorted_us, unsorted_us) = time_pair(
+            a.time_ms,
+            3,
+            || {
+                std::hint::black_box(run(Dispatch::Sorted).expect("checked above"));
+            },
+            || {
+                std::hint::black_box(run(Dispatch::Unsorted).expect("checked above"));
+            },
+        );
         let line = json!({
             "experts": shape.experts, "top_k": shape.top_k, "hidden": shape.hidden,
             "intermediate": shape.intermediate, "dtype": dtype.name(), "tokens": n,

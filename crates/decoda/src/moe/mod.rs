@@ -680,17 +680,26 @@ impl SwitchMlp {
         }
         let plan = DispatchPlan::new(&routing.indices, routing.top_k, self.experts, dispatch)?;
         if !sorted {
-            // one task per pair, each reading its token's row and its expert's weights
-            // straight through gate/up, SwiGLU and down: no gathered copy, one parallel
-            // phase (this is what wins at decode sizes)
-            let mut out = vec![0f32; plan.rows() * d];
+            // Two parallel phases over the pairs, each running the same one-row products
+            // as the sorted branch's phases: gate/up with SwiGLU, then down. Each pair
+            // reads its token's row and its expert's weights in place, so the plan's sort,
+            // the gathered copy of x and the scatter back are all skipped.
+            let rows = plan.rows();
+            let mut act = vec![0f32; rows * h];
+            act.par_chunks_mut(h)
+                .with_min_len(1)
+                .enumerate()
+                .for_each(|(j, a)| {
+                    let t = plan.token(j);
+                    self.act_row(plan.idx[j] as usize, &x[t * d..(t + 1) * d], a);
+                });
+            let mut out = vec![0f32; rows * d];
             out.par_chunks_mut(d)
                 .with_min_len(1)
                 .enumerate()
-                .for_each(|(j, dst)| {
+                .for_each(|(j, o)| {
                     let e = plan.idx[j] as usize;
-                    let t = plan.token(j);
-                    self.pair(e, &x[t * d..(t + 1) * d], dst);
+                    self.down.product_rows(e, 0, d, &act[j * h..(j + 1) * h], o);
                 });
             let y = combine(&out, routing.top_k, d, &routing.weights)?;
             self.unsorted_calls.fetch_add(1, Ordering::Relaxed);
@@ -765,32 +774,29 @@ impl SwitchMlp {
 }
 
 thread_local! {
-    /// Per-thread buffers of one pair: gate and up (or fused), and the activation.
-    static PAIR: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// Per-thread buffer of one row's gate and up projections.
+    static GATE_UP: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl SwitchMlp {
-    /// `dst = down_e(silu(gate_e x) * up_e x)` for one (token row, expert) pair.
-    fn pair(&self, e: usize, x: &[f32], dst: &mut [f32]) {
+    /// `a = silu(gate_e x) * up_e x` for one row `x` and expert `e`.
+    fn act_row(&self, e: usize, x: &[f32], a: &mut [f32]) {
         let h = self.intermediate;
-        PAIR.with(|b| {
-            let (gu, act) = &mut *b.borrow_mut();
+        GATE_UP.with(|b| {
+            let gu = &mut *b.borrow_mut();
             gu.resize(2 * h, 0.0);
-            act.resize(h, 0.0);
             match &self.gate_up {
-                GateUp::Fused(w) => w.matvec(e, x, gu),
+                GateUp::Fused(w) => w.product_rows(e, 0, 2 * h, x, gu),
                 GateUp::Separate { gate, up } => {
                     let (g, u) = gu.split_at_mut(h);
-                    gate.matvec(e, x, g);
-                    up.matvec(e, x, u);
+                    gate.product_rows(e, 0, h, x, g);
+                    up.product_rows(e, 0, h, x, u);
                 }
             }
             let (g, u) = gu.split_at(h);
-            for ((a, &gv), &uv) in act.iter_mut().zip(g).zip(u) {
+            for ((a, &gv), &uv) in a.iter_mut().zip(g).zip(u) {
                 *a = silu(gv) * uv;
             }
-            self.down.matvec(e, act, dst);
         });
     }
 }
