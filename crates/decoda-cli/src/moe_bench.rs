@@ -63,7 +63,12 @@ pub struct MoeBenchArgs {
 /// Medians of `a` and `b` run alternately (so drift on a shared machine hits both
 /// alike): at least `min_runs` runs of each, and at least `time_ms` in all, after one
 /// warm-up of each.
-fn time_pair(time_ms: u64, min_runs: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+fn time_pair(
+    time_ms: u64,
+    min_runs: usize,
+    mut a: impl FnMut(),
+    mut b: impl FnMut(),
+) -> (f64, f64) {
     a();
     b();
     let (mut sa, mut sb) = (Vec::new(), Vec::new());
