@@ -158,6 +158,22 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
                     };
                     std::hint::black_box(m);
                 });
+                // The Philox limit: every token's Philox word, each row at its own seed,
+                // computed the way the draw does (16 blocks across vector lanes) and
+                // nothing else: the least work a draw over the whole row can do.
+                let philox = time_it(a.time_ms, || {
+                    let w: u32 = if rows == 1 {
+                        decoda::cpu::philox_row_words(vocab, 1, 0)
+                    } else {
+                        pool.install(|| {
+                            (0..rows)
+                                .into_par_iter()
+                                .map(|r| decoda::cpu::philox_row_words(vocab, r as u64, 0))
+                                .reduce(|| 0, |a, b| a ^ b)
+                        })
+                    };
+                    std::hint::black_box(w);
+                });
                 for config in &a.config {
                     bar.set_message(format!("{config} V={vocab} B={rows} threads={nthreads}"));
                     let params = workload::config(config).expect("checked");
@@ -171,6 +187,7 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
                         "impl": "decoda", "device": "cpu", "config": config, "vocab": vocab, "rows": rows,
                         "threads": nthreads, "median_us": round2(t.median), "p10_us": round2(t.p10),
                         "p90_us": round2(t.p90), "floor_us": round2(floor.median),
+                        "philox_us": round2(philox.median),
                     });
                     if a.json {
                         bar.suspend(|| println!("{line}"));
@@ -183,18 +200,24 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
     }
     bar.finish_and_clear();
     if !a.json {
-        println!("decoda bench on cpu ({} kernels); times per call in µs; floor = one streaming max pass over the same rows", decoda::cpu::kernels::isa());
+        println!("decoda bench on cpu ({} kernels); times per call in µs; floor = one streaming max pass over the same rows; philox = every token's Philox word, nothing else", decoda::cpu::kernels::isa());
         print_table(&lines, "threads");
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// The table of `lines`; `extra` names the column between rows and the times.
+/// The table of `lines`; `extra` names the column between rows and the times. Lines with
+/// `philox_us` (the CPU's) get the Philox limit and the ratio to it too.
 fn print_table(lines: &[serde_json::Value], extra: &str) {
-    println!(
+    let philox = lines.iter().any(|l| l.get("philox_us").is_some());
+    print!(
         "{:<14} {:>7} {:>5} {:>8} {:>11} {:>11} {:>11} {:>10} {:>8}",
         "config", "vocab", "rows", extra, "median", "p10", "p90", "floor", "x floor"
     );
+    if philox {
+        print!(" {:>10} {:>9}", "philox", "x philox");
+    }
+    println!();
     for l in lines {
         let med = l["median_us"].as_f64().unwrap_or(0.0);
         let floor = l["floor_us"].as_f64().unwrap_or(1.0);
@@ -202,7 +225,7 @@ fn print_table(lines: &[serde_json::Value], extra: &str) {
             serde_json::Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        println!(
+        print!(
             "{:<14} {:>7} {:>5} {:>8} {:>11.2} {:>11.2} {:>11.2} {:>10.2} {:>8.2}",
             l["config"].as_str().unwrap_or(""),
             l["vocab"].as_u64().unwrap_or(0),
@@ -214,6 +237,10 @@ fn print_table(lines: &[serde_json::Value], extra: &str) {
             floor,
             med / floor
         );
+        if let Some(p) = l.get("philox_us").and_then(serde_json::Value::as_f64) {
+            print!(" {:>10.2} {:>9.2}", p, med / p);
+        }
+        println!();
     }
 }
 

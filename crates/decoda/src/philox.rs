@@ -93,9 +93,78 @@ pub fn gumbel_bucket_bounds() -> &'static [f32; 4096] {
     })
 }
 
+/// Steps per unit of `a` in [`gumbel_word_gate`]'s table.
+const GATE_STEPS: f32 = 64.0;
+
+/// The smallest random word whose Gumbel value can reach `a`, by the bounds of
+/// [`gumbel_bucket_bounds`]: every word below it has `bound < a`, so a token whose scaled
+/// logit `y` is at least `a` below the leader cannot win with such a word. `None` when no
+/// word reaches `a`. One table lookup, no logarithm: the draw over a whole row compares
+/// each word of a chunk against the gate of the chunk's largest `y`.
+#[inline]
+pub fn gumbel_word_gate(a: f32) -> Option<u32> {
+    let &(a0, ref table) = gate_table();
+    // NaN and everything below the smallest bound: every word
+    if a.is_nan() || a <= a0 {
+        return Some(0);
+    }
+    // the cell's lower end is <= a, so its gate admits every word that reaches a
+    let k = ((a - a0) * GATE_STEPS) as usize;
+    match table.get(k) {
+        Some(&b) if b < 4096 => Some(u32::from(b) << 20),
+        _ => None,
+    }
+}
+
+/// `(a0, gates)`: `gates[k]` is the first bucket whose bound reaches `a0 + k / GATE_STEPS`
+/// (4096 when none does); `a0` is the smallest bound.
+fn gate_table() -> &'static (f32, Box<[u16]>) {
+    static TABLE: std::sync::OnceLock<(f32, Box<[u16]>)> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let bounds = gumbel_bucket_bounds();
+        let a0 = bounds[0];
+        let cells = ((bounds[4095] - a0) * GATE_STEPS) as usize + 2;
+        let gates = (0..cells)
+            .map(|k| {
+                let lo = a0 + k as f32 / GATE_STEPS;
+                bounds.partition_point(|&b| b < lo) as u16
+            })
+            .collect();
+        (a0, gates)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn word_gate_admits_every_word_whose_bound_reaches() {
+        let bounds = gumbel_bucket_bounds();
+        let mut a = -4.0f32;
+        while a < 18.0 {
+            let gate = gumbel_word_gate(a);
+            for b in 0..4096u32 {
+                let x = b << 20;
+                if bounds[b as usize] >= a {
+                    let g = gate.unwrap_or_else(|| panic!("a = {a}: bucket {b} reaches it"));
+                    assert!(x >= g, "a = {a}: bucket {b} reaches it, gate {g:#x}");
+                }
+            }
+            // and it is loose by at most one table step
+            if let Some(g) = gate {
+                assert!(
+                    bounds[(g >> 20) as usize] >= a - 1.0 / GATE_STEPS - 1e-4,
+                    "a = {a}"
+                );
+            }
+            a += 0.003_7;
+        }
+        assert_eq!(gumbel_word_gate(f32::NAN), Some(0));
+        assert_eq!(gumbel_word_gate(f32::NEG_INFINITY), Some(0));
+        assert_eq!(gumbel_word_gate(f32::INFINITY), None);
+        assert_eq!(gumbel_word_gate(GUMBEL_MAX_BOUND), None);
+    }
 
     #[test]
     fn known_answers() {

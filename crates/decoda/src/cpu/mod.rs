@@ -134,6 +134,8 @@ struct Scratch {
     tmp2: Vec<(u32, f32)>,
     q: Vec<f32>,
     walk: Vec<f32>,
+    /// Per-chunk maxima of the whole-row draw.
+    maxima: Vec<f32>,
 }
 
 thread_local! {
@@ -333,7 +335,7 @@ fn sample_z(
         cands.retain(|c| c.1 >= tau_m);
     }
     let token = match unfiltered_from {
-        Some((zl, i0)) => draw_row(z, t, zl, i0, req.state.seed, req.state.step),
+        Some((zl, i0)) => draw_row(z, t, zl, i0, req.state.seed, req.state.step, &mut s.maxima),
         None => draw(&cands, req.state.seed, req.state.step),
     };
     let lp = p.logprobs.map(|n| match p.logprobs_mode {
@@ -719,10 +721,10 @@ fn draw(cands: &[(u32, f32)], seed: u64, step: u64) -> u32 {
     let mut best = (i0, y0 + philox::gumbel(seed, step, i0));
     let key = philox::seed_key(seed);
     let mut block = (u32::MAX, [0u32; 4]);
-    // Many candidates: Philox for 16 blocks at a time, side by side in vector lanes.
+    // Many candidates: Philox for 32 blocks at a time, side by side in vector lanes.
     let dense = cands.len() >= DENSE_DRAW;
     let mut window: Option<u32> = None;
-    let mut words = [0u32; 64];
+    let mut words = [0u32; 128];
     for &(i, y) in cands {
         if i == i0 || y + GUMBEL_MAX_BOUND < best.1 {
             continue;
@@ -730,10 +732,10 @@ fn draw(cands: &[(u32, f32)], seed: u64, step: u64) -> u32 {
         let bits = if dense {
             let b = i / 4;
             let base = match window {
-                Some(w) if b.wrapping_sub(w) < 16 => w,
+                Some(w) if b.wrapping_sub(w) < 32 => w,
                 _ => {
-                    let w = b & !15;
-                    kernels::philox_x16(w, step, key, &mut words);
+                    let w = b & !31;
+                    kernels::philox_x32(w, step, key, &mut words);
                     window = Some(w);
                     w
                 }
@@ -767,31 +769,74 @@ fn challenge(best: &mut (u32, f32), i: u32, y: f32, bits: u32, bounds: &[f32; 40
     }
 }
 
-/// [`draw`] over every token of the row with `z >= zl` (`i0` holds the max): Philox for 64
-/// tokens at a time, a vectorised conservative filter on the noise each could reach, and the
-/// exact comparison of [`draw`] for the few that pass.
-fn draw_row(z: &[f32], t: f32, zl: f32, i0: u32, seed: u64, step: u64) -> u32 {
+/// Tokens per chunk of [`draw_row`]: the words of 32 Philox blocks.
+const CHUNK: usize = 128;
+
+/// [`draw`] over every token of the row with `z >= zl` (`i0` holds the max), chunk by
+/// chunk of [`CHUNK`] tokens. A chunk whose largest `y` sits `a` below the leader can only
+/// change it through a word at or above `gumbel_word_gate(a)` (the bound on the noise is
+/// monotone in the word): a chunk that no word can lift is skipped before its Philox
+/// words are made; otherwise the words are made 32 blocks at a time in vector lanes and
+/// compared with the gate, and only the few at or above it meet the exact comparison of
+/// [`draw`]. Same tokens as drawing every one: the gate only drops tokens that cannot win.
+fn draw_row(
+    z: &[f32],
+    t: f32,
+    zl: f32,
+    i0: u32,
+    seed: u64,
+    step: u64,
+    maxima: &mut Vec<f32>,
+) -> u32 {
     let bounds = gumbel_bucket_bounds();
     let key = philox::seed_key(seed);
-    let inv_t = 1.0 / t;
     let mut best = (i0, z[i0 as usize] / t + philox::gumbel(seed, step, i0));
-    let mut words = [0u32; 64];
-    for (w, chunk) in z.chunks(64).enumerate() {
-        let t0 = (w * 64) as u32;
-        kernels::philox_x16(t0 / 4, step, key, &mut words);
-        let mut m = kernels::gumbel_prefilter(chunk, &words, inv_t, zl, best.1);
+    let mut words = [0u32; CHUNK];
+    kernels::chunk_maxima(z, maxima);
+    for (c, (chunk, &zmax)) in z.chunks(CHUNK).zip(maxima.iter()).enumerate() {
+        if zmax < zl || zmax.is_nan() {
+            continue;
+        }
+        // slack for the rounding of y = z / t and of y + bound against the leader
+        let a = best.1 - zmax / t - 1e-4 - best.1.abs() * 1e-6;
+        let Some(gate) = philox::gumbel_word_gate(a) else {
+            continue;
+        };
+        let t0 = (c * CHUNK) as u32;
+        let mut m = kernels::philox_x32_gated(t0 / 4, step, key, gate, &mut words);
+        if chunk.len() < CHUNK {
+            m &= (1u128 << chunk.len()) - 1;
+        }
         while m != 0 {
             let j = m.trailing_zeros() as usize;
             m &= m - 1;
             let i = t0 + j as u32;
             let y = chunk[j] / t;
-            if i == i0 || y + GUMBEL_MAX_BOUND < best.1 {
+            if i == i0 || chunk[j] < zl || y + GUMBEL_MAX_BOUND < best.1 {
                 continue;
             }
             challenge(&mut best, i, y, words[j], bounds);
         }
     }
     best.0
+}
+
+/// The Philox limit of a draw over a whole row of `v` tokens: every token's Philox word
+/// at `step` under `seed`, computed as the draw computes them (32 blocks side by side in
+/// vector lanes), folded by XOR so that none can be skipped, and nothing else. A draw
+/// that needs every word cannot do less; the benchmarks time the `temp` configuration
+/// against it.
+pub fn philox_row_words(v: usize, seed: u64, step: u64) -> u32 {
+    let key = philox::seed_key(seed);
+    let mut words = [0u32; CHUNK];
+    let mut acc = [0u32; CHUNK];
+    for t0 in (0..v).step_by(CHUNK) {
+        kernels::philox_x32((t0 / 4) as u32, step, key, &mut words);
+        for (a, w) in acc.iter_mut().zip(&words) {
+            *a ^= w;
+        }
+    }
+    acc.iter().fold(0, |a, w| a ^ w)
 }
 
 /// Log-probabilities of `log_softmax(values)` over the whole row, without sorting it.
@@ -842,8 +887,58 @@ fn subset_logprobs(
 
 #[cfg(test)]
 mod tests {
-    use super::top_p_walk;
+    use super::{draw_row, kernels, top_p_walk, GUMBEL_MAX_BOUND};
+    use crate::philox;
     use crate::pipeline as pl;
+
+    /// The whole-row draw (gates, skipped chunks, vector Philox) against every token's
+    /// exact noise: the same token on rows with winners anywhere, plateaus of ties, a few
+    /// spikes far above the rest (most chunks skipped), lengths off the chunk size.
+    #[test]
+    fn whole_row_draw_matches_every_token_drawn() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..300u64 {
+            let v = [1usize, 5, 127, 128, 129, 1000, 4099, 32000, 65536][case as usize % 9];
+            let style = case % 4;
+            let z: Vec<f32> = (0..v)
+                .map(|_| {
+                    let u = (next() >> 40) as f32 / (1u64 << 24) as f32;
+                    match style {
+                        0 => 12.0 * u,
+                        1 => (8.0 * u).floor(),
+                        2 if next() % 500 == 0 => 40.0 + u,
+                        2 => u,
+                        _ => -30.0 * u * u,
+                    }
+                })
+                .collect();
+            let t = [0.05f32, 0.7, 1.0, 3.0][(case / 4) as usize % 4];
+            let (seed, step) = (next(), next() % 1000);
+            let zmax = kernels::max(&z);
+            let i0 = kernels::first_eq(&z, zmax).expect("max") as u32;
+            let best0 = zmax / t + philox::gumbel(seed, step, i0);
+            let thr = best0 - GUMBEL_MAX_BOUND - 1.0 - best0.abs() * 1e-6;
+            let zl = pl::z_lower_bound(thr, t);
+            let mut want = (0u32, f32::NEG_INFINITY);
+            for (i, &zi) in z.iter().enumerate() {
+                let s = zi / t + philox::gumbel(seed, step, i as u32);
+                if s > want.1 {
+                    want = (i as u32, s);
+                }
+            }
+            assert_eq!(
+                draw_row(&z, t, zl, i0, seed, step, &mut Vec::new()),
+                want.0,
+                "case {case}: v {v} style {style} t {t} seed {seed} step {step}"
+            );
+        }
+    }
 
     #[test]
     fn partial_walk_matches_the_sorted_walk() {
