@@ -431,33 +431,18 @@ mod body {
     }
 
     #[inline(always)]
-    pub fn chunk_maxima(z: &[f32], out: &mut Vec<f32>) {
+    pub fn chunk_maxima(z: &[f32], out: &mut Vec<f32>) -> u64 {
         out.clear();
-        let chunks = z.chunks_exact(128);
-        let rem = chunks.remainder();
-        for c in chunks {
-            let mut m = [f32::NEG_INFINITY; 16];
-            for k in 0..8 {
-                for j in 0..16 {
-                    let x = c[16 * k + j];
-                    m[j] = if x > m[j] { x } else { m[j] };
-                }
+        let mut bad = 0u64;
+        for c in z.chunks(128) {
+            let mut m = f32::NEG_INFINITY;
+            for &x in c {
+                m = if x > m { x } else { m };
+                bad += u64::from(x.is_nan() || x == f32::INFINITY);
             }
-            let mut w = 16;
-            while w > 1 {
-                w /= 2;
-                for j in 0..w {
-                    m[j] = if m[j + w] > m[j] { m[j + w] } else { m[j] };
-                }
-            }
-            out.push(m[0]);
+            out.push(m);
         }
-        if !rem.is_empty() {
-            out.push(
-                rem.iter()
-                    .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }),
-            );
-        }
+        bad
     }
 
     /// Sum of 128 lanes by halving (vertical vector adds, then a short tree).
@@ -887,28 +872,42 @@ mod simd512 {
     /// horizontal reduction.
     ///
     /// # Safety
-    /// AVX-512 F must be present.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn chunk_maxima(z: &[f32], out: &mut Vec<f32>) {
+    /// AVX-512 F and DQ must be present.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn chunk_maxima(z: &[f32], out: &mut Vec<f32>) -> u64 {
         out.clear();
         let chunks = z.chunks_exact(128);
         let rem = chunks.remainder();
+        let mut bad = 0u64;
         for c in chunks {
             let p = c.as_ptr();
             // SAFETY: the chunk holds 128 values, eight registers' worth.
             let l = |k: usize| _mm512_loadu_ps(p.add(16 * k));
+            let v = [l(0), l(1), l(2), l(3), l(4), l(5), l(6), l(7)];
             let m = _mm512_max_ps(
-                _mm512_max_ps(_mm512_max_ps(l(0), l(1)), _mm512_max_ps(l(2), l(3))),
-                _mm512_max_ps(_mm512_max_ps(l(4), l(5)), _mm512_max_ps(l(6), l(7))),
+                _mm512_max_ps(_mm512_max_ps(v[0], v[1]), _mm512_max_ps(v[2], v[3])),
+                _mm512_max_ps(_mm512_max_ps(v[4], v[5]), _mm512_max_ps(v[6], v[7])),
             );
+            // A NaN or an infinity among them makes the sum NaN or infinite (as may an
+            // overflow): then the chunk is counted one value at a time.
+            let sum = _mm512_add_ps(
+                _mm512_add_ps(_mm512_add_ps(v[0], v[1]), _mm512_add_ps(v[2], v[3])),
+                _mm512_add_ps(_mm512_add_ps(v[4], v[5]), _mm512_add_ps(v[6], v[7])),
+            );
+            // classes: quiet NaN, +inf, -inf, signalling NaN
+            if _mm512_fpclass_ps_mask::<0x99>(sum) != 0 {
+                bad += super::body::chunk_maxima(c, &mut Vec::new());
+            }
             out.push(_mm512_reduce_max_ps(m));
         }
         if !rem.is_empty() {
+            bad += super::body::chunk_maxima(rem, &mut Vec::new());
             out.push(
                 rem.iter()
                     .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }),
             );
         }
+        bad
     }
 
     /// The full 16-word blocks of an affine row's dot product (see `body::qdot`): the
@@ -1213,17 +1212,27 @@ mod simd {
     /// # Safety
     /// AVX2 must be present.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn chunk_maxima(z: &[f32], out: &mut Vec<f32>) {
+    pub unsafe fn chunk_maxima(z: &[f32], out: &mut Vec<f32>) -> u64 {
         out.clear();
         let chunks = z.chunks_exact(128);
         let rem = chunks.remainder();
+        let inf = _mm256_set1_ps(f32::INFINITY);
+        let mut bad = 0u64;
         for c in chunks {
             let p = c.as_ptr();
             // SAFETY: the chunk holds 128 values, sixteen registers' worth.
             let l = |k: usize| _mm256_loadu_ps(p.add(8 * k));
             let mut m = [l(0), l(1), l(2), l(3), l(4), l(5), l(6), l(7)];
+            // NaN or +inf: not below +inf
+            let mut nf = _mm256_setzero_ps();
             for (k, mk) in m.iter_mut().enumerate() {
-                *mk = _mm256_max_ps(*mk, l(8 + k));
+                let x = l(8 + k);
+                nf = _mm256_or_ps(nf, _mm256_cmp_ps::<_CMP_NLT_UQ>(x, inf));
+                nf = _mm256_or_ps(nf, _mm256_cmp_ps::<_CMP_NLT_UQ>(*mk, inf));
+                *mk = _mm256_max_ps(*mk, x);
+            }
+            if _mm256_movemask_ps(nf) != 0 {
+                bad += super::body::chunk_maxima(c, &mut Vec::new());
             }
             let m4 = [
                 _mm256_max_ps(m[0], m[4]),
@@ -1238,11 +1247,13 @@ mod simd {
             out.push(_mm_cvtss_f32(h));
         }
         if !rem.is_empty() {
+            bad += super::body::chunk_maxima(rem, &mut Vec::new());
             out.push(
                 rem.iter()
                     .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }),
             );
         }
+        bad
     }
 
     /// Mask (bit j = value j) of `z[i..i+64] >= thr`, or `== v` with `EQ`.
@@ -1492,11 +1503,12 @@ pub fn philox_x32_gated(
 }
 
 /// The maximum of each chunk of 128 values of `z` (the last one may be shorter), into
-/// `out` (for rows without NaN).
-pub fn chunk_maxima(z: &[f32], out: &mut Vec<f32>) {
+/// `out`, and the number of NaN or `+inf` values (the maxima are meaningless when it is
+/// not 0): one pass that gives the whole-row draw both its check and its chunks' maxima.
+pub fn chunk_maxima(z: &[f32], out: &mut Vec<f32>) -> u64 {
     #[cfg(target_arch = "x86_64")]
     match level() {
-        // SAFETY: `level()` detected AVX-512 F on this CPU.
+        // SAFETY: `level()` detected AVX-512 F and DQ on this CPU.
         Level::Avx512 => return unsafe { simd512::chunk_maxima(z, out) },
         // SAFETY: `level()` detected AVX2 on this CPU.
         Level::Avx2 => return unsafe { simd::chunk_maxima(z, out) },
@@ -1787,7 +1799,10 @@ mod tests {
                 .map(|c| c.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)))
                 .collect();
             let mut got = vec![1.0];
-            body::chunk_maxima(&z, &mut got);
+            assert_eq!(
+                body::chunk_maxima(&z, &mut got),
+                z.iter().filter(|v| **v == f32::INFINITY).count() as u64
+            );
             assert_eq!(got, want, "baseline n={n}");
             chunk_maxima(&z, &mut got);
             assert_eq!(got, want, "dispatched n={n}");

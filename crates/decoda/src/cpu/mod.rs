@@ -188,7 +188,20 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
             }
         }
     }
-    let (xmax, bad) = kernels::max_nonfinite(x);
+    // A draw over the whole row (no filter) takes its chunks' maxima from this pass.
+    let whole_row = mods.is_empty()
+        && (k == 0 || k >= x.len())
+        && p.top_p >= 1.0
+        && p.min_p <= 0.0
+        && !pl::is_greedy(t, 0.0);
+    let (xmax, bad) = if whole_row {
+        let bad = kernels::chunk_maxima(x, &mut s.maxima);
+        let m = s.maxima.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        (m, bad)
+    } else {
+        s.maxima.clear();
+        kernels::max_nonfinite(x)
+    };
     if bad > 0 {
         return Err(RowError::NonFiniteLogits { count: bad });
     }
@@ -311,7 +324,17 @@ fn sample_z(
             // No filter: only tokens within reach of the max token's draw can win; they are
             // drawn straight from the row, without a candidate list.
             unfiltered = true;
-            let i0 = kernels::first_eq(z, zmax).expect("max exists") as u32;
+            if s.maxima.len() != z.len().div_ceil(CHUNK) {
+                kernels::chunk_maxima(z, &mut s.maxima);
+            }
+            // the first chunk holding the max, then its first position there
+            let c = s
+                .maxima
+                .iter()
+                .position(|&m| m == zmax)
+                .expect("max exists");
+            let at = kernels::first_eq(&z[c * CHUNK..], zmax).expect("max exists");
+            let i0 = (c * CHUNK + at) as u32;
             let best0 = ymax + philox::gumbel(req.state.seed, req.state.step, i0);
             let thr = best0 - GUMBEL_MAX_BOUND - 1.0 - best0.abs() * 1e-6;
             unfiltered_from = Some((pl::z_lower_bound(thr, t), i0));
@@ -335,7 +358,7 @@ fn sample_z(
         cands.retain(|c| c.1 >= tau_m);
     }
     let token = match unfiltered_from {
-        Some((zl, i0)) => draw_row(z, t, zl, i0, req.state.seed, req.state.step, &mut s.maxima),
+        Some((zl, i0)) => draw_row(z, t, zl, i0, req.state.seed, req.state.step, &s.maxima),
         None => draw(&cands, req.state.seed, req.state.step),
     };
     let lp = p.logprobs.map(|n| match p.logprobs_mode {
@@ -773,26 +796,17 @@ fn challenge(best: &mut (u32, f32), i: u32, y: f32, bits: u32, bounds: &[f32; 40
 const CHUNK: usize = 128;
 
 /// [`draw`] over every token of the row with `z >= zl` (`i0` holds the max), chunk by
-/// chunk of [`CHUNK`] tokens. A chunk whose largest `y` sits `a` below the leader can only
+/// chunk of [`CHUNK`] tokens (`maxima` holds each chunk's largest `z`). A chunk whose largest `y` sits `a` below the leader can only
 /// change it through a word at or above `gumbel_word_gate(a)` (the bound on the noise is
 /// monotone in the word): a chunk that no word can lift is skipped before its Philox
 /// words are made; otherwise the words are made 32 blocks at a time in vector lanes and
 /// compared with the gate, and only the few at or above it meet the exact comparison of
 /// [`draw`]. Same tokens as drawing every one: the gate only drops tokens that cannot win.
-fn draw_row(
-    z: &[f32],
-    t: f32,
-    zl: f32,
-    i0: u32,
-    seed: u64,
-    step: u64,
-    maxima: &mut Vec<f32>,
-) -> u32 {
+fn draw_row(z: &[f32], t: f32, zl: f32, i0: u32, seed: u64, step: u64, maxima: &[f32]) -> u32 {
     let bounds = gumbel_bucket_bounds();
     let key = philox::seed_key(seed);
     let mut best = (i0, z[i0 as usize] / t + philox::gumbel(seed, step, i0));
     let mut words = [0u32; CHUNK];
-    kernels::chunk_maxima(z, maxima);
     for (c, (chunk, &zmax)) in z.chunks(CHUNK).zip(maxima.iter()).enumerate() {
         if zmax < zl || zmax.is_nan() {
             continue;
@@ -932,8 +946,10 @@ mod tests {
                     want = (i as u32, s);
                 }
             }
+            let mut maxima = Vec::new();
+            kernels::chunk_maxima(&z, &mut maxima);
             assert_eq!(
-                draw_row(&z, t, zl, i0, seed, step, &mut Vec::new()),
+                draw_row(&z, t, zl, i0, seed, step, &maxima),
                 want.0,
                 "case {case}: v {v} style {style} t {t} seed {seed} step {step}"
             );
