@@ -431,6 +431,32 @@ mod body {
     }
 
     #[inline(always)]
+    pub fn chunk_max(c: &[f32]) -> (f32, bool) {
+        let mut m = [f32::NEG_INFINITY; 16];
+        let mut sum = [0f32; 16];
+        let chunks = c.chunks_exact(16);
+        let rem = chunks.remainder();
+        for v in chunks {
+            for j in 0..16 {
+                m[j] = if v[j] > m[j] { v[j] } else { m[j] };
+                sum[j] += v[j];
+            }
+        }
+        let mut mm = f32::NEG_INFINITY;
+        let mut s = 0f32;
+        for j in 0..16 {
+            mm = if m[j] > mm { m[j] } else { mm };
+            s += sum[j];
+        }
+        for &x in rem {
+            mm = if x > mm { x } else { mm };
+            s += x;
+        }
+        // a NaN or an infinity makes the sum NaN or infinite (as may an overflow)
+        (mm, !s.is_finite())
+    }
+
+    #[inline(always)]
     pub fn chunk_maxima(z: &[f32], out: &mut Vec<f32>) -> u64 {
         out.clear();
         let mut bad = 0u64;
@@ -866,6 +892,31 @@ mod simd512 {
             }
         }
         mask
+    }
+
+    /// [`super::chunk_max`] of a full chunk of 128.
+    ///
+    /// # Safety
+    /// AVX-512 F and DQ must be present.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn chunk_max(c: &[f32; 128]) -> (f32, bool) {
+        let p = c.as_ptr();
+        // SAFETY: the chunk holds 128 values, eight registers' worth.
+        let l = |k: usize| _mm512_loadu_ps(p.add(16 * k));
+        let v = [l(0), l(1), l(2), l(3), l(4), l(5), l(6), l(7)];
+        let m = _mm512_max_ps(
+            _mm512_max_ps(_mm512_max_ps(v[0], v[1]), _mm512_max_ps(v[2], v[3])),
+            _mm512_max_ps(_mm512_max_ps(v[4], v[5]), _mm512_max_ps(v[6], v[7])),
+        );
+        // as in `chunk_maxima`: a NaN or an infinity makes the sum NaN or infinite
+        let sum = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(v[0], v[1]), _mm512_add_ps(v[2], v[3])),
+            _mm512_add_ps(_mm512_add_ps(v[4], v[5]), _mm512_add_ps(v[6], v[7])),
+        );
+        (
+            _mm512_reduce_max_ps(m),
+            _mm512_fpclass_ps_mask::<0x99>(sum) != 0,
+        )
     }
 
     /// [`super::chunk_maxima`]: eight vector maxima per chunk of 128, then one
@@ -1500,6 +1551,39 @@ pub fn philox_x32_gated(
     }
     body::philox_x32(first_block, step, key, out);
     body::words_at_least(out, gate)
+}
+
+/// Asks the cache for the line holding `z[at]` (nothing when `at` is past the end).
+#[inline]
+pub fn prefetch(z: &[f32], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v) = z.get(at) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch only hints the cache; the address is inside `z`, and SSE
+        // (which has the instruction) is part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>((v as *const f32).cast::<i8>()) };
+    }
+}
+
+/// The maximum of one chunk of the whole-row draw, and whether it may hold a NaN or
+/// `+inf` (when true, [`chunk_maxima`] counts them exactly; the max is then meaningless).
+#[inline]
+pub fn chunk_max(c: &[f32]) -> (f32, bool) {
+    #[cfg(target_arch = "x86_64")]
+    if let (Level::Avx512, Ok(full)) = (level(), <&[f32; 128]>::try_from(c)) {
+        // SAFETY: `level()` detected AVX-512 F and DQ on this CPU.
+        return unsafe { simd512::chunk_max(full) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx2 {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(c: &[f32]) -> (f32, bool) {
+            body::chunk_max(c)
+        }
+        // SAFETY: `level()` detected AVX2 and FMA on this CPU.
+        return unsafe { avx2(c) };
+    }
+    body::chunk_max(c)
 }
 
 /// The maximum of each chunk of 128 values of `z` (the last one may be shorter), into

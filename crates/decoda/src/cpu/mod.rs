@@ -188,12 +188,22 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
             }
         }
     }
+    if !mods.is_empty() && k > 0 && k + mods.len() < x.len() && !pl::is_greedy(t, 0.0) {
+        if let Some(out) = top_k_with_mods(x, &mods, req, s) {
+            return out;
+        }
+    }
     // A draw over the whole row (no filter) takes its chunks' maxima from this pass.
     let whole_row = mods.is_empty()
         && (k == 0 || k >= x.len())
         && p.top_p >= 1.0
         && p.min_p <= 0.0
         && !pl::is_greedy(t, 0.0);
+    if whole_row && p.logprobs.is_none() {
+        if let Some(out) = draw_whole_row(x, t, req.state.seed, req.state.step) {
+            return out;
+        }
+    }
     let (xmax, bad) = if whole_row {
         let bad = kernels::chunk_maxima(x, &mut s.maxima);
         let m = s.maxima.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
@@ -228,6 +238,64 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
     let out = sample_z(x, z, zmax, req, s, Ready::Nothing);
     s.z = zbuf;
     out
+}
+
+/// Top-k with sparse changes (penalties, bias) without a modified copy of the row: the
+/// `k + m` largest of the logits as given (`m` changed tokens) hold every unchanged token
+/// of the changed row's top k (at most `m` of them can be changed ones), so stage 6 runs
+/// over those and the changed tokens' new values. `None` sends the row to the general
+/// path: a NaN or `+inf` in the row or among the changed values (it counts them), a row
+/// with nothing finite, or one drawn greedily after all.
+fn top_k_with_mods(
+    x: &[f32],
+    mods: &[(u32, f32)],
+    req: &Request,
+    s: &mut Scratch,
+) -> Option<RowResult> {
+    let (t, k) = (req.params.temperature, req.params.top_k as usize);
+    if mods.iter().any(|m| m.1.is_nan() || m.1 == f32::INFINITY) {
+        return None;
+    }
+    let mut seen = (f32::NEG_INFINITY, false);
+    select_top(
+        x,
+        k + mods.len(),
+        t,
+        &mut s.cands,
+        &mut s.tmp,
+        Some(&mut seen),
+    );
+    if seen.1 {
+        return None;
+    }
+    // (i, z_i) of the unchanged candidates and of every changed token; both in id order
+    let list = &mut s.tmp2;
+    list.clear();
+    let mut next = mods.iter().peekable();
+    for &(i, _) in &s.cands {
+        while next.next_if(|m| m.0 < i).is_some() {}
+        if next.peek().is_none_or(|m| m.0 != i) {
+            list.push((i, x[i as usize]));
+        }
+    }
+    list.extend_from_slice(mods);
+    let zmax = list.iter().fold(f32::NEG_INFINITY, |a, c| a.max(c.1));
+    if zmax == f32::NEG_INFINITY || pl::is_greedy(t, zmax) {
+        return None;
+    }
+    // stage 6: every token whose y reaches the k-th largest y
+    for c in list.iter_mut() {
+        c.1 /= t;
+    }
+    let tmp = &mut s.tmp;
+    tmp.clear();
+    tmp.extend_from_slice(list);
+    let (_, kth, _) = tmp.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+    let tau = kth.1;
+    s.cands.clear();
+    s.cands.extend(list.iter().filter(|c| c.1 >= tau));
+    s.cands.sort_unstable_by_key(|c| c.0);
+    Some(sample_z(x, x, zmax, req, s, Ready::TopK))
 }
 
 /// What a one-pass route already left in `Scratch::cands` for [`sample_z`].
@@ -795,6 +863,12 @@ fn challenge(best: &mut (u32, f32), i: u32, y: f32, bits: u32, bounds: &[f32; 40
 /// Tokens per chunk of [`draw_row`]: the words of 32 Philox blocks.
 const CHUNK: usize = 128;
 
+/// Tokens at the head of the row whose max seeds the one-pass draw's leader.
+const SEED_SPAN: usize = 8192;
+
+/// Chunks ahead of the one-pass draw that it asks the cache for.
+const PREFETCH: usize = 16;
+
 /// [`draw`] over every token of the row with `z >= zl` (`i0` holds the max), chunk by
 /// chunk of [`CHUNK`] tokens (`maxima` holds each chunk's largest `z`). A chunk whose largest `y` sits `a` below the leader can only
 /// change it through a word at or above `gumbel_word_gate(a)` (the bound on the noise is
@@ -833,6 +907,84 @@ fn draw_row(z: &[f32], t: f32, zl: f32, i0: u32, seed: u64, step: u64, maxima: &
         }
     }
     best.0
+}
+
+/// The whole row drawn in one pass, for a request without filters, penalties, bias or
+/// logprobs (the OpenAI default): [`draw_row`] with each chunk's max and NaN/`+inf` check
+/// taken as the chunk is reached, so the row is read once (ahead of use, so the reading
+/// overlaps the Philox arithmetic) apart from the head that seeds the leader.
+/// `None` when the row is greedy after all (`max / T` overflows): the general path
+/// handles it.
+fn draw_whole_row(x: &[f32], t: f32, seed: u64, step: u64) -> Option<RowResult> {
+    let bounds = gumbel_bucket_bounds();
+    let key = philox::seed_key(seed);
+    let mut best = (u32::MAX, f32::NEG_INFINITY);
+    // The leader starts as the first max of the row's head (drawn again in its chunk,
+    // which changes nothing), so the gates are tight from the first chunk on.
+    let head = &x[..x.len().min(SEED_SPAN)];
+    let (hmax, hbad) = kernels::max_nonfinite(head);
+    if hbad == 0 && hmax > f32::NEG_INFINITY {
+        if !(hmax / t).is_finite() {
+            return None;
+        }
+        let i0 = kernels::first_eq(head, hmax).expect("max exists") as u32;
+        best = (i0, hmax / t + philox::gumbel(seed, step, i0));
+    }
+    let mut words = [0u32; CHUNK];
+    let mut bad = false;
+    let mut next = kernels::chunk_max(&x[..x.len().min(CHUNK)]);
+    for (c, chunk) in x.chunks(CHUNK).enumerate() {
+        // this chunk's max was taken one step ahead, and the next one's is taken now:
+        // its loads and reduction overlap this chunk's Philox instead of delaying it
+        let (zmax, nonfinite) = next;
+        if let Some(after) = x.get((c + 1) * CHUNK..) {
+            // the chunk read PREFETCH chunks from now starts on its way to the cache
+            kernels::prefetch(x, (c + PREFETCH) * CHUNK);
+            next = kernels::chunk_max(&after[..after.len().min(CHUNK)]);
+        }
+        bad |= nonfinite;
+        if bad || zmax == f32::NEG_INFINITY {
+            continue;
+        }
+        let ymax = zmax / t;
+        if !ymax.is_finite() {
+            return None;
+        }
+        // slack for the rounding of y = z / t and of y + bound against the leader
+        let a = best.1 - ymax - 1e-4 - best.1.abs() * 1e-6;
+        let Some(gate) = philox::gumbel_word_gate(a) else {
+            continue;
+        };
+        let t0 = (c * CHUNK) as u32;
+        let mut m = kernels::philox_x32_gated(t0 / 4, step, key, gate, &mut words);
+        if chunk.len() < CHUNK {
+            m &= (1u128 << chunk.len()) - 1;
+        }
+        while m != 0 {
+            let j = m.trailing_zeros() as usize;
+            m &= m - 1;
+            let y = chunk[j] / t;
+            if chunk[j] == f32::NEG_INFINITY || y + GUMBEL_MAX_BOUND < best.1 {
+                continue;
+            }
+            challenge(&mut best, t0 + j as u32, y, words[j], bounds);
+        }
+    }
+    if bad {
+        let count = kernels::max_nonfinite(x).1;
+        if count > 0 {
+            return Some(Err(RowError::NonFiniteLogits { count }));
+        }
+        // only an overflowing sum: the general path
+        return None;
+    }
+    if best.0 == u32::MAX {
+        return Some(Err(RowError::NoCandidate));
+    }
+    Some(Ok(Sample {
+        token: best.0,
+        logprobs: None,
+    }))
 }
 
 /// The Philox limit of a draw over a whole row of `v` tokens: every token's Philox word
@@ -901,7 +1053,7 @@ fn subset_logprobs(
 
 #[cfg(test)]
 mod tests {
-    use super::{draw_row, kernels, top_p_walk, GUMBEL_MAX_BOUND};
+    use super::{draw_row, draw_whole_row, kernels, top_p_walk, GUMBEL_MAX_BOUND};
     use crate::philox;
     use crate::pipeline as pl;
 
@@ -953,6 +1105,61 @@ mod tests {
                 want.0,
                 "case {case}: v {v} style {style} t {t} seed {seed} step {step}"
             );
+            let one_pass = match draw_whole_row(&z, t, seed, step) {
+                Some(Ok(s)) => s.token,
+                other => panic!("case {case}: {other:?}"),
+            };
+            assert_eq!(
+                one_pass, want.0,
+                "one pass, case {case}: v {v} style {style} t {t}"
+            );
+        }
+    }
+
+    /// Plain temperature rows through the one-pass draw against the reference: NaN and
+    /// `+inf` anywhere (counted), `-inf` tokens, rows of only `-inf`, `max / T` overflow
+    /// (greedy), sums that overflow without any non-finite value, lengths off the chunk.
+    #[test]
+    fn one_pass_draw_edge_rows_match_the_reference() {
+        use crate::params::{Request, SamplingParams};
+        let mut x = 0x51_7cc1_b727_220au64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..400u64 {
+            let v = [1usize, 7, 128, 130, 300, 1024, 5000][case as usize % 7];
+            let mut z: Vec<f32> = (0..v)
+                .map(|_| (next() % 2000) as f32 / 100.0 - 10.0)
+                .collect();
+            let at = (next() % v as u64) as usize;
+            match case % 8 {
+                0 => z[at] = f32::NAN,
+                1 => z[at] = f32::INFINITY,
+                2 => z.iter_mut().for_each(|v| *v = f32::NEG_INFINITY),
+                3 => z.iter_mut().step_by(3).for_each(|v| *v = f32::NEG_INFINITY),
+                4 => z[at] = 3.0e38,
+                5 => z.iter_mut().for_each(|v| *v = 3.0e38 * v.signum()),
+                6 => {
+                    z[at] = f32::NAN;
+                    let b = (next() % v as u64) as usize;
+                    z[b] = f32::INFINITY;
+                }
+                _ => {}
+            }
+            let t = [1e-3f32, 0.7, 1.0, 2.5][(case / 8) as usize % 4];
+            let req = Request::new(
+                SamplingParams {
+                    temperature: t,
+                    ..Default::default()
+                },
+                next(),
+            );
+            let want = crate::reference::reference_row(&z, &req).0;
+            let got = super::sample_row_f32(&z, &req);
+            assert_eq!(got, want, "case {case}: v {v} t {t}");
         }
     }
 
