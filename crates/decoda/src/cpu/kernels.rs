@@ -894,6 +894,32 @@ mod simd512 {
         mask
     }
 
+    /// [`super::gated_chunks`] with AVX-512.
+    ///
+    /// # Safety
+    /// AVX-512 F and DQ must be present.
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn gated_chunks(
+        z: &[f32],
+        step: u64,
+        key: [u32; 2],
+        gate: impl FnMut(f32) -> Option<u32>,
+        visit: impl FnMut(usize, u128, &[u32; 128]),
+    ) -> bool {
+        super::gated_chunks_with(
+            z,
+            gate,
+            visit,
+            |c| match <&[f32; 128]>::try_from(c) {
+                // SAFETY: AVX-512 F and DQ are present (this function's contract).
+                Ok(full) => unsafe { chunk_max(full) },
+                Err(_) => super::body::chunk_max(c),
+            },
+            // SAFETY: as above.
+            |b, g, out| unsafe { philox_x32::<true>(b, step, key, g, out) },
+        )
+    }
+
     /// [`super::chunk_max`] of a full chunk of 128.
     ///
     /// # Safety
@@ -1257,6 +1283,28 @@ mod simd {
         mask
     }
 
+    /// [`super::gated_chunks`] with AVX2.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gated_chunks(
+        z: &[f32],
+        step: u64,
+        key: [u32; 2],
+        gate: impl FnMut(f32) -> Option<u32>,
+        visit: impl FnMut(usize, u128, &[u32; 128]),
+    ) -> bool {
+        super::gated_chunks_with(
+            z,
+            gate,
+            visit,
+            super::body::chunk_max,
+            // SAFETY: AVX2 is present (this function's contract).
+            |b, g, out| unsafe { philox_x32::<true>(b, step, key, g, out) },
+        )
+    }
+
     /// [`super::chunk_maxima`] with AVX2: sixteen vector maxima per chunk of 128, then
     /// one horizontal reduction.
     ///
@@ -1553,9 +1601,74 @@ pub fn philox_x32_gated(
     body::words_at_least(out, gate)
 }
 
+/// The vector side of the one-pass whole-row draw: for each chunk of 128 values of `z`
+/// in order, its max (taken one chunk ahead, the row prefetched further ahead) goes to
+/// `gate`, which returns the word threshold of the chunk or `None` to skip it; the
+/// chunk's Philox words at `step` under `key` are made and compared with the threshold
+/// in registers, and `visit(chunk, mask, words)` gets the chunks where some word reaches
+/// it (bit `j` of `mask` for token `128 chunk + j`). Stops and returns true at the first
+/// chunk that may hold a NaN or `+inf` (the caller counts them).
+pub fn gated_chunks(
+    z: &[f32],
+    step: u64,
+    key: [u32; 2],
+    gate: impl FnMut(f32) -> Option<u32>,
+    visit: impl FnMut(usize, u128, &[u32; 128]),
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    match level() {
+        // SAFETY: `level()` detected AVX-512 F and DQ on this CPU.
+        Level::Avx512 => return unsafe { simd512::gated_chunks(z, step, key, gate, visit) },
+        // SAFETY: `level()` detected AVX2 and FMA on this CPU.
+        Level::Avx2 => return unsafe { simd::gated_chunks(z, step, key, gate, visit) },
+        Level::Base => {}
+    }
+    gated_chunks_with(z, gate, visit, body::chunk_max, |b, g, out| {
+        body::philox_x32(b, step, key, out);
+        body::words_at_least(out, g)
+    })
+}
+
+/// [`gated_chunks`] over a variant's chunk max and gated Philox.
+#[inline(always)]
+fn gated_chunks_with(
+    z: &[f32],
+    mut gate: impl FnMut(f32) -> Option<u32>,
+    mut visit: impl FnMut(usize, u128, &[u32; 128]),
+    chunk_max: impl Fn(&[f32]) -> (f32, bool),
+    philox: impl Fn(u32, u32, &mut [u32; 128]) -> u128,
+) -> bool {
+    const PREFETCH: usize = 16;
+    let mut words = [0u32; 128];
+    let mut next = chunk_max(&z[..z.len().min(128)]);
+    for (c, chunk) in z.chunks(128).enumerate() {
+        // this chunk's max was taken one step ahead and the next one's is taken now: its
+        // loads and reduction overlap this chunk's Philox instead of delaying it
+        let (zmax, bad) = next;
+        if let Some(after) = z.get((c + 1) * 128..) {
+            prefetch(z, (c + PREFETCH) * 128);
+            next = chunk_max(&after[..after.len().min(128)]);
+        }
+        if bad {
+            return true;
+        }
+        let Some(g) = gate(zmax) else {
+            continue;
+        };
+        let mut m = philox((c * 32) as u32, g, &mut words);
+        if chunk.len() < 128 {
+            m &= (1u128 << chunk.len()) - 1;
+        }
+        if m != 0 {
+            visit(c, m, &words);
+        }
+    }
+    false
+}
+
 /// Asks the cache for the line holding `z[at]` (nothing when `at` is past the end).
 #[inline]
-pub fn prefetch(z: &[f32], at: usize) {
+fn prefetch(z: &[f32], at: usize) {
     #[cfg(target_arch = "x86_64")]
     if let Some(v) = z.get(at) {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
@@ -1563,27 +1676,6 @@ pub fn prefetch(z: &[f32], at: usize) {
         // (which has the instruction) is part of x86-64.
         unsafe { _mm_prefetch::<_MM_HINT_T0>((v as *const f32).cast::<i8>()) };
     }
-}
-
-/// The maximum of one chunk of the whole-row draw, and whether it may hold a NaN or
-/// `+inf` (when true, [`chunk_maxima`] counts them exactly; the max is then meaningless).
-#[inline]
-pub fn chunk_max(c: &[f32]) -> (f32, bool) {
-    #[cfg(target_arch = "x86_64")]
-    if let (Level::Avx512, Ok(full)) = (level(), <&[f32; 128]>::try_from(c)) {
-        // SAFETY: `level()` detected AVX-512 F and DQ on this CPU.
-        return unsafe { simd512::chunk_max(full) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if level() == Level::Avx2 {
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(c: &[f32]) -> (f32, bool) {
-            body::chunk_max(c)
-        }
-        // SAFETY: `level()` detected AVX2 and FMA on this CPU.
-        return unsafe { avx2(c) };
-    }
-    body::chunk_max(c)
 }
 
 /// The maximum of each chunk of 128 values of `z` (the last one may be shorter), into

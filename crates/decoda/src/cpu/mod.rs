@@ -866,9 +866,6 @@ const CHUNK: usize = 128;
 /// Tokens at the head of the row whose max seeds the one-pass draw's leader.
 const SEED_SPAN: usize = 8192;
 
-/// Chunks ahead of the one-pass draw that it asks the cache for.
-const PREFETCH: usize = 16;
-
 /// [`draw`] over every token of the row with `z >= zl` (`i0` holds the max), chunk by
 /// chunk of [`CHUNK`] tokens (`maxima` holds each chunk's largest `z`). A chunk whose largest `y` sits `a` below the leader can only
 /// change it through a word at or above `gumbel_word_gate(a)` (the bound on the noise is
@@ -930,45 +927,39 @@ fn draw_whole_row(x: &[f32], t: f32, seed: u64, step: u64) -> Option<RowResult> 
         let i0 = kernels::first_eq(head, hmax).expect("max exists") as u32;
         best = (i0, hmax / t + philox::gumbel(seed, step, i0));
     }
-    let mut words = [0u32; CHUNK];
-    let mut bad = false;
-    let mut next = kernels::chunk_max(&x[..x.len().min(CHUNK)]);
-    for (c, chunk) in x.chunks(CHUNK).enumerate() {
-        // this chunk's max was taken one step ahead, and the next one's is taken now:
-        // its loads and reduction overlap this chunk's Philox instead of delaying it
-        let (zmax, nonfinite) = next;
-        if let Some(after) = x.get((c + 1) * CHUNK..) {
-            // the chunk read PREFETCH chunks from now starts on its way to the cache
-            kernels::prefetch(x, (c + PREFETCH) * CHUNK);
-            next = kernels::chunk_max(&after[..after.len().min(CHUNK)]);
-        }
-        bad |= nonfinite;
-        if bad || zmax == f32::NEG_INFINITY {
-            continue;
+    let best = std::cell::Cell::new(best);
+    let mut overflow = false;
+    let gate = |zmax: f32| {
+        if zmax == f32::NEG_INFINITY {
+            return None;
         }
         let ymax = zmax / t;
         if !ymax.is_finite() {
+            overflow = true;
             return None;
         }
         // slack for the rounding of y = z / t and of y + bound against the leader
-        let a = best.1 - ymax - 1e-4 - best.1.abs() * 1e-6;
-        let Some(gate) = philox::gumbel_word_gate(a) else {
-            continue;
-        };
-        let t0 = (c * CHUNK) as u32;
-        let mut m = kernels::philox_x32_gated(t0 / 4, step, key, gate, &mut words);
-        if chunk.len() < CHUNK {
-            m &= (1u128 << chunk.len()) - 1;
-        }
+        let b = best.get().1;
+        philox::gumbel_word_gate(b - ymax - 1e-4 - b.abs() * 1e-6)
+    };
+    let visit = |c: usize, mut m: u128, words: &[u32; CHUNK]| {
+        let mut b = best.get();
         while m != 0 {
             let j = m.trailing_zeros() as usize;
             m &= m - 1;
-            let y = chunk[j] / t;
-            if chunk[j] == f32::NEG_INFINITY || y + GUMBEL_MAX_BOUND < best.1 {
+            let z = x[c * CHUNK + j];
+            let y = z / t;
+            if z == f32::NEG_INFINITY || y + GUMBEL_MAX_BOUND < b.1 {
                 continue;
             }
-            challenge(&mut best, t0 + j as u32, y, words[j], bounds);
+            challenge(&mut b, (c * CHUNK + j) as u32, y, words[j], bounds);
         }
+        best.set(b);
+    };
+    let bad = kernels::gated_chunks(x, step, key, gate, visit);
+    let best = best.get();
+    if overflow {
+        return None;
     }
     if bad {
         let count = kernels::max_nonfinite(x).1;
@@ -988,21 +979,19 @@ fn draw_whole_row(x: &[f32], t: f32, seed: u64, step: u64) -> Option<RowResult> 
 }
 
 /// The Philox limit of a draw over a whole row of `v` tokens: every token's Philox word
-/// at `step` under `seed`, computed as the draw computes them (32 blocks side by side in
-/// vector lanes), folded by XOR so that none can be skipped, and nothing else. A draw
-/// that needs every word cannot do less; the benchmarks time the `temp` configuration
-/// against it.
+/// at `step` under `seed`, made as the draw makes them (32 blocks side by side in vector
+/// lanes, written to memory by a call the compiler cannot see into), and nothing else:
+/// one word of each chunk is folded into the result so the calls stay. A draw that needs
+/// every word cannot do less; the benchmarks time the `temp` configuration against it.
 pub fn philox_row_words(v: usize, seed: u64, step: u64) -> u32 {
     let key = philox::seed_key(seed);
     let mut words = [0u32; CHUNK];
-    let mut acc = [0u32; CHUNK];
-    for t0 in (0..v).step_by(CHUNK) {
+    let mut acc = 0u32;
+    for (c, t0) in (0..v).step_by(CHUNK).enumerate() {
         kernels::philox_x32((t0 / 4) as u32, step, key, &mut words);
-        for (a, w) in acc.iter_mut().zip(&words) {
-            *a ^= w;
-        }
+        acc ^= words[c % CHUNK];
     }
-    acc.iter().fold(0, |a, w| a ^ w)
+    acc
 }
 
 /// Log-probabilities of `log_softmax(values)` over the whole row, without sorting it.
