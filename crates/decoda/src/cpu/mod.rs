@@ -1051,13 +1051,8 @@ mod tests {
     /// spikes far above the rest (most chunks skipped), lengths off the chunk size.
     #[test]
     fn whole_row_draw_matches_every_token_drawn() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = crate::conformance::Rng::new(0x9e37_79b9_7f4a_7c15u64);
+        let mut next = move || rng.next_u64();
         for case in 0..300u64 {
             let v = [1usize, 5, 127, 128, 129, 1000, 4099, 32000, 65536][case as usize % 9];
             let style = case % 4;
@@ -1111,13 +1106,8 @@ mod tests {
     #[test]
     fn one_pass_draw_edge_rows_match_the_reference() {
         use crate::params::{Request, SamplingParams};
-        let mut x = 0x51_7cc1_b727_220au64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = crate::conformance::Rng::new(0x51_7cc1_b727_220au64);
+        let mut next = move || rng.next_u64();
         for case in 0..400u64 {
             let v = [1usize, 7, 128, 130, 300, 1024, 5000][case as usize % 7];
             let mut z: Vec<f32> = (0..v)
