@@ -134,8 +134,6 @@ struct Scratch {
     tmp2: Vec<(u32, f32)>,
     q: Vec<f32>,
     walk: Vec<f32>,
-    /// Per-chunk maxima of the whole-row draw.
-    maxima: Vec<f32>,
 }
 
 thread_local! {
@@ -193,25 +191,19 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
             return out;
         }
     }
-    // A draw over the whole row (no filter) takes its chunks' maxima from this pass.
-    let whole_row = mods.is_empty()
+    // No filter, no change, no logprobs (the OpenAI default): the row in one pass.
+    if mods.is_empty()
         && (k == 0 || k >= x.len())
         && p.top_p >= 1.0
         && p.min_p <= 0.0
-        && !pl::is_greedy(t, 0.0);
-    if whole_row && p.logprobs.is_none() {
+        && p.logprobs.is_none()
+        && !pl::is_greedy(t, 0.0)
+    {
         if let Some(out) = draw_whole_row(x, t, req.state.seed, req.state.step) {
             return out;
         }
     }
-    let (xmax, bad) = if whole_row {
-        let bad = kernels::chunk_maxima(x, &mut s.maxima);
-        let m = s.maxima.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        (m, bad)
-    } else {
-        s.maxima.clear();
-        kernels::max_nonfinite(x)
-    };
+    let (xmax, bad) = kernels::max_nonfinite(x);
     if bad > 0 {
         return Err(RowError::NonFiniteLogits { count: bad });
     }
@@ -353,8 +345,6 @@ fn sample_z(
     // Some when stage 7 was already done while gathering (`cands` holds its kept set).
     let mut cut: Option<(f64, f32)> = None;
     let mut unfiltered = false;
-    // (z threshold, the max token) when the draw runs over the whole row
-    let mut unfiltered_from: Option<(f32, u32)> = None;
     if let Ready::TopP(c) = ready {
         cut = Some(c);
     } else if matches!(ready, Ready::TopK) {
@@ -389,23 +379,8 @@ fn sample_z(
                 c.1 /= t;
             }
         } else {
-            // No filter: only tokens within reach of the max token's draw can win; they are
-            // drawn straight from the row, without a candidate list.
+            // No filter: drawn straight from the row, without a candidate list.
             unfiltered = true;
-            if s.maxima.len() != z.len().div_ceil(CHUNK) {
-                kernels::chunk_maxima(z, &mut s.maxima);
-            }
-            // the first chunk holding the max, then its first position there
-            let c = s
-                .maxima
-                .iter()
-                .position(|&m| m == zmax)
-                .expect("max exists");
-            let at = kernels::first_eq(&z[c * CHUNK..], zmax).expect("max exists");
-            let i0 = (c * CHUNK + at) as u32;
-            let best0 = ymax + philox::gumbel(req.state.seed, req.state.step, i0);
-            let thr = best0 - GUMBEL_MAX_BOUND - 1.0 - best0.abs() * 1e-6;
-            unfiltered_from = Some((pl::z_lower_bound(thr, t), i0));
         }
     }
 
@@ -425,9 +400,18 @@ fn sample_z(
     if tau_m > f32::NEG_INFINITY {
         cands.retain(|c| c.1 >= tau_m);
     }
-    let token = match unfiltered_from {
-        Some((zl, i0)) => draw_row(z, t, zl, i0, req.state.seed, req.state.step, &s.maxima),
-        None => draw(&cands, req.state.seed, req.state.step),
+    let token = if unfiltered {
+        // `z` is finite and not greedy here, so the one-pass draw gives a token
+        match draw_whole_row(z, t, req.state.seed, req.state.step) {
+            Some(Ok(sample)) => sample.token,
+            Some(Err(e)) => {
+                s.cands = cands;
+                return Err(e);
+            }
+            None => kernels::first_eq(z, zmax).expect("max exists") as u32,
+        }
+    } else {
+        draw(&cands, req.state.seed, req.state.step)
     };
     let lp = p.logprobs.map(|n| match p.logprobs_mode {
         LogprobsMode::Raw => full_logprobs(x, token, n, s),
@@ -860,58 +844,21 @@ fn challenge(best: &mut (u32, f32), i: u32, y: f32, bits: u32, bounds: &[f32; 40
     }
 }
 
-/// Tokens per chunk of [`draw_row`]: the words of 32 Philox blocks.
+/// Tokens per chunk of [`draw_whole_row`]: the words of 32 Philox blocks.
 const CHUNK: usize = 128;
 
 /// Tokens at the head of the row whose max seeds the one-pass draw's leader.
 const SEED_SPAN: usize = 8192;
 
-/// [`draw`] over every token of the row with `z >= zl` (`i0` holds the max), chunk by
-/// chunk of [`CHUNK`] tokens (`maxima` holds each chunk's largest `z`). A chunk whose largest `y` sits `a` below the leader can only
-/// change it through a word at or above `gumbel_word_gate(a)` (the bound on the noise is
-/// monotone in the word): a chunk that no word can lift is skipped before its Philox
-/// words are made; otherwise the words are made 32 blocks at a time in vector lanes and
-/// compared with the gate, and only the few at or above it meet the exact comparison of
-/// [`draw`]. Same tokens as drawing every one: the gate only drops tokens that cannot win.
-fn draw_row(z: &[f32], t: f32, zl: f32, i0: u32, seed: u64, step: u64, maxima: &[f32]) -> u32 {
-    let bounds = gumbel_bucket_bounds();
-    let key = philox::seed_key(seed);
-    let mut best = (i0, z[i0 as usize] / t + philox::gumbel(seed, step, i0));
-    let mut words = [0u32; CHUNK];
-    for (c, (chunk, &zmax)) in z.chunks(CHUNK).zip(maxima.iter()).enumerate() {
-        if zmax < zl || zmax.is_nan() {
-            continue;
-        }
-        // slack for the rounding of y = z / t and of y + bound against the leader
-        let a = best.1 - zmax / t - 1e-4 - best.1.abs() * 1e-6;
-        let Some(gate) = philox::gumbel_word_gate(a) else {
-            continue;
-        };
-        let t0 = (c * CHUNK) as u32;
-        let mut m = kernels::philox_x32_gated(t0 / 4, step, key, gate, &mut words);
-        if chunk.len() < CHUNK {
-            m &= (1u128 << chunk.len()) - 1;
-        }
-        while m != 0 {
-            let j = m.trailing_zeros() as usize;
-            m &= m - 1;
-            let i = t0 + j as u32;
-            let y = chunk[j] / t;
-            if i == i0 || chunk[j] < zl || y + GUMBEL_MAX_BOUND < best.1 {
-                continue;
-            }
-            challenge(&mut best, i, y, words[j], bounds);
-        }
-    }
-    best.0
-}
-
-/// The whole row drawn in one pass, for a request without filters, penalties, bias or
-/// logprobs (the OpenAI default): [`draw_row`] with each chunk's max and NaN/`+inf` check
-/// taken as the chunk is reached, so the row is read once (ahead of use, so the reading
-/// overlaps the Philox arithmetic) apart from the head that seeds the leader.
-/// `None` when the row is greedy after all (`max / T` overflows): the general path
-/// handles it.
+/// [`draw`] over the whole row (no filter), in one pass over chunks of [`CHUNK`] tokens
+/// read ahead of use, so the reading overlaps the Philox arithmetic. A chunk whose largest
+/// `y` sits `a` below the leader can only change it through a word at or above
+/// `gumbel_word_gate(a)` (the bound on the noise is monotone in the word): a chunk that no
+/// word can lift is skipped before its Philox words are made; otherwise the words are made
+/// 32 blocks at a time in vector lanes and compared with the gate, and only the few at or
+/// above it meet the exact comparison of [`draw`]. Same token as drawing every one.
+/// `Err` for NaN or `+inf` in the row, or no finite value; `None` when the row is greedy
+/// after all (`max / T` overflows).
 fn draw_whole_row(x: &[f32], t: f32, seed: u64, step: u64) -> Option<RowResult> {
     let bounds = gumbel_bucket_bounds();
     let key = philox::seed_key(seed);
@@ -963,11 +910,7 @@ fn draw_whole_row(x: &[f32], t: f32, seed: u64, step: u64) -> Option<RowResult> 
     }
     if bad {
         let count = kernels::max_nonfinite(x).1;
-        if count > 0 {
-            return Some(Err(RowError::NonFiniteLogits { count }));
-        }
-        // only an overflowing sum: the general path
-        return None;
+        return Some(Err(RowError::NonFiniteLogits { count }));
     }
     if best.0 == u32::MAX {
         return Some(Err(RowError::NoCandidate));
@@ -1042,7 +985,7 @@ fn subset_logprobs(
 
 #[cfg(test)]
 mod tests {
-    use super::{draw_row, draw_whole_row, kernels, top_p_walk, GUMBEL_MAX_BOUND};
+    use super::{draw_whole_row, top_p_walk};
     use crate::philox;
     use crate::pipeline as pl;
 
@@ -1070,11 +1013,6 @@ mod tests {
                 .collect();
             let t = [0.05f32, 0.7, 1.0, 3.0][(case / 4) as usize % 4];
             let (seed, step) = (next(), next() % 1000);
-            let zmax = kernels::max(&z);
-            let i0 = kernels::first_eq(&z, zmax).expect("max") as u32;
-            let best0 = zmax / t + philox::gumbel(seed, step, i0);
-            let thr = best0 - GUMBEL_MAX_BOUND - 1.0 - best0.abs() * 1e-6;
-            let zl = pl::z_lower_bound(thr, t);
             let mut want = (0u32, f32::NEG_INFINITY);
             for (i, &zi) in z.iter().enumerate() {
                 let s = zi / t + philox::gumbel(seed, step, i as u32);
@@ -1082,13 +1020,6 @@ mod tests {
                     want = (i as u32, s);
                 }
             }
-            let mut maxima = Vec::new();
-            kernels::chunk_maxima(&z, &mut maxima);
-            assert_eq!(
-                draw_row(&z, t, zl, i0, seed, step, &maxima),
-                want.0,
-                "case {case}: v {v} style {style} t {t} seed {seed} step {step}"
-            );
             let one_pass = match draw_whole_row(&z, t, seed, step) {
                 Some(Ok(s)) => s.token,
                 other => panic!("case {case}: {other:?}"),

@@ -127,6 +127,20 @@ thread_local! {
 const WIDE_BLOCK: usize = 64 * 1024;
 
 impl ExpertWeights {
+    /// Dense weights after checking that their `len` values make
+    /// `[experts, out_features, in_features]`.
+    fn dense(
+        len: usize,
+        data: WeightData,
+        experts: usize,
+        out_features: usize,
+        in_features: usize,
+    ) -> Result<Self> {
+        let n = count(experts, out_features, in_features)?;
+        check_len("weights", len, n, dims(experts, out_features, in_features))?;
+        Ok(Self::checked(data, experts, out_features, in_features))
+    }
+
     /// Weights from f32 values laid out as `[experts, out_features, in_features]`.
     pub fn from_f32(
         data: Vec<f32>,
@@ -134,19 +148,13 @@ impl ExpertWeights {
         out_features: usize,
         in_features: usize,
     ) -> Result<Self> {
-        let n = count(experts, out_features, in_features)?;
-        check_len(
-            "weights",
+        Self::dense(
             data.len(),
-            n,
-            dims(experts, out_features, in_features),
-        )?;
-        Ok(Self::checked(
             WeightData::F32(data),
             experts,
             out_features,
             in_features,
-        ))
+        )
     }
 
     /// Weights from bf16 values laid out as `[experts, out_features, in_features]`.
@@ -156,19 +164,13 @@ impl ExpertWeights {
         out_features: usize,
         in_features: usize,
     ) -> Result<Self> {
-        let n = count(experts, out_features, in_features)?;
-        check_len(
-            "weights",
+        Self::dense(
             data.len(),
-            n,
-            dims(experts, out_features, in_features),
-        )?;
-        Ok(Self::checked(
             WeightData::Bf16(data),
             experts,
             out_features,
             in_features,
-        ))
+        )
     }
 
     /// Weights from f16 values laid out as `[experts, out_features, in_features]`.
@@ -178,19 +180,13 @@ impl ExpertWeights {
         out_features: usize,
         in_features: usize,
     ) -> Result<Self> {
-        let n = count(experts, out_features, in_features)?;
-        check_len(
-            "weights",
+        Self::dense(
             data.len(),
-            n,
-            dims(experts, out_features, in_features),
-        )?;
-        Ok(Self::checked(
             WeightData::F16(data),
             experts,
             out_features,
             in_features,
-        ))
+        )
     }
 
     /// Weights in MLX's affine format (see [`super::quant`]): `packed` u32

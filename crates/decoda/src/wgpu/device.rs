@@ -172,3 +172,73 @@ pub(crate) fn target_workgroups(info: &wgpu::AdapterInfo) -> usize {
         1024
     }
 }
+
+/// How a kernel binds one buffer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Bind {
+    /// A uniform block.
+    Uniform,
+    /// A read-only storage buffer.
+    Read,
+    /// A read-write storage buffer.
+    Write,
+}
+
+/// One WGSL module's pipelines: the bind group layout where binding `i` is `binds[i]`, and
+/// a compute pipeline for each of `entries`, in order. A shader or validation error is
+/// [`Error::Device`], `failed` followed by the error.
+pub(crate) fn build_pipelines<const N: usize>(
+    device: &wgpu::Device,
+    label: &str,
+    source: String,
+    binds: &[Bind],
+    entries: [&str; N],
+    failed: &str,
+) -> Result<(wgpu::BindGroupLayout, [wgpu::ComputePipeline; N])> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    });
+    let layout_entries: Vec<_> = binds
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+            binding: i as u32,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: match b {
+                    Bind::Uniform => wgpu::BufferBindingType::Uniform,
+                    Bind::Read => wgpu::BufferBindingType::Storage { read_only: true },
+                    Bind::Write => wgpu::BufferBindingType::Storage { read_only: false },
+                },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        })
+        .collect();
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some(label),
+        entries: &layout_entries,
+    });
+    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(label),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let pipes = entries.map(|entry| {
+        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: Some(&pl),
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        })
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(Error::Device(format!("{failed}: {e}")));
+    }
+    Ok((layout, pipes))
+}

@@ -233,7 +233,7 @@ impl WgpuHead {
                 logits.vocab, self.vocab
             )));
         }
-        check_view(&self.device, logits)?;
+        logits.check(&self.device)?;
         let b = rows.len();
         let id = self.next_step;
         if b == 0 {
@@ -542,46 +542,6 @@ impl WgpuHead {
         );
         Ok(())
     }
-}
-
-/// Checks a logits view against the device (what `record` checks for the per-call API).
-fn check_view(device: &wgpu::Device, l: &DeviceLogits<'_>) -> Result<()> {
-    if l.row_stride < l.vocab {
-        return Err(Error::Shape(format!(
-            "row_stride {} is below the vocabulary size {}",
-            l.row_stride, l.vocab
-        )));
-    }
-    if !l.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-        return Err(Error::Shape(
-            "the logits buffer needs BufferUsages::STORAGE".into(),
-        ));
-    }
-    let last = l
-        .offset
-        .checked_add(l.rows.saturating_sub(1).saturating_mul(l.row_stride))
-        .and_then(|v| v.checked_add(l.vocab))
-        .unwrap_or(usize::MAX);
-    let need = (last as u64).saturating_mul(l.dtype.size() as u64);
-    if l.rows > 0 && need > l.buffer.size() {
-        return Err(Error::Shape(format!(
-            "[{}, {}] {} logits with row stride {} at offset {} need {need} bytes; the buffer \
-             has {}",
-            l.rows,
-            l.vocab,
-            l.dtype,
-            l.row_stride,
-            l.offset,
-            l.buffer.size()
-        )));
-    }
-    if last > u32::MAX as usize || l.buffer.size() > device.limits().max_storage_buffer_binding_size
-    {
-        return Err(Error::Shape(
-            "the logits buffer is larger than this adapter binds at once".into(),
-        ));
-    }
-    Ok(())
 }
 
 impl Head for WgpuHead {

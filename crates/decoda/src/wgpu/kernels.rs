@@ -1,7 +1,7 @@
 //! The step kernels' host side: pipelines, the buffers they bind, and the fixed dispatch
 //! sequence of one step (`step.wgsl`).
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 use super::layout::*;
 use super::sampler::{make_buffer, Grow};
@@ -26,80 +26,39 @@ impl Kernels {
     /// Compiles the module (with subgroup reductions when the device has the feature)
     /// and builds every pipeline; a shader error is [`Error::Device`].
     pub fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Self> {
+        use super::device::{build_pipelines, Bind::*};
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
-        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("decoda step.wgsl"),
-            source: wgpu::ShaderSource::Wgsl(super::shader_source(subgroups).into()),
-        });
-        let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
-            binding,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty,
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        };
-        let ro = wgpu::BufferBindingType::Storage { read_only: true };
-        let rw = wgpu::BufferBindingType::Storage { read_only: false };
-        // call, logits, sparams, sstate, rmap, pen, lists, work, ctr, tokens, results
-        let kinds = [
-            wgpu::BufferBindingType::Uniform,
-            ro,
-            ro,
-            rw,
-            ro,
-            rw,
-            ro,
-            rw,
-            rw,
-            rw,
-            rw,
-        ];
-        let entries: Vec<_> = kinds
-            .iter()
-            .enumerate()
-            .map(|(i, &k)| entry(i as u32, k))
-            .collect();
-        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some("decoda"),
-            entries: &entries,
-        });
-        let pl_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some("decoda"),
-            bind_group_layouts: &[Some(&layout)],
-            immediate_size: 0,
-        });
-        let make = |entry: &str| {
-            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(entry),
-                layout: Some(&pl_layout),
-                module: &module,
-                entry_point: Some(entry),
-                compilation_options: Default::default(),
-                cache: None,
-            })
-        };
-        let k = Self {
-            join: make("join"),
-            wipe: make("wipe"),
-            probe: make("probe"),
-            scan: make("scan"),
-            settle: make("settle"),
-            lp: make("lp"),
-            finish: make("finish"),
-            draw_many: make("draw_many"),
+        let (layout, [join, wipe, probe, scan, settle, lp, finish, draw_many]) = build_pipelines(
+            device,
+            "decoda step.wgsl",
+            super::shader_source(subgroups),
+            // call, logits, sparams, sstate, rmap, pen, lists, work, ctr, tokens, results
+            &[
+                Uniform, Read, Read, Write, Read, Write, Read, Write, Write, Write, Write,
+            ],
+            [
+                "join",
+                "wipe",
+                "probe",
+                "scan",
+                "settle",
+                "lp",
+                "finish",
+                "draw_many",
+            ],
+            &format!("{}: building the shaders failed", info.name),
+        )?;
+        Ok(Self {
+            join,
+            wipe,
+            probe,
+            scan,
+            settle,
+            lp,
+            finish,
+            draw_many,
             layout,
-        };
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Device(format!(
-                "{}: building the shaders failed: {e}",
-                info.name
-            )));
-        }
-        Ok(k)
+        })
     }
 
     /// Records one step: probe, scan, settle, [draw_many], lp, finish, in one compute

@@ -681,66 +681,24 @@ fn map_words(device: &wgpu::Device, buf: &wgpu::Buffer, bytes: u64) -> Result<Ve
 }
 
 fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Pipes> {
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some("decoda moe.wgsl"),
-        source: wgpu::ShaderSource::Wgsl(moe_shader_source().into()),
-    });
-    let e = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty,
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        },
-        count: None,
-    };
-    let ro = wgpu::BufferBindingType::Storage { read_only: true };
-    let rw = wgpu::BufferBindingType::Storage { read_only: false };
-    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label: Some("decoda moe"),
-        entries: &[
-            e(0, wgpu::BufferBindingType::Uniform),
-            e(1, ro),
-            e(2, ro),
-            e(3, ro),
-            e(4, rw),
-            e(5, rw),
-            e(6, rw),
-        ],
-    });
-    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-        label: Some("decoda moe"),
-        bind_group_layouts: &[Some(&layout)],
-        immediate_size: 0,
-    });
-    let make = |entry: &str| {
-        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(entry),
-            layout: Some(&pl),
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: Default::default(),
-            cache: None,
-        })
-    };
-    let pipes = Pipes {
-        route: make("route"),
-        count: make("count"),
-        place: make("place"),
-        act: make("act"),
-        down: make("down"),
-        combine: make("combine"),
+    use super::device::{build_pipelines, Bind::*};
+    let (layout, [route, count, place, act, down, combine]) = build_pipelines(
+        device,
+        "decoda moe.wgsl",
+        moe_shader_source(),
+        &[Uniform, Read, Read, Read, Write, Write, Write],
+        ["route", "count", "place", "act", "down", "combine"],
+        &format!("{}: building the MoE shaders failed", info.name),
+    )?;
+    Ok(Pipes {
         layout,
-    };
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(Error::Device(format!(
-            "{}: building the MoE shaders failed: {e}",
-            info.name
-        )));
-    }
-    Ok(pipes)
+        route,
+        count,
+        place,
+        act,
+        down,
+        combine,
+    })
 }
 
 impl MoeLayer for WgpuMoe {

@@ -36,6 +36,58 @@ pub struct DeviceLogits<'a> {
     pub offset: usize,
 }
 
+impl DeviceLogits<'_> {
+    /// Checks the view against `device`: the row stride, the buffer's usage and size, a
+    /// span addressable in 32 bits, and the adapter's binding limit (the per-call API and
+    /// the head both call it).
+    pub(crate) fn check(&self, device: &wgpu::Device) -> Result<()> {
+        let l = self;
+        if l.row_stride < l.vocab {
+            return Err(Error::Shape(format!(
+                "row_stride {} is below the vocabulary size {}",
+                l.row_stride, l.vocab
+            )));
+        }
+        if !l.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
+            return Err(Error::Shape(
+                "the logits buffer needs BufferUsages::STORAGE".into(),
+            ));
+        }
+        let last = l
+            .offset
+            .checked_add(l.rows.saturating_sub(1).saturating_mul(l.row_stride))
+            .and_then(|v| v.checked_add(l.vocab))
+            .unwrap_or(usize::MAX);
+        let need = (last as u64).saturating_mul(l.dtype.size() as u64);
+        if l.rows > 0 && need > l.buffer.size() {
+            return Err(Error::Shape(format!(
+                "[{}, {}] {} logits with row stride {} at offset {} need {need} bytes; the \
+             buffer has {}",
+                l.rows,
+                l.vocab,
+                l.dtype,
+                l.row_stride,
+                l.offset,
+                l.buffer.size()
+            )));
+        }
+        if last > u32::MAX as usize {
+            return Err(Error::Shape(format!(
+                "the logits span {last} elements; at most 2^32 - 1 in one call"
+            )));
+        }
+        let max_binding = device.limits().max_storage_buffer_binding_size;
+        if l.buffer.size() > max_binding {
+            return Err(Error::Shape(format!(
+                "the logits buffer has {} bytes; this adapter binds at most {max_binding} \
+             (split the batch)",
+                l.buffer.size()
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Device buffers the sampler writes its results into, for up to `rows` rows:
 /// `tokens` (u32 per row, always `< V`; 0 for a failed row: what a model's next
 /// embedding lookup reads) and `results` (46 u32 per row: a status (0 = ok,
@@ -354,55 +406,13 @@ impl WgpuSampler {
                 l.vocab
             )));
         }
-        if l.row_stride < l.vocab {
-            return Err(Error::Shape(format!(
-                "row_stride {} is below the vocabulary size {}",
-                l.row_stride, l.vocab
-            )));
-        }
         if out.rows < l.rows {
             return Err(Error::Shape(format!(
                 "the outputs hold {} rows, the call has {}",
                 out.rows, l.rows
             )));
         }
-        if !l.buffer.usage().contains(wgpu::BufferUsages::STORAGE) {
-            return Err(Error::Shape(
-                "the logits buffer needs BufferUsages::STORAGE".into(),
-            ));
-        }
-        let last = l
-            .offset
-            .checked_add(l.rows.saturating_sub(1).saturating_mul(l.row_stride))
-            .and_then(|v| v.checked_add(l.vocab))
-            .unwrap_or(usize::MAX);
-        let need = (last as u64).saturating_mul(l.dtype.size() as u64);
-        if l.rows > 0 && need > l.buffer.size() {
-            return Err(Error::Shape(format!(
-                "[{}, {}] {} logits with row stride {} at offset {} need {need} bytes; the \
-                 buffer has {}",
-                l.rows,
-                l.vocab,
-                l.dtype,
-                l.row_stride,
-                l.offset,
-                l.buffer.size()
-            )));
-        }
-        if last > u32::MAX as usize {
-            return Err(Error::Shape(format!(
-                "the logits span {last} elements; at most 2^32 - 1 in one call"
-            )));
-        }
-        let max_binding = self.device.limits().max_storage_buffer_binding_size;
-        if l.buffer.size() > max_binding {
-            return Err(Error::Shape(format!(
-                "the logits buffer has {} bytes; this adapter binds at most {max_binding} \
-                 (split the batch)",
-                l.buffer.size()
-            )));
-        }
-        Ok(())
+        l.check(&self.device)
     }
 
     /// The grid of a call of `b` rows of `v` logits.

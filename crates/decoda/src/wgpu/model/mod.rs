@@ -143,68 +143,33 @@ impl std::fmt::Debug for WgpuModel {
 fn build_pipes(
     device: &wgpu::Device,
 ) -> Result<(wgpu::BindGroupLayout, HashMap<Pipe, wgpu::ComputePipeline>)> {
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some("decoda model.wgsl"),
-        source: wgpu::ShaderSource::Wgsl(model_shader_source().into()),
-    });
-    let e = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty,
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        },
-        count: None,
-    };
-    let ro = wgpu::BufferBindingType::Storage { read_only: true };
-    let rw = wgpu::BufferBindingType::Storage { read_only: false };
-    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label: Some("decoda model"),
-        entries: &[
-            e(0, wgpu::BufferBindingType::Uniform),
-            e(1, ro),
-            e(2, ro),
-            e(3, ro),
-            e(4, rw),
-            e(5, rw),
-            e(6, rw),
-            e(7, rw),
-            e(8, rw),
+    use crate::wgpu::device::{build_pipelines, Bind::*};
+    let which = [
+        Pipe::Embed,
+        Pipe::Rms,
+        Pipe::Linear,
+        Pipe::RopeStore,
+        Pipe::Attend,
+        Pipe::Add,
+        Pipe::Advance,
+    ];
+    let (layout, pipes) = build_pipelines(
+        device,
+        "decoda model.wgsl",
+        model_shader_source(),
+        &[Uniform, Read, Read, Read, Write, Write, Write, Write, Write],
+        [
+            "embed",
+            "rms",
+            "linear",
+            "rope_store",
+            "attend",
+            "add",
+            "advance",
         ],
-    });
-    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-        label: Some("decoda model"),
-        bind_group_layouts: &[Some(&layout)],
-        immediate_size: 0,
-    });
-    let mut pipes = HashMap::new();
-    for (p, entry) in [
-        (Pipe::Embed, "embed"),
-        (Pipe::Rms, "rms"),
-        (Pipe::Linear, "linear"),
-        (Pipe::RopeStore, "rope_store"),
-        (Pipe::Attend, "attend"),
-        (Pipe::Add, "add"),
-        (Pipe::Advance, "advance"),
-    ] {
-        let pipe = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(entry),
-            layout: Some(&pl),
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        pipes.insert(p, pipe);
-    }
-    if let Some(err) = pollster::block_on(scope.pop()) {
-        return Err(Error::Device(format!(
-            "building the model's kernels: {err}"
-        )));
-    }
-    Ok((layout, pipes))
+        "building the model's kernels",
+    )?;
+    Ok((layout, which.into_iter().zip(pipes).collect()))
 }
 
 fn grid_of(n: usize) -> (u32, u32) {
