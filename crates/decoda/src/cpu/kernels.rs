@@ -1153,7 +1153,9 @@ mod simd {
     use super::push_hits;
     use std::arch::x86_64::*;
 
-    /// [`super::simd512::philox_x32`] with AVX2: eight chains of 4 blocks.
+    /// [`super::simd512::philox_x32`] with AVX2: eight chains of 4 blocks, made three,
+    /// three and two at a time (the words of three chains, the multipliers and temporaries
+    /// fill the 16 registers; all eight at once would spill to the stack).
     ///
     /// # Safety
     /// AVX2 must be present.
@@ -1165,65 +1167,105 @@ mod simd {
         gate: u32,
         out: &mut [u32; 128],
     ) -> u128 {
-        use crate::philox::{PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1};
-        const CH: usize = 8;
-        let m0 = _mm256_set1_epi64x(i64::from(PHILOX_M0));
-        let m1 = _mm256_set1_epi64x(i64::from(PHILOX_M1));
-        let lanes = _mm256_setr_epi64x(0, 1, 2, 3);
-        let mut c0 = [_mm256_setzero_si256(); CH];
-        for (h, c) in c0.iter_mut().enumerate() {
-            let first = i64::from(first_block.wrapping_add(4 * h as u32));
-            // lanes past 2^32 carry into the unused upper half: only the low 32 bits count
-            *c = _mm256_add_epi64(_mm256_set1_epi64x(first), lanes);
-        }
-        let mut c1 = [_mm256_set1_epi64x(i64::from(step as u32)); CH];
-        let mut c2 = [_mm256_set1_epi64x((step >> 32) as i64); CH];
-        let mut c3 = [_mm256_setzero_si256(); CH];
+        use crate::philox::{PHILOX_W0, PHILOX_W1};
+        let mut keys = [[_mm256_setzero_si256(); 2]; 10];
         let [mut k0, mut k1] = key;
-        for round in 0..10 {
+        for (round, k) in keys.iter_mut().enumerate() {
             if round > 0 {
                 k0 = k0.wrapping_add(PHILOX_W0);
                 k1 = k1.wrapping_add(PHILOX_W1);
             }
-            let kk0 = _mm256_set1_epi64x(i64::from(k0));
-            let kk1 = _mm256_set1_epi64x(i64::from(k1));
-            for h in 0..CH {
-                let p0 = _mm256_mul_epu32(c0[h], m0);
-                let p1 = _mm256_mul_epu32(c2[h], m1);
-                let n0 =
-                    _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64::<32>(p1), c1[h]), kk0);
-                let n2 =
-                    _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64::<32>(p0), c3[h]), kk1);
-                c1[h] = p1;
-                c3[h] = p0;
-                c0[h] = n0;
-                c2[h] = n2;
-            }
+            *k = [
+                _mm256_set1_epi64x(i64::from(k0)),
+                _mm256_set1_epi64x(i64::from(k1)),
+            ];
         }
+        let mut top = _mm256_setzero_si256();
+        for first in [0, 2, 4, 6] {
+            top = _mm256_max_epu32(top, chains::<2>(first, first_block, step, &keys, out));
+        }
+        if !GATED {
+            return 0;
+        }
+        // one compare for the whole chunk: most chunks have no word at the gate
         let g = _mm256_set1_epi32(gate as i32);
-        // bit i of the result for word i: x >= gate exactly when max(x, gate) == x
+        // x >= gate exactly when max(x, gate) == x
         let ge = |x: __m256i| {
             let eq = _mm256_cmpeq_epi32(_mm256_max_epu32(x, g), x);
             _mm256_movemask_ps(_mm256_castsi256_ps(eq)) as u32
         };
-        let mut mask = 0u128;
-        for h in 0..CH {
+        if ge(top) == 0 {
+            return 0;
+        }
+        let (mut lo, mut hi) = (0u64, 0u64);
+        for k in 0..8 {
+            // SAFETY: the 128 words are 16 registers' worth.
+            let w = _mm256_loadu_si256(out.as_ptr().add(8 * k).cast());
+            let v = _mm256_loadu_si256(out.as_ptr().add(64 + 8 * k).cast());
+            lo |= u64::from(ge(w)) << (8 * k);
+            hi |= u64::from(ge(v)) << (8 * k);
+        }
+        u128::from(lo) | u128::from(hi) << 64
+    }
+
+    /// Chains `first .. first + G` (4 blocks each) of [`philox_x32`]: their words into
+    /// `out`; returns the lane-wise (unsigned) max of those words.
+    ///
+    /// # Safety
+    /// AVX2 must be present; `first + G <= 8`.
+    #[inline(always)]
+    unsafe fn chains<const G: usize>(
+        first: usize,
+        first_block: u32,
+        step: u64,
+        keys: &[[__m256i; 2]; 10],
+        out: &mut [u32; 128],
+    ) -> __m256i {
+        use crate::philox::{PHILOX_M0, PHILOX_M1};
+        let m0 = _mm256_set1_epi64x(i64::from(PHILOX_M0));
+        let m1 = _mm256_set1_epi64x(i64::from(PHILOX_M1));
+        let lanes = _mm256_setr_epi64x(0, 1, 2, 3);
+        let mut x0 = [_mm256_setzero_si256(); G];
+        for (h, c) in x0.iter_mut().enumerate() {
+            let b = i64::from(first_block.wrapping_add(4 * (first + h) as u32));
+            // lanes past 2^32 carry into the unused upper half: only the low 32 bits count
+            *c = _mm256_add_epi64(_mm256_set1_epi64x(b), lanes);
+        }
+        let mut x1 = [_mm256_set1_epi64x(i64::from(step as u32)); G];
+        let mut x2 = [_mm256_set1_epi64x((step >> 32) as i64); G];
+        let mut x3 = [_mm256_setzero_si256(); G];
+        for [kk0, kk1] in keys {
+            for h in 0..G {
+                let p0 = _mm256_mul_epu32(x0[h], m0);
+                let p1 = _mm256_mul_epu32(x2[h], m1);
+                // the key joins the other word while the multiplies run
+                let n0 =
+                    _mm256_xor_si256(_mm256_srli_epi64::<32>(p1), _mm256_xor_si256(x1[h], *kk0));
+                let n2 =
+                    _mm256_xor_si256(_mm256_srli_epi64::<32>(p0), _mm256_xor_si256(x3[h], *kk1));
+                x1[h] = p1;
+                x3[h] = p0;
+                x0[h] = n0;
+                x2[h] = n2;
+            }
+        }
+        let mut top = _mm256_setzero_si256();
+        for h in 0..G {
             // lane j of x01: words 0 and 1 of block j side by side; of x23: words 2 and 3
-            let x01 = _mm256_blend_epi32::<0xAA>(c0[h], _mm256_slli_epi64::<32>(c1[h]));
-            let x23 = _mm256_blend_epi32::<0xAA>(c2[h], _mm256_slli_epi64::<32>(c3[h]));
+            let x01 = _mm256_blend_epi32::<0xAA>(x0[h], _mm256_slli_epi64::<32>(x1[h]));
+            let x23 = _mm256_blend_epi32::<0xAA>(x2[h], _mm256_slli_epi64::<32>(x3[h]));
             let lo = _mm256_unpacklo_epi64(x01, x23); // blocks 0 | 2
             let hi = _mm256_unpackhi_epi64(x01, x23); // blocks 1 | 3
             let w0 = _mm256_permute2x128_si256::<0x20>(lo, hi);
             let w1 = _mm256_permute2x128_si256::<0x31>(lo, hi);
-            let p = out.as_mut_ptr().add(16 * h).cast::<__m256i>();
-            // SAFETY: chain `h` writes words 16 h .. 16 h + 16 of the 128.
+            let c = first + h;
+            let p = out.as_mut_ptr().add(16 * c).cast::<__m256i>();
+            // SAFETY: chain `c` < 8 writes words 16 c .. 16 c + 16 of the 128.
             _mm256_storeu_si256(p, w0);
             _mm256_storeu_si256(p.add(1), w1);
-            if GATED {
-                mask |= u128::from(ge(w0) | ge(w1) << 8) << (16 * h);
-            }
+            top = _mm256_max_epu32(top, _mm256_max_epu32(w0, w1));
         }
-        mask
+        top
     }
 
     /// [`super::gated_chunks`] with AVX2.
@@ -1242,10 +1284,45 @@ mod simd {
             z,
             gate,
             visit,
-            super::body::chunk_max,
-            // SAFETY: AVX2 is present (this function's contract).
+            |c| match <&[f32; 128]>::try_from(c) {
+                // SAFETY: AVX2 is present (this function's contract).
+                Ok(full) => unsafe { chunk_max(full) },
+                Err(_) => super::body::chunk_max(c),
+            },
+            // SAFETY: as above.
             |b, g, out| unsafe { philox_x32::<true>(b, step, key, g, out) },
         )
+    }
+
+    /// [`super::chunk_max`] of a full chunk of 128.
+    ///
+    /// # Safety
+    /// AVX2 must be present.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn chunk_max(c: &[f32; 128]) -> (f32, bool) {
+        let p = c.as_ptr();
+        // SAFETY: the chunk holds 128 values, sixteen registers' worth.
+        let l = |k: usize| _mm256_loadu_ps(p.add(8 * k));
+        let (mut m, mut s) = (l(0), l(0));
+        let (mut m1, mut s1) = (l(1), l(1));
+        for k in (2..16).step_by(2) {
+            let (a, b) = (l(k), l(k + 1));
+            m = _mm256_max_ps(m, a);
+            m1 = _mm256_max_ps(m1, b);
+            s = _mm256_add_ps(s, a);
+            s1 = _mm256_add_ps(s1, b);
+        }
+        let m = _mm256_max_ps(m, m1);
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        // a NaN or an infinity makes the sum NaN or infinite (as may an overflow): its
+        // lanes minus themselves are then NaN, which a self-compare finds
+        let s = _mm256_add_ps(s, s1);
+        let d = _mm256_sub_ps(s, s);
+        let bad = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(d, d)) != 0;
+        (_mm_cvtss_f32(m), bad)
     }
 
     /// Mask (bit j = value j) of `z[i..i+64] >= thr`, or `== v` with `EQ`.
