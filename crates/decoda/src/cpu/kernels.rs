@@ -90,6 +90,16 @@ const EXP2_TABLE: [f32; 32] = [
 const EXP2_C1: f32 = 0.693_157_3;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const EXP2_C2: f32 = 0.240_228_27;
+/// `2^r` for `|r| <= 1/16`, degree 4 (coefficients from the highest; Chebyshev nodes,
+/// relative error below 6e-10): the polynomial of the AVX2 `2^w`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const EXP2_POLY8: [f32; 5] = [
+    0.009_618_881,
+    0.055_510_618,
+    0.240_226_5,
+    std::f32::consts::LN_2,
+    1.0,
+];
 /// 1.5 * 2^18: adding it to `|w| < 2^17` rounds `w` to a multiple of 1/32 and leaves
 /// `round(32 w)` in the low mantissa bits (its low 5 bits index [`EXP2_TABLE`]).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -1150,7 +1160,7 @@ mod simd512 {
 /// (a compare per value and a branch per block, with a bit mask of the hits).
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::push_hits;
+    use super::{push_hits, EXP2_POLY8, EXP2_TABLE};
     use std::arch::x86_64::*;
 
     /// [`super::simd512::philox_x32`] with AVX2: eight chains of 4 blocks, made three,
@@ -1266,6 +1276,117 @@ mod simd {
             top = _mm256_max_epu32(top, _mm256_max_epu32(w0, w1));
         }
         top
+    }
+
+    /// [`super::exp2_sum_collect`] (`COLLECT`) or [`super::exp2_sum`] (`!COLLECT`) with
+    /// AVX2: `2^w = 2^n 2^(j/8) 2^r` with `w` rounded to a multiple of 1/8 (`n + j/8`),
+    /// `2^(j/8)` from an eight-entry table in one register (`vpermps`), `2^n` added to
+    /// its exponent bits, and a degree-4 polynomial for `2^r`, `|r| <= 1/16` (relative
+    /// error below 2e-7 in all). `w` is clamped to `[-126, 128]` as in
+    /// [`super::exp2_est`] (`-inf` adds `2^-126`, `+inf` and overflow give `+inf`, NaN
+    /// stays NaN). Groups of 1024 values: four chains of f32 partial sums (32 terms per
+    /// lane at most), added in f64.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp2_sum_collect<const COLLECT: bool>(
+        z: &[f32],
+        c1: f32,
+        c0: f32,
+        base: u32,
+        thr: f32,
+        out: &mut Vec<(u32, f32)>,
+    ) -> f64 {
+        // 1.5 * 2^20: adding it rounds |w| < 2^19 to a multiple of 1/8, leaving round(8 w)
+        // in the low mantissa bits
+        const MAGIC8: f32 = 1_572_864.0;
+        let t = EXP2_TABLE;
+        let table = _mm256_setr_ps(t[0], t[4], t[8], t[12], t[16], t[20], t[24], t[28]);
+        let (vc1, vc0, vthr) = (_mm256_set1_ps(c1), _mm256_set1_ps(c0), _mm256_set1_ps(thr));
+        let (lo, hi, magic) = (
+            _mm256_set1_ps(-126.0),
+            _mm256_set1_ps(128.0),
+            _mm256_set1_ps(MAGIC8),
+        );
+        let not7 = _mm256_set1_epi32(!7);
+        let c = EXP2_POLY8.map(|v| _mm256_set1_ps(v));
+        let term = |x: __m256, acc: __m256| {
+            let w = _mm256_fmadd_ps(x, vc1, vc0);
+            // max and min return their second operand when one is NaN: NaN stays
+            let w = _mm256_min_ps(hi, _mm256_max_ps(lo, w));
+            let tm = _mm256_add_ps(w, magic);
+            let r = _mm256_sub_ps(w, _mm256_sub_ps(tm, magic));
+            let bits = _mm256_castps_si256(tm);
+            // the table entry j = bits & 7 times 2^n, n = round(8 w) >> 3 in its exponent
+            let s = _mm256_add_epi32(
+                _mm256_castps_si256(_mm256_permutevar8x32_ps(table, bits)),
+                _mm256_slli_epi32::<20>(_mm256_and_si256(bits, not7)),
+            );
+            let mut p = _mm256_fmadd_ps(c[0], r, c[1]);
+            p = _mm256_fmadd_ps(p, r, c[2]);
+            p = _mm256_fmadd_ps(p, r, c[3]);
+            p = _mm256_fmadd_ps(p, r, c[4]);
+            _mm256_fmadd_ps(_mm256_castsi256_ps(s), p, acc)
+        };
+        let flush = |total: f64, a: [__m256; 4]| {
+            let s = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+            let d = _mm256_add_pd(
+                _mm256_cvtps_pd(_mm256_castps256_ps128(s)),
+                _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(s)),
+            );
+            let d = _mm_add_pd(_mm256_castpd256_pd128(d), _mm256_extractf128_pd::<1>(d));
+            total + _mm_cvtsd_f64(_mm_add_sd(d, _mm_unpackhi_pd(d, d)))
+        };
+        let n = z.len();
+        let p = z.as_ptr();
+        let mut total = 0f64;
+        let mut i = 0;
+        while i + 64 <= n {
+            let blocks = ((n - i) / 64).min(16);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for b in 0..blocks {
+                let at = i + 64 * b;
+                let mut hits = 0u64;
+                for k in 0..8 {
+                    // SAFETY: at + 64 <= n: the loads of 8 values are inside z.
+                    let x = _mm256_loadu_ps(p.add(at + 8 * k));
+                    if COLLECT {
+                        let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(x, vthr);
+                        hits |= u64::from(_mm256_movemask_ps(ge) as u8) << (8 * k);
+                    }
+                    acc[k % 4] = term(x, acc[k % 4]);
+                }
+                if COLLECT && hits != 0 {
+                    push_hits(hits, at, base, z, out);
+                }
+            }
+            total = flush(total, acc);
+            i += 64 * blocks;
+        }
+        // the rest, 8 at a time; missing lanes read as -inf (each adds 2^-126, as -inf does)
+        let mut acc = [_mm256_setzero_ps(); 4];
+        while i < n {
+            let len = (n - i).min(8);
+            let mut v = [f32::NEG_INFINITY; 8];
+            v[..len].copy_from_slice(&z[i..i + len]);
+            let x = _mm256_loadu_ps(v.as_ptr());
+            if COLLECT {
+                let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(x, vthr);
+                // the padding lanes are not hits, even against a threshold of -inf
+                let lanes = (1u64 << len) - 1;
+                push_hits(
+                    u64::from(_mm256_movemask_ps(ge) as u8) & lanes,
+                    i,
+                    base,
+                    z,
+                    out,
+                );
+            }
+            acc[0] = term(x, acc[0]);
+            i += len;
+        }
+        flush(total, acc)
     }
 
     /// [`super::gated_chunks`] with AVX2.
@@ -1428,10 +1549,8 @@ pub fn exp2_sum_collect(
         Level::Avx512 => {
             return unsafe { simd512::exp2_sum_collect::<true>(z, c1, c0, base, thr, out) }
         }
-        Level::Avx2 => {
-            collect_ge(z, base, thr, out);
-            return exp2_sum(z, c1, c0);
-        }
+        // SAFETY: `level()` detected AVX2 and FMA on this CPU.
+        Level::Avx2 => return unsafe { simd::exp2_sum_collect::<true>(z, c1, c0, base, thr, out) },
         Level::Base => {}
     }
     body::collect_ge(z, base, thr, out);
@@ -1443,10 +1562,6 @@ pub fn exp2_sum_collect(
 pub fn exp2_sum(z: &[f32], c1: f32, c0: f32) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2(z: &[f32], c1: f32, c0: f32) -> f64 {
-            body::exp2_sum::<true>(z, c1, c0)
-        }
         match level() {
             // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
             Level::Avx512 => {
@@ -1455,7 +1570,11 @@ pub fn exp2_sum(z: &[f32], c1: f32, c0: f32) -> f64 {
                 }
             }
             // SAFETY: `level()` detected AVX2 and FMA on this CPU.
-            Level::Avx2 => return unsafe { avx2(z, c1, c0) },
+            Level::Avx2 => {
+                return unsafe {
+                    simd::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
+                }
+            }
             Level::Base => {}
         }
     }
@@ -1742,6 +1861,39 @@ mod tests {
         }
     }
 
+    /// Each term of the normaliser within 2.5e-7 of `2^w`, one value at a time (the
+    /// padding lanes add `2^-126` each, nothing at these magnitudes) and sixteen at a
+    /// time: the dispatched variant, and the AVX2 one wherever the CPU runs it.
+    #[test]
+    fn exp2_sum_terms_are_accurate() {
+        let mut variants: Vec<(&str, fn(&[f32]) -> f64)> =
+            vec![("dispatched", |z| exp2_sum(z, 1.0, 0.0))];
+        #[cfg(target_arch = "x86_64")]
+        if matches!(detected(), Level::Avx512 | Level::Avx2) {
+            variants.push(("avx2", |z| {
+                // SAFETY: `detected()` found AVX2 and FMA (implied by its AVX-512 level).
+                unsafe { simd::exp2_sum_collect::<false>(z, 1.0, 0.0, 0, 0.0, &mut Vec::new()) }
+            }));
+        }
+        for (name, f) in variants {
+            let mut worst = 0f64;
+            let mut w = -100.0f32;
+            while w < 127.0 {
+                let want = f64::from(w).exp2();
+                let one = f(&[w]);
+                let many = f(&[w; 16]) / 16.0;
+                worst = worst.max((one - want).abs() / want);
+                worst = worst.max((many - want).abs() / want);
+                w += 0.000_913;
+            }
+            assert!(worst < 2.5e-7, "{name}: worst relative error {worst}");
+            assert!(!f(&[128.5]).is_finite(), "{name}");
+            assert!(!f(&[1.0, f32::INFINITY]).is_finite(), "{name}");
+            assert!(f(&[f32::NAN]).is_nan(), "{name}");
+            assert!(f(&[f32::NEG_INFINITY; 3]) < 1e-36, "{name}");
+        }
+    }
+
     /// The fused normaliser-and-gather pass (AVX-512 here when the CPU has it) against
     /// plain loops: the same hits in order, the sum within 3e-7 of the f64 one, `-inf`
     /// adding nothing, NaN and `+inf` making the sum non-finite.
@@ -1938,6 +2090,13 @@ mod tests {
                 if let (Level::Avx512, Ok(full)) = (detected(), <&[f32; 128]>::try_from(&z[..])) {
                     // SAFETY: `detected()` found AVX-512 F and DQ.
                     got.push(("avx512", unsafe { simd512::chunk_max(full) }));
+                }
+                #[cfg(target_arch = "x86_64")]
+                if let (Level::Avx512 | Level::Avx2, Ok(full)) =
+                    (detected(), <&[f32; 128]>::try_from(&z[..]))
+                {
+                    // SAFETY: `detected()` found AVX2 (implied by its AVX-512 level too).
+                    got.push(("avx2", unsafe { simd::chunk_max(full) }));
                 }
                 for (name, (m, flagged)) in got {
                     // a NaN or +inf must be flagged (a flag without one is allowed)
