@@ -1866,8 +1866,8 @@ mod tests {
     /// time: the dispatched variant, and the AVX2 one wherever the CPU runs it.
     #[test]
     fn exp2_sum_terms_are_accurate() {
-        let mut variants: Vec<(&str, fn(&[f32]) -> f64)> =
-            vec![("dispatched", |z| exp2_sum(z, 1.0, 0.0))];
+        type Sum = fn(&[f32]) -> f64;
+        let mut variants: Vec<(&str, Sum)> = vec![("dispatched", |z| exp2_sum(z, 1.0, 0.0))];
         #[cfg(target_arch = "x86_64")]
         if matches!(detected(), Level::Avx512 | Level::Avx2) {
             variants.push(("avx2", |z| {
