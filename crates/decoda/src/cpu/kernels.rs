@@ -783,12 +783,15 @@ pub fn collect_ge(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) {
 }
 
 /// [`collect_ge`] and the maximum of `z` with whether it holds a NaN or `+inf` (the
-/// maximum is meaningless then): one pass with AVX-512, two passes elsewhere.
+/// maximum is meaningless then): one pass with AVX-512 and AVX2, two passes elsewhere.
 pub fn collect_ge_max(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) -> (f32, bool) {
     #[cfg(target_arch = "x86_64")]
-    if level() == Level::Avx512 {
+    match level() {
         // SAFETY: `level()` detected AVX-512 F on this CPU.
-        return unsafe { simd512::collect_ge_max(z, base, thr, out) };
+        Level::Avx512 => return unsafe { simd512::collect_ge_max(z, base, thr, out) },
+        // SAFETY: `level()` detected AVX2 and FMA on this CPU.
+        Level::Avx2 => return unsafe { simd::collect_ge_max(z, base, thr, out) },
+        Level::Base => {}
     }
     let (m, bad) = max_nonfinite(z);
     collect_ge(z, base, thr, out);
@@ -1389,6 +1392,74 @@ mod simd {
         flush(total, acc)
     }
 
+    /// [`super::collect_ge_max`] with AVX2: one pass (the max in four chains, NaN found by
+    /// unordered compares of pairs, a block of 64 values skipped with one mask when none
+    /// reaches `thr`).
+    ///
+    /// # Safety
+    /// AVX2 must be present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn collect_ge_max(
+        z: &[f32],
+        base: u32,
+        thr: f32,
+        out: &mut Vec<(u32, f32)>,
+    ) -> (f32, bool) {
+        let t = _mm256_set1_ps(thr);
+        let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
+        let mut nan = _mm256_setzero_ps();
+        let n = z.len();
+        let p = z.as_ptr();
+        let mut i = 0;
+        // Hit masks of up to 64 blocks of 64 values are kept on the stack and turned into
+        // pushes after the vector loop, so no call sits inside it (a call would force the
+        // vector registers out to memory).
+        let mut masks = [0u64; 64];
+        while i + 64 <= n {
+            let blocks = ((n - i) / 64).min(64);
+            for (b, mask) in masks[..blocks].iter_mut().enumerate() {
+                let at = i + 64 * b;
+                // SAFETY: at + 64 <= n: the 8 loads of 8 values are inside z.
+                let v: [__m256; 8] =
+                    std::array::from_fn(|k| unsafe { _mm256_loadu_ps(p.add(at + 8 * k)) });
+                for k in 0..4 {
+                    // NaN lanes keep the old max (the second operand) and are flagged below
+                    m[k] = _mm256_max_ps(v[k], m[k]);
+                    m[k] = _mm256_max_ps(v[k + 4], m[k]);
+                    nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v[k], v[k + 4]));
+                }
+                let c: [__m256; 8] = std::array::from_fn(|k| _mm256_cmp_ps::<_CMP_GE_OQ>(v[k], t));
+                let any = _mm256_or_ps(
+                    _mm256_or_ps(_mm256_or_ps(c[0], c[1]), _mm256_or_ps(c[2], c[3])),
+                    _mm256_or_ps(_mm256_or_ps(c[4], c[5]), _mm256_or_ps(c[6], c[7])),
+                );
+                *mask = 0;
+                if _mm256_movemask_ps(any) != 0 {
+                    for (k, ck) in c.iter().enumerate() {
+                        *mask |= u64::from(_mm256_movemask_ps(*ck) as u8) << (8 * k);
+                    }
+                }
+            }
+            for (b, &mask) in masks[..blocks].iter().enumerate() {
+                push_hits(mask, i + 64 * b, base, z, out);
+            }
+            i += 64 * blocks;
+        }
+        let vm = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+        let vm = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps::<1>(vm));
+        let vm = _mm_max_ps(vm, _mm_movehl_ps(vm, vm));
+        let mut mx = _mm_cvtss_f32(_mm_max_ss(vm, _mm_movehdup_ps(vm)));
+        let mut bad = _mm256_movemask_ps(nan) != 0;
+        for (j, &x) in z.iter().enumerate().skip(i) {
+            bad |= x.is_nan();
+            mx = if x > mx { x } else { mx };
+            if x >= thr {
+                out.push((base + j as u32, x));
+            }
+        }
+        (mx, bad || mx == f32::INFINITY)
+    }
+
     /// [`super::gated_chunks`] with AVX2.
     ///
     /// # Safety
@@ -1858,6 +1929,54 @@ mod tests {
             assert!(!f(f32::INFINITY).is_finite());
             assert!(!f(128.5).is_finite());
             assert!(f(f32::NAN).is_nan());
+        }
+    }
+
+    /// The fused gather-and-max pass (every variant this CPU runs) against plain loops:
+    /// the same hits in order, the same max, and NaN or `+inf` flagged.
+    #[test]
+    fn collect_ge_max_matches_the_plain_loops() {
+        type Pass = fn(&[f32], u32, f32, &mut Vec<(u32, f32)>) -> (f32, bool);
+        let mut variants: Vec<(&str, Pass)> = vec![("dispatched", collect_ge_max)];
+        #[cfg(target_arch = "x86_64")]
+        if matches!(detected(), Level::Avx512 | Level::Avx2) {
+            // SAFETY: `detected()` found AVX2 and FMA (implied by its AVX-512 level).
+            variants.push(("avx2", |z, b, t, o| unsafe {
+                simd::collect_ge_max(z, b, t, o)
+            }));
+        }
+        for n in [0, 1, 7, 63, 64, 65, 130, 1000, 4099] {
+            for seed in [1u64, 2, 3] {
+                let mut z = values(n, n as u64 + seed);
+                if seed == 1 {
+                    // finite only
+                    z.iter_mut()
+                        .filter(|v| v.is_nan() || **v == f32::INFINITY)
+                        .for_each(|v| *v = 3.5);
+                }
+                let bad = z.iter().any(|v| v.is_nan() || *v == f32::INFINITY);
+                let want_max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                for thr in [f32::NEG_INFINITY, -10.0, 0.0, 9.5, f32::INFINITY] {
+                    let want: Vec<(u32, f32)> = z
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &x)| x >= thr)
+                        .map(|(i, &x)| (3 + i as u32, x))
+                        .collect();
+                    for (name, f) in &variants {
+                        let mut got = Vec::new();
+                        let (m, flagged) = f(&z, 3, thr, &mut got);
+                        assert_eq!(flagged, bad, "{name} n={n} seed={seed}");
+                        if !bad {
+                            assert_eq!(m, want_max, "{name} n={n} seed={seed}");
+                        }
+                        assert_eq!(got.len(), want.len(), "{name} n={n} thr={thr}");
+                        for (a, b) in got.iter().zip(&want) {
+                            assert!(a.0 == b.0 && a.1.to_bits() == b.1.to_bits(), "{name}");
+                        }
+                    }
+                }
+            }
         }
     }
 

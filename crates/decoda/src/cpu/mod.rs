@@ -134,6 +134,7 @@ struct Scratch {
     tmp2: Vec<(u32, f32)>,
     q: Vec<f32>,
     walk: Vec<f32>,
+    skip: Skip,
 }
 
 thread_local! {
@@ -155,7 +156,7 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
     if mods.is_empty() && k > 0 && k < x.len() && !pl::is_greedy(t, 0.0) {
         // Top-k on the logits as given: the max pass also gathers the candidates.
         let mut seen = (f32::NEG_INFINITY, false);
-        select_top(x, k, t, &mut s.cands, &mut s.tmp, Some(&mut seen));
+        select_top(x, k, t, &mut s.cands, &mut s.tmp, Some(&mut seen), None);
         let (xmax, bad) = seen;
         if bad {
             let count = kernels::max_nonfinite(x).1;
@@ -233,9 +234,9 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
 }
 
 /// Top-k with sparse changes (penalties, bias) without a modified copy of the row: the
-/// `k + m` largest of the logits as given (`m` changed tokens) hold every unchanged token
-/// of the changed row's top k (at most `m` of them can be changed ones), so stage 6 runs
-/// over those and the changed tokens' new values. `None` sends the row to the general
+/// `k` largest unchanged tokens (the changed ones skipped while gathering) hold every
+/// unchanged token of the changed row's top k (its k-th largest is at least theirs), so
+/// stage 6 runs over those and the changed tokens' new values. `None` sends the row to the general
 /// path: a NaN or `+inf` in the row or among the changed values (it counts them), a row
 /// with nothing finite, or one drawn greedily after all.
 fn top_k_with_mods(
@@ -249,27 +250,23 @@ fn top_k_with_mods(
         return None;
     }
     let mut seen = (f32::NEG_INFINITY, false);
+    s.skip.fill(x.len(), mods.iter().map(|m| m.0));
     select_top(
         x,
-        k + mods.len(),
+        k,
         t,
         &mut s.cands,
         &mut s.tmp,
         Some(&mut seen),
+        Some(&s.skip),
     );
     if seen.1 {
         return None;
     }
-    // (i, z_i) of the unchanged candidates and of every changed token; both in id order
+    // (i, z_i) of the unchanged candidates, then of every changed token
     let list = &mut s.tmp2;
     list.clear();
-    let mut next = mods.iter().peekable();
-    for &(i, _) in &s.cands {
-        while next.next_if(|m| m.0 < i).is_some() {}
-        if next.peek().is_none_or(|m| m.0 != i) {
-            list.push((i, x[i as usize]));
-        }
-    }
+    list.extend(s.cands.iter().map(|&(i, _)| (i, x[i as usize])));
     list.extend_from_slice(mods);
     let zmax = list.iter().fold(f32::NEG_INFINITY, |a, c| a.max(c.1));
     if zmax == f32::NEG_INFINITY || pl::is_greedy(t, zmax) {
@@ -350,7 +347,7 @@ fn sample_z(
     } else if matches!(ready, Ready::TopK) {
         // stage 6 was done while finding the max
     } else if top_k {
-        select_top(z, k, t, &mut cands, &mut s.tmp, None);
+        select_top(z, k, t, &mut cands, &mut s.tmp, None, None);
     } else if top_p {
         if !matches!(ready, Ready::WholeRow) {
             let floor = pl::z_lower_bound(ymax - 16.0, t);
@@ -487,6 +484,8 @@ fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> (f32,
 /// (ties kept): stage 6. `tmp` is scratch.
 /// With `seen`, the first pass also finds the max of `z` and whether it holds NaN or
 /// `+inf` (then `out` is meaningless).
+/// With `skip`, the tokens whose bit is set there are left out (as if absent from `z`);
+/// the caller keeps more than `k` others.
 fn select_top(
     z: &[f32],
     k: usize,
@@ -494,12 +493,39 @@ fn select_top(
     out: &mut Vec<(u32, f32)>,
     tmp: &mut Vec<(u32, f32)>,
     seen: Option<&mut (f32, bool)>,
+    skip: Option<&Skip>,
 ) {
-    let start = sampled_threshold(z, 4 * k + 64, tmp).0;
-    if !gather_top(z, k, t, start, out, seen) {
-        gather_top(z, k, t, f32::NEG_INFINITY, out, None);
+    // the skipped tokens may all lie above the start: the sample allows for them
+    let want = 4 * k + 64 + skip.map_or(0, |s| s.count);
+    let start = sampled_threshold(z, want, tmp).0;
+    if !gather_top(z, k, t, start, out, seen, skip) {
+        gather_top(z, k, t, f32::NEG_INFINITY, out, None, skip);
     }
     out.sort_unstable_by_key(|c| c.0);
+}
+
+/// A set of token ids as a bit set over the row (bit `i % 64` of word `i / 64`).
+#[derive(Default)]
+struct Skip {
+    bits: Vec<u64>,
+    count: usize,
+}
+
+impl Skip {
+    /// The set of `ids` (sorted or not) for a row of `v` tokens.
+    fn fill(&mut self, v: usize, ids: impl Iterator<Item = u32>) {
+        self.bits.clear();
+        self.bits.resize(v.div_ceil(64), 0);
+        self.count = 0;
+        for i in ids {
+            self.bits[i as usize / 64] |= 1 << (i % 64);
+            self.count += 1;
+        }
+    }
+
+    fn has(&self, i: u32) -> bool {
+        self.bits[i as usize / 64] >> (i % 64) & 1 != 0
+    }
 }
 
 /// One gathering pass from threshold `start`; false when `start` proved too high. With
@@ -512,6 +538,7 @@ fn gather_top(
     start: f32,
     out: &mut Vec<(u32, f32)>,
     mut seen: Option<&mut (f32, bool)>,
+    skip: Option<&Skip>,
 ) -> bool {
     let cap = (4 * k).max(256);
     let mut thr = start;
@@ -523,6 +550,7 @@ fn gather_top(
         zl
     };
     for (b, block) in z.chunks(BLOCK).enumerate() {
+        let before = out.len();
         match seen.as_deref_mut() {
             Some((m, bad)) => {
                 let (bm, bb) = kernels::collect_ge_max(block, (b * BLOCK) as u32, thr, out);
@@ -530,6 +558,16 @@ fn gather_top(
                 *bad |= bb;
             }
             None => kernels::collect_ge(block, (b * BLOCK) as u32, thr, out),
+        }
+        if let Some(skip) = skip {
+            let mut w = before;
+            for r in before..out.len() {
+                if !skip.has(out[r].0) {
+                    out[w] = out[r];
+                    w += 1;
+                }
+            }
+            out.truncate(w);
         }
         if out.len() > cap {
             thr = thr.max(shrink(out));
@@ -954,6 +992,7 @@ fn full_logprobs(values: &[f32], token: u32, n: u32, s: &mut Scratch) -> TokenLo
             &mut top,
             &mut scratch,
             None,
+            None,
         );
         s.tmp2 = scratch;
         top.sort_by(pl::rank_order);
@@ -1070,6 +1109,56 @@ mod tests {
             let want = crate::reference::reference_row(&z, &req).0;
             let got = super::sample_row_f32(&z, &req);
             assert_eq!(got, want, "case {case}: v {v} t {t}");
+        }
+    }
+
+    /// Top-k with penalties where the history holds the row's largest tokens (all of the
+    /// top k, some of them, none), so the gathering that skips changed tokens must reach
+    /// below them or fall back to a full pass: the same token as the reference.
+    #[test]
+    fn top_k_with_history_at_the_top_matches_the_reference() {
+        use crate::params::{Request, SamplingParams};
+        let mut rng = crate::conformance::Rng::new(0x2545_f491_4f6c_dd1du64);
+        let mut next = move || rng.next_u64();
+        for case in 0..60u64 {
+            let v = [9000usize, 32000, 65536][case as usize % 3];
+            let z: Vec<f32> = (0..v)
+                .map(|_| {
+                    let u = (next() >> 40) as f32 / (1u64 << 24) as f32;
+                    -8.0 * u.ln().max(-20.0).abs().sqrt()
+                })
+                .collect();
+            let mut order: Vec<u32> = (0..v as u32).collect();
+            order.sort_by(|&a, &b| z[b as usize].total_cmp(&z[a as usize]));
+            let k = [1u32, 5, 50, 300][(case / 3) as usize % 4];
+            let history: Vec<u32> = match case % 5 {
+                // the top 2k and then some
+                0 => order[..2 * k as usize + 40].to_vec(),
+                // every other one of the top
+                1 => order[..4 * k as usize].iter().step_by(2).copied().collect(),
+                // the top k exactly
+                2 => order[..k as usize].to_vec(),
+                // far below the top
+                3 => order[v - 200..].to_vec(),
+                _ => (0..256).map(|_| (next() % v as u64) as u32).collect(),
+            };
+            let mut req = Request::new(
+                SamplingParams {
+                    temperature: [0.3f32, 0.8, 1.5][(case % 3) as usize],
+                    top_k: k,
+                    top_p: [1.0f32, 0.9][(case / 2) as usize % 2],
+                    repetition_penalty: [1.1f32, 0.8][(case / 5) as usize % 2],
+                    frequency_penalty: 0.3,
+                    presence_penalty: -0.2,
+                    ..Default::default()
+                },
+                next(),
+            );
+            req.state.step = next() % 1000;
+            req.state.output = history;
+            let want = crate::reference::reference_row(&z, &req).0;
+            let got = super::sample_row_f32(&z, &req);
+            assert_eq!(got, want, "case {case}: v {v} k {k}");
         }
     }
 
