@@ -809,6 +809,56 @@ fn push_hits(mut hits: u64, at: usize, base: u32, z: &[f32], out: &mut Vec<(u32,
     }
 }
 
+/// The loop of the one-pass [`collect_ge_max`] variants: `block(at)` takes the 64 values
+/// at `at` (keeping its own running max and NaN check) and returns their hit mask (bit
+/// `j` for `z[at + j] >= thr`). The masks of up to 64 blocks are kept on the stack and
+/// turned into pushes after them, so no call sits inside the vector loop (a call would
+/// force the vector registers out to memory). Returns where the full blocks end.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn staged_hits(
+    z: &[f32],
+    base: u32,
+    out: &mut Vec<(u32, f32)>,
+    mut block: impl FnMut(usize) -> u64,
+) -> usize {
+    let n = z.len();
+    let mut i = 0;
+    let mut masks = [0u64; 64];
+    while i + 64 <= n {
+        let blocks = ((n - i) / 64).min(64);
+        for (b, mask) in masks[..blocks].iter_mut().enumerate() {
+            *mask = block(i + 64 * b);
+        }
+        for (b, &mask) in masks[..blocks].iter().enumerate() {
+            push_hits(mask, i + 64 * b, base, z, out);
+        }
+        i += 64 * blocks;
+    }
+    i
+}
+
+/// The end of the one-pass [`collect_ge_max`] variants: the values from `from` on, one at
+/// a time, folded into the blocks' max `mx` and NaN flag `bad`, hits appended.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn finish_ge_max(
+    z: &[f32],
+    from: usize,
+    (base, thr): (u32, f32),
+    out: &mut Vec<(u32, f32)>,
+    (mut mx, mut bad): (f32, bool),
+) -> (f32, bool) {
+    for (j, &x) in z.iter().enumerate().skip(from) {
+        bad |= x.is_nan();
+        mx = if x > mx { x } else { mx };
+        if x >= thr {
+            out.push((base + j as u32, x));
+        }
+    }
+    (mx, bad || mx == f32::INFINITY)
+}
+
 /// AVX-512 loops that fuse several passes: [`collect_ge_max`] and [`exp2_sum_collect`]
 /// (compares give bit masks directly).
 #[cfg(target_arch = "x86_64")]
@@ -1008,56 +1058,35 @@ mod simd512 {
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
         let (mut m0, mut m1, mut m2, mut m3) = (ninf, ninf, ninf, ninf);
         let mut nan: u16 = 0;
-        let n = z.len();
         let p = z.as_ptr();
-        let mut i = 0;
-        // Hit masks of up to 64 chunks of 64 values are kept on the stack and turned into
-        // pushes after the vector loop, so no call sits inside it (a call would force the
-        // vector registers out to memory).
-        let mut masks = [0u64; 64];
-        while i + 64 <= n {
-            let chunks = ((n - i) / 64).min(64);
-            for (c, mask) in masks[..chunks].iter_mut().enumerate() {
-                let at = i + 64 * c;
-                // SAFETY: at + 64 <= n: the 4 loads of 16 values are inside z.
-                let (v0, v1, v2, v3) = unsafe {
-                    (
-                        _mm512_loadu_ps(p.add(at)),
-                        _mm512_loadu_ps(p.add(at + 16)),
-                        _mm512_loadu_ps(p.add(at + 32)),
-                        _mm512_loadu_ps(p.add(at + 48)),
-                    )
-                };
-                // NaN lanes keep the old max (the second operand) and are flagged below
-                m0 = _mm512_max_ps(v0, m0);
-                m1 = _mm512_max_ps(v1, m1);
-                m2 = _mm512_max_ps(v2, m2);
-                m3 = _mm512_max_ps(v3, m3);
-                nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v0, v0)
-                    | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v1, v1)
-                    | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v2, v2)
-                    | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v3, v3);
-                *mask = u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v0, t))
-                    | u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v1, t)) << 16
-                    | u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v2, t)) << 32
-                    | u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v3, t)) << 48;
-            }
-            for (c, &mask) in masks[..chunks].iter().enumerate() {
-                push_hits(mask, i + 64 * c, base, z, out);
-            }
-            i += 64 * chunks;
-        }
+        let end = super::staged_hits(z, base, out, |at| {
+            // SAFETY: `staged_hits` passes blocks with at + 64 <= z.len(): the 4 loads of
+            // 16 values are inside z.
+            let (v0, v1, v2, v3) = unsafe {
+                (
+                    _mm512_loadu_ps(p.add(at)),
+                    _mm512_loadu_ps(p.add(at + 16)),
+                    _mm512_loadu_ps(p.add(at + 32)),
+                    _mm512_loadu_ps(p.add(at + 48)),
+                )
+            };
+            // NaN lanes keep the old max (the second operand) and are flagged below
+            m0 = _mm512_max_ps(v0, m0);
+            m1 = _mm512_max_ps(v1, m1);
+            m2 = _mm512_max_ps(v2, m2);
+            m3 = _mm512_max_ps(v3, m3);
+            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v0, v0)
+                | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v1, v1)
+                | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v2, v2)
+                | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v3, v3);
+            u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v0, t))
+                | u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v1, t)) << 16
+                | u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v2, t)) << 32
+                | u64::from(_mm512_cmp_ps_mask::<_CMP_GE_OQ>(v3, t)) << 48
+        });
         let vm = _mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3));
-        let mut mx = _mm512_reduce_max_ps(vm);
-        let mut bad = nan != 0;
-        for (j, &x) in z.iter().enumerate().skip(i) {
-            bad |= x.is_nan();
-            mx = if x > mx { x } else { mx };
-            if x >= thr {
-                out.push((base + j as u32, x));
-            }
-        }
-        (mx, bad || mx == f32::INFINITY)
+        let mx = _mm512_reduce_max_ps(vm);
+        super::finish_ge_max(z, end, (base, thr), out, (mx, nan != 0))
     }
 
     /// [`super::exp2_sum_collect`] (`COLLECT`) or [`super::exp2_sum`] (`!COLLECT`).
@@ -1408,56 +1437,36 @@ mod simd {
         let t = _mm256_set1_ps(thr);
         let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
         let mut nan = _mm256_setzero_ps();
-        let n = z.len();
         let p = z.as_ptr();
-        let mut i = 0;
-        // Hit masks of up to 64 blocks of 64 values are kept on the stack and turned into
-        // pushes after the vector loop, so no call sits inside it (a call would force the
-        // vector registers out to memory).
-        let mut masks = [0u64; 64];
-        while i + 64 <= n {
-            let blocks = ((n - i) / 64).min(64);
-            for (b, mask) in masks[..blocks].iter_mut().enumerate() {
-                let at = i + 64 * b;
-                // SAFETY: at + 64 <= n: the 8 loads of 8 values are inside z.
-                let v: [__m256; 8] =
-                    std::array::from_fn(|k| unsafe { _mm256_loadu_ps(p.add(at + 8 * k)) });
-                for k in 0..4 {
-                    // NaN lanes keep the old max (the second operand) and are flagged below
-                    m[k] = _mm256_max_ps(v[k], m[k]);
-                    m[k] = _mm256_max_ps(v[k + 4], m[k]);
-                    nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v[k], v[k + 4]));
-                }
-                let c: [__m256; 8] = std::array::from_fn(|k| _mm256_cmp_ps::<_CMP_GE_OQ>(v[k], t));
-                let any = _mm256_or_ps(
-                    _mm256_or_ps(_mm256_or_ps(c[0], c[1]), _mm256_or_ps(c[2], c[3])),
-                    _mm256_or_ps(_mm256_or_ps(c[4], c[5]), _mm256_or_ps(c[6], c[7])),
-                );
-                *mask = 0;
-                if _mm256_movemask_ps(any) != 0 {
-                    for (k, ck) in c.iter().enumerate() {
-                        *mask |= u64::from(_mm256_movemask_ps(*ck) as u8) << (8 * k);
-                    }
+        let end = super::staged_hits(z, base, out, |at| {
+            // SAFETY: `staged_hits` passes blocks with at + 64 <= z.len(): the 8 loads of
+            // 8 values are inside z.
+            let v: [__m256; 8] =
+                std::array::from_fn(|k| unsafe { _mm256_loadu_ps(p.add(at + 8 * k)) });
+            for k in 0..4 {
+                // NaN lanes keep the old max (the second operand) and are flagged below
+                m[k] = _mm256_max_ps(v[k], m[k]);
+                m[k] = _mm256_max_ps(v[k + 4], m[k]);
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v[k], v[k + 4]));
+            }
+            let c: [__m256; 8] = std::array::from_fn(|k| _mm256_cmp_ps::<_CMP_GE_OQ>(v[k], t));
+            let any = _mm256_or_ps(
+                _mm256_or_ps(_mm256_or_ps(c[0], c[1]), _mm256_or_ps(c[2], c[3])),
+                _mm256_or_ps(_mm256_or_ps(c[4], c[5]), _mm256_or_ps(c[6], c[7])),
+            );
+            let mut mask = 0;
+            if _mm256_movemask_ps(any) != 0 {
+                for (k, ck) in c.iter().enumerate() {
+                    mask |= u64::from(_mm256_movemask_ps(*ck) as u8) << (8 * k);
                 }
             }
-            for (b, &mask) in masks[..blocks].iter().enumerate() {
-                push_hits(mask, i + 64 * b, base, z, out);
-            }
-            i += 64 * blocks;
-        }
+            mask
+        });
         let vm = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
         let vm = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps::<1>(vm));
         let vm = _mm_max_ps(vm, _mm_movehl_ps(vm, vm));
-        let mut mx = _mm_cvtss_f32(_mm_max_ss(vm, _mm_movehdup_ps(vm)));
-        let mut bad = _mm256_movemask_ps(nan) != 0;
-        for (j, &x) in z.iter().enumerate().skip(i) {
-            bad |= x.is_nan();
-            mx = if x > mx { x } else { mx };
-            if x >= thr {
-                out.push((base + j as u32, x));
-            }
-        }
-        (mx, bad || mx == f32::INFINITY)
+        let mx = _mm_cvtss_f32(_mm_max_ss(vm, _mm_movehdup_ps(vm)));
+        super::finish_ge_max(z, end, (base, thr), out, (mx, _mm256_movemask_ps(nan) != 0))
     }
 
     /// [`super::gated_chunks`] with AVX2.
