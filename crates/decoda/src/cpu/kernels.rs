@@ -1195,9 +1195,11 @@ mod simd {
     use super::{push_hits, EXP2_POLY8, EXP2_TABLE};
     use std::arch::x86_64::*;
 
-    /// [`super::simd512::philox_x32`] with AVX2: eight chains of 4 blocks, made three,
-    /// three and two at a time (the words of three chains, the multipliers and temporaries
-    /// fill the 16 registers; all eight at once would spill to the stack).
+    /// [`super::simd512::philox_x32`] with AVX2: eight chains of 4 blocks, made two at a
+    /// time (two chains' words, the multipliers and temporaries fit the 16 registers; all
+    /// eight at once, or three, spill to the stack). With `GATED`, one compare of the
+    /// words' lane-wise max decides most chunks; the mask is taken from `out` only when
+    /// some word reaches the gate.
     ///
     /// # Safety
     /// AVX2 must be present.
@@ -1610,8 +1612,8 @@ pub fn exp_sum(z: &[f32], zmax: f32, scale: f32) -> f64 {
     }
     body::exp_sum::<false>(z, zmax, scale)
 }
-/// Σ over `z` of `2^(z c1 + c0)` (each term as [`exp2_est`], f32 partial sums added in
-/// f64), and every `(base + j, z[j])` with `z[j] >= thr` appended to `out` in index order:
+/// Σ over `z` of `2^(z c1 + c0)` (each term within 2.5e-7: a table and a polynomial with
+/// AVX-512 and AVX2, [`exp2_est`] elsewhere; f32 partial sums added in f64), and every `(base + j, z[j])` with `z[j] >= thr` appended to `out` in index order:
 /// the top-p normaliser and its candidates in one pass over the row. With `c1 = log2(e) / T`
 /// and `c0 = -c1 m` the terms are `exp((z - m) / T)` for any reference `m`. The sum is NaN
 /// or `+inf` when `z` holds a NaN or `+inf`, or a value far above `m`.
@@ -2073,7 +2075,7 @@ mod tests {
                 assert!(!exp2_sum(&z, c1, c0).is_finite());
             }
         }
-        // the base and AVX2 sums agree with the dispatched one
+        // the generic loop (with and without FMA) agrees with the dispatched one
         let z: Vec<f32> = (0..3000).map(|i| (i % 97) as f32 * 0.3 - 20.0).collect();
         let fast = exp2_sum(&z, c1, c0);
         for plain in [

@@ -236,9 +236,9 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
 /// Top-k with sparse changes (penalties, bias) without a modified copy of the row: the
 /// `k` largest unchanged tokens (the changed ones skipped while gathering) hold every
 /// unchanged token of the changed row's top k (its k-th largest is at least theirs), so
-/// stage 6 runs over those and the changed tokens' new values. `None` sends the row to the general
-/// path: a NaN or `+inf` in the row or among the changed values (it counts them), a row
-/// with nothing finite, or one drawn greedily after all.
+/// stage 6 runs over those and the changed tokens' new values. `None` sends the row to
+/// the general path: a NaN or `+inf` in the row or among the changed values (it counts
+/// them), a row with nothing finite, or one drawn greedily after all.
 fn top_k_with_mods(
     x: &[f32],
     mods: &[(u32, f32)],
