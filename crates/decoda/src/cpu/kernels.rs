@@ -90,16 +90,10 @@ const EXP2_TABLE: [f32; 32] = [
 const EXP2_C1: f32 = 0.693_157_3;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const EXP2_C2: f32 = 0.240_228_27;
-/// `2^r` for `|r| <= 1/16`, degree 4 (coefficients from the highest; Chebyshev nodes,
-/// relative error below 6e-10): the polynomial of the AVX2 `2^w`.
+/// `2^r ≈ 1 + r (Q0 + r (Q1 + r Q2))` for `|r| <= 1/16` (`[Q2, Q1, Q0]`; fitted to the
+/// relative error, below 3e-8 with these f32 values): the polynomial of the AVX2 `2^w`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const EXP2_POLY8: [f32; 5] = [
-    0.009_618_881,
-    0.055_510_618,
-    0.240_226_5,
-    std::f32::consts::LN_2,
-    1.0,
-];
+const EXP2_Q8: [f32; 3] = [0.055_496_834, 0.240_257_62, 0.693_147_24];
 /// 1.5 * 2^18: adding it to `|w| < 2^17` rounds `w` to a multiple of 1/32 and leaves
 /// `round(32 w)` in the low mantissa bits (its low 5 bits index [`EXP2_TABLE`]).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -293,8 +287,9 @@ mod body {
                     acc[j] += exp2_est::<FMA>(fma::<FMA>(c[j], c1, c0));
                 }
             }
-            for &x in rem {
-                acc[0] += exp2_est::<FMA>(fma::<FMA>(x, c1, c0));
+            // one term per lane: as exact as the full chunks, and no f32 overflow
+            for (a, &x) in acc.iter_mut().zip(rem) {
+                *a += exp2_est::<FMA>(fma::<FMA>(x, c1, c0));
             }
             total += acc.iter().map(|&a| f64::from(a)).sum::<f64>();
         }
@@ -1192,7 +1187,7 @@ mod simd512 {
 /// (a compare per value and a branch per block, with a bit mask of the hits).
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{push_hits, EXP2_POLY8, EXP2_TABLE};
+    use super::{push_hits, EXP2_Q8, EXP2_TABLE};
     use std::arch::x86_64::*;
 
     /// [`super::simd512::philox_x32`] with AVX2: eight chains of 4 blocks, made two at a
@@ -1313,13 +1308,22 @@ mod simd {
     }
 
     /// [`super::exp2_sum_collect`] (`COLLECT`) or [`super::exp2_sum`] (`!COLLECT`) with
-    /// AVX2: `2^w = 2^n 2^(j/8) 2^r` with `w` rounded to a multiple of 1/8 (`n + j/8`),
-    /// `2^(j/8)` from an eight-entry table in one register (`vpermps`), `2^n` added to
-    /// its exponent bits, and a degree-4 polynomial for `2^r`, `|r| <= 1/16` (relative
-    /// error below 2e-7 in all). `w` is clamped to `[-126, 128]` as in
+    /// AVX2. In units of 1/8, `v = 8 w` is clamped to `[-1008, 1024]` as in
     /// [`super::exp2_est`] (`-inf` adds `2^-126`, `+inf` and overflow give `+inf`, NaN
-    /// stays NaN). Groups of 1024 values: four chains of f32 partial sums (32 terms per
-    /// lane at most), added in f64.
+    /// stays NaN) and rounded to an integer `k = 8 n + j`; then `2^w = 2^n 2^(j/8)
+    /// 2^(r/8)` with `r = v - k`: `2^(j/8)` from an eight-entry table in one register
+    /// (`vpermd`), `2^n` added to its exponent bits by adding `k << 20` (each entry is
+    /// stored less `j << 20`, the part of that shift that lands in its mantissa), and
+    /// `2^(r/8) = 1 + r q(r)` with `q` of degree 2 (relative error below 2.5e-7 in all).
+    /// Groups of 512 values: two chains of f32 partial sums (32 terms per lane at most),
+    /// added in f64.
+    ///
+    /// The hits: a block of 64 values is looked at again, with exact compares, only when
+    /// the largest `k` of one of its lanes (an integer max, off the busy floating-point
+    /// ports) reaches that of `thr` — `k` is monotone in `x`, so no value `>= thr` is
+    /// missed; NaN converts to the least integer and is no hit — and its hits are pushed
+    /// after the group's vector loop (a call inside the loop would force the accumulators
+    /// out to memory).
     ///
     /// # Safety
     /// AVX2 and FMA must be present.
@@ -1332,39 +1336,46 @@ mod simd {
         thr: f32,
         out: &mut Vec<(u32, f32)>,
     ) -> f64 {
-        // 1.5 * 2^20: adding it rounds |w| < 2^19 to a multiple of 1/8, leaving round(8 w)
-        // in the low mantissa bits
-        const MAGIC8: f32 = 1_572_864.0;
-        let t = EXP2_TABLE;
-        let table = _mm256_setr_ps(t[0], t[4], t[8], t[12], t[16], t[20], t[24], t[28]);
-        let (vc1, vc0, vthr) = (_mm256_set1_ps(c1), _mm256_set1_ps(c0), _mm256_set1_ps(thr));
-        let (lo, hi, magic) = (
-            _mm256_set1_ps(-126.0),
-            _mm256_set1_ps(128.0),
-            _mm256_set1_ps(MAGIC8),
+        // k << 20 = n << 23 + j << 20 (mod 2^32)
+        let entry = |j: usize| (EXP2_TABLE[4 * j].to_bits() as i32).wrapping_sub((j as i32) << 20);
+        let table = _mm256_setr_epi32(
+            entry(0),
+            entry(1),
+            entry(2),
+            entry(3),
+            entry(4),
+            entry(5),
+            entry(6),
+            entry(7),
         );
-        let not7 = _mm256_set1_epi32(!7);
-        let c = EXP2_POLY8.map(|v| _mm256_set1_ps(v));
-        let term = |x: __m256, acc: __m256| {
-            let w = _mm256_fmadd_ps(x, vc1, vc0);
+        let (vc1, vc0) = (_mm256_set1_ps(8.0 * c1), _mm256_set1_ps(8.0 * c0));
+        let (lo, hi) = (_mm256_set1_ps(-1008.0), _mm256_set1_ps(1024.0));
+        // q(r) = (2^(r/8) - 1) / r
+        let [q2, q1, q0] =
+            [EXP2_Q8[0] / 512.0, EXP2_Q8[1] / 64.0, EXP2_Q8[2] / 8.0].map(|c| _mm256_set1_ps(c));
+        let one = _mm256_set1_ps(1.0);
+        // (r, k)
+        let index = |x: __m256| {
+            let v = _mm256_fmadd_ps(x, vc1, vc0);
             // max and min return their second operand when one is NaN: NaN stays
-            let w = _mm256_min_ps(hi, _mm256_max_ps(lo, w));
-            let tm = _mm256_add_ps(w, magic);
-            let r = _mm256_sub_ps(w, _mm256_sub_ps(tm, magic));
-            let bits = _mm256_castps_si256(tm);
-            // the table entry j = bits & 7 times 2^n, n = round(8 w) >> 3 in its exponent
+            let v = _mm256_min_ps(hi, _mm256_max_ps(lo, v));
+            let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            (_mm256_sub_ps(v, k), _mm256_cvtps_epi32(k))
+        };
+        let term = |(r, bits): (__m256, __m256i), acc: __m256| {
             let s = _mm256_add_epi32(
-                _mm256_castps_si256(_mm256_permutevar8x32_ps(table, bits)),
-                _mm256_slli_epi32::<20>(_mm256_and_si256(bits, not7)),
+                _mm256_permutevar8x32_epi32(table, bits),
+                _mm256_slli_epi32::<20>(bits),
             );
-            let mut p = _mm256_fmadd_ps(c[0], r, c[1]);
-            p = _mm256_fmadd_ps(p, r, c[2]);
-            p = _mm256_fmadd_ps(p, r, c[3]);
-            p = _mm256_fmadd_ps(p, r, c[4]);
+            let q = _mm256_fmadd_ps(_mm256_fmadd_ps(q2, r, q1), r, q0);
+            let p = _mm256_fmadd_ps(q, r, one);
             _mm256_fmadd_ps(_mm256_castsi256_ps(s), p, acc)
         };
-        let flush = |total: f64, a: [__m256; 4]| {
-            let s = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+        let vthr = _mm256_set1_ps(thr);
+        // a lane reaches thr when its k > kthr
+        let kthr = _mm256_sub_epi32(index(vthr).1, _mm256_set1_epi32(1));
+        let flush = |total: f64, a: [__m256; 2]| {
+            let s = _mm256_add_ps(a[0], a[1]);
             let d = _mm256_add_pd(
                 _mm256_cvtps_pd(_mm256_castps256_ps128(s)),
                 _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(s)),
@@ -1376,30 +1387,48 @@ mod simd {
         let p = z.as_ptr();
         let mut total = 0f64;
         let mut i = 0;
+        let mut flagged = [0u8; 8];
         while i + 64 <= n {
-            let blocks = ((n - i) / 64).min(16);
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for b in 0..blocks {
+            let blocks = ((n - i) / 64).min(8);
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for (b, lanes) in flagged[..blocks].iter_mut().enumerate() {
                 let at = i + 64 * b;
-                let mut hits = 0u64;
-                for k in 0..8 {
+                let mut top = _mm256_set1_epi32(i32::MIN);
+                for s in 0..4 {
                     // SAFETY: at + 64 <= n: the loads of 8 values are inside z.
-                    let x = _mm256_loadu_ps(p.add(at + 8 * k));
+                    let (i0, i1) = (
+                        index(_mm256_loadu_ps(p.add(at + 16 * s))),
+                        index(_mm256_loadu_ps(p.add(at + 16 * s + 8))),
+                    );
                     if COLLECT {
-                        let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(x, vthr);
+                        top = _mm256_max_epi32(top, _mm256_max_epi32(i0.1, i1.1));
+                    }
+                    a0 = term(i0, a0);
+                    a1 = term(i1, a1);
+                }
+                if COLLECT {
+                    let reach = _mm256_cmpgt_epi32(top, kthr);
+                    *lanes = _mm256_movemask_ps(_mm256_castsi256_ps(reach)) as u8;
+                }
+            }
+            total = flush(total, [a0, a1]);
+            if COLLECT {
+                for (b, _) in flagged[..blocks].iter().enumerate().filter(|f| *f.1 != 0) {
+                    let at = i + 64 * b;
+                    let mut hits = 0u64;
+                    for k in 0..8 {
+                        // SAFETY: at + 64 <= n: the loads of 8 values are inside z.
+                        let ge =
+                            _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(p.add(at + 8 * k)), vthr);
                         hits |= u64::from(_mm256_movemask_ps(ge) as u8) << (8 * k);
                     }
-                    acc[k % 4] = term(x, acc[k % 4]);
-                }
-                if COLLECT && hits != 0 {
                     push_hits(hits, at, base, z, out);
                 }
             }
-            total = flush(total, acc);
             i += 64 * blocks;
         }
         // the rest, 8 at a time; missing lanes read as -inf (each adds 2^-126, as -inf does)
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc = [_mm256_setzero_ps(); 2];
         while i < n {
             let len = (n - i).min(8);
             let mut v = [f32::NEG_INFINITY; 8];
@@ -1417,7 +1446,7 @@ mod simd {
                     out,
                 );
             }
-            acc[0] = term(x, acc[0]);
+            acc[0] = term(index(x), acc[0]);
             i += len;
         }
         flush(total, acc)
@@ -2024,55 +2053,87 @@ mod tests {
         }
     }
 
-    /// The fused normaliser-and-gather pass (AVX-512 here when the CPU has it) against
-    /// plain loops: the same hits in order, the sum within 3e-7 of the f64 one, `-inf`
-    /// adding nothing, NaN and `+inf` making the sum non-finite.
+    /// The fused normaliser-and-gather pass (dispatched, and the AVX2 variant where the CPU
+    /// has it) against plain loops: the same hits in order (thresholds equal to values of
+    /// the row included), the sum within 1e-6 of the f64 one and equal to the sum-only
+    /// pass, `-inf` adding nothing, NaN, `+inf` and values far above the reference making
+    /// the sum non-finite.
     #[test]
     fn exp2_sum_collect_matches_the_plain_loops() {
+        type Collect = fn(&[f32], f32, f32, u32, f32, &mut Vec<(u32, f32)>) -> f64;
+        type Sum = fn(&[f32], f32, f32) -> f64;
+        let mut variants: Vec<(&str, Collect, Sum)> =
+            vec![("dispatched", exp2_sum_collect, exp2_sum)];
+        #[cfg(target_arch = "x86_64")]
+        if matches!(detected(), Level::Avx512 | Level::Avx2) {
+            variants.push((
+                "avx2",
+                // SAFETY: `detected()` found AVX2 and FMA (implied by its AVX-512 level).
+                |z, c1, c0, base, thr, out| unsafe {
+                    simd::exp2_sum_collect::<true>(z, c1, c0, base, thr, out)
+                },
+                // SAFETY: as above.
+                |z, c1, c0| unsafe {
+                    simd::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
+                },
+            ));
+        }
         let (c1, c0) = (1.7f32, -3.1f32);
-        for n in [0, 1, 15, 16, 17, 63, 64, 65, 1000, 1023, 1024, 1025, 4099] {
-            let z: Vec<f32> = values(n, n as u64 + 11)
-                .into_iter()
-                .map(|x| {
-                    if x.is_nan() || x == f32::INFINITY {
-                        -2.5
-                    } else {
-                        x
-                    }
-                })
-                .collect();
-            let want_sum: f64 = z
-                .iter()
-                .map(|&x| (f64::from(x) * f64::from(c1) + f64::from(c0)).exp2())
-                .sum();
-            for thr in [f32::NEG_INFINITY, 0.0, 9.5, f32::INFINITY] {
-                let mut hits = vec![(0, 0.0)];
-                let sum = exp2_sum_collect(&z, c1, c0, 5, thr, &mut hits);
-                let want: Vec<(u32, f32)> = std::iter::once((0, 0.0))
-                    .chain(
-                        z.iter()
-                            .enumerate()
-                            .filter(|(_, &x)| x >= thr)
-                            .map(|(i, &x)| (5 + i as u32, x)),
-                    )
+        for (name, collect, sum_only) in variants {
+            for n in [0, 1, 15, 16, 17, 63, 64, 65, 1000, 1023, 1024, 1025, 4099] {
+                let z: Vec<f32> = values(n, n as u64 + 11)
+                    .into_iter()
+                    .map(|x| {
+                        if x.is_nan() || x == f32::INFINITY {
+                            -2.5
+                        } else {
+                            x
+                        }
+                    })
                     .collect();
-                assert_eq!(hits, want, "n={n} thr={thr}");
-                // the exp's 3e-7 plus a few roundings of the f32 sum (the baseline
-                // variant adds in a different order than the vector ones)
-                assert!(
-                    (sum - want_sum).abs() <= 1e-6 * want_sum,
-                    "n={n}: {sum} vs {want_sum}"
-                );
-                assert_eq!(sum, exp2_sum(&z, c1, c0), "n={n}");
-            }
-            for (bad, at) in [(f32::NAN, n / 2), (f32::INFINITY, n.saturating_sub(1))] {
-                if n == 0 {
-                    continue;
+                let want_sum: f64 = z
+                    .iter()
+                    .map(|&x| (f64::from(x) * f64::from(c1) + f64::from(c0)).exp2())
+                    .sum();
+                let thresholds = [f32::NEG_INFINITY, -2.5, 0.0, 1.5, 7.77, 9.5, f32::INFINITY];
+                for thr in thresholds {
+                    let mut hits = vec![(0, 0.0)];
+                    let sum = collect(&z, c1, c0, 5, thr, &mut hits);
+                    let want: Vec<(u32, f32)> = std::iter::once((0, 0.0))
+                        .chain(
+                            z.iter()
+                                .enumerate()
+                                .filter(|(_, &x)| x >= thr)
+                                .map(|(i, &x)| (5 + i as u32, x)),
+                        )
+                        .collect();
+                    assert_eq!(hits, want, "{name}: n={n} thr={thr}");
+                    // the exp's 2.5e-7 plus a few roundings of the f32 sum (the baseline
+                    // variant adds in a different order than the vector ones)
+                    assert!(
+                        (sum - want_sum).abs() <= 1e-6 * want_sum,
+                        "{name}: n={n}: {sum} vs {want_sum}"
+                    );
+                    assert_eq!(sum, sum_only(&z, c1, c0), "{name}: n={n}");
                 }
-                let mut z = z.clone();
-                z[at] = bad;
-                assert!(!exp2_sum_collect(&z, c1, c0, 0, 0.0, &mut Vec::new()).is_finite());
-                assert!(!exp2_sum(&z, c1, c0).is_finite());
+                let bad = [
+                    (f32::NAN, n / 2),
+                    (f32::INFINITY, n.saturating_sub(1)),
+                    (1e30, n / 3),
+                ];
+                for (bad, at) in bad {
+                    if n == 0 {
+                        continue;
+                    }
+                    let mut z = z.clone();
+                    z[at] = bad;
+                    let mut hits = Vec::new();
+                    let sum = collect(&z, c1, c0, 0, 0.0, &mut hits);
+                    assert!(!sum.is_finite(), "{name}: n={n} {bad}");
+                    assert!(!sum_only(&z, c1, c0).is_finite(), "{name}: n={n} {bad}");
+                    let want = z.iter().filter(|&&x| x >= 0.0).count();
+                    assert_eq!(hits.len(), want, "{name}: n={n} {bad}");
+                }
             }
         }
         // the generic loop (with and without FMA) agrees with the dispatched one
