@@ -105,57 +105,60 @@ impl Touch {
 }
 
 /// Appends to `out` the tokens a row's stages 1-3 touch, sorted by id, one entry each
-/// (`out` is a buffer the caller may reuse between calls).
+/// (`out` is a buffer the caller may reuse between calls). The history is sorted as plain
+/// integers (`id << 1`, plus 1 for an output occurrence, so a run of one id gives its
+/// count), and the bias map, already in id order, is merged in.
 pub fn touches_into(req: &Request, out: &mut Vec<(u32, Touch)>) {
     let p = &req.params;
     let s = &req.state;
     if !p.modifies_logits(s) {
         return;
     }
+    let seen = p.repetition_penalty != 1.0;
+    let counted = p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+    let mut keys: Vec<u64> = Vec::new();
+    if seen {
+        keys.extend(s.prompt.iter().map(|&t| u64::from(t) << 1));
+    }
+    if seen || counted {
+        keys.extend(s.output.iter().map(|&t| u64::from(t) << 1 | 1));
+    }
+    keys.sort_unstable();
     let start = out.len();
+    let mut k = 0;
+    while k < keys.len() {
+        let id = keys[k] >> 1;
+        let mut count = 0;
+        while k < keys.len() && keys[k] >> 1 == id {
+            count += (keys[k] & 1) as u32;
+            k += 1;
+        }
+        let touch = Touch {
+            bias: None,
+            seen,
+            count: if counted { count } else { 0 },
+        };
+        out.push((id as u32, touch));
+    }
+    if p.logit_bias.is_empty() {
+        return;
+    }
+    let history = out.len();
     for (&t, &b) in &p.logit_bias {
-        out.push((
-            t,
-            Touch {
-                bias: Some(b),
-                ..Touch::default()
-            },
-        ));
-    }
-    if p.repetition_penalty != 1.0 {
-        for &t in s.prompt.iter().chain(&s.output) {
-            let seen = Touch {
-                seen: true,
-                ..Touch::default()
-            };
-            out.push((t, seen));
+        match out[start..history].binary_search_by_key(&t, |e| e.0) {
+            Ok(i) => out[start + i].1.bias = Some(b),
+            Err(_) => out.push((
+                t,
+                Touch {
+                    bias: Some(b),
+                    ..Touch::default()
+                },
+            )),
         }
     }
-    if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-        for &t in &s.output {
-            let once = Touch {
-                count: 1,
-                ..Touch::default()
-            };
-            out.push((t, once));
-        }
+    if out.len() > history && history > start {
+        out[start..].sort_unstable_by_key(|e| e.0);
     }
-    out[start..].sort_unstable_by_key(|e| e.0);
-    // merge the entries of each token in place
-    let mut w = start;
-    for i in start..out.len() {
-        let (t, touch) = out[i];
-        if w > start && out[w - 1].0 == t {
-            let m = &mut out[w - 1].1;
-            m.bias = m.bias.or(touch.bias);
-            m.seen |= touch.seen;
-            m.count += touch.count;
-        } else {
-            out[w] = (t, touch);
-            w += 1;
-        }
-    }
-    out.truncate(w);
 }
 
 /// Stages 1-3 of the pipeline (bias, repetition, frequency/presence) as the sorted list of
@@ -328,6 +331,62 @@ pub fn rank_of(chosen: (u32, f32), all: impl IntoIterator<Item = (u32, f32)>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The merge of sorted ids against the plain definition (every entry of the bias map,
+    /// every history id when repetition applies, every output id counted when frequency
+    /// or presence apply, merged per token), on short random histories with many repeats.
+    #[test]
+    fn touches_match_the_plain_definition() {
+        use crate::params::{Request, SamplingParams};
+        use std::collections::BTreeMap;
+        let mut state = 0x9e37_79b9_u64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for case in 0..2000 {
+            let mut params = SamplingParams {
+                repetition_penalty: [1.0, 1.3][next(2) as usize],
+                frequency_penalty: [0.0, 0.5][next(2) as usize],
+                presence_penalty: [0.0, -0.25][next(2) as usize],
+                ..SamplingParams::default()
+            };
+            let vocab = 1 + next(40);
+            for _ in 0..next(4) {
+                params
+                    .logit_bias
+                    .insert(next(vocab) as u32, next(9) as f32 - 4.0);
+            }
+            let mut req = Request::new(params, 1);
+            req.state.prompt = (0..next(12)).map(|_| next(vocab) as u32).collect();
+            req.state.output = (0..next(12)).map(|_| next(vocab) as u32).collect();
+            let p = &req.params;
+            let mut want: BTreeMap<u32, Touch> = BTreeMap::new();
+            if p.modifies_logits(&req.state) {
+                for (&t, &b) in &p.logit_bias {
+                    want.entry(t).or_default().bias = Some(b);
+                }
+                if p.repetition_penalty != 1.0 {
+                    for &t in req.state.prompt.iter().chain(&req.state.output) {
+                        want.entry(t).or_default().seen = true;
+                    }
+                }
+                if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+                    for &t in &req.state.output {
+                        want.entry(t).or_default().count += 1;
+                    }
+                }
+            }
+            let mut got = vec![(u32::MAX, Touch::default())];
+            touches_into(&req, &mut got);
+            let want: Vec<(u32, Touch)> = std::iter::once((u32::MAX, Touch::default()))
+                .chain(want)
+                .collect();
+            assert_eq!(got, want, "case {case}: {req:?}");
+        }
+    }
 
     #[test]
     fn z_lower_bound_is_safe_and_tight() {
