@@ -1,7 +1,10 @@
 //! Criterion benchmarks of the fast CPU path, one row of V = 131072 per configuration,
-//! next to the memory floor (one streaming max pass over the same row).
+//! next to the memory floor (one streaming max pass over the same row); two of its
+//! pieces alone (the top-p normaliser pass, the penalties' touched tokens); and batches
+//! of 64 rows on all threads.
 //!
-//! `cargo bench -p decoda --bench sample`
+//! `cargo bench -p decoda --bench sample` (`DECODA_ISA=avx2` or `baseline` for the lower
+//! kernel variants).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use decoda::{workload, Backend, CpuSampler, Logits};
@@ -21,6 +24,41 @@ fn bench(c: &mut Criterion) {
             b.iter(|| decoda::cpu::sample_row_f32(std::hint::black_box(&x), req))
         });
     }
+    g.finish();
+
+    let mut g = c.benchmark_group(format!("pieces_v131072_{}", decoda::cpu::kernels::isa()));
+    g.throughput(Throughput::Bytes((vocab * 4) as u64));
+    // topp09's pass: every token's exp((z - m) / T) summed while the tokens at or above
+    // the 512th largest value are gathered (about as many as the sampler's estimate asks)
+    let mut sorted = x.clone();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    let (m, thr) = (sorted[0], sorted[511]);
+    let c1 = (std::f64::consts::LOG2_E / 0.8) as f32;
+    let mut out = Vec::new();
+    g.bench_function("topp_normaliser", |b| {
+        b.iter(|| {
+            out.clear();
+            decoda::cpu::kernels::exp2_sum_collect(
+                std::hint::black_box(&x),
+                c1,
+                -m * c1,
+                0,
+                thr,
+                &mut out,
+            )
+        })
+    });
+    // full's stages 1-3 bookkeeping: 128 prompt and 128 output tokens
+    let params = workload::config("full").expect("known config");
+    let req = workload::requests(&params, 1, vocab).remove(0);
+    let mut touched = Vec::new();
+    g.bench_function("penalty_touches", |b| {
+        b.iter(|| {
+            touched.clear();
+            decoda::pipeline::touches_into(std::hint::black_box(&req), &mut touched);
+            touched.len()
+        })
+    });
     g.finish();
 
     let rows = 64;
