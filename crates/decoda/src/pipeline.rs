@@ -114,32 +114,32 @@ pub fn touches_into(req: &Request, out: &mut Vec<(u32, Touch)>) {
     if !p.modifies_logits(s) {
         return;
     }
+    thread_local! {
+        // the keys' buffer, kept between calls so that a row does not allocate it
+        static KEYS: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
     let seen = p.repetition_penalty != 1.0;
     let counted = p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
-    let mut keys: Vec<u64> = Vec::new();
-    if seen {
-        keys.extend(s.prompt.iter().map(|&t| u64::from(t) << 1));
-    }
-    if seen || counted {
-        keys.extend(s.output.iter().map(|&t| u64::from(t) << 1 | 1));
-    }
-    keys.sort_unstable();
     let start = out.len();
-    let mut k = 0;
-    while k < keys.len() {
-        let id = keys[k] >> 1;
-        let mut count = 0;
-        while k < keys.len() && keys[k] >> 1 == id {
-            count += (keys[k] & 1) as u32;
-            k += 1;
+    KEYS.with_borrow_mut(|keys| {
+        keys.clear();
+        if seen {
+            keys.extend(s.prompt.iter().map(|&t| u64::from(t) << 1));
         }
-        let touch = Touch {
-            bias: None,
-            seen,
-            count: if counted { count } else { 0 },
-        };
-        out.push((id as u32, touch));
-    }
+        if seen || counted {
+            keys.extend(s.output.iter().map(|&t| u64::from(t) << 1 | 1));
+        }
+        keys.sort_unstable();
+        for run in keys.chunk_by(|a, b| a >> 1 == b >> 1) {
+            let count = run.iter().map(|k| (k & 1) as u32).sum();
+            let touch = Touch {
+                bias: None,
+                seen,
+                count: if counted { count } else { 0 },
+            };
+            out.push(((run[0] >> 1) as u32, touch));
+        }
+    });
     if p.logit_bias.is_empty() {
         return;
     }

@@ -91,7 +91,8 @@ const EXP2_C1: f32 = 0.693_157_3;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const EXP2_C2: f32 = 0.240_228_27;
 /// `2^r ≈ 1 + r (Q0 + r (Q1 + r Q2))` for `|r| <= 1/16` (`[Q2, Q1, Q0]`; fitted to the
-/// relative error, below 3e-8 with these f32 values): the polynomial of the AVX2 `2^w`.
+/// relative error by `scripts/fit_exp2_poly.py`, below 3e-8 with these f32 values): the
+/// polynomial of the AVX2 `2^w`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const EXP2_Q8: [f32; 3] = [0.055_496_834, 0.240_257_62, 0.693_147_24];
 /// 1.5 * 2^18: adding it to `|w| < 2^17` rounds `w` to a multiple of 1/32 and leaves
@@ -1372,7 +1373,8 @@ mod simd {
             _mm256_fmadd_ps(_mm256_castsi256_ps(s), p, acc)
         };
         let vthr = _mm256_set1_ps(thr);
-        // a lane reaches thr when its k > kthr
+        // a lane reaches thr when its k > kthr (a NaN thr converts to the least integer,
+        // which wraps to the largest: no lane reaches it, as no value is >= NaN)
         let kthr = _mm256_sub_epi32(index(vthr).1, _mm256_set1_epi32(1));
         let flush = |total: f64, a: [__m256; 2]| {
             let s = _mm256_add_ps(a[0], a[1]);
@@ -1642,8 +1644,9 @@ pub fn exp_sum(z: &[f32], zmax: f32, scale: f32) -> f64 {
     body::exp_sum::<false>(z, zmax, scale)
 }
 /// Σ over `z` of `2^(z c1 + c0)` (each term within 2.5e-7: a table and a polynomial with
-/// AVX-512 and AVX2, [`exp2_est`] elsewhere; f32 partial sums added in f64), and every `(base + j, z[j])` with `z[j] >= thr` appended to `out` in index order:
-/// the top-p normaliser and its candidates in one pass over the row. With `c1 = log2(e) / T`
+/// AVX-512 and AVX2, [`exp2_est`] elsewhere; f32 partial sums added in f64), and every
+/// `(base + j, z[j])` with `z[j] >= thr` appended to `out` in index order: the top-p
+/// normaliser and its candidates in one pass over the row. With `c1 = log2(e) / T`
 /// and `c0 = -c1 m` the terms are `exp((z - m) / T)` for any reference `m`. The sum is NaN
 /// or `+inf` when `z` holds a NaN or `+inf`, or a value far above `m`.
 pub fn exp2_sum_collect(
