@@ -100,10 +100,23 @@ const EXP2_Q8: [f32; 3] = [0.055_496_834, 0.240_257_62, 0.693_147_24];
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MAGIC32: f32 = 393_216.0;
 
+/// `2^r ≈ 1 + r (P0 + r (P1 + r (P2 + r (P3 + r P4))))` for `|r| <= 1/2` (`[P4, .., P0]`;
+/// fitted to the relative error by `scripts/fit_exp2_poly.py`, below 1.9e-7 evaluated with
+/// unfused f32 multiplies and adds): the polynomial of the baseline `2^w`. (`P0` is the
+/// fit's, three f32 ulps below `ln 2`.)
+#[allow(clippy::approx_constant)]
+const EXP2_P5: [f32; 5] = [
+    0.001_326_542_1,
+    0.009_671_512,
+    0.055_507_313,
+    0.240_222_42,
+    0.693_147,
+];
+
 /// `2^w` within 2.5e-7 (relative), for the top-p normaliser, as plain arithmetic that
-/// vectorises (the AVX2 and baseline variants; the AVX-512 one uses a table and
-/// `vscalefps`, see [`exp2_sum_collect`]): `w = n + f` with `n` an integer and
-/// `|f| <= 1/2`, a degree-7 polynomial for `2^f`, and `2^n` built in the exponent bits.
+/// vectorises (the baseline variants; the AVX-512 and AVX2 ones use a table, see
+/// [`exp2_sum_collect`]): `w = n + f` with `n` an integer and `|f| <= 1/2`, the degree-5
+/// polynomial [`EXP2_P5`] for `2^f`, and `2^n` built in the exponent bits.
 /// Below -126 it gives `2^-126` (so `-inf` adds nothing that matters), at 128 and above
 /// `+inf`, and NaN for NaN, so a non-finite input shows in the sum.
 #[inline(always)]
@@ -121,14 +134,10 @@ pub fn exp2_est<const FMA: bool>(w: f32) -> f32 {
     };
     let tm = w + MAGIC;
     let f = w - (tm - MAGIC);
-    // Taylor coefficients of 2^f = e^(f ln 2): truncation below 6e-9 on |f| <= 1/2
-    let mut p = 1.525_273_4e-5;
-    p = fma::<FMA>(p, f, 1.540_353e-4);
-    p = fma::<FMA>(p, f, 1.333_355_8e-3);
-    p = fma::<FMA>(p, f, 9.618_129e-3);
-    p = fma::<FMA>(p, f, 5.550_411e-2);
-    p = fma::<FMA>(p, f, 0.240_226_5);
-    p = fma::<FMA>(p, f, std::f32::consts::LN_2);
+    let mut p = EXP2_P5[0];
+    for c in &EXP2_P5[1..] {
+        p = fma::<FMA>(p, f, *c);
+    }
     p = fma::<FMA>(p, f, 1.0);
     // the low 9 bits of tm's pattern are n + 127, the biased exponent of 2^n (255: +inf)
     p * f32::from_bits(tm.to_bits() << 23)
@@ -274,7 +283,8 @@ mod body {
     }
 
     /// Σ `exp2_est(z c1 + c0)` with f32 partial sums (32 terms per lane at most) added in
-    /// f64.
+    /// f64 (on x86-64 only the tests use it: every level there has its own kernel).
+    #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
     #[inline(always)]
     pub fn exp2_sum<const FMA: bool>(z: &[f32], c1: f32, c0: f32) -> f64 {
         const W: usize = 2 * LANES;
@@ -1620,6 +1630,125 @@ mod simd {
         z[i..].iter().position(|&x| x == v).map(|j| i + j)
     }
 }
+
+/// The top-p normaliser with the SSE2 every x86-64 CPU has (the `baseline` level): the
+/// compiler's own vectorisation of [`body::exp2_sum`] keeps 32 lanes of sums and its
+/// constants in the 16 registers only by moving them around, and cannot fuse the gather.
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use super::{push_hits, EXP2_P5};
+    use std::arch::x86_64::*;
+
+    /// [`super::exp2_sum_collect`] (`COLLECT`) or [`super::exp2_sum`] (`!COLLECT`) with
+    /// SSE2: every term is [`super::exp2_est`]`::<false>(z c1 + c0)` bit for bit (the same
+    /// unfused multiplies and adds; `maxps`/`minps` with the value second keep NaN as the
+    /// scalar comparisons do). Groups of 256 values: two chains of f32 partial sums (32
+    /// terms per lane at most), added in f64. The hits: each block of 64 values keeps its
+    /// max (`maxps` with the new value first, so a NaN leaves it alone), and only a block
+    /// whose max reaches `thr` is read again with exact compares, after the group's loop.
+    #[target_feature(enable = "sse2")]
+    pub fn exp2_sum_collect<const COLLECT: bool>(
+        z: &[f32],
+        c1: f32,
+        c0: f32,
+        base: u32,
+        thr: f32,
+        out: &mut Vec<(u32, f32)>,
+    ) -> f64 {
+        // 1.5 * 2^23 + 127, as in `exp2_est`
+        let magic = _mm_set1_ps(12_583_039.0);
+        let (vc1, vc0) = (_mm_set1_ps(c1), _mm_set1_ps(c0));
+        let (lo, hi) = (_mm_set1_ps(-126.0), _mm_set1_ps(128.0));
+        let p = EXP2_P5.map(|c| _mm_set1_ps(c));
+        let one = _mm_set1_ps(1.0);
+        let term = |x: __m128, acc: __m128| {
+            let w = _mm_add_ps(_mm_mul_ps(x, vc1), vc0);
+            let w = _mm_min_ps(hi, _mm_max_ps(lo, w));
+            let tm = _mm_add_ps(w, magic);
+            let f = _mm_sub_ps(w, _mm_sub_ps(tm, magic));
+            let mut q = p[0];
+            for c in &p[1..] {
+                q = _mm_add_ps(_mm_mul_ps(q, f), *c);
+            }
+            q = _mm_add_ps(_mm_mul_ps(q, f), one);
+            let scale = _mm_castsi128_ps(_mm_slli_epi32::<23>(_mm_castps_si128(tm)));
+            _mm_add_ps(acc, _mm_mul_ps(q, scale))
+        };
+        let vthr = _mm_set1_ps(thr);
+        let flush = |total: f64, a: __m128| {
+            let lo = _mm_cvtps_pd(a);
+            let hi = _mm_cvtps_pd(_mm_movehl_ps(a, a));
+            let d = _mm_add_pd(lo, hi);
+            total + _mm_cvtsd_f64(_mm_add_sd(d, _mm_unpackhi_pd(d, d)))
+        };
+        let n = z.len();
+        let ptr = z.as_ptr();
+        let mut total = 0f64;
+        let mut i = 0;
+        let mut flagged = [false; 4];
+        while i + 64 <= n {
+            let blocks = ((n - i) / 64).min(4);
+            let (mut a0, mut a1) = (_mm_setzero_ps(), _mm_setzero_ps());
+            for (b, reach) in flagged[..blocks].iter_mut().enumerate() {
+                let at = i + 64 * b;
+                let mut top = _mm_set1_ps(f32::NEG_INFINITY);
+                for s in 0..8 {
+                    // SAFETY: at + 64 <= n: the loads of 4 values are inside z.
+                    let (x0, x1) = unsafe {
+                        (
+                            _mm_loadu_ps(ptr.add(at + 8 * s)),
+                            _mm_loadu_ps(ptr.add(at + 8 * s + 4)),
+                        )
+                    };
+                    if COLLECT {
+                        top = _mm_max_ps(x1, _mm_max_ps(x0, top));
+                    }
+                    a0 = term(x0, a0);
+                    a1 = term(x1, a1);
+                }
+                if COLLECT {
+                    // NaN thr: no lane compares >= it, as no value is >= NaN
+                    *reach = _mm_movemask_ps(_mm_cmpge_ps(top, vthr)) != 0;
+                }
+            }
+            total = flush(total, _mm_add_ps(a0, a1));
+            if COLLECT {
+                for (b, _) in flagged[..blocks].iter().enumerate().filter(|f| *f.1) {
+                    let at = i + 64 * b;
+                    let mut hits = 0u64;
+                    for k in 0..16 {
+                        // SAFETY: at + 64 <= n: the loads of 4 values are inside z.
+                        let x = unsafe { _mm_loadu_ps(ptr.add(at + 4 * k)) };
+                        let ge = _mm_movemask_ps(_mm_cmpge_ps(x, vthr)) as u64;
+                        hits |= ge << (4 * k);
+                    }
+                    push_hits(hits, at, base, z, out);
+                }
+            }
+            i += 64 * blocks;
+        }
+        // the rest, 4 at a time into four sums in turn (at most 4 terms per lane);
+        // missing lanes read as -inf (each adds 2^-126, as -inf does)
+        let mut acc = [_mm_setzero_ps(); 4];
+        let mut k = 0;
+        while i < n {
+            let len = (n - i).min(4);
+            let mut v = [f32::NEG_INFINITY; 4];
+            v[..len].copy_from_slice(&z[i..i + len]);
+            // SAFETY: `v` holds 4 values.
+            let x = unsafe { _mm_loadu_ps(v.as_ptr()) };
+            if COLLECT {
+                let ge = _mm_movemask_ps(_mm_cmpge_ps(x, vthr)) as u64;
+                // the padding lanes are not hits, even against a threshold of -inf
+                push_hits(ge & ((1u64 << len) - 1), i, base, z, out);
+            }
+            acc[k % 4] = term(x, acc[k % 4]);
+            k += 1;
+            i += len;
+        }
+        acc.into_iter().fold(total, flush)
+    }
+}
 /// `sum(exp((z - zmax) * scale))` in f32 lanes gathered in f64 (approximate: each term
 /// within a few 1e-7 of the exact value).
 pub fn exp_sum(z: &[f32], zmax: f32, scale: f32) -> f64 {
@@ -1644,7 +1773,8 @@ pub fn exp_sum(z: &[f32], zmax: f32, scale: f32) -> f64 {
     body::exp_sum::<false>(z, zmax, scale)
 }
 /// Σ over `z` of `2^(z c1 + c0)` (each term within 2.5e-7: a table and a polynomial with
-/// AVX-512 and AVX2, [`exp2_est`] elsewhere; f32 partial sums added in f64), and every
+/// AVX-512 and AVX2, [`exp2_est`] otherwise, with SSE2 on x86-64; f32 partial sums added
+/// in f64), and every
 /// `(base + j, z[j])` with `z[j] >= thr` appended to `out` in index order: the top-p
 /// normaliser and its candidates in one pass over the row. With `c1 = log2(e) / T`
 /// and `c0 = -c1 m` the terms are `exp((z - m) / T)` for any reference `m`. The sum is NaN
@@ -1660,38 +1790,38 @@ pub fn exp2_sum_collect(
     #[cfg(target_arch = "x86_64")]
     match level() {
         // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
-        Level::Avx512 => {
-            return unsafe { simd512::exp2_sum_collect::<true>(z, c1, c0, base, thr, out) }
-        }
+        Level::Avx512 => unsafe { simd512::exp2_sum_collect::<true>(z, c1, c0, base, thr, out) },
         // SAFETY: `level()` detected AVX2 and FMA on this CPU.
-        Level::Avx2 => return unsafe { simd::exp2_sum_collect::<true>(z, c1, c0, base, thr, out) },
-        Level::Base => {}
+        Level::Avx2 => unsafe { simd::exp2_sum_collect::<true>(z, c1, c0, base, thr, out) },
+        // SAFETY: SSE2 is part of x86-64.
+        Level::Base => unsafe { sse2::exp2_sum_collect::<true>(z, c1, c0, base, thr, out) },
     }
-    body::collect_ge(z, base, thr, out);
-    body::exp2_sum::<false>(z, c1, c0)
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        body::collect_ge(z, base, thr, out);
+        body::exp2_sum::<false>(z, c1, c0)
+    }
 }
 
 /// The sum of [`exp2_sum_collect`] alone: with the same terms, so the two cancel exactly
 /// where they cover the same values (up to the order of the additions).
 pub fn exp2_sum(z: &[f32], c1: f32, c0: f32) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    {
-        match level() {
-            // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
-            Level::Avx512 => {
-                return unsafe {
-                    simd512::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
-                }
-            }
-            // SAFETY: `level()` detected AVX2 and FMA on this CPU.
-            Level::Avx2 => {
-                return unsafe {
-                    simd::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
-                }
-            }
-            Level::Base => {}
-        }
+    match level() {
+        // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
+        Level::Avx512 => unsafe {
+            simd512::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
+        },
+        // SAFETY: `level()` detected AVX2 and FMA on this CPU.
+        Level::Avx2 => unsafe {
+            simd::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
+        },
+        // SAFETY: SSE2 is part of x86-64.
+        Level::Base => unsafe {
+            sse2::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
+        },
     }
+    #[cfg(not(target_arch = "x86_64"))]
     body::exp2_sum::<false>(z, c1, c0)
 }
 
@@ -2025,7 +2155,8 @@ mod tests {
 
     /// Each term of the normaliser within 2.5e-7 of `2^w`, one value at a time (the
     /// padding lanes add `2^-126` each, nothing at these magnitudes) and sixteen at a
-    /// time: the dispatched variant, and the AVX2 one wherever the CPU runs it.
+    /// time: the dispatched variant, the AVX2 one wherever the CPU runs it, the SSE2 one
+    /// and the generic loop.
     #[test]
     fn exp2_sum_terms_are_accurate() {
         type Sum = fn(&[f32]) -> f64;
@@ -2037,6 +2168,12 @@ mod tests {
                 unsafe { simd::exp2_sum_collect::<false>(z, 1.0, 0.0, 0, 0.0, &mut Vec::new()) }
             }));
         }
+        #[cfg(target_arch = "x86_64")]
+        variants.push(("sse2", |z| {
+            // SAFETY: SSE2 is part of x86-64.
+            unsafe { sse2::exp2_sum_collect::<false>(z, 1.0, 0.0, 0, 0.0, &mut Vec::new()) }
+        }));
+        variants.push(("generic", |z| body::exp2_sum::<false>(z, 1.0, 0.0)));
         for (name, f) in variants {
             let mut worst = 0f64;
             let mut w = -100.0f32;
@@ -2056,8 +2193,38 @@ mod tests {
         }
     }
 
-    /// The fused normaliser-and-gather pass (dispatched, and the AVX2 variant where the CPU
-    /// has it) against plain loops: the same hits in order (thresholds equal to values of
+    /// The SSE2 normaliser's terms are `exp2_est::<false>(z c1 + c0)` bit for bit: one
+    /// value is one term in lane 0 and `2^-126` (the `-inf` padding) in the other three,
+    /// added in f64 as `(t + s) + (s + s)`; across the range, the clamps and NaN.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn sse2_terms_are_exp2_est_bit_for_bit() {
+        let (c1, c0) = (1.3f32, -0.7f32);
+        let s = 2f64.powi(-126);
+        // SAFETY: SSE2 is part of x86-64.
+        let sum = |x: f32| unsafe {
+            sse2::exp2_sum_collect::<false>(&[x], c1, c0, 0, 0.0, &mut Vec::new())
+        };
+        let want = |x: f32| (f64::from(exp2_est::<false>(x * c1 + c0)) + s) + (s + s);
+        let mut x = -120.0f32;
+        let mut checked = 0;
+        while x < 100.0 {
+            assert_eq!(sum(x).to_bits(), want(x).to_bits(), "x = {x}");
+            x += 0.001_37;
+            checked += 1;
+        }
+        assert!(checked > 100_000);
+        for x in [f32::NEG_INFINITY, -1e30, 1e30, f32::INFINITY, f32::NAN] {
+            let (got, want) = (sum(x), want(x));
+            assert!(
+                got == want || (got.is_nan() && want.is_nan()),
+                "x = {x}: {got} {want}"
+            );
+        }
+    }
+
+    /// The fused normaliser-and-gather pass (dispatched, the AVX2 variant where the CPU
+    /// has it, the SSE2 one on x86-64) against plain loops: the same hits in order (thresholds equal to values of
     /// the row included), the sum within 1e-6 of the f64 one and equal to the sum-only
     /// pass, `-inf` adding nothing, NaN, `+inf` and values far above the reference making
     /// the sum non-finite.
@@ -2081,8 +2248,20 @@ mod tests {
                 },
             ));
         }
+        #[cfg(target_arch = "x86_64")]
+        variants.push((
+            "sse2",
+            // SAFETY: SSE2 is part of x86-64.
+            |z, c1, c0, base, thr, out| unsafe {
+                sse2::exp2_sum_collect::<true>(z, c1, c0, base, thr, out)
+            },
+            // SAFETY: as above.
+            |z, c1, c0| unsafe {
+                sse2::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
+            },
+        ));
         let (c1, c0) = (1.7f32, -3.1f32);
-        for (name, collect, sum_only) in variants {
+        for &(name, collect, sum_only) in &variants {
             for n in [0, 1, 15, 16, 17, 63, 64, 65, 1000, 1023, 1024, 1025, 4099] {
                 let z: Vec<f32> = values(n, n as u64 + 11)
                     .into_iter()
@@ -2137,6 +2316,21 @@ mod tests {
                     let want = z.iter().filter(|&&x| x >= 0.0).count();
                     assert_eq!(hits.len(), want, "{name}: n={n} {bad}");
                 }
+            }
+        }
+        // a NaN after a block's only hit, in the same lane of a later vector or nearby,
+        // leaves the hit found
+        for (name, collect, _) in &variants {
+            for d in [1, 4, 8, 16, 32, 60] {
+                let mut z = vec![-1.0f32; 128];
+                z[3] = 2.0;
+                z[3 + d] = f32::NAN;
+                let mut hits = Vec::new();
+                assert!(
+                    collect(&z, c1, c0, 0, 0.0, &mut hits).is_nan(),
+                    "{name}: d={d}"
+                );
+                assert_eq!(hits, [(3, 2.0)], "{name}: d={d}");
             }
         }
         // the generic loop (with and without FMA) agrees with the dispatched one
