@@ -2224,42 +2224,40 @@ mod tests {
     }
 
     /// The fused normaliser-and-gather pass (dispatched, the AVX2 variant where the CPU
-    /// has it, the SSE2 one on x86-64) against plain loops: the same hits in order (thresholds equal to values of
-    /// the row included), the sum within 1e-6 of the f64 one and equal to the sum-only
-    /// pass, `-inf` adding nothing, NaN, `+inf` and values far above the reference making
-    /// the sum non-finite.
+    /// has it, the SSE2 one on x86-64) against plain loops: the same hits in order
+    /// (thresholds equal to values of the row included), the sum within 1e-6 of the f64
+    /// one and equal to the sum-only pass, `-inf` adding nothing, NaN, `+inf` and values
+    /// far above the reference making the sum non-finite.
     #[test]
     fn exp2_sum_collect_matches_the_plain_loops() {
         type Collect = fn(&[f32], f32, f32, u32, f32, &mut Vec<(u32, f32)>) -> f64;
         type Sum = fn(&[f32], f32, f32) -> f64;
         let mut variants: Vec<(&str, Collect, Sum)> =
             vec![("dispatched", exp2_sum_collect, exp2_sum)];
+        // the gathering pass and the sum-only pass of the kernel in module `$m`
         #[cfg(target_arch = "x86_64")]
-        if matches!(detected(), Level::Avx512 | Level::Avx2) {
-            variants.push((
-                "avx2",
-                // SAFETY: `detected()` found AVX2 and FMA (implied by its AVX-512 level).
-                |z, c1, c0, base, thr, out| unsafe {
-                    simd::exp2_sum_collect::<true>(z, c1, c0, base, thr, out)
-                },
-                // SAFETY: as above.
-                |z, c1, c0| unsafe {
-                    simd::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
-                },
-            ));
+        macro_rules! kernel {
+            ($name:literal, $m:ident) => {
+                (
+                    $name,
+                    // SAFETY: pushed only where this CPU runs module `$m`'s instructions
+                    // (AVX2 as detected; SSE2 is part of x86-64).
+                    |z, c1, c0, base, thr, out| unsafe {
+                        $m::exp2_sum_collect::<true>(z, c1, c0, base, thr, out)
+                    },
+                    // SAFETY: as above.
+                    |z, c1, c0| unsafe {
+                        $m::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
+                    },
+                )
+            };
         }
         #[cfg(target_arch = "x86_64")]
-        variants.push((
-            "sse2",
-            // SAFETY: SSE2 is part of x86-64.
-            |z, c1, c0, base, thr, out| unsafe {
-                sse2::exp2_sum_collect::<true>(z, c1, c0, base, thr, out)
-            },
-            // SAFETY: as above.
-            |z, c1, c0| unsafe {
-                sse2::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, &mut Vec::new())
-            },
-        ));
+        if matches!(detected(), Level::Avx512 | Level::Avx2) {
+            variants.push(kernel!("avx2", simd));
+        }
+        #[cfg(target_arch = "x86_64")]
+        variants.push(kernel!("sse2", sse2));
         let (c1, c0) = (1.7f32, -3.1f32);
         for &(name, collect, sum_only) in &variants {
             for n in [0, 1, 15, 16, 17, 63, 64, 65, 1000, 1023, 1024, 1025, 4099] {
