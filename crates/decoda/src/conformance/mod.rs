@@ -871,14 +871,16 @@ pub enum Verdict {
         /// Largest logprob difference (relative to `max(1, |logprob|)`), 0 without logprobs.
         logprob_diff: f32,
     },
-    /// A different token on a floating-point tie that the contract allows.
+    /// A different token on a floating-point tie that the contract allows, or on a top-p
+    /// tie the same token with logprobs over a kept set one token larger or smaller.
     AllowedTie,
     /// Any other difference.
     Mismatch,
 }
 
 /// Classifies `got` against the reference's `want` and `tie` (the contract's "same
-/// result" rule; logprobs within `1e-5` relative, ranks and listed tokens equal).
+/// result" rule; logprobs within `1e-5` relative, ranks and listed tokens equal, except
+/// on a top-p tie, where the kept set and so the processed logprobs may differ).
 pub fn classify(got: &RowResult, want: &RowResult, tie: &TieReport) -> Verdict {
     match (got, want) {
         (Ok(g), Ok(w)) if g.token == w.token => {
@@ -901,10 +903,14 @@ pub fn classify(got: &RowResult, want: &RowResult, tie: &TieReport) -> Verdict {
                 }
                 d = d.max(diff(ta.logprob, tb.logprob));
             }
-            if d > 1e-5 {
-                Verdict::Mismatch
-            } else {
+            if d <= 1e-5 {
                 Verdict::Same { logprob_diff: d }
+            } else if tie.top_p_margin <= 1e-6 {
+                // a top-p tie may keep one token more or fewer: the same draw, but
+                // processed logprobs normalised over another set
+                Verdict::AllowedTie
+            } else {
+                Verdict::Mismatch
             }
         }
         (Err(g), Err(w)) if g == w => Verdict::Same { logprob_diff: 0.0 },
@@ -1083,4 +1089,51 @@ pub fn draws_match_single_steps(b: &dyn Backend) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{classify, TieReport, Verdict};
+    use crate::pipeline::{Sample, TokenLogprobs};
+
+    fn row(token: u32, logprob: f32) -> super::RowResult {
+        Ok(Sample {
+            token,
+            logprobs: Some(TokenLogprobs {
+                logprob,
+                rank: 1,
+                top: Vec::new(),
+            }),
+        })
+    }
+
+    /// A top-p tie excuses a different token, and the same token with logprobs over
+    /// another kept set; a tie of the draw (`s` within 4 ulp) excuses only the token.
+    #[test]
+    fn classify_follows_the_same_result_rule() {
+        let none = TieReport {
+            s_gap_ulps: u32::MAX,
+            top_p_margin: f64::INFINITY,
+        };
+        let top_p = TieReport {
+            top_p_margin: 3e-8,
+            ..none
+        };
+        let draw = TieReport {
+            s_gap_ulps: 2,
+            ..none
+        };
+        let (want, close, shifted) = (row(7, -2.0), row(7, -2.000_01), row(7, -2.000_05));
+        let other = row(8, -2.0);
+        assert!(matches!(
+            classify(&close, &want, &none),
+            Verdict::Same { .. }
+        ));
+        assert_eq!(classify(&shifted, &want, &none), Verdict::Mismatch);
+        assert_eq!(classify(&shifted, &want, &top_p), Verdict::AllowedTie);
+        assert_eq!(classify(&shifted, &want, &draw), Verdict::Mismatch);
+        assert_eq!(classify(&other, &want, &none), Verdict::Mismatch);
+        assert_eq!(classify(&other, &want, &top_p), Verdict::AllowedTie);
+        assert_eq!(classify(&other, &want, &draw), Verdict::AllowedTie);
+    }
 }
