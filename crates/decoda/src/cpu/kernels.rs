@@ -231,6 +231,8 @@ mod body {
             .map(|j| rem_start + j)
     }
 
+    // on x86-64 only the tests use it: every level there has its own kernel
+    #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
     #[inline(always)]
     pub fn collect_ge(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) {
         let chunks = z.chunks_exact(LANES);
@@ -754,10 +756,30 @@ macro_rules! dispatch {
     };
 }
 
-dispatch! {
-    /// The maximum of `z` and the number of NaN or `+inf` values (the max is meaningless
-    /// when that number is not 0).
-    pub fn max_nonfinite(z: &[f32]) -> (f32, u64);
+/// The maximum of `z` and the number of NaN or `+inf` values (the max is meaningless
+/// when that number is not 0).
+pub fn max_nonfinite(z: &[f32]) -> (f32, u64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+        unsafe fn wide(z: &[f32]) -> (f32, u64) {
+            body::max_nonfinite(z)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(z: &[f32]) -> (f32, u64) {
+            body::max_nonfinite(z)
+        }
+        match level() {
+            // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
+            Level::Avx512 => unsafe { wide(z) },
+            // SAFETY: `level()` detected AVX2 and FMA on this CPU.
+            Level::Avx2 => unsafe { avx2(z) },
+            // SAFETY: SSE2 is part of x86-64.
+            Level::Base => unsafe { sse2::max_nonfinite(z) },
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    body::max_nonfinite(z)
 }
 dispatch! {
     /// The maximum of `z`: the streaming pass that defines the benchmarks' memory floor.
@@ -781,27 +803,34 @@ pub fn first_eq(z: &[f32], v: f32) -> Option<usize> {
 /// skipping 64-wide blocks with none.
 pub fn collect_ge(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) {
     #[cfg(target_arch = "x86_64")]
-    if level() != Level::Base {
+    match level() {
         // SAFETY: `level()` detected AVX2 (and FMA) on this CPU.
-        return unsafe { simd::collect_ge(z, base, thr, out) };
+        Level::Avx512 | Level::Avx2 => unsafe { simd::collect_ge(z, base, thr, out) },
+        // SAFETY: SSE2 is part of x86-64.
+        Level::Base => unsafe { sse2::collect_ge(z, base, thr, out) },
     }
+    #[cfg(not(target_arch = "x86_64"))]
     body::collect_ge(z, base, thr, out)
 }
 
 /// [`collect_ge`] and the maximum of `z` with whether it holds a NaN or `+inf` (the
-/// maximum is meaningless then): one pass with AVX-512 and AVX2, two passes elsewhere.
+/// maximum is meaningless then): one pass on x86-64, two passes elsewhere.
 pub fn collect_ge_max(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) -> (f32, bool) {
     #[cfg(target_arch = "x86_64")]
     match level() {
         // SAFETY: `level()` detected AVX-512 F on this CPU.
-        Level::Avx512 => return unsafe { simd512::collect_ge_max(z, base, thr, out) },
+        Level::Avx512 => unsafe { simd512::collect_ge_max(z, base, thr, out) },
         // SAFETY: `level()` detected AVX2 and FMA on this CPU.
-        Level::Avx2 => return unsafe { simd::collect_ge_max(z, base, thr, out) },
-        Level::Base => {}
+        Level::Avx2 => unsafe { simd::collect_ge_max(z, base, thr, out) },
+        // SAFETY: SSE2 is part of x86-64.
+        Level::Base => unsafe { sse2::collect_ge_max(z, base, thr, out) },
     }
-    let (m, bad) = max_nonfinite(z);
-    collect_ge(z, base, thr, out);
-    (m, bad > 0)
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let (m, bad) = max_nonfinite(z);
+        collect_ge(z, base, thr, out);
+        (m, bad > 0)
+    }
 }
 
 /// Appends `(base + j, z[j])` for `j = at + b`, every bit `b` set in `hits`, in order.
@@ -1631,13 +1660,157 @@ mod simd {
     }
 }
 
-/// The top-p normaliser with the SSE2 every x86-64 CPU has (the `baseline` level): the
-/// compiler's own vectorisation of [`body::exp2_sum`] keeps 32 lanes of sums and its
-/// constants in the 16 registers only by moving them around, and cannot fuse the gather.
+/// The passes over the whole row with the SSE2 every x86-64 CPU has (the `baseline`
+/// level), where the compiler's own vectorisation of the generic loops falls short: the
+/// top-p normaliser (it kept 32 lanes of sums and its constants in the 16 registers only
+/// by moving them around, and could not fuse the gather), and the max with its non-finite
+/// check and the gathering by threshold (a count per lane, and a compare per value, where
+/// a block's max decides).
 #[cfg(target_arch = "x86_64")]
 mod sse2 {
-    use super::{push_hits, EXP2_P5};
+    use super::{finish_ge_max, push_hits, staged_hits, EXP2_P5};
     use std::arch::x86_64::*;
+
+    /// The 16 vectors of the 64 values at `at`.
+    ///
+    /// # Safety
+    /// `at + 64 <= z.len()`.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    unsafe fn load64(z: &[f32], at: usize) -> [__m128; 16] {
+        // SAFETY: the caller keeps the 64 values read inside z.
+        std::array::from_fn(|k| unsafe { _mm_loadu_ps(z.as_ptr().add(at + 4 * k)) })
+    }
+
+    /// The lane-wise max of `v`, NaN ignored: four chains from `-inf` with the value as
+    /// `maxps`'s first operand (it returns the second when one is NaN), so no chain ever
+    /// holds NaN.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn max64(v: &[__m128; 16]) -> __m128 {
+        let mut c = [_mm_set1_ps(f32::NEG_INFINITY); 4];
+        for (k, x) in v.iter().enumerate() {
+            c[k % 4] = _mm_max_ps(*x, c[k % 4]);
+        }
+        _mm_max_ps(_mm_max_ps(c[0], c[1]), _mm_max_ps(c[2], c[3]))
+    }
+
+    /// Lanes where some value of `v` is NaN (unordered compares of pairs).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn nan64(v: &[__m128; 16]) -> __m128 {
+        let u: [__m128; 8] = std::array::from_fn(|k| _mm_cmpunord_ps(v[k], v[k + 8]));
+        _mm_or_ps(
+            _mm_or_ps(_mm_or_ps(u[0], u[1]), _mm_or_ps(u[2], u[3])),
+            _mm_or_ps(_mm_or_ps(u[4], u[5]), _mm_or_ps(u[6], u[7])),
+        )
+    }
+
+    /// Bit `j` set for value `j` of `v` at or above `t` (NaN never).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn mask_ge(v: &[__m128; 16], t: __m128) -> u64 {
+        let mut m = 0;
+        for (k, x) in v.iter().enumerate() {
+            m |= (_mm_movemask_ps(_mm_cmpge_ps(*x, t)) as u64) << (4 * k);
+        }
+        m
+    }
+
+    /// The largest lane of `m`.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn hmax(m: __m128) -> f32 {
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)))
+    }
+
+    /// [`super::max_nonfinite`] with SSE2: the max in four chains and NaN by unordered
+    /// compares; the values are counted again, one by one, only when a NaN or `+inf` shows.
+    #[target_feature(enable = "sse2")]
+    pub fn max_nonfinite(z: &[f32]) -> (f32, u64) {
+        let mut m = [_mm_set1_ps(f32::NEG_INFINITY); 4];
+        let mut nan = _mm_setzero_ps();
+        let mut i = 0;
+        while i + 64 <= z.len() {
+            // SAFETY: i + 64 <= z.len().
+            let v = unsafe { load64(z, i) };
+            for (k, x) in v.iter().enumerate() {
+                m[k % 4] = _mm_max_ps(*x, m[k % 4]);
+            }
+            nan = _mm_or_ps(nan, nan64(&v));
+            i += 64;
+        }
+        let mut mx = hmax(_mm_max_ps(_mm_max_ps(m[0], m[1]), _mm_max_ps(m[2], m[3])));
+        let mut bad = _mm_movemask_ps(nan) != 0;
+        for &x in &z[i..] {
+            mx = if x > mx { x } else { mx };
+            bad |= x.is_nan();
+        }
+        let count = if bad || mx == f32::INFINITY {
+            z.iter()
+                .filter(|x| x.is_nan() || **x == f32::INFINITY)
+                .count() as u64
+        } else {
+            0
+        };
+        (mx, count)
+    }
+
+    /// [`super::collect_ge_max`] with SSE2: one pass; each block of 64 values gives its
+    /// max (NaN ignored), which feeds the row's max and decides whether the block's hits
+    /// are looked for.
+    #[target_feature(enable = "sse2")]
+    pub fn collect_ge_max(
+        z: &[f32],
+        base: u32,
+        thr: f32,
+        out: &mut Vec<(u32, f32)>,
+    ) -> (f32, bool) {
+        let t = _mm_set1_ps(thr);
+        let mut m = _mm_set1_ps(f32::NEG_INFINITY);
+        let mut nan = _mm_setzero_ps();
+        let end = staged_hits(z, base, out, |at| {
+            // SAFETY: `staged_hits` passes blocks with at + 64 <= z.len().
+            let v = unsafe { load64(z, at) };
+            let bm = max64(&v);
+            m = _mm_max_ps(bm, m);
+            nan = _mm_or_ps(nan, nan64(&v));
+            if _mm_movemask_ps(_mm_cmpge_ps(bm, t)) != 0 {
+                mask_ge(&v, t)
+            } else {
+                0
+            }
+        });
+        finish_ge_max(
+            z,
+            end,
+            (base, thr),
+            out,
+            (hmax(m), _mm_movemask_ps(nan) != 0),
+        )
+    }
+
+    /// [`super::collect_ge`] with SSE2: a block of 64 values is compared value by value
+    /// only when its max reaches `thr`.
+    #[target_feature(enable = "sse2")]
+    pub fn collect_ge(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) {
+        let t = _mm_set1_ps(thr);
+        let end = staged_hits(z, base, out, |at| {
+            // SAFETY: `staged_hits` passes blocks with at + 64 <= z.len().
+            let v = unsafe { load64(z, at) };
+            if _mm_movemask_ps(_mm_cmpge_ps(max64(&v), t)) != 0 {
+                mask_ge(&v, t)
+            } else {
+                0
+            }
+        });
+        for (j, &x) in z.iter().enumerate().skip(end) {
+            if x >= thr {
+                out.push((base + j as u32, x));
+            }
+        }
+    }
 
     /// [`super::exp2_sum_collect`] (`COLLECT`) or [`super::exp2_sum`] (`!COLLECT`) with
     /// SSE2: every term is [`super::exp2_est`]`::<false>(z c1 + c0)` bit for bit (the same
@@ -2043,25 +2216,60 @@ mod tests {
             .collect()
     }
 
+    /// The gathering by threshold, the max with its non-finite count and the search for
+    /// a value (dispatched, and the SSE2 and generic variants) against plain loops.
     #[test]
     fn searches_match_the_plain_loops() {
+        type Gather = fn(&[f32], u32, f32, &mut Vec<(u32, f32)>);
+        type Max = fn(&[f32]) -> (f32, u64);
+        let mut variants: Vec<(&str, Gather, Max)> = vec![
+            ("dispatched", collect_ge, max_nonfinite),
+            ("generic", body::collect_ge, body::max_nonfinite),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        variants.push((
+            "sse2",
+            // SAFETY: SSE2 is part of x86-64.
+            |z, b, t, o| unsafe { sse2::collect_ge(z, b, t, o) },
+            // SAFETY: as above.
+            |z| unsafe { sse2::max_nonfinite(z) },
+        ));
         for n in [0, 1, 7, 63, 64, 65, 130, 1000, 4099] {
             let z = values(n, n as u64 + 3);
-            for thr in [f32::NEG_INFINITY, -10.0, 0.0, 1.5, 9.5, f32::INFINITY] {
-                let mut fast = Vec::new();
-                collect_ge(&z, 7, thr, &mut fast);
-                let want: Vec<(u32, f32)> = z
+            for &(name, gather, max_nf) in &variants {
+                for thr in [f32::NEG_INFINITY, -10.0, 0.0, 1.5, 9.5, f32::INFINITY] {
+                    let mut fast = Vec::new();
+                    gather(&z, 7, thr, &mut fast);
+                    let want: Vec<(u32, f32)> = z
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &x)| x >= thr)
+                        .map(|(i, &x)| (7 + i as u32, x))
+                        .collect();
+                    assert_eq!(fast.len(), want.len(), "{name} n={n} thr={thr}");
+                    for (a, b) in fast.iter().zip(&want) {
+                        assert!(
+                            a.0 == b.0 && a.1.to_bits() == b.1.to_bits(),
+                            "{name} n={n} thr={thr}"
+                        );
+                    }
+                }
+                // NaN ignored by the max; NaN and +inf counted; with and without them
+                let finite: Vec<f32> = z
                     .iter()
-                    .enumerate()
-                    .filter(|(_, &x)| x >= thr)
-                    .map(|(i, &x)| (7 + i as u32, x))
+                    .map(|&x| if x.is_finite() { x } else { -3.0 })
                     .collect();
-                assert_eq!(fast.len(), want.len(), "n={n} thr={thr}");
-                for (a, b) in fast.iter().zip(&want) {
-                    assert!(
-                        a.0 == b.0 && a.1.to_bits() == b.1.to_bits(),
-                        "n={n} thr={thr}"
-                    );
+                for row in [&z, &finite] {
+                    let want_max = row
+                        .iter()
+                        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+                    let want_bad = row
+                        .iter()
+                        .filter(|x| x.is_nan() || **x == f32::INFINITY)
+                        .count();
+                    let (m, bad) = max_nf(row);
+                    assert_eq!(bad, want_bad as u64, "{name} n={n}");
+                    assert_eq!(m.to_bits(), want_max.to_bits(), "{name} n={n}");
                 }
             }
             for v in [
@@ -2118,6 +2326,11 @@ mod tests {
                 simd::collect_ge_max(z, b, t, o)
             }));
         }
+        // SAFETY: SSE2 is part of x86-64.
+        #[cfg(target_arch = "x86_64")]
+        variants.push(("sse2", |z, b, t, o| unsafe {
+            sse2::collect_ge_max(z, b, t, o)
+        }));
         for n in [0, 1, 7, 63, 64, 65, 130, 1000, 4099] {
             for seed in [1u64, 2, 3] {
                 let mut z = values(n, n as u64 + seed);
