@@ -905,7 +905,7 @@ pub fn classify(got: &RowResult, want: &RowResult, tie: &TieReport) -> Verdict {
             }
             if d <= 1e-5 {
                 Verdict::Same { logprob_diff: d }
-            } else if tie.top_p_margin <= 1e-6 {
+            } else if tie.is_top_p_tie() {
                 // a top-p tie may keep one token more or fewer: the same draw, but
                 // processed logprobs normalised over another set
                 Verdict::AllowedTie

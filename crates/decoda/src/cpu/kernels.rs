@@ -1908,13 +1908,8 @@ mod sse2 {
             if COLLECT {
                 for (b, _) in flagged[..blocks].iter().enumerate().filter(|f| *f.1) {
                     let at = i + 64 * b;
-                    let mut hits = 0u64;
-                    for k in 0..16 {
-                        // SAFETY: at + 64 <= n: the loads of 4 values are inside z.
-                        let x = unsafe { _mm_loadu_ps(ptr.add(at + 4 * k)) };
-                        let ge = _mm_movemask_ps(_mm_cmpge_ps(x, vthr)) as u64;
-                        hits |= ge << (4 * k);
-                    }
+                    // SAFETY: at + 64 <= n.
+                    let hits = mask_ge(&unsafe { load64(z, at) }, vthr);
                     push_hits(hits, at, base, z, out);
                 }
             }
