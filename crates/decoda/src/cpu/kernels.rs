@@ -1357,17 +1357,18 @@ mod simd {
     /// 2.5e-7 in all). Groups of 512 values: two chains of f32 partial sums (32 terms per
     /// lane at most), added in f64.
     ///
-    /// No upper clamp (a float min per vector on the busy floating-point ports; this
-    /// integer check instead made the pass about 5% faster on Zen 3): the unsigned max of
-    /// `k + 1008` is kept per block, which is above 2032 exactly when some `v` passed 1024
-    /// (`2^w` overflows) or did not convert (NaN, `+inf` and `v >= 2^31` give `i32::MIN`),
-    /// and the sum is then `+inf` (NaN stays NaN), as with the clamp.
+    /// No upper clamp and no check per term: each block keeps the max of its raw values
+    /// (`max(x, top)` passes NaN over; one operation per vector, beside the terms' chain
+    /// rather than on it), and the overflow is decided once from the max of the blocks:
+    /// `+inf` joins the sum when `v` of that max reaches 1024 (`v` is monotone in `x`, so
+    /// below that no `k` passes 1024, the last before a term's exponent bits wrap). A NaN
+    /// or `+inf` value makes its own term NaN (`r = v - k` is NaN), so the sum is NaN.
     ///
     /// The hits: a block of 64 values is looked at again, with exact compares, only when
-    /// that max over the block reaches `k + 1008` of `thr` — `k` is monotone in `x`, so no
-    /// value `>= thr` is missed (a lane that did not convert reaches every threshold and
-    /// meets the exact compare) — and its hits are pushed after the group's vector loop (a
-    /// call inside the loop would force the accumulators out to memory).
+    /// its max reaches `thr` (no value `>= thr` can be missed: the max is of the values
+    /// themselves, NaN, which never is, left out), and its hits are pushed after the
+    /// group's vector loop (a call inside the loop would force the accumulators out to
+    /// memory), the flagged blocks taken from a bit mask.
     ///
     /// # Safety
     /// AVX2 and FMA must be present.
@@ -1394,26 +1395,22 @@ mod simd {
         );
         let (vc1, vc0) = (_mm256_set1_ps(8.0 * c1), _mm256_set1_ps(8.0 * c0));
         let lo = _mm256_set1_ps(-1008.0);
-        let bias = _mm256_set1_epi32(1008);
         // q(r) = (2^(r/8) - 1) / r
         let [q2, q1, q0] =
             [EXP2_Q8[0] / 512.0, EXP2_Q8[1] / 64.0, EXP2_Q8[2] / 8.0].map(|c| _mm256_set1_ps(c));
         let one = _mm256_set1_ps(1.0);
         // (r, k)
-        let index = |x: __m256| {
+        let index = |x: __m256, top: &mut __m256| {
+            *top = _mm256_max_ps(x, *top);
             let v = _mm256_fmadd_ps(x, vc1, vc0);
             // max returns its second operand when one is NaN: NaN stays
             let v = _mm256_max_ps(lo, v);
             let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
             (_mm256_sub_ps(v, k), _mm256_cvtps_epi32(k))
         };
-        // lanes' k + 1008 as unsigned: [0, 2032] when 2^w does not overflow
-        let biased = |k: __m256i| _mm256_add_epi32(k, bias);
-        // a >= b, unsigned, in some lane
-        let any_ge = |a: __m256i, b: __m256i| {
-            let eq = _mm256_cmpeq_epi32(_mm256_max_epu32(a, b), a);
-            _mm256_movemask_ps(_mm256_castsi256_ps(eq)) != 0
-        };
+        // a >= b in some lane
+        let any_ge =
+            |a: __m256, b: __m256| _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(a, b)) != 0;
         let term = |(r, bits): (__m256, __m256i), acc: __m256| {
             let s = _mm256_add_epi32(
                 _mm256_permutevar8x32_epi32(table, bits),
@@ -1424,11 +1421,8 @@ mod simd {
             _mm256_fmadd_ps(_mm256_castsi256_ps(s), p, acc)
         };
         let vthr = _mm256_set1_ps(thr);
-        // a lane may hold a value >= thr when its k + 1008 >= kthr (a NaN or +inf thr does
-        // not convert: only lanes that did not either meet the exact compare)
-        let kthr = biased(index(vthr).1);
-        let limit = _mm256_set1_epi32(2033);
-        let mut over = _mm256_setzero_si256();
+        let limit = _mm256_set1_ps(1024.0);
+        let mut over = _mm256_set1_ps(f32::NEG_INFINITY);
         let flush = |total: f64, a: [__m256; 2]| {
             let s = _mm256_add_ps(a[0], a[1]);
             let d = _mm256_add_pd(
@@ -1442,41 +1436,39 @@ mod simd {
         let p = z.as_ptr();
         let mut total = 0f64;
         let mut i = 0;
-        let mut flagged = [0u8; 8];
         while i + 64 <= n {
             let blocks = ((n - i) / 64).min(8);
             let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            for (b, lanes) in flagged[..blocks].iter_mut().enumerate() {
+            // bit b: block b may hold a hit
+            let mut flagged = 0u32;
+            for b in 0..blocks {
                 let at = i + 64 * b;
-                let mut top = _mm256_setzero_si256();
+                let mut top = _mm256_set1_ps(f32::NEG_INFINITY);
                 for s in 0..4 {
                     // SAFETY: at + 64 <= n: the loads of 8 values are inside z.
                     let (i0, i1) = (
-                        index(_mm256_loadu_ps(p.add(at + 16 * s))),
-                        index(_mm256_loadu_ps(p.add(at + 16 * s + 8))),
+                        index(_mm256_loadu_ps(p.add(at + 16 * s)), &mut top),
+                        index(_mm256_loadu_ps(p.add(at + 16 * s + 8)), &mut top),
                     );
-                    top = _mm256_max_epu32(top, _mm256_max_epu32(biased(i0.1), biased(i1.1)));
                     a0 = term(i0, a0);
                     a1 = term(i1, a1);
                 }
-                over = _mm256_max_epu32(over, top);
+                over = _mm256_max_ps(top, over);
                 if COLLECT {
-                    *lanes = u8::from(any_ge(top, kthr));
+                    flagged |= u32::from(any_ge(top, vthr)) << b;
                 }
             }
             total = flush(total, [a0, a1]);
-            if COLLECT {
-                for (b, _) in flagged[..blocks].iter().enumerate().filter(|f| *f.1 != 0) {
-                    let at = i + 64 * b;
-                    let mut hits = 0u64;
-                    for k in 0..8 {
-                        // SAFETY: at + 64 <= n: the loads of 8 values are inside z.
-                        let ge =
-                            _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(p.add(at + 8 * k)), vthr);
-                        hits |= u64::from(_mm256_movemask_ps(ge) as u8) << (8 * k);
-                    }
-                    push_hits(hits, at, base, z, out);
+            while COLLECT && flagged != 0 {
+                let at = i + 64 * flagged.trailing_zeros() as usize;
+                flagged &= flagged - 1;
+                let mut hits = 0u64;
+                for k in 0..8 {
+                    // SAFETY: at + 64 <= n: the loads of 8 values are inside z.
+                    let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(p.add(at + 8 * k)), vthr);
+                    hits |= u64::from(_mm256_movemask_ps(ge) as u8) << (8 * k);
                 }
+                push_hits(hits, at, base, z, out);
             }
             i += 64 * blocks;
         }
@@ -1499,13 +1491,12 @@ mod simd {
                     out,
                 );
             }
-            let ix = index(x);
-            over = _mm256_max_epu32(over, biased(ix.1));
+            let ix = index(x, &mut over);
             acc[0] = term(ix, acc[0]);
             i += len;
         }
         let total = flush(total, acc);
-        if any_ge(over, limit) {
+        if any_ge(_mm256_fmadd_ps(over, vc1, vc0), limit) {
             // NaN + inf stays NaN
             total + f64::INFINITY
         } else {
