@@ -1230,11 +1230,11 @@ mod simd {
     use super::{push_hits, EXP2_Q8, EXP2_TABLE};
     use std::arch::x86_64::*;
 
-    /// [`super::simd512::philox_x32`] with AVX2: eight chains of 4 blocks, made two at a
-    /// time (two chains' words, the multipliers and temporaries fit the 16 registers; all
-    /// eight at once, or three, spill to the stack). With `GATED`, one compare of the
-    /// words' lane-wise max decides most chunks; the mask is taken from `out` only when
-    /// some word reaches the gate.
+    /// [`super::simd512::philox_x32`] with AVX2: eight chains of 4 blocks, made three,
+    /// three and two at a time ([`three_chains`] in assembly, the last two with
+    /// intrinsics, whose allocation fits two chains in the 16 registers). With `GATED`,
+    /// one compare of the words' lane-wise max decides most chunks; the mask is taken from
+    /// `out` only when some word reaches the gate.
     ///
     /// # Safety
     /// AVX2 must be present.
@@ -1246,6 +1246,16 @@ mod simd {
         gate: u32,
         out: &mut [u32; 128],
     ) -> u128 {
+        philox_x32_with::<GATED>(first_block, step, &round_keys(key), gate, out)
+    }
+
+    /// Each round's key pair, broadcast to every 64-bit lane.
+    ///
+    /// # Safety
+    /// AVX2 must be present.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn round_keys(key: [u32; 2]) -> [[__m256i; 2]; 10] {
         use crate::philox::{PHILOX_W0, PHILOX_W1};
         let mut keys = [[_mm256_setzero_si256(); 2]; 10];
         let [mut k0, mut k1] = key;
@@ -1259,10 +1269,26 @@ mod simd {
                 _mm256_set1_epi64x(i64::from(k1)),
             ];
         }
+        keys
+    }
+
+    /// [`philox_x32`] with the round keys made beforehand ([`round_keys`]).
+    ///
+    /// # Safety
+    /// AVX2 must be present.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn philox_x32_with<const GATED: bool>(
+        first_block: u32,
+        step: u64,
+        keys: &[[__m256i; 2]; 10],
+        gate: u32,
+        out: &mut [u32; 128],
+    ) -> u128 {
         let mut top = _mm256_setzero_si256();
-        for first in [0, 2, 4, 6] {
-            top = _mm256_max_epu32(top, chains::<2>(first, first_block, step, &keys, out));
-        }
+        top = _mm256_max_epu32(top, three_chains(0, first_block, step, keys, out));
+        top = _mm256_max_epu32(top, three_chains(3, first_block, step, keys, out));
+        top = _mm256_max_epu32(top, chains::<2>(6, first_block, step, keys, out));
         if !GATED {
             return 0;
         }
@@ -1287,6 +1313,42 @@ mod simd {
         u128::from(lo) | u128::from(hi) << 64
     }
 
+    /// The four words of chain `c` (blocks `first_block + 4 c ..`, one per 64-bit lane,
+    /// in the low halves) before the first round.
+    #[inline(always)]
+    unsafe fn chain_start(c: usize, first_block: u32, step: u64) -> [__m256i; 4] {
+        let b = i64::from(first_block.wrapping_add(4 * c as u32));
+        // lanes past 2^32 carry into the unused upper half: only the low 32 bits count
+        [
+            _mm256_add_epi64(_mm256_set1_epi64x(b), _mm256_setr_epi64x(0, 1, 2, 3)),
+            _mm256_set1_epi64x(i64::from(step as u32)),
+            _mm256_set1_epi64x((step >> 32) as i64),
+            _mm256_setzero_si256(),
+        ]
+    }
+
+    /// Chain `c`'s words after the last round into `out` in block order; returns their
+    /// lane-wise (unsigned) max.
+    ///
+    /// # Safety
+    /// AVX2 must be present; `c < 8`.
+    #[inline(always)]
+    unsafe fn chain_finish(x: [__m256i; 4], c: usize, out: &mut [u32; 128]) -> __m256i {
+        // lane j of x01: words 0 and 1 of block j side by side; of x23: words 2 and 3
+        let x01 = _mm256_blend_epi32::<0xAA>(x[0], _mm256_slli_epi64::<32>(x[1]));
+        let x23 = _mm256_blend_epi32::<0xAA>(x[2], _mm256_slli_epi64::<32>(x[3]));
+        let lo = _mm256_unpacklo_epi64(x01, x23); // blocks 0 | 2
+        let hi = _mm256_unpackhi_epi64(x01, x23); // blocks 1 | 3
+        let p = out.as_mut_ptr().add(16 * c).cast::<__m128i>();
+        // SAFETY: chain `c` < 8 writes words 16 c .. 16 c + 16 of the 128, a block (four
+        // words) per store.
+        _mm_storeu_si128(p, _mm256_castsi256_si128(lo));
+        _mm_storeu_si128(p.add(1), _mm256_castsi256_si128(hi));
+        _mm_storeu_si128(p.add(2), _mm256_extracti128_si256::<1>(lo));
+        _mm_storeu_si128(p.add(3), _mm256_extracti128_si256::<1>(hi));
+        _mm256_max_epu32(lo, hi)
+    }
+
     /// Chains `first .. first + G` (4 blocks each) of [`philox_x32`]: their words into
     /// `out`; returns the lane-wise (unsigned) max of those words.
     ///
@@ -1303,48 +1365,145 @@ mod simd {
         use crate::philox::{PHILOX_M0, PHILOX_M1};
         let m0 = _mm256_set1_epi64x(i64::from(PHILOX_M0));
         let m1 = _mm256_set1_epi64x(i64::from(PHILOX_M1));
-        let lanes = _mm256_setr_epi64x(0, 1, 2, 3);
-        let mut x0 = [_mm256_setzero_si256(); G];
-        for (h, c) in x0.iter_mut().enumerate() {
-            let b = i64::from(first_block.wrapping_add(4 * (first + h) as u32));
-            // lanes past 2^32 carry into the unused upper half: only the low 32 bits count
-            *c = _mm256_add_epi64(_mm256_set1_epi64x(b), lanes);
+        let mut x = [[_mm256_setzero_si256(); 4]; G];
+        for (h, x) in x.iter_mut().enumerate() {
+            *x = chain_start(first + h, first_block, step);
         }
-        let mut x1 = [_mm256_set1_epi64x(i64::from(step as u32)); G];
-        let mut x2 = [_mm256_set1_epi64x((step >> 32) as i64); G];
-        let mut x3 = [_mm256_setzero_si256(); G];
         for [kk0, kk1] in keys {
-            for h in 0..G {
-                let p0 = _mm256_mul_epu32(x0[h], m0);
-                let p1 = _mm256_mul_epu32(x2[h], m1);
+            for [x0, x1, x2, x3] in &mut x {
+                let p0 = _mm256_mul_epu32(*x0, m0);
+                let p1 = _mm256_mul_epu32(*x2, m1);
                 // the key joins the other word while the multiplies run
-                let n0 =
-                    _mm256_xor_si256(_mm256_srli_epi64::<32>(p1), _mm256_xor_si256(x1[h], *kk0));
-                let n2 =
-                    _mm256_xor_si256(_mm256_srli_epi64::<32>(p0), _mm256_xor_si256(x3[h], *kk1));
-                x1[h] = p1;
-                x3[h] = p0;
-                x0[h] = n0;
-                x2[h] = n2;
+                let n0 = _mm256_xor_si256(_mm256_srli_epi64::<32>(p1), _mm256_xor_si256(*x1, *kk0));
+                let n2 = _mm256_xor_si256(_mm256_srli_epi64::<32>(p0), _mm256_xor_si256(*x3, *kk1));
+                (*x0, *x1, *x2, *x3) = (n0, p1, n2, p0);
             }
         }
         let mut top = _mm256_setzero_si256();
-        for h in 0..G {
-            // lane j of x01: words 0 and 1 of block j side by side; of x23: words 2 and 3
-            let x01 = _mm256_blend_epi32::<0xAA>(x0[h], _mm256_slli_epi64::<32>(x1[h]));
-            let x23 = _mm256_blend_epi32::<0xAA>(x2[h], _mm256_slli_epi64::<32>(x3[h]));
-            let lo = _mm256_unpacklo_epi64(x01, x23); // blocks 0 | 2
-            let hi = _mm256_unpackhi_epi64(x01, x23); // blocks 1 | 3
-            let w0 = _mm256_permute2x128_si256::<0x20>(lo, hi);
-            let w1 = _mm256_permute2x128_si256::<0x31>(lo, hi);
-            let c = first + h;
-            let p = out.as_mut_ptr().add(16 * c).cast::<__m256i>();
-            // SAFETY: chain `c` < 8 writes words 16 c .. 16 c + 16 of the 128.
-            _mm256_storeu_si256(p, w0);
-            _mm256_storeu_si256(p.add(1), w1);
-            top = _mm256_max_epu32(top, _mm256_max_epu32(w0, w1));
+        for (h, x) in x.into_iter().enumerate() {
+            top = _mm256_max_epu32(top, chain_finish(x, first + h, out));
         }
         top
+    }
+
+    /// [`chains`] of three chains, `first .. first + 3`, with the ten rounds written out in
+    /// assembly: the twelve words in registers `ymm0`-`ymm11`, the multipliers in `ymm12`
+    /// and `ymm13`, two temporaries, and each round's keys read from `keys` by the `vpxor`
+    /// that uses them. The compiler's own allocation of three chains keeps the keys in
+    /// registers and spills words to the stack instead (slower than two chains); with
+    /// nothing spilled, three chains in flight cover the multiply-shift-xor latency that
+    /// two leave exposed.
+    ///
+    /// A round of chain `(a, b, c, d)` (the registers of words 0-3) leaves its words in
+    /// `(b, c, d, a)`: `a = lo(M0 a)`, `c = lo(M1 c)` (the multiplies read the low halves
+    /// only, so the high halves' leftovers do not matter), `b ^= k0 ^ hi(M1 c)`, `d ^= k1
+    /// ^ hi(M0 a)`. After ten rounds word 0 is in register `c`, 1 in `d`, 2 in `a`, 3 in
+    /// `b`.
+    ///
+    /// # Safety
+    /// AVX2 must be present; `first + 3 <= 8`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn three_chains(
+        first: usize,
+        first_block: u32,
+        step: u64,
+        keys: &[[__m256i; 2]; 10],
+        out: &mut [u32; 128],
+    ) -> __m256i {
+        use crate::philox::{PHILOX_M0, PHILOX_M1};
+        // one round of one chain: registers a, b, c, d; its keys at byte offset k of `keys`
+        macro_rules! round {
+            ($a:literal, $b:literal, $c:literal, $d:literal, $k:literal) => {
+                concat!(
+                    "vpmuludq ymm",
+                    $a,
+                    ", ymm",
+                    $a,
+                    ", ymm12\n",
+                    "vpmuludq ymm",
+                    $c,
+                    ", ymm",
+                    $c,
+                    ", ymm13\n",
+                    "vpxor ymm",
+                    $b,
+                    ", ymm",
+                    $b,
+                    ", ymmword ptr [{k} + ",
+                    $k,
+                    "]\n",
+                    "vpxor ymm",
+                    $d,
+                    ", ymm",
+                    $d,
+                    ", ymmword ptr [{k} + ",
+                    $k,
+                    " + 32]\n",
+                    "vpsrlq ymm14, ymm",
+                    $c,
+                    ", 32\n",
+                    "vpsrlq ymm15, ymm",
+                    $a,
+                    ", 32\n",
+                    "vpxor ymm",
+                    $b,
+                    ", ymm",
+                    $b,
+                    ", ymm14\n",
+                    "vpxor ymm",
+                    $d,
+                    ", ymm",
+                    $d,
+                    ", ymm15\n",
+                )
+            };
+        }
+        // round r of the three chains: each chain's registers turn by r
+        macro_rules! rounds {
+            ($(($k:literal: $($a:literal $b:literal $c:literal $d:literal),*)),*) => {
+                concat!($($(round!($a, $b, $c, $d, $k),)*)*)
+            };
+        }
+        let [[mut r0, mut r1, mut r2, mut r3], [mut r4, mut r5, mut r6, mut r7], [mut r8, mut r9, mut r10, mut r11]] =
+            [0, 1, 2].map(|h| chain_start(first + h, first_block, step));
+        // SAFETY: registers only, and reads of the 640 bytes of `keys`; AVX2 is present
+        // (this function's contract).
+        std::arch::asm!(
+            rounds!(
+                (0: 0 1 2 3, 4 5 6 7, 8 9 10 11),
+                (64: 1 2 3 0, 5 6 7 4, 9 10 11 8),
+                (128: 2 3 0 1, 6 7 4 5, 10 11 8 9),
+                (192: 3 0 1 2, 7 4 5 6, 11 8 9 10),
+                (256: 0 1 2 3, 4 5 6 7, 8 9 10 11),
+                (320: 1 2 3 0, 5 6 7 4, 9 10 11 8),
+                (384: 2 3 0 1, 6 7 4 5, 10 11 8 9),
+                (448: 3 0 1 2, 7 4 5 6, 11 8 9 10),
+                (512: 0 1 2 3, 4 5 6 7, 8 9 10 11),
+                (576: 1 2 3 0, 5 6 7 4, 9 10 11 8)
+            ),
+            k = in(reg) keys.as_ptr(),
+            inout("ymm0") r0,
+            inout("ymm1") r1,
+            inout("ymm2") r2,
+            inout("ymm3") r3,
+            inout("ymm4") r4,
+            inout("ymm5") r5,
+            inout("ymm6") r6,
+            inout("ymm7") r7,
+            inout("ymm8") r8,
+            inout("ymm9") r9,
+            inout("ymm10") r10,
+            inout("ymm11") r11,
+            in("ymm12") _mm256_set1_epi64x(i64::from(PHILOX_M0)),
+            in("ymm13") _mm256_set1_epi64x(i64::from(PHILOX_M1)),
+            out("ymm14") _,
+            out("ymm15") _,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        let mut top = chain_finish([r2, r3, r0, r1], first, out);
+        top = _mm256_max_epu32(top, chain_finish([r6, r7, r4, r5], first + 1, out));
+        _mm256_max_epu32(top, chain_finish([r10, r11, r8, r9], first + 2, out))
     }
 
     /// [`super::exp2_sum_collect`] (`COLLECT`) or [`super::exp2_sum`] (`!COLLECT`) with
@@ -1564,6 +1723,7 @@ mod simd {
         gate: impl FnMut(f32) -> Option<u32>,
         visit: impl FnMut(usize, u128, &[u32; 128]),
     ) -> bool {
+        let keys = round_keys(key);
         super::gated_chunks_with(
             z,
             gate,
@@ -1574,7 +1734,7 @@ mod simd {
                 Err(_) => super::body::chunk_max(c),
             },
             // SAFETY: as above.
-            |b, g, out| unsafe { philox_x32::<true>(b, step, key, g, out) },
+            |b, g, out| unsafe { philox_x32_with::<true>(b, step, &keys, g, out) },
         )
     }
 
@@ -2085,6 +2245,30 @@ pub fn philox_x32(first_block: u32, step: u64, key: [u32; 2], out: &mut [u32; 12
         Level::Base => {}
     }
     body::philox_x32(first_block, step, key, out)
+}
+
+/// The Philox words of every token of a row of `v` at `step` under `key`, a chunk of 128
+/// at a time as [`gated_chunks`] makes them (the round keys once per row): `f(c, words)`
+/// with `words[i]` the bits of token `128 c + i` ([`philox_x32`] of blocks `32 c ..`; the
+/// last chunk's words past `v` are made too).
+pub fn philox_chunks(v: usize, step: u64, key: [u32; 2], mut f: impl FnMut(usize, &[u32; 128])) {
+    let mut words = [0u32; 128];
+    let chunks = v.div_ceil(128);
+    #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx2 {
+        // SAFETY: `level()` detected AVX2 on this CPU.
+        let keys = unsafe { simd::round_keys(key) };
+        for c in 0..chunks {
+            // SAFETY: as above.
+            unsafe { simd::philox_x32_with::<false>((32 * c) as u32, step, &keys, 0, &mut words) };
+            f(c, &words);
+        }
+        return;
+    }
+    for c in 0..chunks {
+        philox_x32((32 * c) as u32, step, key, &mut words);
+        f(c, &words);
+    }
 }
 
 /// [`philox_x32`], and the mask of its words at or above `gate` (bit `i` for `out[i]`),
@@ -2630,6 +2814,29 @@ mod tests {
             }
         }
         v
+    }
+
+    /// The chunks of a row: one per 128 tokens (the last one partial), each the words of
+    /// the scalar generator for its blocks.
+    #[test]
+    fn philox_chunks_are_the_rows_words() {
+        let (seed, step) = (77u64, 5u64);
+        let key = crate::philox::seed_key(seed);
+        for v in [1, 127, 128, 129, 1000, 4096] {
+            let mut seen = Vec::new();
+            philox_chunks(v, step, key, |c, words| {
+                for (j, &w) in words.iter().enumerate() {
+                    let t = (128 * c + j) as u32;
+                    assert_eq!(
+                        w,
+                        crate::philox::token_bits(seed, step, t),
+                        "v {v} token {t}"
+                    );
+                }
+                seen.push(c);
+            });
+            assert_eq!(seen, (0..v.div_ceil(128)).collect::<Vec<_>>(), "v {v}");
+        }
     }
 
     #[test]

@@ -961,17 +961,16 @@ fn draw_whole_row(x: &[f32], t: f32, seed: u64, step: u64) -> Option<RowResult> 
 
 /// The Philox limit of a draw over a whole row of `v` tokens: every token's Philox word
 /// at `step` under `seed`, made as the draw makes them (32 blocks side by side in vector
-/// lanes, written to memory by a call the compiler cannot see into), and nothing else:
-/// one word of each chunk is folded into the result so the calls stay. A draw that needs
-/// every word cannot do less; the benchmarks time the `temp` configuration against it.
+/// lanes, the round keys once per row, [`kernels::philox_chunks`]), and nothing else: each
+/// chunk's words are handed to [`std::hint::black_box`] (so none of them can be left
+/// unmade) and one of them is folded into the result. A draw that needs every word cannot
+/// do less; the benchmarks time the `temp` configuration against it.
 pub fn philox_row_words(v: usize, seed: u64, step: u64) -> u32 {
     let key = philox::seed_key(seed);
-    let mut words = [0u32; CHUNK];
     let mut acc = 0u32;
-    for (c, t0) in (0..v).step_by(CHUNK).enumerate() {
-        kernels::philox_x32((t0 / 4) as u32, step, key, &mut words);
-        acc ^= words[c % CHUNK];
-    }
+    kernels::philox_chunks(v, step, key, |c, words| {
+        acc ^= std::hint::black_box(words)[c % CHUNK];
+    });
     acc
 }
 
