@@ -1231,8 +1231,7 @@ mod simd {
     use std::arch::x86_64::*;
 
     /// [`super::simd512::philox_x32`] with AVX2: eight chains of 4 blocks, made three,
-    /// three and two at a time ([`three_chains`] in assembly, the last two with
-    /// intrinsics, whose allocation fits two chains in the 16 registers). With `GATED`,
+    /// three and two at a time ([`three_chains`], [`two_chains`]). With `GATED`,
     /// one compare of the words' lane-wise max decides most chunks; the mask is taken from
     /// `out` only when some word reaches the gate.
     ///
@@ -1288,7 +1287,7 @@ mod simd {
         let mut top = _mm256_setzero_si256();
         top = _mm256_max_epu32(top, three_chains(0, first_block, step, keys, out));
         top = _mm256_max_epu32(top, three_chains(3, first_block, step, keys, out));
-        top = _mm256_max_epu32(top, chains::<2>(6, first_block, step, keys, out));
+        top = _mm256_max_epu32(top, two_chains(6, first_block, step, keys, out));
         if !GATED {
             return 0;
         }
@@ -1349,50 +1348,40 @@ mod simd {
         _mm256_max_epu32(lo, hi)
     }
 
-    /// Chains `first .. first + G` (4 blocks each) of [`philox_x32`]: their words into
-    /// `out`; returns the lane-wise (unsigned) max of those words.
-    ///
-    /// # Safety
-    /// AVX2 must be present; `first + G <= 8`.
-    #[inline(always)]
-    unsafe fn chains<const G: usize>(
-        first: usize,
-        first_block: u32,
-        step: u64,
-        keys: &[[__m256i; 2]; 10],
-        out: &mut [u32; 128],
-    ) -> __m256i {
-        use crate::philox::{PHILOX_M0, PHILOX_M1};
-        let m0 = _mm256_set1_epi64x(i64::from(PHILOX_M0));
-        let m1 = _mm256_set1_epi64x(i64::from(PHILOX_M1));
-        let mut x = [[_mm256_setzero_si256(); 4]; G];
-        for (h, x) in x.iter_mut().enumerate() {
-            *x = chain_start(first + h, first_block, step);
-        }
-        for [kk0, kk1] in keys {
-            for [x0, x1, x2, x3] in &mut x {
-                let p0 = _mm256_mul_epu32(*x0, m0);
-                let p1 = _mm256_mul_epu32(*x2, m1);
-                // the key joins the other word while the multiplies run
-                let n0 = _mm256_xor_si256(_mm256_srli_epi64::<32>(p1), _mm256_xor_si256(*x1, *kk0));
-                let n2 = _mm256_xor_si256(_mm256_srli_epi64::<32>(p0), _mm256_xor_si256(*x3, *kk1));
-                (*x0, *x1, *x2, *x3) = (n0, p1, n2, p0);
-            }
-        }
-        let mut top = _mm256_setzero_si256();
-        for (h, x) in x.into_iter().enumerate() {
-            top = _mm256_max_epu32(top, chain_finish(x, first + h, out));
-        }
-        top
+    // One Philox round of one chain in assembly (see [`three_chains`]): its words in
+    // registers `ymm{a}`-`ymm{d}`, its keys at byte offset `k` of `{k}`.
+    #[rustfmt::skip]
+    macro_rules! round {
+        ($a:literal, $b:literal, $c:literal, $d:literal, $k:literal) => {
+            concat!(
+                "vpmuludq ymm", $a, ", ymm", $a, ", ymm12\n",
+                "vpmuludq ymm", $c, ", ymm", $c, ", ymm13\n",
+                "vpxor ymm", $b, ", ymm", $b, ", ymmword ptr [{k} + ", $k, "]\n",
+                "vpxor ymm", $d, ", ymm", $d, ", ymmword ptr [{k} + ", $k, " + 32]\n",
+                "vpsrlq ymm14, ymm", $c, ", 32\n",
+                "vpsrlq ymm15, ymm", $a, ", 32\n",
+                "vpxor ymm", $b, ", ymm", $b, ", ymm14\n",
+                "vpxor ymm", $d, ", ymm", $d, ", ymm15\n",
+            )
+        };
     }
 
-    /// [`chains`] of three chains, `first .. first + 3`, with the ten rounds written out in
-    /// assembly: the twelve words in registers `ymm0`-`ymm11`, the multipliers in `ymm12`
-    /// and `ymm13`, two temporaries, and each round's keys read from `keys` by the `vpxor`
-    /// that uses them. The compiler's own allocation of three chains keeps the keys in
-    /// registers and spills words to the stack instead (slower than two chains); with
-    /// nothing spilled, three chains in flight cover the multiply-shift-xor latency that
-    /// two leave exposed.
+    // The ten rounds of chains `(a b c d), ...`, listed round by round with the keys'
+    // offset: each chain's registers turn by one a round.
+    macro_rules! rounds {
+        ($(($k:literal: $($a:literal $b:literal $c:literal $d:literal),*)),*) => {
+            concat!($($(round!($a, $b, $c, $d, $k),)*)*)
+        };
+    }
+
+    /// Chains `first .. first + 3` (4 blocks each) of [`philox_x32`], the ten rounds
+    /// written out in assembly: the twelve words in registers `ymm0`-`ymm11`, the
+    /// multipliers in `ymm12` and `ymm13`, two temporaries, and each round's keys read from
+    /// `keys` by the `vpxor` that uses them. The compiler's own allocation of three chains
+    /// keeps the keys in registers and spills words to the stack instead (slower than two
+    /// chains); with nothing spilled, three chains in flight cover the
+    /// multiply-shift-xor latency that two leave exposed. Their words go into `out`; returns
+    /// their lane-wise (unsigned) max.
     ///
     /// A round of chain `(a, b, c, d)` (the registers of words 0-3) leaves its words in
     /// `(b, c, d, a)`: `a = lo(M0 a)`, `c = lo(M1 c)` (the multiplies read the low halves
@@ -1412,59 +1401,6 @@ mod simd {
         out: &mut [u32; 128],
     ) -> __m256i {
         use crate::philox::{PHILOX_M0, PHILOX_M1};
-        // one round of one chain: registers a, b, c, d; its keys at byte offset k of `keys`
-        macro_rules! round {
-            ($a:literal, $b:literal, $c:literal, $d:literal, $k:literal) => {
-                concat!(
-                    "vpmuludq ymm",
-                    $a,
-                    ", ymm",
-                    $a,
-                    ", ymm12\n",
-                    "vpmuludq ymm",
-                    $c,
-                    ", ymm",
-                    $c,
-                    ", ymm13\n",
-                    "vpxor ymm",
-                    $b,
-                    ", ymm",
-                    $b,
-                    ", ymmword ptr [{k} + ",
-                    $k,
-                    "]\n",
-                    "vpxor ymm",
-                    $d,
-                    ", ymm",
-                    $d,
-                    ", ymmword ptr [{k} + ",
-                    $k,
-                    " + 32]\n",
-                    "vpsrlq ymm14, ymm",
-                    $c,
-                    ", 32\n",
-                    "vpsrlq ymm15, ymm",
-                    $a,
-                    ", 32\n",
-                    "vpxor ymm",
-                    $b,
-                    ", ymm",
-                    $b,
-                    ", ymm14\n",
-                    "vpxor ymm",
-                    $d,
-                    ", ymm",
-                    $d,
-                    ", ymm15\n",
-                )
-            };
-        }
-        // round r of the three chains: each chain's registers turn by r
-        macro_rules! rounds {
-            ($(($k:literal: $($a:literal $b:literal $c:literal $d:literal),*)),*) => {
-                concat!($($(round!($a, $b, $c, $d, $k),)*)*)
-            };
-        }
         let [[mut r0, mut r1, mut r2, mut r3], [mut r4, mut r5, mut r6, mut r7], [mut r8, mut r9, mut r10, mut r11]] =
             [0, 1, 2].map(|h| chain_start(first + h, first_block, step));
         // SAFETY: registers only, and reads of the 640 bytes of `keys`; AVX2 is present
@@ -1504,6 +1440,56 @@ mod simd {
         let mut top = chain_finish([r2, r3, r0, r1], first, out);
         top = _mm256_max_epu32(top, chain_finish([r6, r7, r4, r5], first + 1, out));
         _mm256_max_epu32(top, chain_finish([r10, r11, r8, r9], first + 2, out))
+    }
+
+    /// [`three_chains`] for two chains, `first .. first + 2` (registers `ymm0`-`ymm7`).
+    ///
+    /// # Safety
+    /// AVX2 must be present; `first + 2 <= 8`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn two_chains(
+        first: usize,
+        first_block: u32,
+        step: u64,
+        keys: &[[__m256i; 2]; 10],
+        out: &mut [u32; 128],
+    ) -> __m256i {
+        use crate::philox::{PHILOX_M0, PHILOX_M1};
+        let [[mut r0, mut r1, mut r2, mut r3], [mut r4, mut r5, mut r6, mut r7]] =
+            [0, 1].map(|h| chain_start(first + h, first_block, step));
+        // SAFETY: registers only, and reads of the 640 bytes of `keys`; AVX2 is present
+        // (this function's contract).
+        std::arch::asm!(
+            rounds!(
+                (0: 0 1 2 3, 4 5 6 7),
+                (64: 1 2 3 0, 5 6 7 4),
+                (128: 2 3 0 1, 6 7 4 5),
+                (192: 3 0 1 2, 7 4 5 6),
+                (256: 0 1 2 3, 4 5 6 7),
+                (320: 1 2 3 0, 5 6 7 4),
+                (384: 2 3 0 1, 6 7 4 5),
+                (448: 3 0 1 2, 7 4 5 6),
+                (512: 0 1 2 3, 4 5 6 7),
+                (576: 1 2 3 0, 5 6 7 4)
+            ),
+            k = in(reg) keys.as_ptr(),
+            inout("ymm0") r0,
+            inout("ymm1") r1,
+            inout("ymm2") r2,
+            inout("ymm3") r3,
+            inout("ymm4") r4,
+            inout("ymm5") r5,
+            inout("ymm6") r6,
+            inout("ymm7") r7,
+            in("ymm12") _mm256_set1_epi64x(i64::from(PHILOX_M0)),
+            in("ymm13") _mm256_set1_epi64x(i64::from(PHILOX_M1)),
+            out("ymm14") _,
+            out("ymm15") _,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        let top = chain_finish([r2, r3, r0, r1], first, out);
+        _mm256_max_epu32(top, chain_finish([r6, r7, r4, r5], first + 1, out))
     }
 
     /// [`super::exp2_sum_collect`] (`COLLECT`) or [`super::exp2_sum`] (`!COLLECT`) with
