@@ -1366,11 +1366,38 @@ mod simd {
         };
     }
 
-    // The ten rounds of chains `(a b c d), ...`, listed round by round with the keys'
-    // offset: each chain's registers turn by one a round.
-    macro_rules! rounds {
-        ($(($k:literal: $($a:literal $b:literal $c:literal $d:literal),*)),*) => {
-            concat!($($(round!($a, $b, $c, $d, $k),)*)*)
+    // The ten rounds, in assembly, of the chains whose words are in the registers given
+    // (`"ymm0" => r0, ...`, the variables updated in place; each chain's four registers
+    // `(a b c d)` listed after them), the chains interleaved round by round. A chain's
+    // registers turn by one a round, the keys of round r at byte offset 64 r.
+    #[rustfmt::skip]
+    macro_rules! philox_rounds {
+        (
+            $keys:expr;
+            $($reg:tt => $var:ident),*;
+            $(($a:literal $b:literal $c:literal $d:literal)),*
+        ) => {
+            std::arch::asm!(
+                concat!(
+                    $(round!($a, $b, $c, $d, 0),)*
+                    $(round!($b, $c, $d, $a, 64),)*
+                    $(round!($c, $d, $a, $b, 128),)*
+                    $(round!($d, $a, $b, $c, 192),)*
+                    $(round!($a, $b, $c, $d, 256),)*
+                    $(round!($b, $c, $d, $a, 320),)*
+                    $(round!($c, $d, $a, $b, 384),)*
+                    $(round!($d, $a, $b, $c, 448),)*
+                    $(round!($a, $b, $c, $d, 512),)*
+                    $(round!($b, $c, $d, $a, 576),)*
+                ),
+                k = in(reg) $keys.as_ptr(),
+                $(inout($reg) $var,)*
+                in("ymm12") _mm256_set1_epi64x(i64::from(crate::philox::PHILOX_M0)),
+                in("ymm13") _mm256_set1_epi64x(i64::from(crate::philox::PHILOX_M1)),
+                out("ymm14") _,
+                out("ymm15") _,
+                options(pure, readonly, nostack, preserves_flags),
+            )
         };
     }
 
@@ -1400,42 +1427,16 @@ mod simd {
         keys: &[[__m256i; 2]; 10],
         out: &mut [u32; 128],
     ) -> __m256i {
-        use crate::philox::{PHILOX_M0, PHILOX_M1};
         let [[mut r0, mut r1, mut r2, mut r3], [mut r4, mut r5, mut r6, mut r7], [mut r8, mut r9, mut r10, mut r11]] =
             [0, 1, 2].map(|h| chain_start(first + h, first_block, step));
         // SAFETY: registers only, and reads of the 640 bytes of `keys`; AVX2 is present
         // (this function's contract).
-        std::arch::asm!(
-            rounds!(
-                (0: 0 1 2 3, 4 5 6 7, 8 9 10 11),
-                (64: 1 2 3 0, 5 6 7 4, 9 10 11 8),
-                (128: 2 3 0 1, 6 7 4 5, 10 11 8 9),
-                (192: 3 0 1 2, 7 4 5 6, 11 8 9 10),
-                (256: 0 1 2 3, 4 5 6 7, 8 9 10 11),
-                (320: 1 2 3 0, 5 6 7 4, 9 10 11 8),
-                (384: 2 3 0 1, 6 7 4 5, 10 11 8 9),
-                (448: 3 0 1 2, 7 4 5 6, 11 8 9 10),
-                (512: 0 1 2 3, 4 5 6 7, 8 9 10 11),
-                (576: 1 2 3 0, 5 6 7 4, 9 10 11 8)
-            ),
-            k = in(reg) keys.as_ptr(),
-            inout("ymm0") r0,
-            inout("ymm1") r1,
-            inout("ymm2") r2,
-            inout("ymm3") r3,
-            inout("ymm4") r4,
-            inout("ymm5") r5,
-            inout("ymm6") r6,
-            inout("ymm7") r7,
-            inout("ymm8") r8,
-            inout("ymm9") r9,
-            inout("ymm10") r10,
-            inout("ymm11") r11,
-            in("ymm12") _mm256_set1_epi64x(i64::from(PHILOX_M0)),
-            in("ymm13") _mm256_set1_epi64x(i64::from(PHILOX_M1)),
-            out("ymm14") _,
-            out("ymm15") _,
-            options(pure, readonly, nostack, preserves_flags),
+        philox_rounds!(
+            keys;
+            "ymm0" => r0, "ymm1" => r1, "ymm2" => r2, "ymm3" => r3,
+            "ymm4" => r4, "ymm5" => r5, "ymm6" => r6, "ymm7" => r7,
+            "ymm8" => r8, "ymm9" => r9, "ymm10" => r10, "ymm11" => r11;
+            (0 1 2 3), (4 5 6 7), (8 9 10 11)
         );
         let mut top = chain_finish([r2, r3, r0, r1], first, out);
         top = _mm256_max_epu32(top, chain_finish([r6, r7, r4, r5], first + 1, out));
@@ -1455,38 +1456,14 @@ mod simd {
         keys: &[[__m256i; 2]; 10],
         out: &mut [u32; 128],
     ) -> __m256i {
-        use crate::philox::{PHILOX_M0, PHILOX_M1};
         let [[mut r0, mut r1, mut r2, mut r3], [mut r4, mut r5, mut r6, mut r7]] =
             [0, 1].map(|h| chain_start(first + h, first_block, step));
-        // SAFETY: registers only, and reads of the 640 bytes of `keys`; AVX2 is present
-        // (this function's contract).
-        std::arch::asm!(
-            rounds!(
-                (0: 0 1 2 3, 4 5 6 7),
-                (64: 1 2 3 0, 5 6 7 4),
-                (128: 2 3 0 1, 6 7 4 5),
-                (192: 3 0 1 2, 7 4 5 6),
-                (256: 0 1 2 3, 4 5 6 7),
-                (320: 1 2 3 0, 5 6 7 4),
-                (384: 2 3 0 1, 6 7 4 5),
-                (448: 3 0 1 2, 7 4 5 6),
-                (512: 0 1 2 3, 4 5 6 7),
-                (576: 1 2 3 0, 5 6 7 4)
-            ),
-            k = in(reg) keys.as_ptr(),
-            inout("ymm0") r0,
-            inout("ymm1") r1,
-            inout("ymm2") r2,
-            inout("ymm3") r3,
-            inout("ymm4") r4,
-            inout("ymm5") r5,
-            inout("ymm6") r6,
-            inout("ymm7") r7,
-            in("ymm12") _mm256_set1_epi64x(i64::from(PHILOX_M0)),
-            in("ymm13") _mm256_set1_epi64x(i64::from(PHILOX_M1)),
-            out("ymm14") _,
-            out("ymm15") _,
-            options(pure, readonly, nostack, preserves_flags),
+        // SAFETY: as in `three_chains`.
+        philox_rounds!(
+            keys;
+            "ymm0" => r0, "ymm1" => r1, "ymm2" => r2, "ymm3" => r3,
+            "ymm4" => r4, "ymm5" => r5, "ymm6" => r6, "ymm7" => r7;
+            (0 1 2 3), (4 5 6 7)
         );
         let top = chain_finish([r2, r3, r0, r1], first, out);
         _mm256_max_epu32(top, chain_finish([r6, r7, r4, r5], first + 1, out))
