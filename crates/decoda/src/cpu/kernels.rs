@@ -1584,12 +1584,8 @@ mod simd {
             while COLLECT && flagged != 0 {
                 let at = i + 64 * flagged.trailing_zeros() as usize;
                 flagged &= flagged - 1;
-                let mut hits = 0u64;
-                for k in 0..8 {
-                    // SAFETY: at + 64 <= n: the loads of 8 values are inside z.
-                    let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(p.add(at + 8 * k)), vthr);
-                    hits |= u64::from(_mm256_movemask_ps(ge) as u8) << (8 * k);
-                }
+                // SAFETY: at + 64 <= n.
+                let hits = mask64::<_CMP_GE_OQ>(p.add(at), vthr);
                 push_hits(hits, at, base, z, out);
             }
             i += 64 * blocks;
@@ -2214,24 +2210,29 @@ pub fn philox_x32(first_block: u32, step: u64, key: [u32; 2], out: &mut [u32; 12
 /// at a time as [`gated_chunks`] makes them (the round keys once per row): `f(c, words)`
 /// with `words[i]` the bits of token `128 c + i` ([`philox_x32`] of blocks `32 c ..`; the
 /// last chunk's words past `v` are made too).
-pub fn philox_chunks(v: usize, step: u64, key: [u32; 2], mut f: impl FnMut(usize, &[u32; 128])) {
-    let mut words = [0u32; 128];
-    let chunks = v.div_ceil(128);
+pub fn philox_chunks(v: usize, step: u64, key: [u32; 2], f: impl FnMut(usize, &[u32; 128])) {
+    // `make(first_block, words)` for each chunk in turn
+    fn each(
+        v: usize,
+        mut f: impl FnMut(usize, &[u32; 128]),
+        mut make: impl FnMut(u32, &mut [u32; 128]),
+    ) {
+        let mut words = [0u32; 128];
+        for c in 0..v.div_ceil(128) {
+            make((32 * c) as u32, &mut words);
+            f(c, &words);
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     if level() == Level::Avx2 {
         // SAFETY: `level()` detected AVX2 on this CPU.
         let keys = unsafe { simd::round_keys(key) };
-        for c in 0..chunks {
-            // SAFETY: as above.
-            unsafe { simd::philox_x32_with::<false>((32 * c) as u32, step, &keys, 0, &mut words) };
-            f(c, &words);
-        }
-        return;
+        // SAFETY: as above.
+        return each(v, f, |b, out| unsafe {
+            simd::philox_x32_with::<false>(b, step, &keys, 0, out);
+        });
     }
-    for c in 0..chunks {
-        philox_x32((32 * c) as u32, step, key, &mut words);
-        f(c, &words);
-    }
+    each(v, f, |b, out| philox_x32(b, step, key, out))
 }
 
 /// [`philox_x32`], and the mask of its words at or above `gate` (bit `i` for `out[i]`),
