@@ -1,9 +1,9 @@
 //! Criterion benchmarks of the noise: one row of V = 131072 on one thread — the Philox
-//! words of the whole row (the least work a draw that needs every word can do), the same
-//! with each word compared against a gate (the threshold that decides without a logarithm
-//! which tokens need the exact noise), the exact noise of every token (both logarithms;
-//! what a naive draw pays), and the `temp` configuration's whole draw — next to the
-//! memory floor.
+//! words of the whole row (the least work a draw that needs every word can do), the
+//! draw's gated pass over the row against a fixed leader (chunk tests, words, the
+//! per-token test that decides without a logarithm which tokens need the exact noise),
+//! the exact noise of every token (both logarithms; what a naive draw pays), and the
+//! `temp` configuration's whole draw — next to the memory floor.
 //!
 //! `cargo bench -p decoda --bench noise` (`DECODA_ISA=avx2` or `baseline` for the lower
 //! kernel variants).
@@ -22,18 +22,23 @@ fn bench(c: &mut Criterion) {
     g.bench_function("philox_words", |b| {
         b.iter(|| decoda::cpu::philox_row_words(std::hint::black_box(vocab), 1, 0))
     });
-    g.bench_function("philox_and_gate", |b| {
-        // every chunk's words against a gate that keeps about one word in 60,000
+    g.bench_function("gated_row_fixed_leader", |b| {
+        // the draw's pass over the row (chunk tests, words, per-token tests) against a
+        // leader that stays put: at temperature 0.8, 2 above the row's largest `y`
         let key = philox::seed_key(1);
-        let gate = philox::gumbel_word_gate(11.0).expect("reachable");
-        let mut words = [0u32; 128];
+        let t = 0.8f32;
+        let leader = decoda::cpu::kernels::max(&x) / t + 2.0;
+        let consts = philox::gumbel_reach_consts(t, leader);
         b.iter(|| {
             let mut kept = 0u32;
-            for c in 0..(vocab / 128) as u32 {
-                kept += decoda::cpu::kernels::philox_x32_gated(c * 32, 0, key, gate, &mut words)
-                    .count_ones();
-            }
-            kept
+            let row = decoda::cpu::kernels::gated_chunks(
+                std::hint::black_box(&x),
+                0,
+                key,
+                || consts,
+                |_, m, _| kept += m.count_ones(),
+            );
+            (row, kept)
         })
     });
     g.bench_function("exact_noise_every_token", |b| {

@@ -93,77 +93,107 @@ pub fn gumbel_bucket_bounds() -> &'static [f32; 4096] {
     })
 }
 
-/// Steps per unit of `a` in [`gumbel_word_gate`]'s table.
-const GATE_STEPS: f32 = 64.0;
-
-/// The smallest random word whose Gumbel value can reach `a`, by the bounds of
-/// [`gumbel_bucket_bounds`]: every word below it has `bound < a`, so a token whose scaled
-/// logit `y` is at least `a` below the leader cannot win with such a word. `None` when no
-/// word reaches `a`. One table lookup, no logarithm: the draw over a whole row compares
-/// each word of a chunk against the gate of the chunk's largest `y`.
-#[inline]
-pub fn gumbel_word_gate(a: f32) -> Option<u32> {
-    let &(a0, ref table) = gate_table();
-    // NaN and everything below the smallest bound: every word
-    if a.is_nan() || a <= a0 {
-        return Some(0);
-    }
-    // the cell's lower end is <= a, so its gate admits every word that reaches a
-    let k = ((a - a0) * GATE_STEPS) as usize;
-    match table.get(k) {
-        Some(&b) if b < 4096 => Some(u32::from(b) << 20),
-        _ => None,
-    }
+/// The chord of `log2` under the Gumbel value of word `x`, as the bits of a float: with
+/// `D = 2^24 - 2 (x >> 9) - 1` (so `1 - u = D 2^-24`, exactly), the bits of `D as f32`
+/// read as an integer and converted, `(e + 127 + m - 1) 2^23` for `D = 2^e m`. `log2 D`
+/// is concave, so `chord 2^-23 - 127 <= log2 D` (by at most 0.09), and with
+/// `g = -ln(-ln u) <= -ln(1 - u) = ln 2 (24 - log2 D)` the noise of `x` is at most
+/// `ln 2 (151 - chord 2^-23)`: a bound per word, tighter than a table's for the large
+/// words that pass a chunk's gate. Plain integer and float conversions, so vector lanes
+/// compute it bit for bit (see [`gumbel_reach_consts`]).
+#[inline(always)]
+pub fn gumbel_reach_chord(x: u32) -> f32 {
+    let d = (1i32 << 24) - 1 - 2 * (x >> 9) as i32;
+    (d as f32).to_bits() as i32 as f32
 }
 
-/// `(a0, gates)`: `gates[k]` is the first bucket whose bound reaches `a0 + k / GATE_STEPS`
-/// (4096 when none does); `a0` is the smallest bound.
-fn gate_table() -> &'static (f32, Box<[u16]>) {
-    static TABLE: std::sync::OnceLock<(f32, Box<[u16]>)> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| {
-        let bounds = gumbel_bucket_bounds();
-        let a0 = bounds[0];
-        let cells = ((bounds[4095] - a0) * GATE_STEPS) as usize + 2;
-        let gates = (0..cells)
-            .map(|k| {
-                let lo = a0 + k as f32 / GATE_STEPS;
-                bounds.partition_point(|&b| b < lo) as u16
-            })
-            .collect();
-        (a0, gates)
-    })
+/// Constants `(c0, c1)` of the per-token reach test of a draw at temperature `t` against
+/// the leader's score `floor`: a token with logit `z` and word `x` can reach `floor`
+/// (`z / t + g(x) >= floor`, as the exact comparison rounds it) only if
+/// `z >= c0 + c1 * gumbel_reach_chord(x)` (the product and the sum rounded in f32, in
+/// that order). `c0 + c1 chord = t (floor - slack - bound(x))` with the bound of
+/// [`gumbel_reach_chord`] and a slack of `1e-3 + 1e-5 |floor|` for the roundings of `z / t`,
+/// of the sum, of the `ln`s and of the test itself. Where the test cannot be made safely
+/// in f32 (no leader yet, or a temperature so small or large that a constant leaves the
+/// normal range) the constants are `(f32::MIN, 0)`: every finite logit passes.
+pub fn gumbel_reach_consts(t: f32, floor: f32) -> (f32, f32) {
+    let (t, floor) = (f64::from(t), f64::from(floor));
+    let slack = 1e-3 + 1e-5 * floor.abs();
+    let c0 = (t * (floor - slack - 151.0 * std::f64::consts::LN_2)) as f32;
+    let c1 = (t * std::f64::consts::LN_2 / f64::from(1u32 << 23)) as f32;
+    // `c1 chord` is at most `t ln2 151` (~105 t): with `c0` finite and `c1` normal every
+    // rounding stays relative
+    if c0.is_finite() && c1.is_normal() && (c1 * 1.3e9).is_finite() {
+        (c0, c1)
+    } else {
+        (f32::MIN, 0.0)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The reach test never drops a token whose exact score (`z / t + g`, rounded as the
+    /// draw rounds it) reaches the leader, and keeps none whose noise bound falls short by
+    /// more than the chord's gap and the slack: logits placed around the exact crossing
+    /// (ulps and small steps either side), for low, middle and extreme words, leaders and
+    /// temperatures across their ranges.
     #[test]
-    fn word_gate_admits_every_word_whose_bound_reaches() {
-        let bounds = gumbel_bucket_bounds();
-        let mut a = -4.0f32;
-        while a < 18.0 {
-            let gate = gumbel_word_gate(a);
-            for b in 0..4096u32 {
-                let x = b << 20;
-                if bounds[b as usize] >= a {
-                    let g = gate.unwrap_or_else(|| panic!("a = {a}: bucket {b} reaches it"));
-                    assert!(x >= g, "a = {a}: bucket {b} reaches it, gate {g:#x}");
+    fn reach_test_is_safe_and_tight() {
+        let mut words = vec![0u32, 1 << 9, 1 << 31, 0xC000_0000, u32::MAX - 512, u32::MAX];
+        words.extend((0..64u32).map(|k| token_bits(7, 3, k)));
+        words.extend((0..24u32).map(|k| u32::MAX - (1u32 << (k + 8))));
+        for t in [1e-5f32, 0.05, 0.8, 1.0, 3.0, 100.0] {
+            for floor in [-1e4f32, -30.0, -1.0, 0.0, 0.5, 17.66, 1e3, 1e6] {
+                let (c0, c1) = gumbel_reach_consts(t, floor);
+                assert!(c1 > 0.0, "t {t} floor {floor}");
+                for &x in &words {
+                    let g = gumbel_from_bits(x);
+                    let thr = c1 * gumbel_reach_chord(x) + c0;
+                    let cross = t * (floor - g);
+                    let mut z = cross;
+                    for _ in 0..64 {
+                        z = z.next_down();
+                    }
+                    let scale = cross.abs().max(t);
+                    let mut probes: Vec<f32> = (0..128)
+                        .scan(z, |z, _| {
+                            *z = z.next_up();
+                            Some(*z)
+                        })
+                        .collect();
+                    probes.extend(
+                        [-0.3f32, -0.05, -0.01, 0.01, 0.05, 0.3].map(|d| cross + d * scale),
+                    );
+                    for z in probes {
+                        let s = z / t + g;
+                        if s >= floor {
+                            assert!(
+                                z >= thr,
+                                "t {t} floor {floor} word {x:#x} z {z}: reaches, dropped"
+                            );
+                        }
+                        if z >= thr {
+                            // kept: its bound -ln(1 - u) (the chord is off by <= 0.09 bits)
+                            // comes within the slack of the leader
+                            let u = f64::from(uniform(x));
+                            let bound = -(1.0 - u).ln() + 0.065;
+                            let slack = 2e-3 + 2e-5 * f64::from(floor).abs();
+                            assert!(
+                                f64::from(z) / f64::from(t) + bound >= f64::from(floor) - slack,
+                                "t {t} floor {floor} word {x:#x} z {z}: kept, far below"
+                            );
+                        }
+                    }
                 }
             }
-            // and it is loose by at most one table step
-            if let Some(g) = gate {
-                assert!(
-                    bounds[(g >> 20) as usize] >= a - 1.0 / GATE_STEPS - 1e-4,
-                    "a = {a}"
-                );
-            }
-            a += 0.003_7;
         }
-        assert_eq!(gumbel_word_gate(f32::NAN), Some(0));
-        assert_eq!(gumbel_word_gate(f32::NEG_INFINITY), Some(0));
-        assert_eq!(gumbel_word_gate(f32::INFINITY), None);
-        assert_eq!(gumbel_word_gate(GUMBEL_MAX_BOUND), None);
+        // no leader: every finite logit passes
+        let (c0, c1) = gumbel_reach_consts(1.0, f32::NEG_INFINITY);
+        assert_eq!((c0, c1), (f32::MIN, 0.0));
+        assert!(f32::MIN >= c1 * gumbel_reach_chord(0) + c0);
+        assert!(f32::NEG_INFINITY < c1 * gumbel_reach_chord(u32::MAX) + c0);
     }
 
     #[test]

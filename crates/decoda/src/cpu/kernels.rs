@@ -427,23 +427,39 @@ mod body {
         }
     }
 
+    /// The largest of a chunk's words.
     #[inline(always)]
-    pub fn words_at_least(words: &[u32; 128], gate: u32) -> u128 {
-        // usually none: one OR-reduced compare decides that without building the mask
-        if !words.iter().fold(false, |a, &w| a | (w >= gate)) {
-            return 0;
+    pub fn word_max(words: &[u32; 128]) -> u32 {
+        words.iter().fold(0, |a, &w| a.max(w))
+    }
+
+    /// At least the largest of a chunk's words, from their top 15 bits: a signed 16-bit
+    /// max, which SSE2 has (it has no 32-bit one).
+    #[inline(always)]
+    pub fn word_max_top15(words: &[u32; 128]) -> u32 {
+        let top = words.iter().fold(0i16, |a, &w| a.max((w >> 17) as i16));
+        (top as u32) << 17 | 0x1_FFFF
+    }
+
+    /// Whether a chunk whose largest value is `zmax` can reach the threshold of the
+    /// word `w` ([`super::gumbel_reach`]'s test): with `w` the largest word of the chunk,
+    /// false only when no token of it can.
+    #[inline(always)]
+    pub fn reaches(zmax: f32, w: u32, c0: f32, c1: f32) -> bool {
+        zmax >= c1 * crate::philox::gumbel_reach_chord(w) + c0
+    }
+
+    pub fn gumbel_reach(z: &[f32], words: &[u32; 128], c0: f32, c1: f32) -> u128 {
+        // a byte per token, in a loop the compiler vectorises, then eight bytes to eight
+        // bits by one multiply (byte i's bit lands at bit 56 + i)
+        let mut keep = [0u8; 128];
+        for ((k, &zj), &x) in keep.iter_mut().zip(z).zip(words) {
+            *k = u8::from(zj >= c1 * crate::philox::gumbel_reach_chord(x) + c0);
         }
         let mut m = 0u128;
-        for (h, half) in words.chunks_exact(64).enumerate() {
-            let mut k = [false; 64];
-            for j in 0..64 {
-                k[j] = half[j] >= gate;
-            }
-            let mut mh = 0u64;
-            for (j, &kj) in k.iter().enumerate() {
-                mh |= u64::from(kj) << j;
-            }
-            m |= u128::from(mh) << (64 * h);
+        for (i, b) in keep.chunks_exact(8).enumerate() {
+            let v = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            m |= u128::from(v.wrapping_mul(0x0102_0408_1020_4080) >> 56) << (8 * i);
         }
         m
     }
@@ -908,19 +924,10 @@ mod simd512 {
     /// away and what the XORs leave above a word never matters. Then words 0-3 of each
     /// block are interleaved so that `out[4 j + w]` is word `w` of block `first_block + j`.
     ///
-    /// With `GATED`, also returns the mask of the words at or above `gate` (bit `i` for
-    /// `out[i]`), compared in registers.
-    ///
     /// # Safety
     /// AVX-512 F must be present.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn philox_x32<const GATED: bool>(
-        first_block: u32,
-        step: u64,
-        key: [u32; 2],
-        gate: u32,
-        out: &mut [u32; 128],
-    ) -> u128 {
+    pub unsafe fn philox_x32(first_block: u32, step: u64, key: [u32; 2], out: &mut [u32; 128]) {
         use crate::philox::{PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1};
         const CH: usize = 4;
         let m0 = _mm512_set1_epi64(i64::from(PHILOX_M0));
@@ -956,8 +963,6 @@ mod simd512 {
         }
         let ilo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
         let ihi = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
-        let g = _mm512_set1_epi32(gate as i32);
-        let mut mask = 0u128;
         for h in 0..CH {
             // lane j of x01: words 0 and 1 of block j side by side; of x23: words 2 and 3
             let x01 = _mm512_mask_blend_epi32(0xAAAA, c0[h], _mm512_slli_epi64::<32>(c1[h]));
@@ -968,16 +973,11 @@ mod simd512 {
             // SAFETY: chain `h` writes words 32 h .. 32 h + 32 of the 128.
             _mm512_storeu_si512(p, lo);
             _mm512_storeu_si512(p.add(1), hi);
-            if GATED {
-                let m = u32::from(_mm512_cmpge_epu32_mask(lo, g))
-                    | u32::from(_mm512_cmpge_epu32_mask(hi, g)) << 16;
-                mask |= u128::from(m) << (32 * h);
-            }
         }
-        mask
     }
 
-    /// [`super::gated_chunks`] with AVX-512.
+    /// [`super::gated_chunks`] with AVX-512: each chunk judged by its largest value and
+    /// its largest word.
     ///
     /// # Safety
     /// AVX-512 F and DQ must be present.
@@ -986,20 +986,23 @@ mod simd512 {
         z: &[f32],
         step: u64,
         key: [u32; 2],
-        gate: impl FnMut(f32) -> Option<u32>,
+        reach: impl Fn() -> (f32, f32),
         visit: impl FnMut(usize, u128, &[u32; 128]),
-    ) -> bool {
-        super::gated_chunks_with(
+    ) -> Option<f32> {
+        super::gated_chunks_scalar(
             z,
-            gate,
+            reach,
             visit,
             |c| match <&[f32; 128]>::try_from(c) {
                 // SAFETY: AVX-512 F and DQ are present (this function's contract).
                 Ok(full) => unsafe { chunk_max(full) },
                 Err(_) => super::body::chunk_max(c),
             },
-            // SAFETY: as above.
-            |b, g, out| unsafe { philox_x32::<true>(b, step, key, g, out) },
+            |b, out| {
+                // SAFETY: as above.
+                unsafe { philox_x32(b, step, key, out) };
+                super::body::word_max(out)
+            },
         )
     }
 
@@ -1231,21 +1234,13 @@ mod simd {
     use std::arch::x86_64::*;
 
     /// [`super::simd512::philox_x32`] with AVX2: eight chains of 4 blocks, made three,
-    /// three and two at a time ([`three_chains`], [`two_chains`]). With `GATED`,
-    /// one compare of the words' lane-wise max decides most chunks; the mask is taken from
-    /// `out` only when some word reaches the gate.
+    /// three and two at a time ([`three_chains`], [`two_chains`]).
     ///
     /// # Safety
     /// AVX2 must be present.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn philox_x32<const GATED: bool>(
-        first_block: u32,
-        step: u64,
-        key: [u32; 2],
-        gate: u32,
-        out: &mut [u32; 128],
-    ) -> u128 {
-        philox_x32_with::<GATED>(first_block, step, &round_keys(key), gate, out)
+    pub unsafe fn philox_x32(first_block: u32, step: u64, key: [u32; 2], out: &mut [u32; 128]) {
+        philox_top(first_block, step, &round_keys(key), out);
     }
 
     /// Each round's key pair, broadcast to every 64-bit lane.
@@ -1271,45 +1266,114 @@ mod simd {
         keys
     }
 
-    /// [`philox_x32`] with the round keys made beforehand ([`round_keys`]).
+    /// [`philox_x32`] with the round keys made beforehand ([`round_keys`]); returns the
+    /// words' lane-wise max: lane `l < 4` over the tokens `16 c + l` and `16 c + l + 4`, lane
+    /// `l >= 4` over `16 c + l + 4` and `16 c + l + 8`, of every chain `c`.
     ///
     /// # Safety
     /// AVX2 must be present.
     #[inline]
     #[target_feature(enable = "avx2")]
-    pub unsafe fn philox_x32_with<const GATED: bool>(
+    pub unsafe fn philox_top(
         first_block: u32,
         step: u64,
         keys: &[[__m256i; 2]; 10],
-        gate: u32,
         out: &mut [u32; 128],
-    ) -> u128 {
-        let mut top = _mm256_setzero_si256();
-        top = _mm256_max_epu32(top, three_chains(0, first_block, step, keys, out));
+    ) -> __m256i {
+        let mut top = three_chains(0, first_block, step, keys, out);
         top = _mm256_max_epu32(top, three_chains(3, first_block, step, keys, out));
-        top = _mm256_max_epu32(top, two_chains(6, first_block, step, keys, out));
-        if !GATED {
-            return 0;
+        _mm256_max_epu32(top, two_chains(6, first_block, step, keys, out))
+    }
+
+    /// The chunk's largest values in lanes that cover those of [`philox_top`]: lane `l`
+    /// over the tokens `l`, `l + 4` (mod 8) of the chunk, which hold every token of the
+    /// words' lane `l` and of lane `l ^ 4`; and whether the chunk may hold a NaN or an
+    /// infinity.
+    ///
+    /// # Safety
+    /// AVX2 must be present.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn lane_max(c: &[f32; 128]) -> (__m256, bool) {
+        let p = c.as_ptr();
+        // SAFETY: the chunk holds 128 values, sixteen registers' worth.
+        let l = |k: usize| _mm256_loadu_ps(p.add(8 * k));
+        let (mut m, mut s) = (l(0), l(0));
+        let (mut m1, mut s1) = (l(1), l(1));
+        for k in (2..16).step_by(2) {
+            let (a, b) = (l(k), l(k + 1));
+            m = _mm256_max_ps(m, a);
+            m1 = _mm256_max_ps(m1, b);
+            s = _mm256_add_ps(s, a);
+            s1 = _mm256_add_ps(s1, b);
         }
-        // one compare for the whole chunk: most chunks have no word at the gate
-        let g = _mm256_set1_epi32(gate as i32);
-        // x >= gate exactly when max(x, gate) == x
-        let ge = |x: __m256i| {
-            let eq = _mm256_cmpeq_epi32(_mm256_max_epu32(x, g), x);
-            _mm256_movemask_ps(_mm256_castsi256_ps(eq)) as u32
-        };
-        if ge(top) == 0 {
-            return 0;
-        }
-        let (mut lo, mut hi) = (0u64, 0u64);
-        for k in 0..8 {
-            // SAFETY: the 128 words are 16 registers' worth.
-            let w = _mm256_loadu_si256(out.as_ptr().add(8 * k).cast());
-            let v = _mm256_loadu_si256(out.as_ptr().add(64 + 8 * k).cast());
-            lo |= u64::from(ge(w)) << (8 * k);
-            hi |= u64::from(ge(v)) << (8 * k);
-        }
-        u128::from(lo) | u128::from(hi) << 64
+        // lane l: tokens l (mod 8); then with the other half, l and l + 4
+        let m = _mm256_max_ps(m, m1);
+        let m = _mm256_max_ps(m, _mm256_permute2f128_ps::<0x01>(m, m));
+        // a NaN or an infinity makes the sum NaN or infinite (as may an overflow): its
+        // lanes minus themselves are then NaN, which a self-compare finds
+        let s = _mm256_add_ps(s, s1);
+        let d = _mm256_sub_ps(s, s);
+        let bad = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(d, d)) != 0;
+        (m, bad)
+    }
+
+    /// The chords ([`crate::philox::gumbel_reach_chord`]) of eight words, and the
+    /// thresholds `c1 chord + c0` of [`super::gumbel_reach`].
+    #[inline(always)]
+    unsafe fn reach_thresholds(w: __m256i, c0: __m256, c1: __m256) -> __m256 {
+        let q = _mm256_srli_epi32::<9>(w);
+        let d = _mm256_sub_epi32(_mm256_set1_epi32((1 << 24) - 1), _mm256_add_epi32(q, q));
+        let chord = _mm256_cvtepi32_ps(_mm256_castps_si256(_mm256_cvtepi32_ps(d)));
+        _mm256_add_ps(_mm256_mul_ps(c1, chord), c0)
+    }
+
+    /// [`super::gated_chunks`] with AVX2: each chunk judged lane by lane, its values'
+    /// maxima ([`lane_max`]) against the thresholds of its words' ([`philox_top`]).
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gated_chunks(
+        z: &[f32],
+        step: u64,
+        key: [u32; 2],
+        reach: impl Fn() -> (f32, f32),
+        visit: impl FnMut(usize, u128, &[u32; 128]),
+    ) -> Option<f32> {
+        let keys = round_keys(key);
+        let mut rowmax = _mm256_set1_ps(f32::NEG_INFINITY);
+        let bad = super::gated_chunks_with(
+            z,
+            reach,
+            visit,
+            |c| {
+                let (m, bad) = match <&[f32; 128]>::try_from(c) {
+                    // SAFETY: AVX2 is present (this function's contract).
+                    Ok(full) => unsafe { lane_max(full) },
+                    // every lane the chunk's max: it covers any token
+                    Err(_) => {
+                        let (m, bad) = super::body::chunk_max(c);
+                        (_mm256_set1_ps(m), bad)
+                    }
+                };
+                rowmax = _mm256_max_ps(rowmax, m);
+                (m, bad)
+            },
+            // SAFETY: as above.
+            |b, out| unsafe { philox_top(b, step, &keys, out) },
+            |m, top, c0, c1| {
+                let thr = reach_thresholds(top, _mm256_set1_ps(c0), _mm256_set1_ps(c1));
+                _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(m, thr)) != 0
+            },
+            _mm256_set1_epi32(-1),
+        );
+        let m = _mm_max_ps(
+            _mm256_castps256_ps128(rowmax),
+            _mm256_extractf128_ps::<1>(rowmax),
+        );
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        (!bad).then(|| _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m))))
     }
 
     /// The four words of chain `c` (blocks `first_block + 4 c ..`, one per 64-bit lane,
@@ -1670,62 +1734,33 @@ mod simd {
         super::finish_ge_max(z, end, (base, thr), out, (mx, _mm256_movemask_ps(nan) != 0))
     }
 
-    /// [`super::gated_chunks`] with AVX2.
-    ///
-    /// # Safety
-    /// AVX2 and FMA must be present.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn gated_chunks(
-        z: &[f32],
-        step: u64,
-        key: [u32; 2],
-        gate: impl FnMut(f32) -> Option<u32>,
-        visit: impl FnMut(usize, u128, &[u32; 128]),
-    ) -> bool {
-        let keys = round_keys(key);
-        super::gated_chunks_with(
-            z,
-            gate,
-            visit,
-            |c| match <&[f32; 128]>::try_from(c) {
-                // SAFETY: AVX2 is present (this function's contract).
-                Ok(full) => unsafe { chunk_max(full) },
-                Err(_) => super::body::chunk_max(c),
-            },
-            // SAFETY: as above.
-            |b, g, out| unsafe { philox_x32_with::<true>(b, step, &keys, g, out) },
-        )
-    }
-
-    /// [`super::chunk_max`] of a full chunk of 128.
+    /// [`super::gumbel_reach`] of a full chunk: the chord of each word made in the lanes
+    /// (shift, subtract, two conversions), the threshold by a product and a sum as the
+    /// scalar test rounds them.
     ///
     /// # Safety
     /// AVX2 must be present.
-    #[inline]
     #[target_feature(enable = "avx2")]
-    pub unsafe fn chunk_max(c: &[f32; 128]) -> (f32, bool) {
-        let p = c.as_ptr();
-        // SAFETY: the chunk holds 128 values, sixteen registers' worth.
-        let l = |k: usize| _mm256_loadu_ps(p.add(8 * k));
-        let (mut m, mut s) = (l(0), l(0));
-        let (mut m1, mut s1) = (l(1), l(1));
-        for k in (2..16).step_by(2) {
-            let (a, b) = (l(k), l(k + 1));
-            m = _mm256_max_ps(m, a);
-            m1 = _mm256_max_ps(m1, b);
-            s = _mm256_add_ps(s, a);
-            s1 = _mm256_add_ps(s1, b);
+    pub unsafe fn gumbel_reach(z: &[f32; 128], words: &[u32; 128], c0: f32, c1: f32) -> u128 {
+        let (vc0, vc1) = (_mm256_set1_ps(c0), _mm256_set1_ps(c1));
+        let (zp, wp) = (z.as_ptr(), words.as_ptr().cast::<__m256i>());
+        let mut half = [0u64; 2];
+        for (h, m) in half.iter_mut().enumerate() {
+            for k in 0..8 {
+                let at = 8 * h + k;
+                // SAFETY: `at` < 16: the 8 words and 8 values read are inside the chunk.
+                let (w, zz) = unsafe {
+                    (
+                        _mm256_loadu_si256(wp.add(at)),
+                        _mm256_loadu_ps(zp.add(8 * at)),
+                    )
+                };
+                let thr = reach_thresholds(w, vc0, vc1);
+                let keep = _mm256_cmp_ps::<_CMP_GE_OQ>(zz, thr);
+                *m |= u64::from(_mm256_movemask_ps(keep) as u8) << (8 * k);
+            }
         }
-        let m = _mm256_max_ps(m, m1);
-        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        let m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        // a NaN or an infinity makes the sum NaN or infinite (as may an overflow): its
-        // lanes minus themselves are then NaN, which a self-compare finds
-        let s = _mm256_add_ps(s, s1);
-        let d = _mm256_sub_ps(s, s);
-        let bad = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(d, d)) != 0;
-        (_mm_cvtss_f32(m), bad)
+        u128::from(half[0]) | u128::from(half[1]) << 64
     }
 
     /// Mask (bit j = value j) of `z[i..i+64] >= thr`, or `== v` with `EQ`.
@@ -2193,12 +2228,12 @@ pub fn philox_x32(first_block: u32, step: u64, key: [u32; 2], out: &mut [u32; 12
     match level() {
         // SAFETY: `level()` detected AVX-512 F on this CPU.
         Level::Avx512 => {
-            unsafe { simd512::philox_x32::<false>(first_block, step, key, 0, out) };
+            unsafe { simd512::philox_x32(first_block, step, key, out) };
             return;
         }
         // SAFETY: `level()` detected AVX2 on this CPU.
         Level::Avx2 => {
-            unsafe { simd::philox_x32::<false>(first_block, step, key, 0, out) };
+            unsafe { simd::philox_x32(first_block, step, key, out) };
             return;
         }
         Level::Base => {}
@@ -2229,99 +2264,131 @@ pub fn philox_chunks(v: usize, step: u64, key: [u32; 2], f: impl FnMut(usize, &[
         let keys = unsafe { simd::round_keys(key) };
         // SAFETY: as above.
         return each(v, f, |b, out| unsafe {
-            simd::philox_x32_with::<false>(b, step, &keys, 0, out);
+            simd::philox_top(b, step, &keys, out);
         });
     }
     each(v, f, |b, out| philox_x32(b, step, key, out))
 }
 
-/// [`philox_x32`], and the mask of its words at or above `gate` (bit `i` for `out[i]`),
-/// compared while the words are still in registers: which tokens of the chunk have a
-/// word that can lift them to the leader (see [`crate::philox::gumbel_word_gate`]).
-pub fn philox_x32_gated(
-    first_block: u32,
-    step: u64,
-    key: [u32; 2],
-    gate: u32,
-    out: &mut [u32; 128],
-) -> u128 {
-    #[cfg(target_arch = "x86_64")]
-    match level() {
-        // SAFETY: `level()` detected AVX-512 F on this CPU.
-        Level::Avx512 => {
-            return unsafe { simd512::philox_x32::<true>(first_block, step, key, gate, out) }
-        }
-        // SAFETY: `level()` detected AVX2 on this CPU.
-        Level::Avx2 => {
-            return unsafe { simd::philox_x32::<true>(first_block, step, key, gate, out) }
-        }
-        Level::Base => {}
-    }
-    body::philox_x32(first_block, step, key, out);
-    body::words_at_least(out, gate)
-}
-
 /// The vector side of the one-pass whole-row draw: for each chunk of 128 values of `z`
-/// in order, its max (taken one chunk ahead, the row prefetched further ahead) goes to
-/// `gate`, which returns the word threshold of the chunk or `None` to skip it; the
-/// chunk's Philox words at `step` under `key` are made and compared with the threshold
-/// in registers, and `visit(chunk, mask, words)` gets the chunks where some word reaches
-/// it (bit `j` of `mask` for token `128 chunk + j`). Stops and returns true at the first
-/// chunk that holds a NaN or `+inf` (the caller counts them in the whole row).
+/// in order, its largest values (taken one chunk ahead, the row prefetched further
+/// ahead) are held against the leader's reach constants `reach()` (see
+/// [`crate::philox::gumbel_reach_consts`]): a chunk that even the largest word cannot
+/// lift is skipped before its Philox words at `step` under `key` are made; otherwise the
+/// words are made and the chunk is judged again by its largest words, then token by token
+/// ([`gumbel_reach`]), and `visit(chunk, mask, words)` gets the chunks where some token
+/// may reach the leader (bit `j` of `mask` for token `128 chunk + j`). `None` at the first
+/// chunk that holds a NaN or `+inf` (the caller counts them in the whole row); otherwise
+/// the row's largest value. What a chunk's largest values are (the whole chunk's, or
+/// lanes that match the words') is the variant's choice: a test that passes whenever a
+/// token of the chunk passes its own.
 pub fn gated_chunks(
     z: &[f32],
     step: u64,
     key: [u32; 2],
-    gate: impl FnMut(f32) -> Option<u32>,
+    reach: impl Fn() -> (f32, f32),
     visit: impl FnMut(usize, u128, &[u32; 128]),
-) -> bool {
+) -> Option<f32> {
     #[cfg(target_arch = "x86_64")]
     match level() {
         // SAFETY: `level()` detected AVX-512 F and DQ on this CPU.
-        Level::Avx512 => return unsafe { simd512::gated_chunks(z, step, key, gate, visit) },
+        Level::Avx512 => return unsafe { simd512::gated_chunks(z, step, key, reach, visit) },
         // SAFETY: `level()` detected AVX2 and FMA on this CPU.
-        Level::Avx2 => return unsafe { simd::gated_chunks(z, step, key, gate, visit) },
+        Level::Avx2 => return unsafe { simd::gated_chunks(z, step, key, reach, visit) },
         Level::Base => {}
     }
-    gated_chunks_with(z, gate, visit, body::chunk_max, |b, g, out| {
+    gated_chunks_scalar(z, reach, visit, body::chunk_max, |b, out| {
         body::philox_x32(b, step, key, out);
-        body::words_at_least(out, g)
+        body::word_max_top15(out)
     })
 }
 
-/// [`gated_chunks`] over a variant's chunk max and gated Philox.
+/// Mask (bit `j` for `z[j]`, `j < z.len() <= 128`) of the tokens of a chunk whose word
+/// `words[j]` could lift them to a leader: `z[j] >= c0 + c1 * chord(words[j])`, with the
+/// constants of [`crate::philox::gumbel_reach_consts`] and the chord of
+/// [`crate::philox::gumbel_reach_chord`]. Every instruction set computes the same mask.
+pub fn gumbel_reach(z: &[f32], words: &[u32; 128], c0: f32, c1: f32) -> u128 {
+    #[cfg(target_arch = "x86_64")]
+    if let (Ok(full), true) = (<&[f32; 128]>::try_from(z), level() != Level::Base) {
+        // SAFETY: `level()` detected AVX2 on this CPU.
+        return unsafe { simd::gumbel_reach(full, words, c0, c1) };
+    }
+    body::gumbel_reach(&z[..z.len().min(128)], words, c0, c1)
+}
+
+/// [`gated_chunks`] judging each chunk by its largest value and its largest word (or a
+/// bound of it), over a variant's chunk max and Philox (`philox(first_block, out)` makes
+/// the words and returns the bound).
 #[inline(always)]
-fn gated_chunks_with(
+fn gated_chunks_scalar(
     z: &[f32],
-    mut gate: impl FnMut(f32) -> Option<u32>,
-    mut visit: impl FnMut(usize, u128, &[u32; 128]),
+    reach: impl Fn() -> (f32, f32),
+    visit: impl FnMut(usize, u128, &[u32; 128]),
     chunk_max: impl Fn(&[f32]) -> (f32, bool),
-    philox: impl Fn(u32, u32, &mut [u32; 128]) -> u128,
+    philox: impl Fn(u32, &mut [u32; 128]) -> u32,
+) -> Option<f32> {
+    let mut rowmax = f32::NEG_INFINITY;
+    let bad = gated_chunks_with(
+        z,
+        reach,
+        visit,
+        |c| {
+            let (m, bad) = chunk_max(c);
+            rowmax = if m > rowmax { m } else { rowmax };
+            (m, bad)
+        },
+        philox,
+        body::reaches,
+        u32::MAX,
+    );
+    (!bad).then_some(rowmax)
+}
+
+/// The loop of [`gated_chunks`] over a variant's parts: `values(chunk)` the chunk's
+/// largest values (and whether it may hold a NaN or `+inf`), `words(first_block, out)`
+/// its Philox words into `out` and their largest, `reaches(values, words, c0, c1)` the
+/// test of a chunk's largest values against its largest words' thresholds, `all` the
+/// largest words there can be. True at a chunk with a NaN or `+inf`.
+#[inline(always)]
+fn gated_chunks_with<V: Copy, W: Copy>(
+    z: &[f32],
+    reach: impl Fn() -> (f32, f32),
+    mut visit: impl FnMut(usize, u128, &[u32; 128]),
+    mut values: impl FnMut(&[f32]) -> (V, bool),
+    words: impl Fn(u32, &mut [u32; 128]) -> W,
+    reaches: impl Fn(V, W, f32, f32) -> bool,
+    all: W,
 ) -> bool {
     const PREFETCH: usize = 16;
-    let mut words = [0u32; 128];
-    let mut next = chunk_max(&z[..z.len().min(128)]);
+    let mut out = [0u32; 128];
+    let mut next = values(&z[..z.len().min(128)]);
     for (c, chunk) in z.chunks(128).enumerate() {
-        // this chunk's max was taken one step ahead and the next one's is taken now: its
-        // loads and reduction overlap this chunk's Philox instead of delaying it
-        let (zmax, flagged) = next;
+        // this chunk's values were taken one step ahead and the next one's are taken now:
+        // their loads and reduction overlap this chunk's Philox instead of delaying it
+        let (v, flagged) = next;
         if let Some(after) = z.get((c + 1) * 128..) {
             prefetch(z, (c + PREFETCH) * 128);
-            next = chunk_max(&after[..after.len().min(128)]);
+            next = values(&after[..after.len().min(128)]);
         }
         // a flag may be an overflowing sum of finite values: count to be sure
         if flagged && count_nonfinite(chunk) > 0 {
             return true;
         }
-        let Some(g) = gate(zmax) else {
+        let (c0, c1) = reach();
+        // not even the largest word lifts the chunk: its words are not needed
+        if !reaches(v, all, c0, c1) {
             continue;
-        };
-        let mut m = philox((c * 32) as u32, g, &mut words);
+        }
+        let w = words((c * 32) as u32, &mut out);
+        if !reaches(v, w, c0, c1) {
+            continue;
+        }
+        let mut m = gumbel_reach(chunk, &out, c0, c1);
         if chunk.len() < 128 {
             m &= (1u128 << chunk.len()) - 1;
         }
         if m != 0 {
-            visit(c, m, &words);
+            visit(c, m, &out);
         }
     }
     false
@@ -2746,35 +2813,23 @@ mod tests {
         }
     }
 
-    type Philox = fn(u32, u64, [u32; 2], u32, &mut [u32; 128]) -> u128;
+    type Philox = fn(u32, u64, [u32; 2], &mut [u32; 128]);
 
-    /// Every variant this CPU can run, whatever `DECODA_ISA` says, gated (with the mask)
-    /// and not (mask 0).
+    /// Every variant this CPU can run, whatever `DECODA_ISA` says.
     fn philox_variants() -> Vec<(&'static str, Philox)> {
-        let mut v: Vec<(&'static str, Philox)> = vec![
-            ("baseline", |f, s, k, g, o| {
-                body::philox_x32(f, s, k, o);
-                body::words_at_least(o, g)
-            }),
-            ("dispatched", philox_x32_gated),
-            ("dispatched, ungated", |f, s, k, _, o| {
-                philox_x32(f, s, k, o);
-                0
-            }),
-        ];
+        let mut v: Vec<(&'static str, Philox)> =
+            vec![("baseline", body::philox_x32), ("dispatched", philox_x32)];
         #[cfg(target_arch = "x86_64")]
         {
             if detected() == Level::Avx512 {
                 // SAFETY: `detected()` found AVX-512 F.
-                v.push(("avx512", |f, s, k, g, o| unsafe {
-                    simd512::philox_x32::<true>(f, s, k, g, o)
+                v.push(("avx512", |f, s, k, o| unsafe {
+                    simd512::philox_x32(f, s, k, o)
                 }));
             }
             if detected() != Level::Base {
                 // SAFETY: `detected()` found AVX2.
-                v.push(("avx2", |f, s, k, g, o| unsafe {
-                    simd::philox_x32::<true>(f, s, k, g, o)
-                }));
+                v.push(("avx2", |f, s, k, o| unsafe { simd::philox_x32(f, s, k, o) }));
             }
         }
         v
@@ -2816,41 +2871,76 @@ mod tests {
             ] {
                 let key = crate::philox::seed_key(seed);
                 let mut out = [0u32; 128];
-                for gate in [
-                    0,
-                    1 << 31,
-                    0xF000_0000,
-                    u32::MAX,
-                    (seed as u32) | 0xFF00_0000,
-                ] {
-                    let mask = f(first, step, key, gate, &mut out);
-                    for j in 0..32u32 {
-                        let b = first.wrapping_add(j);
-                        let want = crate::philox::philox4x32_10(
-                            [b, step as u32, (step >> 32) as u32, 0],
-                            key,
-                        );
+                f(first, step, key, &mut out);
+                for j in 0..32u32 {
+                    let b = first.wrapping_add(j);
+                    let want =
+                        crate::philox::philox4x32_10([b, step as u32, (step >> 32) as u32, 0], key);
+                    assert_eq!(
+                        &out[4 * j as usize..4 * j as usize + 4],
+                        &want[..],
+                        "{name}: seed {seed} step {step} block {b}"
+                    );
+                    if b < u32::MAX / 4 {
                         assert_eq!(
-                            &out[4 * j as usize..4 * j as usize + 4],
-                            &want[..],
-                            "{name}: seed {seed} step {step} block {b}"
+                            out[4 * j as usize + 2],
+                            crate::philox::token_bits(seed, step, 4 * b + 2)
                         );
-                        if b < u32::MAX / 4 {
-                            assert_eq!(
-                                out[4 * j as usize + 2],
-                                crate::philox::token_bits(seed, step, 4 * b + 2)
-                            );
-                        }
                     }
-                    if !name.ends_with("ungated") {
-                        for (i, &w) in out.iter().enumerate() {
-                            assert_eq!(
-                                mask >> i & 1 == 1,
-                                w >= gate,
-                                "{name}: word {i} gate {gate:#x}"
-                            );
-                        }
-                    }
+                }
+            }
+        }
+    }
+
+    /// The lanes of the AVX2 chunk: the words' maxima of `philox_top` and the values'
+    /// maxima of `lane_max` hold exactly the tokens their docs name, and the values' lanes
+    /// cover the words' (what the lane test needs).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx2_lanes_hold_the_tokens_they_name() {
+        if detected() == Level::Base {
+            return;
+        }
+        let lanes = |v: std::arch::x86_64::__m256i| -> [u32; 8] {
+            // SAFETY: a register of eight 32-bit lanes is 32 bytes, as is the array.
+            unsafe { std::mem::transmute(v) }
+        };
+        // the tokens of the words' lane l: l, l + 4 (l < 4) or l + 4, l + 8, in every
+        // chain of 16
+        let word_lane = |l: usize| -> Vec<usize> {
+            let r = if l < 4 { [l, l + 4] } else { [l + 4, l + 8] };
+            (0..8).flat_map(|c| r.map(|r| 16 * c + r)).collect()
+        };
+        for (seed, first) in [(3u64, 0u32), (99, 64), (u64::MAX, 4096)] {
+            let key = crate::philox::seed_key(seed);
+            let mut out = [0u32; 128];
+            // SAFETY: AVX2 was detected.
+            let top =
+                lanes(unsafe { simd::philox_top(first, 11, &simd::round_keys(key), &mut out) });
+            for (l, &t) in top.iter().enumerate() {
+                let want = word_lane(l).iter().map(|&j| out[j]).max().expect("tokens");
+                assert_eq!(t, want, "seed {seed} lane {l}");
+            }
+        }
+        for seed in 0..20u64 {
+            let z: Vec<f32> = values(128, seed + 50)
+                .into_iter()
+                .map(|v| if v.is_finite() { v } else { 1.0 })
+                .collect();
+            let full = <&[f32; 128]>::try_from(&z[..]).expect("a chunk");
+            // SAFETY: AVX2 was detected.
+            let (m, flagged) = unsafe { simd::lane_max(full) };
+            assert!(!flagged, "seed {seed}");
+            // SAFETY: eight f32 lanes are 32 bytes, as is the array.
+            let m: [f32; 8] = unsafe { std::mem::transmute(m) };
+            for (l, &ml) in m.iter().enumerate() {
+                let want = (0..128)
+                    .filter(|j| j % 4 == l % 4)
+                    .map(|j| z[j])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                assert_eq!(ml, want, "seed {seed} lane {l}");
+                for j in word_lane(l) {
+                    assert!(j % 4 == l % 4, "lane {l} token {j}");
                 }
             }
         }
@@ -2874,7 +2964,11 @@ mod tests {
                     (detected(), <&[f32; 128]>::try_from(&z[..]))
                 {
                     // SAFETY: `detected()` found AVX2 (implied by its AVX-512 level too).
-                    got.push(("avx2", unsafe { simd::chunk_max(full) }));
+                    let (m, flagged) = unsafe { simd::lane_max(full) };
+                    // SAFETY: eight f32 lanes are 32 bytes, as is the array.
+                    let m: [f32; 8] = unsafe { std::mem::transmute(m) };
+                    let m = m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                    got.push(("avx2 lanes", (m, flagged)));
                 }
                 for (name, (m, flagged)) in got {
                     // a NaN or +inf must be flagged (a flag without one is allowed)
@@ -2885,6 +2979,130 @@ mod tests {
                     assert_eq!(count_nonfinite(&z) > 0, bad);
                 }
             }
+        }
+    }
+
+    /// The per-token reach test: every variant gives the generic code's mask bit for bit
+    /// (full chunks, partial ones, `-inf` logits, leaders high and low, the pass-all
+    /// constants).
+    #[test]
+    fn gumbel_reach_variants_agree() {
+        let mut rng = crate::conformance::Rng::new(17);
+        let key = crate::philox::seed_key(5);
+        for case in 0..200u32 {
+            let n = [128usize, 128, 77, 1][case as usize % 4];
+            let mut words = [0u32; 128];
+            philox_x32(case * 32, 3, key, &mut words);
+            let z: Vec<f32> = (0..n)
+                .map(|_| match rng.below(20) {
+                    0 => f32::NEG_INFINITY,
+                    _ => (rng.below(4000) as f32 - 2000.0) / 100.0,
+                })
+                .collect();
+            let t = [0.05f32, 0.8, 1.0, 3.0][case as usize % 4];
+            let floor = [-20.0f32, 0.0, 7.5, 25.0, f32::NEG_INFINITY][case as usize % 5];
+            let (c0, c1) = crate::philox::gumbel_reach_consts(t, floor);
+            let want = body::gumbel_reach(&z, &words, c0, c1);
+            assert_eq!(gumbel_reach(&z, &words, c0, c1), want, "case {case}");
+            #[cfg(target_arch = "x86_64")]
+            if let (true, Ok(full)) = (detected() != Level::Base, <&[f32; 128]>::try_from(&z[..])) {
+                // SAFETY: `detected()` found AVX2.
+                let got = unsafe { simd::gumbel_reach(full, &words, c0, c1) };
+                assert_eq!(got, want, "avx2 case {case}");
+            }
+            // the generic mask is the scalar test's, token by token
+            for (j, &zj) in z.iter().enumerate() {
+                let pass = zj >= c1 * crate::philox::gumbel_reach_chord(words[j]) + c0;
+                assert_eq!(want >> j & 1 == 1, pass, "case {case} token {j}");
+            }
+        }
+    }
+
+    /// `gated_chunks` on every variant: a row far below the leader but for one token set
+    /// exactly at its own threshold, at every position of the row in turn (each lane of
+    /// each chunk, the partial last chunk): that token and no other is visited, with its
+    /// words, and the row's max comes back; a NaN stops the row; the pass-all constants
+    /// visit every finite token and no `-inf` one.
+    #[test]
+    fn gated_chunks_visits_every_token_that_passes() {
+        type Gated = fn(&[f32], u64, [u32; 2], (f32, f32), &mut Vec<(u32, u32)>) -> Option<f32>;
+        fn run(
+            f: impl FnOnce(
+                &[f32],
+                &dyn Fn() -> (f32, f32),
+                &mut dyn FnMut(usize, u128, &[u32; 128]),
+            ) -> Option<f32>,
+            z: &[f32],
+            consts: (f32, f32),
+            out: &mut Vec<(u32, u32)>,
+        ) -> Option<f32> {
+            f(z, &|| consts, &mut |c, mut m, words| {
+                while m != 0 {
+                    let j = m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    out.push(((128 * c + j) as u32, words[j]));
+                }
+            })
+        }
+        let mut variants: Vec<(&str, Gated)> = vec![
+            ("dispatched", |z, s, k, r, o| {
+                run(|z, r, v| gated_chunks(z, s, k, r, v), z, r, o)
+            }),
+            ("generic", |z, s, k, r, o| {
+                run(
+                    |z, r, v| {
+                        gated_chunks_scalar(z, r, v, body::chunk_max, |b, out| {
+                            body::philox_x32(b, s, k, out);
+                            body::word_max_top15(out)
+                        })
+                    },
+                    z,
+                    r,
+                    o,
+                )
+            }),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        if detected() != Level::Base {
+            variants.push(("avx2", |z, s, k, r, o| {
+                // SAFETY: `detected()` found AVX2 and FMA.
+                run(
+                    |z, r, v| unsafe { simd::gated_chunks(z, s, k, r, v) },
+                    z,
+                    r,
+                    o,
+                )
+            }));
+        }
+        let (seed, step) = (0xfeed_u64, 9u64);
+        let key = crate::philox::seed_key(seed);
+        let consts = crate::philox::gumbel_reach_consts(1.0, 10.0);
+        let n = 300;
+        for (name, f) in &variants {
+            for p in 0..n {
+                let mut z = vec![-50.0f32; n];
+                let w = crate::philox::token_bits(seed, step, p as u32);
+                z[p] = consts.1 * crate::philox::gumbel_reach_chord(w) + consts.0;
+                let mut seen = Vec::new();
+                let max = f(&z, step, key, consts, &mut seen);
+                assert_eq!(seen, vec![(p as u32, w)], "{name}: token {p}");
+                assert_eq!(max, Some(z[p]), "{name}: token {p}");
+                // just below its threshold it is not visited
+                z[p] = z[p].next_down();
+                seen.clear();
+                f(&z, step, key, consts, &mut seen);
+                assert!(seen.is_empty(), "{name}: token {p} below");
+            }
+            let mut z: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+            z[5] = f32::NEG_INFINITY;
+            z[200] = f32::NEG_INFINITY;
+            let mut seen = Vec::new();
+            let max = f(&z, step, key, (f32::MIN, 0.0), &mut seen);
+            assert_eq!(max, Some(6.0), "{name}");
+            let want: Vec<u32> = (0..n as u32).filter(|&i| i != 5 && i != 200).collect();
+            assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), want, "{name}");
+            z[150] = f32::NAN;
+            assert_eq!(f(&z, step, key, consts, &mut Vec::new()), None, "{name}");
         }
     }
 

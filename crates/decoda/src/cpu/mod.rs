@@ -889,20 +889,21 @@ const CHUNK: usize = 128;
 const SEED_SPAN: usize = 8192;
 
 /// [`draw`] over the whole row (no filter), in one pass over chunks of [`CHUNK`] tokens
-/// read ahead of use, so the reading overlaps the Philox arithmetic. A chunk whose largest
-/// `y` sits `a` below the leader can only change it through a word at or above
-/// `gumbel_word_gate(a)` (the bound on the noise is monotone in the word): a chunk that no
-/// word can lift is skipped before its Philox words are made; otherwise the words are made
-/// 32 blocks at a time in vector lanes and compared with the gate, and only the few at or
-/// above it meet the exact comparison of [`draw`]. Same token as drawing every one.
-/// `Err` for NaN or `+inf` in the row, or no finite value; `None` when the row is greedy
-/// after all (`max / T` overflows).
+/// read ahead of use, so the reading overlaps the Philox arithmetic. A token can only
+/// change the leader when its logit reaches a threshold that falls as its word rises
+/// ([`philox::gumbel_reach_consts`]: a bound on the noise per word, no logarithm), so a
+/// chunk whose largest values stay below the threshold of the largest word is skipped
+/// before its Philox words are made; otherwise the words are made 32 blocks at a time in
+/// vector lanes, the chunk is judged by its largest words, then each token by its own,
+/// and only the few tokens that pass meet the exact comparison of [`draw`]. Same token
+/// as drawing every one. `Err` for NaN or `+inf` in the row, or no finite value; `None`
+/// when the row is greedy after all (`max / T` overflows).
 fn draw_whole_row(x: &[f32], t: f32, seed: u64, step: u64) -> Option<RowResult> {
     let bounds = gumbel_bucket_bounds();
     let key = philox::seed_key(seed);
     let mut best = (u32::MAX, f32::NEG_INFINITY);
     // The leader starts as the first max of the row's head (drawn again in its chunk,
-    // which changes nothing), so the gates are tight from the first chunk on.
+    // which changes nothing), so the thresholds are tight from the first chunk on.
     let head = &x[..x.len().min(SEED_SPAN)];
     let (hmax, hbad) = kernels::max_nonfinite(head);
     if hbad == 0 && hmax > f32::NEG_INFINITY {
@@ -912,43 +913,31 @@ fn draw_whole_row(x: &[f32], t: f32, seed: u64, step: u64) -> Option<RowResult> 
         let i0 = kernels::first_eq(head, hmax).expect("max exists") as u32;
         best = (i0, hmax / t + philox::gumbel(seed, step, i0));
     }
-    let best = std::cell::Cell::new(best);
-    let mut overflow = false;
-    let gate = |zmax: f32| {
-        if zmax == f32::NEG_INFINITY {
-            return None;
-        }
-        let ymax = zmax / t;
-        if !ymax.is_finite() {
-            overflow = true;
-            return None;
-        }
-        // slack for the rounding of y = z / t and of y + bound against the leader
-        let b = best.get().1;
-        philox::gumbel_word_gate(b - ymax - 1e-4 - b.abs() * 1e-6)
-    };
+    // the leader and its thresholds' constants, renewed when it changes
+    let leader = std::cell::Cell::new((best, philox::gumbel_reach_consts(t, best.1)));
     let visit = |c: usize, mut m: u128, words: &[u32; CHUNK]| {
-        let mut b = best.get();
+        let old = leader.get().0;
+        let mut b = old;
         while m != 0 {
             let j = m.trailing_zeros() as usize;
             m &= m - 1;
             let z = x[c * CHUNK + j];
-            let y = z / t;
-            if z == f32::NEG_INFINITY || y + GUMBEL_MAX_BOUND < b.1 {
-                continue;
+            if z != f32::NEG_INFINITY {
+                challenge(&mut b, (c * CHUNK + j) as u32, z / t, words[j], bounds);
             }
-            challenge(&mut b, (c * CHUNK + j) as u32, y, words[j], bounds);
         }
-        best.set(b);
+        if b != old {
+            leader.set((b, philox::gumbel_reach_consts(t, b.1)));
+        }
     };
-    let bad = kernels::gated_chunks(x, step, key, gate, visit);
-    let best = best.get();
-    if overflow {
-        return None;
-    }
-    if bad {
+    let row = kernels::gated_chunks(x, step, key, || leader.get().1, visit);
+    let best = leader.get().0;
+    let Some(xmax) = row else {
         let count = kernels::max_nonfinite(x).1;
         return Some(Err(RowError::NonFiniteLogits { count }));
+    };
+    if xmax > f32::NEG_INFINITY && !(xmax / t).is_finite() {
+        return None;
     }
     if best.0 == u32::MAX {
         return Some(Err(RowError::NoCandidate));
