@@ -107,11 +107,19 @@ pub fn gumbel_reach_chord(x: u32) -> f32 {
     (d as f32).to_bits() as i32 as f32
 }
 
+/// The threshold of word `x` in the per-token reach test with constants `(c0, c1)` of
+/// [`gumbel_reach_consts`]: `c1 * gumbel_reach_chord(x) + c0`, the product and the sum
+/// rounded in f32 in that order (vector lanes compute it the same way). It falls as `x`
+/// rises, so the threshold of a chunk's largest word is at most every other word's.
+#[inline(always)]
+pub fn gumbel_reach_threshold(x: u32, c0: f32, c1: f32) -> f32 {
+    c1 * gumbel_reach_chord(x) + c0
+}
+
 /// Constants `(c0, c1)` of the per-token reach test of a draw at temperature `t` against
 /// the leader's score `floor`: a token with logit `z` and word `x` can reach `floor`
 /// (`z / t + g(x) >= floor`, as the exact comparison rounds it) only if
-/// `z >= c0 + c1 * gumbel_reach_chord(x)` (the product and the sum rounded in f32, in
-/// that order). `c0 + c1 chord = t (floor - slack - bound(x))` with the bound of
+/// `z >= gumbel_reach_threshold(x, c0, c1)`. `c0 + c1 chord = t (floor - slack - bound(x))` with the bound of
 /// [`gumbel_reach_chord`] and a slack of `1e-3 + 1e-5 |floor|` for the roundings of `z / t`,
 /// of the sum, of the `ln`s and of the test itself. Where the test cannot be made safely
 /// in f32 (no leader yet, or a temperature so small or large that a constant leaves the
@@ -150,7 +158,7 @@ mod tests {
                 assert!(c1 > 0.0, "t {t} floor {floor}");
                 for &x in &words {
                     let g = gumbel_from_bits(x);
-                    let thr = c1 * gumbel_reach_chord(x) + c0;
+                    let thr = gumbel_reach_threshold(x, c0, c1);
                     let cross = t * (floor - g);
                     let mut z = cross;
                     for _ in 0..64 {
@@ -192,8 +200,8 @@ mod tests {
         // no leader: every finite logit passes
         let (c0, c1) = gumbel_reach_consts(1.0, f32::NEG_INFINITY);
         assert_eq!((c0, c1), (f32::MIN, 0.0));
-        assert!(f32::MIN >= c1 * gumbel_reach_chord(0) + c0);
-        assert!(f32::NEG_INFINITY < c1 * gumbel_reach_chord(u32::MAX) + c0);
+        assert!(f32::MIN >= gumbel_reach_threshold(0, c0, c1));
+        assert!(f32::NEG_INFINITY < gumbel_reach_threshold(u32::MAX, c0, c1));
     }
 
     #[test]

@@ -446,7 +446,7 @@ mod body {
     /// false only when no token of it can.
     #[inline(always)]
     pub fn reaches(zmax: f32, w: u32, c0: f32, c1: f32) -> bool {
-        zmax >= c1 * crate::philox::gumbel_reach_chord(w) + c0
+        zmax >= crate::philox::gumbel_reach_threshold(w, c0, c1)
     }
 
     pub fn gumbel_reach(z: &[f32], words: &[u32; 128], c0: f32, c1: f32) -> u128 {
@@ -454,7 +454,7 @@ mod body {
         // bits by one multiply (byte i's bit lands at bit 56 + i)
         let mut keep = [0u8; 128];
         for ((k, &zj), &x) in keep.iter_mut().zip(z).zip(words) {
-            *k = u8::from(zj >= c1 * crate::philox::gumbel_reach_chord(x) + c0);
+            *k = u8::from(zj >= crate::philox::gumbel_reach_threshold(x, c0, c1));
         }
         let mut m = 0u128;
         for (i, b) in keep.chunks_exact(8).enumerate() {
@@ -1318,8 +1318,7 @@ mod simd {
         (m, bad)
     }
 
-    /// The chords ([`crate::philox::gumbel_reach_chord`]) of eight words, and the
-    /// thresholds `c1 chord + c0` of [`super::gumbel_reach`].
+    /// [`crate::philox::gumbel_reach_threshold`] of eight words.
     #[inline(always)]
     unsafe fn reach_thresholds(w: __m256i, c0: __m256, c1: __m256) -> __m256 {
         let q = _mm256_srli_epi32::<9>(w);
@@ -2304,9 +2303,10 @@ pub fn gated_chunks(
 }
 
 /// Mask (bit `j` for `z[j]`, `j < z.len() <= 128`) of the tokens of a chunk whose word
-/// `words[j]` could lift them to a leader: `z[j] >= c0 + c1 * chord(words[j])`, with the
-/// constants of [`crate::philox::gumbel_reach_consts`] and the chord of
-/// [`crate::philox::gumbel_reach_chord`]. Every instruction set computes the same mask.
+/// `words[j]` could lift them to a leader:
+/// `z[j] >= gumbel_reach_threshold(words[j], c0, c1)`, with the constants of
+/// [`crate::philox::gumbel_reach_consts`] (see [`crate::philox::gumbel_reach_threshold`]).
+/// Every instruction set computes the same mask; no bit at or past `z.len()`.
 pub fn gumbel_reach(z: &[f32], words: &[u32; 128], c0: f32, c1: f32) -> u128 {
     #[cfg(target_arch = "x86_64")]
     if let (Ok(full), true) = (<&[f32; 128]>::try_from(z), level() != Level::Base) {
@@ -2383,10 +2383,7 @@ fn gated_chunks_with<V: Copy, W: Copy>(
         if !reaches(v, w, c0, c1) {
             continue;
         }
-        let mut m = gumbel_reach(chunk, &out, c0, c1);
-        if chunk.len() < 128 {
-            m &= (1u128 << chunk.len()) - 1;
-        }
+        let m = gumbel_reach(chunk, &out, c0, c1);
         if m != 0 {
             visit(c, m, &out);
         }
@@ -3012,7 +3009,7 @@ mod tests {
             }
             // the generic mask is the scalar test's, token by token
             for (j, &zj) in z.iter().enumerate() {
-                let pass = zj >= c1 * crate::philox::gumbel_reach_chord(words[j]) + c0;
+                let pass = zj >= crate::philox::gumbel_reach_threshold(words[j], c0, c1);
                 assert_eq!(want >> j & 1 == 1, pass, "case {case} token {j}");
             }
         }
@@ -3082,7 +3079,7 @@ mod tests {
             for p in 0..n {
                 let mut z = vec![-50.0f32; n];
                 let w = crate::philox::token_bits(seed, step, p as u32);
-                z[p] = consts.1 * crate::philox::gumbel_reach_chord(w) + consts.0;
+                z[p] = crate::philox::gumbel_reach_threshold(w, consts.0, consts.1);
                 let mut seen = Vec::new();
                 let max = f(&z, step, key, consts, &mut seen);
                 assert_eq!(seen, vec![(p as u32, w)], "{name}: token {p}");
