@@ -1608,18 +1608,18 @@ mod simd {
         let vthr = _mm256_set1_ps(thr);
         let limit = _mm256_set1_ps(1024.0);
         let mut over = _mm256_set1_ps(f32::NEG_INFINITY);
-        let flush = |total: f64, a: [__m256; 2]| {
+        // a group's f32 sums join the f64 lanes of `total` (no reduction across lanes until
+        // the end: it would put a chain of scalar additions after every group)
+        let flush = |total: [__m256d; 2], a: [__m256; 2]| {
             let s = _mm256_add_ps(a[0], a[1]);
-            let d = _mm256_add_pd(
-                _mm256_cvtps_pd(_mm256_castps256_ps128(s)),
-                _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(s)),
-            );
-            let d = _mm_add_pd(_mm256_castpd256_pd128(d), _mm256_extractf128_pd::<1>(d));
-            total + _mm_cvtsd_f64(_mm_add_sd(d, _mm_unpackhi_pd(d, d)))
+            [
+                _mm256_add_pd(total[0], _mm256_cvtps_pd(_mm256_castps256_ps128(s))),
+                _mm256_add_pd(total[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(s))),
+            ]
         };
         let n = z.len();
         let p = z.as_ptr();
-        let mut total = 0f64;
+        let mut total = [_mm256_setzero_pd(); 2];
         let mut i = 0;
         while i + 64 <= n {
             let blocks = ((n - i) / 64).min(8);
@@ -1676,7 +1676,10 @@ mod simd {
             acc[0] = term(ix, acc[0]);
             i += len;
         }
-        let total = flush(total, acc);
+        let [d0, d1] = flush(total, acc);
+        let d = _mm256_add_pd(d0, d1);
+        let d = _mm_add_pd(_mm256_castpd256_pd128(d), _mm256_extractf128_pd::<1>(d));
+        let total = _mm_cvtsd_f64(_mm_add_sd(d, _mm_unpackhi_pd(d, d)));
         if any_ge(_mm256_fmadd_ps(over, vc1, vc0), limit) {
             // NaN + inf stays NaN
             total + f64::INFINITY
@@ -2012,15 +2015,15 @@ mod sse2 {
             _mm_add_ps(acc, _mm_mul_ps(q, scale))
         };
         let vthr = _mm_set1_ps(thr);
-        let flush = |total: f64, a: __m128| {
+        // into the two f64 lanes of `total` (added across only at the end)
+        let flush = |total: __m128d, a: __m128| {
             let lo = _mm_cvtps_pd(a);
             let hi = _mm_cvtps_pd(_mm_movehl_ps(a, a));
-            let d = _mm_add_pd(lo, hi);
-            total + _mm_cvtsd_f64(_mm_add_sd(d, _mm_unpackhi_pd(d, d)))
+            _mm_add_pd(total, _mm_add_pd(lo, hi))
         };
         let n = z.len();
         let ptr = z.as_ptr();
-        let mut total = 0f64;
+        let mut total = _mm_setzero_pd();
         let mut i = 0;
         let mut flagged = [false; 4];
         while i + 64 <= n {
@@ -2078,7 +2081,8 @@ mod sse2 {
             k += 1;
             i += len;
         }
-        acc.into_iter().fold(total, flush)
+        let d = acc.into_iter().fold(total, flush);
+        _mm_cvtsd_f64(_mm_add_sd(d, _mm_unpackhi_pd(d, d)))
     }
 }
 /// `sum(exp((z - zmax) * scale))` in f32 lanes gathered in f64 (approximate: each term
