@@ -449,6 +449,7 @@ mod body {
         zmax >= crate::philox::gumbel_reach_threshold(w, c0, c1)
     }
 
+    /// [`super::gumbel_reach`] of a chunk of at most 128 tokens.
     pub fn gumbel_reach(z: &[f32], words: &[u32; 128], c0: f32, c1: f32) -> u128 {
         // a byte per token, in a loop the compiler vectorises, then eight bytes to eight
         // bits by one multiply (byte i's bit lands at bit 56 + i)
@@ -1367,12 +1368,16 @@ mod simd {
             },
             _mm256_set1_epi32(-1),
         );
-        let m = _mm_max_ps(
-            _mm256_castps256_ps128(rowmax),
-            _mm256_extractf128_ps::<1>(rowmax),
-        );
+        (!bad).then(|| hmax(rowmax))
+    }
+
+    /// The largest lane of `m` (NaN lanes passed over where `max` passes them).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn hmax(m: __m256) -> f32 {
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        (!bad).then(|| _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m))))
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
     }
 
     /// The four words of chain `c` (blocks `first_block + 4 c ..`, one per 64-bit lane,
@@ -1729,10 +1734,10 @@ mod simd {
             }
             mask
         });
-        let vm = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
-        let vm = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps::<1>(vm));
-        let vm = _mm_max_ps(vm, _mm_movehl_ps(vm, vm));
-        let mx = _mm_cvtss_f32(_mm_max_ss(vm, _mm_movehdup_ps(vm)));
+        let mx = hmax(_mm256_max_ps(
+            _mm256_max_ps(m[0], m[1]),
+            _mm256_max_ps(m[2], m[3]),
+        ));
         super::finish_ge_max(z, end, (base, thr), out, (mx, _mm256_movemask_ps(nan) != 0))
     }
 
