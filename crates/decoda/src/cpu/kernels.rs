@@ -1183,6 +1183,7 @@ mod simd512 {
             let mut acc = [_mm512_setzero_ps(); 4];
             for (g, mask) in masks[..4 * groups].chunks_exact_mut(4).enumerate() {
                 let at = i + 64 * g;
+                super::prefetch_lines(z, at + super::PREFETCH_AHEAD, 64);
                 for (j, a) in acc.iter_mut().enumerate() {
                     // SAFETY: at + 64 <= n: the loads of 16 values are inside z.
                     let x = unsafe { _mm512_loadu_ps(p.add(at + 16 * j)) };
@@ -1633,6 +1634,7 @@ mod simd {
             let mut flagged = 0u32;
             for b in 0..blocks {
                 let at = i + 64 * b;
+                super::prefetch_lines(z, at + super::PREFETCH_AHEAD, 64);
                 let mut top = _mm256_set1_ps(f32::NEG_INFINITY);
                 for s in 0..4 {
                     // SAFETY: at + 64 <= n: the loads of 8 values are inside z.
@@ -2036,6 +2038,7 @@ mod sse2 {
             let (mut a0, mut a1) = (_mm_setzero_ps(), _mm_setzero_ps());
             for (b, reach) in flagged[..blocks].iter_mut().enumerate() {
                 let at = i + 64 * b;
+                super::prefetch_lines(z, at + super::PREFETCH_AHEAD, 64);
                 let mut top = _mm_set1_ps(f32::NEG_INFINITY);
                 for s in 0..8 {
                     // SAFETY: at + 64 <= n: the loads of 4 values are inside z.
@@ -2368,7 +2371,6 @@ fn gated_chunks_with<V: Copy, W: Copy>(
     reaches: impl Fn(V, W, f32, f32) -> bool,
     all: W,
 ) -> bool {
-    const PREFETCH: usize = 16;
     let mut out = [0u32; 128];
     let mut next = values(&z[..z.len().min(128)]);
     for (c, chunk) in z.chunks(128).enumerate() {
@@ -2376,7 +2378,7 @@ fn gated_chunks_with<V: Copy, W: Copy>(
         // their loads and reduction overlap this chunk's Philox instead of delaying it
         let (v, flagged) = next;
         if let Some(after) = z.get((c + 1) * 128..) {
-            prefetch(z, (c + PREFETCH) * 128);
+            prefetch_lines(z, c * 128 + PREFETCH_AHEAD, 128);
             next = values(&after[..after.len().min(128)]);
         }
         // a flag may be an overflowing sum of finite values: count to be sure
@@ -2407,16 +2409,29 @@ fn count_nonfinite(z: &[f32]) -> usize {
         .count()
 }
 
-/// Asks the cache for the line holding `z[at]` (nothing when `at` is past the end).
-#[inline]
-fn prefetch(z: &[f32], at: usize) {
+/// How far ahead, in values (8 KiB), the passes that work on every value of a row (the
+/// top-p normaliser, the plain-temperature draw) ask the cache for the row's lines. The
+/// rows of a large batch come from memory, not from the caches, and the hardware
+/// prefetcher alone leaves such a pass waiting on its loads instead of overlapping them
+/// with its arithmetic.
+const PREFETCH_AHEAD: usize = 2048;
+
+/// Asks the cache for every line of `z[at .. at + len]` (`len` a multiple of 16: one
+/// request per 64 bytes). Lines past the end of `z` may be asked for too: no bounds check
+/// sits beside the vector loops that call this.
+#[inline(always)]
+fn prefetch_lines(z: &[f32], at: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    if let Some(v) = z.get(at) {
+    for line in (0..len).step_by(16) {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: a prefetch only hints the cache; the address is inside `z`, and SSE
-        // (which has the instruction) is part of x86-64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>((v as *const f32).cast::<i8>()) };
+        let addr = z.as_ptr().wrapping_add(at + line);
+        // SAFETY: a prefetch only hints the cache: it never faults, even for an address
+        // past the end of `z` (made with `wrapping_add` and never read from); SSE, which
+        // has the instruction, is part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(addr.cast::<i8>()) };
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (z, at, len);
 }
 
 #[cfg(test)]
