@@ -880,6 +880,7 @@ fn staged_hits(
     while i + 64 <= n {
         let blocks = ((n - i) / 64).min(64);
         for (b, mask) in masks[..blocks].iter_mut().enumerate() {
+            prefetch_lines(z, i + 64 * b + PREFETCH_AHEAD, 64);
             *mask = block(i + 64 * b);
         }
         for (b, &mask) in masks[..blocks].iter().enumerate() {
