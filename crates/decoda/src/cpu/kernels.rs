@@ -865,7 +865,8 @@ fn push_hits(mut hits: u64, at: usize, base: u32, z: &[f32], out: &mut Vec<(u32,
 /// at `at` (keeping its own running max and NaN check) and returns their hit mask (bit
 /// `j` for `z[at + j] >= thr`). The masks of up to 64 blocks are kept on the stack and
 /// turned into pushes after them, so no call sits inside the vector loop (a call would
-/// force the vector registers out to memory). Returns where the full blocks end.
+/// force the vector registers out to memory). The row's lines are asked for
+/// [`PREFETCH_AHEAD`] values ahead. Returns where the full blocks end.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn staged_hits(
