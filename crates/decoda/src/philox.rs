@@ -121,9 +121,10 @@ pub fn gumbel_reach_threshold(x: u32, c0: f32, c1: f32) -> f32 {
 /// (`z / t + g(x) >= floor`, as the exact comparison rounds it) only if
 /// `z >= gumbel_reach_threshold(x, c0, c1)`. `c0 + c1 chord = t (floor - slack - bound(x))`
 /// with the bound of [`gumbel_reach_chord`] and a slack of `1e-3 + 1e-5 |floor|` for the
-/// roundings of `z / t`, of the sum, of the `ln`s and of the test itself. Where the test cannot be made safely
-/// in f32 (no leader yet, or a temperature so small or large that a constant leaves the
-/// normal range) the constants are `(f32::MIN, 0)`: every finite logit passes.
+/// roundings of `z / t`, of the sum, of the `ln`s and of the test itself. Where the test
+/// cannot be made safely in f32 (no leader yet, or a temperature so small or large that a
+/// constant leaves the normal range) the constants are `(f32::MIN, 0)`: every finite logit
+/// passes.
 pub fn gumbel_reach_consts(t: f32, floor: f32) -> (f32, f32) {
     let (t, floor) = (f64::from(t), f64::from(floor));
     let slack = 1e-3 + 1e-5 * floor.abs();

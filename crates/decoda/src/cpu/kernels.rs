@@ -1687,8 +1687,10 @@ mod simd {
         }
         let [d0, d1] = flush(total, acc);
         let d = _mm256_add_pd(d0, d1);
-        let d = _mm_add_pd(_mm256_castpd256_pd128(d), _mm256_extractf128_pd::<1>(d));
-        let total = _mm_cvtsd_f64(_mm_add_sd(d, _mm_unpackhi_pd(d, d)));
+        let total = super::sse2::sum_pd(_mm_add_pd(
+            _mm256_castpd256_pd128(d),
+            _mm256_extractf128_pd::<1>(d),
+        ));
         if any_ge(_mm256_fmadd_ps(over, vc1, vc0), limit) {
             // NaN + inf stays NaN
             total + f64::INFINITY
@@ -2091,7 +2093,13 @@ mod sse2 {
             k += 1;
             i += len;
         }
-        let d = acc.into_iter().fold(total, flush);
+        sum_pd(acc.into_iter().fold(total, flush))
+    }
+
+    /// The sum of the two lanes of `d`.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(super) fn sum_pd(d: __m128d) -> f64 {
         _mm_cvtsd_f64(_mm_add_sd(d, _mm_unpackhi_pd(d, d)))
     }
 }
@@ -2412,7 +2420,8 @@ fn count_nonfinite(z: &[f32]) -> usize {
 }
 
 /// How far ahead, in values (8 KiB), the passes that work on every value of a row (the
-/// top-p normaliser, the plain-temperature draw) ask the cache for the row's lines. The
+/// top-p normaliser, the plain-temperature draw, the one-pass gathering of
+/// [`staged_hits`]) ask the cache for the row's lines. The
 /// rows of a large batch come from memory, not from the caches, and the hardware
 /// prefetcher alone leaves such a pass waiting on its loads instead of overlapping them
 /// with its arithmetic.
