@@ -93,6 +93,25 @@ pub fn gumbel_bucket_bounds() -> &'static [f32; 4096] {
     })
 }
 
+/// Lower bounds of `g` by the top 12 bits of the random word: `GUMBEL_BUCKET_FLOOR[x >> 20]`
+/// is at most the Gumbel value of every `x` in that bucket (the counterpart of
+/// [`gumbel_bucket_bounds`]). The largest `y + floor` of a draw's candidates is at most
+/// the winner's score, so a candidate whose `y + bound` stays below it cannot win.
+pub fn gumbel_bucket_floors() -> &'static [f32; 4096] {
+    static TABLE: std::sync::OnceLock<Box<[f32; 4096]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = Box::new([0f32; 4096]);
+        for (b, slot) in t.iter_mut().enumerate() {
+            // Smallest x in bucket b, hence the smallest u and g.
+            let x_lo = (b as u32) << 20;
+            let u = (2.0 * f64::from(x_lo >> 9) + 1.0) / 16_777_216.0;
+            let g = -(-(u.ln())).ln();
+            *slot = (g - 1e-3) as f32;
+        }
+        t
+    })
+}
+
 /// The chord of `log2` under the Gumbel value of word `x`, as the bits of a float: with
 /// `D = 2^24 - 2 (x >> 9) - 1` (so `1 - u = D 2^-24`, exactly), the bits of `D as f32`
 /// read as an integer and converted, `(e + 127 + m - 1) 2^23` for `D = 2^e m`. `log2 D`
@@ -257,12 +276,22 @@ mod tests {
 
     #[test]
     fn bucket_bounds_bound() {
-        let t = gumbel_bucket_bounds();
-        for x in (0..=u32::MAX)
-            .step_by(65_537)
-            .chain([u32::MAX, 0, 0xFFF0_0000])
-        {
-            assert!(gumbel_from_bits(x) <= t[(x >> 20) as usize], "x = {x:#x}");
+        let (lo, hi) = (gumbel_bucket_floors(), gumbel_bucket_bounds());
+        // every bucket's first and last word, and words spread over the range
+        let ends = (0..4096u32).flat_map(|b| [b << 20, b << 20 | 0xF_FFFF]);
+        for x in (0..=u32::MAX).step_by(65_537).chain(ends) {
+            let (g, b) = (gumbel_from_bits(x), (x >> 20) as usize);
+            assert!(
+                lo[b] <= g && g <= hi[b],
+                "x = {x:#x}: {} <= {g} <= {}",
+                lo[b],
+                hi[b]
+            );
+        }
+        // tight enough to leave few candidates to the exact comparison: away from both
+        // ends of the range (where g moves fast with u) a bucket spans little noise
+        for b in 16..4000 {
+            assert!(hi[b] - lo[b] < 0.02, "bucket {b}: {} .. {}", lo[b], hi[b]);
         }
     }
 }

@@ -393,15 +393,18 @@ mod body {
 
     #[inline(always)]
     pub fn philox_x32(first_block: u32, step: u64, key: [u32; 2], out: &mut [u32; 128]) {
+        let blocks = std::array::from_fn(|j| first_block.wrapping_add(j as u32));
+        philox_listed(&blocks, step, key, out)
+    }
+
+    #[inline(always)]
+    pub fn philox_listed(blocks: &[u32; 32], step: u64, key: [u32; 2], out: &mut [u32; 128]) {
         use crate::philox::{PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1};
         const L: usize = 32;
-        let mut c0 = [0u32; L];
+        let mut c0 = *blocks;
         let mut c1 = [step as u32; L];
         let mut c2 = [(step >> 32) as u32; L];
         let mut c3 = [0u32; L];
-        for (j, c) in c0.iter_mut().enumerate() {
-            *c = first_block.wrapping_add(j as u32);
-        }
         let [mut k0, mut k1] = key;
         for round in 0..10 {
             if round > 0 {
@@ -931,17 +934,46 @@ mod simd512 {
     /// AVX-512 F must be present.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn philox_x32(first_block: u32, step: u64, key: [u32; 2], out: &mut [u32; 128]) {
+        let lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+        // lanes past 2^32 carry into the unused upper half: only the low 32 bits count
+        let c0 = std::array::from_fn(|h| {
+            let first = i64::from(first_block.wrapping_add(8 * h as u32));
+            _mm512_add_epi64(_mm512_set1_epi64(first), lanes)
+        });
+        philox_lanes(c0, step, key, out)
+    }
+
+    /// [`super::philox_listed`] with AVX-512: the blocks in four chains of 8 as in
+    /// [`philox_x32`].
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn philox_listed(
+        blocks: &[u32; 32],
+        step: u64,
+        key: [u32; 2],
+        out: &mut [u32; 128],
+    ) {
+        let p = blocks.as_ptr().cast::<__m256i>();
+        // SAFETY: chain h reads blocks 8 h .. 8 h + 8 of the 32.
+        let c0 =
+            std::array::from_fn(|h| unsafe { _mm512_cvtepu32_epi64(_mm256_loadu_si256(p.add(h))) });
+        philox_lanes(c0, step, key, out)
+    }
+
+    /// The four chains whose first counter words (one block per 64-bit lane, in the low
+    /// halves) are `c0`: their words into `out`, chain `h`'s blocks at `32 h ..`.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn philox_lanes(mut c0: [__m512i; 4], step: u64, key: [u32; 2], out: &mut [u32; 128]) {
         use crate::philox::{PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1};
         const CH: usize = 4;
         let m0 = _mm512_set1_epi64(i64::from(PHILOX_M0));
         let m1 = _mm512_set1_epi64(i64::from(PHILOX_M1));
-        let lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
-        let mut c0 = [_mm512_setzero_si512(); CH];
-        for (h, c) in c0.iter_mut().enumerate() {
-            let first = i64::from(first_block.wrapping_add(8 * h as u32));
-            // lanes past 2^32 carry into the unused upper half: only the low 32 bits count
-            *c = _mm512_add_epi64(_mm512_set1_epi64(first), lanes);
-        }
         let mut c1 = [_mm512_set1_epi64(i64::from(step as u32)); CH];
         let mut c2 = [_mm512_set1_epi64((step >> 32) as i64); CH];
         let mut c3 = [_mm512_setzero_si512(); CH];
@@ -1284,9 +1316,50 @@ mod simd {
         keys: &[[__m256i; 2]; 10],
         out: &mut [u32; 128],
     ) -> __m256i {
-        let mut top = three_chains(0, first_block, step, keys, out);
-        top = _mm256_max_epu32(top, three_chains(3, first_block, step, keys, out));
-        _mm256_max_epu32(top, two_chains(6, first_block, step, keys, out))
+        // lanes past 2^32 carry into the unused upper half: only the low 32 bits count
+        let counters = std::array::from_fn(|c| {
+            let b = i64::from(first_block.wrapping_add(4 * c as u32));
+            _mm256_add_epi64(_mm256_set1_epi64x(b), _mm256_setr_epi64x(0, 1, 2, 3))
+        });
+        philox_lanes(&counters, step, keys, out)
+    }
+
+    /// [`super::philox_listed`] with AVX2: the blocks in eight chains of 4 as in
+    /// [`philox_x32`].
+    ///
+    /// # Safety
+    /// AVX2 must be present.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn philox_listed(
+        blocks: &[u32; 32],
+        step: u64,
+        key: [u32; 2],
+        out: &mut [u32; 128],
+    ) {
+        let p = blocks.as_ptr().cast::<__m128i>();
+        // SAFETY: chain c reads blocks 4 c .. 4 c + 4 of the 32.
+        let counters =
+            std::array::from_fn(|c| unsafe { _mm256_cvtepu32_epi64(_mm_loadu_si128(p.add(c))) });
+        philox_lanes(&counters, step, &round_keys(key), out);
+    }
+
+    /// The eight chains whose first counter words (one block per 64-bit lane, in the low
+    /// halves) are `counters`, made three, three and two at a time; their words go into
+    /// `out` (chain `c`'s blocks at `16 c ..`) and their lane-wise max is returned.
+    ///
+    /// # Safety
+    /// AVX2 must be present.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn philox_lanes(
+        counters: &[__m256i; 8],
+        step: u64,
+        keys: &[[__m256i; 2]; 10],
+        out: &mut [u32; 128],
+    ) -> __m256i {
+        let mut top = three_chains(0, counters, step, keys, out);
+        top = _mm256_max_epu32(top, three_chains(3, counters, step, keys, out));
+        _mm256_max_epu32(top, two_chains(6, counters, step, keys, out))
     }
 
     /// The chunk's largest values in lanes that cover those of [`philox_top`]: lane `l`
@@ -1383,14 +1456,12 @@ mod simd {
         _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
     }
 
-    /// The four words of chain `c` (blocks `first_block + 4 c ..`, one per 64-bit lane,
-    /// in the low halves) before the first round.
+    /// The four words of a chain before the first round: its blocks' counters (one per
+    /// 64-bit lane, in the low halves) and `step`.
     #[inline(always)]
-    unsafe fn chain_start(c: usize, first_block: u32, step: u64) -> [__m256i; 4] {
-        let b = i64::from(first_block.wrapping_add(4 * c as u32));
-        // lanes past 2^32 carry into the unused upper half: only the low 32 bits count
+    unsafe fn chain_start(counter: __m256i, step: u64) -> [__m256i; 4] {
         [
-            _mm256_add_epi64(_mm256_set1_epi64x(b), _mm256_setr_epi64x(0, 1, 2, 3)),
+            counter,
             _mm256_set1_epi64x(i64::from(step as u32)),
             _mm256_set1_epi64x((step >> 32) as i64),
             _mm256_setzero_si256(),
@@ -1493,13 +1564,13 @@ mod simd {
     #[target_feature(enable = "avx2")]
     unsafe fn three_chains(
         first: usize,
-        first_block: u32,
+        counters: &[__m256i; 8],
         step: u64,
         keys: &[[__m256i; 2]; 10],
         out: &mut [u32; 128],
     ) -> __m256i {
         let [[mut r0, mut r1, mut r2, mut r3], [mut r4, mut r5, mut r6, mut r7], [mut r8, mut r9, mut r10, mut r11]] =
-            [0, 1, 2].map(|h| chain_start(first + h, first_block, step));
+            [0, 1, 2].map(|h| chain_start(counters[first + h], step));
         // SAFETY: registers only, and reads of the 640 bytes of `keys`; AVX2 is present
         // (this function's contract).
         philox_rounds!(
@@ -1522,13 +1593,13 @@ mod simd {
     #[target_feature(enable = "avx2")]
     unsafe fn two_chains(
         first: usize,
-        first_block: u32,
+        counters: &[__m256i; 8],
         step: u64,
         keys: &[[__m256i; 2]; 10],
         out: &mut [u32; 128],
     ) -> __m256i {
         let [[mut r0, mut r1, mut r2, mut r3], [mut r4, mut r5, mut r6, mut r7]] =
-            [0, 1].map(|h| chain_start(first + h, first_block, step));
+            [0, 1].map(|h| chain_start(counters[first + h], step));
         // SAFETY: as in `three_chains`.
         philox_rounds!(
             keys;
@@ -2262,6 +2333,29 @@ pub fn philox_x32(first_block: u32, step: u64, key: [u32; 2], out: &mut [u32; 12
     body::philox_x32(first_block, step, key, out)
 }
 
+/// Philox4x32-10 of 32 sampling-stream blocks at `step`, any blocks in any order (a
+/// block may repeat): `out[4 * j + w]` is word `w` of block `blocks[j]`, the bits of token
+/// `4 * blocks[j] + w`. The lanes of [`philox_x32`], the counters loaded instead of
+/// counted: the words of scattered tokens (a draw's candidates) at the cost per block of
+/// a whole row's.
+pub fn philox_listed(blocks: &[u32; 32], step: u64, key: [u32; 2], out: &mut [u32; 128]) {
+    #[cfg(target_arch = "x86_64")]
+    match level() {
+        // SAFETY: `level()` detected AVX-512 F on this CPU.
+        Level::Avx512 => {
+            unsafe { simd512::philox_listed(blocks, step, key, out) };
+            return;
+        }
+        // SAFETY: `level()` detected AVX2 on this CPU.
+        Level::Avx2 => {
+            unsafe { simd::philox_listed(blocks, step, key, out) };
+            return;
+        }
+        Level::Base => {}
+    }
+    body::philox_listed(blocks, step, key, out)
+}
+
 /// The Philox words of every token of a row of `v` at `step` under `key`, a chunk of 128
 /// at a time as [`gated_chunks`] makes them (the round keys once per row): `f(c, words)`
 /// with `words[i]` the bits of token `128 c + i` ([`philox_x32`] of blocks `32 c ..`; the
@@ -2887,6 +2981,71 @@ mod tests {
                 seen.push(c);
             });
             assert_eq!(seen, (0..v.div_ceil(128)).collect::<Vec<_>>(), "v {v}");
+        }
+    }
+
+    type Listed = fn(&[u32; 32], u64, [u32; 2], &mut [u32; 128]);
+
+    fn philox_listed_variants() -> Vec<(&'static str, Listed)> {
+        let mut v: Vec<(&'static str, Listed)> = vec![
+            ("baseline", body::philox_listed),
+            ("dispatched", philox_listed),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if detected() == Level::Avx512 {
+                // SAFETY: `detected()` found AVX-512 F.
+                v.push(("avx512", |b, s, k, o| unsafe {
+                    simd512::philox_listed(b, s, k, o)
+                }));
+            }
+            if detected() != Level::Base {
+                // SAFETY: `detected()` found AVX2.
+                v.push(("avx2", |b, s, k, o| unsafe {
+                    simd::philox_listed(b, s, k, o)
+                }));
+            }
+        }
+        v
+    }
+
+    /// Listed blocks (scattered, repeated, out of order, at both ends of the counter
+    /// range) get the scalar generator's words, in every variant.
+    #[test]
+    fn philox_listed_matches_the_scalar_generator() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for (name, f) in philox_listed_variants() {
+            for (seed, step) in [(0u64, 0u64), (42, 7), (u64::MAX, u64::MAX), (9, 1 << 40)] {
+                let key = crate::philox::seed_key(seed);
+                for case in 0..8 {
+                    let blocks: [u32; 32] = std::array::from_fn(|j| match (case, j % 4) {
+                        (0, _) => j as u32,
+                        (1, _) => 7,
+                        (2, 0) => u32::MAX - j as u32,
+                        (3, _) => (31 - j) as u32 * 1000,
+                        _ => (next() >> 32) as u32 % (1 << 16),
+                    });
+                    let mut out = [0u32; 128];
+                    f(&blocks, step, key, &mut out);
+                    for (j, &b) in blocks.iter().enumerate() {
+                        let want = crate::philox::philox4x32_10(
+                            [b, step as u32, (step >> 32) as u32, 0],
+                            key,
+                        );
+                        assert_eq!(
+                            &out[4 * j..4 * j + 4],
+                            &want[..],
+                            "{name}: seed {seed} step {step} case {case} lane {j} block {b}"
+                        );
+                    }
+                }
+            }
         }
     }
 

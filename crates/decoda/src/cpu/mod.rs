@@ -26,11 +26,12 @@ use crate::backend::Backend;
 use crate::error::{Error, Result, RowError};
 use crate::logits::{Logits, LogitsData};
 use crate::params::{LogprobsMode, Request};
-use crate::philox::{self, gumbel_bucket_bounds, GUMBEL_MAX_BOUND};
+use crate::philox::{self, gumbel_bucket_bounds, gumbel_bucket_floors, GUMBEL_MAX_BOUND};
 use crate::pipeline::{self as pl, RowResult, Sample, TokenLogprobs};
 
-/// Candidate count from which the draw computes Philox 16 blocks at a time.
-const DENSE_DRAW: usize = 512;
+/// Candidate count below which the draw makes each Philox word on its own (the vector
+/// lanes make 32 blocks at once).
+const FEW_DRAWN: usize = 8;
 
 /// Size of the samples that estimate gathering thresholds.
 const SAMPLE: usize = 1024;
@@ -134,6 +135,7 @@ struct Scratch {
     tmp2: Vec<(u32, f32)>,
     q: Vec<f32>,
     walk: Vec<f32>,
+    words: Vec<u32>,
     skip: Skip,
 }
 
@@ -408,7 +410,8 @@ fn sample_z(
             None => kernels::first_eq(z, zmax).expect("max exists") as u32,
         }
     } else {
-        draw(&cands, req.state.seed, req.state.step)
+        let (st, seed) = (req.state.step, req.state.seed);
+        draw(&cands, seed, st, &mut s.tmp, &mut s.words)
     };
     let lp = p.logprobs.map(|n| match p.logprobs_mode {
         LogprobsMode::Raw => full_logprobs(x, token, n, s),
@@ -816,10 +819,20 @@ fn top_p_walk(q: &mut [f32], p: f32) -> f32 {
 }
 
 /// The Gumbel-max draw over candidates `(i, y_i)`: the largest `y_i + g_i`, ties to the
-/// smallest id. Tokens whose largest possible noise cannot reach the leader are skipped
-/// before any logarithm.
-fn draw(cands: &[(u32, f32)], seed: u64, step: u64) -> u32 {
-    let bounds = gumbel_bucket_bounds();
+/// smallest id. The leader (the largest `y`, its noise exact) rules out the tokens whose
+/// largest possible noise cannot reach it; the others' Philox words are made 32 blocks
+/// at a time in vector lanes ([`kernels::philox_listed`]; a token in its predecessor's
+/// block shares that lane). Each word's bucket bounds its noise from both sides: the
+/// largest `y + floor` is at most the winner's score, so only the tokens whose `y +
+/// bound` reaches it meet the exact comparison and its logarithms. `live` and `words` are
+/// scratch.
+fn draw(
+    cands: &[(u32, f32)],
+    seed: u64,
+    step: u64,
+    live: &mut Vec<(u32, f32)>,
+    words: &mut Vec<u32>,
+) -> u32 {
     let (i0, y0) = cands
         .iter()
         .copied()
@@ -832,38 +845,72 @@ fn draw(cands: &[(u32, f32)], seed: u64, step: u64) -> u32 {
         })
         .expect("the kept set is never empty");
     let mut best = (i0, y0 + philox::gumbel(seed, step, i0));
-    let key = philox::seed_key(seed);
-    let mut block = (u32::MAX, [0u32; 4]);
-    // Many candidates: Philox for 32 blocks at a time, side by side in vector lanes.
-    let dense = cands.len() >= DENSE_DRAW;
-    let mut window: Option<u32> = None;
-    let mut words = [0u32; 128];
-    for &(i, y) in cands {
-        if i == i0 || y + GUMBEL_MAX_BOUND < best.1 {
-            continue;
-        }
-        let bits = if dense {
-            let b = i / 4;
-            let base = match window {
-                Some(w) if b.wrapping_sub(w) < 32 => w,
-                _ => {
-                    let w = b & !31;
-                    kernels::philox_x32(w, step, key, &mut words);
-                    window = Some(w);
-                    w
-                }
-            };
-            words[((b - base) * 4 + i % 4) as usize]
-        } else {
-            if block.0 != i / 4 {
-                block = (
-                    i / 4,
-                    philox::philox4x32_10(philox::token_counter(i, step), key),
-                );
+    let (floors, bounds) = (gumbel_bucket_floors(), gumbel_bucket_bounds());
+    // the largest `y + floor`: at most the winner's score
+    let mut reach = best.1;
+    live.clear();
+    words.clear();
+    // the tokens whose largest possible noise can reach the leader
+    let mut rest = cands
+        .iter()
+        .filter(|c| c.0 != i0 && c.1 + GUMBEL_MAX_BOUND >= best.1)
+        .peekable();
+    // (the scores are never NaN: `>` keeps the fold a plain max)
+    if cands.len() < FEW_DRAWN {
+        for &(i, y) in rest {
+            let w = philox::token_bits(seed, step, i);
+            let r = y + floors[(w >> 20) as usize];
+            if r > reach {
+                reach = r;
             }
-            block.1[(i % 4) as usize]
-        };
-        challenge(&mut best, i, y, bits, bounds);
+            live.push((i, y));
+            words.push(w);
+        }
+    } else {
+        let key = philox::seed_key(seed);
+        let (mut blocks, mut out) = ([0u32; 32], [0u32; 128]);
+        // a batch: 32 blocks' worth of tokens, each token's word's index in `out`, the
+        // words
+        let (mut batch, mut slots, mut got) = ([(0u32, 0f32); 128], [0u8; 128], [0u32; 128]);
+        loop {
+            let (mut n, mut m) = (0, 0);
+            while let Some(&&(i, y)) = rest.peek() {
+                if m == batch.len() {
+                    break;
+                }
+                if n == 0 || blocks[n - 1] != i / 4 {
+                    if n == 32 {
+                        break;
+                    }
+                    blocks[n] = i / 4;
+                    n += 1;
+                }
+                slots[m] = (4 * (n - 1) + (i % 4) as usize) as u8;
+                batch[m] = (i, y);
+                m += 1;
+                rest.next();
+            }
+            if m == 0 {
+                break;
+            }
+            kernels::philox_listed(&blocks, step, key, &mut out);
+            for (w, &j) in got.iter_mut().zip(&slots[..m]) {
+                *w = out[j as usize];
+            }
+            for (c, &w) in batch[..m].iter().zip(&got) {
+                let r = c.1 + floors[(w >> 20) as usize];
+                if r > reach {
+                    reach = r;
+                }
+            }
+            live.extend_from_slice(&batch[..m]);
+            words.extend_from_slice(&got[..m]);
+        }
+    }
+    for (&(i, y), &w) in live.iter().zip(words.iter()) {
+        if y + bounds[(w >> 20) as usize] >= reach {
+            challenge(&mut best, i, y, w, bounds);
+        }
     }
     best.0
 }
