@@ -2,8 +2,9 @@
 //! backend runs the same algorithm.
 //!
 //! The Gumbel noise (`-ln(-ln(u))`) and the top-p weights (`exp(y - ymax)`) go through
-//! these two functions on the CPU, and through their line-for-line copies in the WGSL
-//! shaders (`wgpu/sample.wgsl`) on the device. They use only `+`, `-`, `*`, comparisons
+//! these two functions on the CPU, and through copies in the WGSL shaders
+//! (`wgpu/fmath.wgsl`) that run the same rounded operations in the same order on the
+//! device. They use only `+`, `-`, `*`, comparisons
 //! and bit manipulation — no platform `libm`, no hardware approximation — so the CPU draws
 //! the same tokens on every operating system, and a device that rounds its arithmetic
 //! correctly (as IEEE 754 and WGSL require for these operations) draws the same ones too.
@@ -50,19 +51,28 @@ pub fn ln(x: f32) -> f32 {
 /// `v - vmax`). Results that would be subnormal (`x < -87.33`) are 0, on every backend
 /// alike (devices may flush subnormals); `-inf` gives 0. Positive inputs up to 88 are
 /// handled too, for the tests.
-#[inline]
+///
+/// Every step runs for every input and the special cases are chosen at the end, with no
+/// branch and no call into `libm` (the floor is a conversion and a compare), so a loop of
+/// calls runs in vector lanes ([`crate::cpu::kernels`] computes the top-p weights so);
+/// lanes compute each operation as the scalar code does, bit for bit.
+#[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    // The smallest x whose exp is a normal f32 (2^-126 = exp(-87.3365...)).
-    // also catches NaN and -inf
-    if x.is_nan() || x < -87.336_54 {
-        return 0.0;
-    }
-    if x > 88.0 {
-        return f32::INFINITY;
-    }
-    // n = round(x / ln 2), then r = x - n ln 2 in two pieces (Cody-Waite).
-    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
-    let mut r = x - n * 0.693_359_4;
+    // Kept inside [-88, 88.5] so that every step stays in range; inside it (which holds
+    // every input that is not a special case below) nothing changes. A NaN becomes -88.
+    // (not `clamp`, which keeps a NaN: the conversion below must not see one)
+    #[allow(clippy::manual_clamp)]
+    let xc = x.max(-88.0).min(88.5);
+    // n = round(x / ln 2) as floor(x log2(e) + 0.5), then r = x - n ln 2 in two pieces
+    // (Cody-Waite).
+    let h = xc * std::f32::consts::LOG2_E + 0.5;
+    // SAFETY: `h` is finite with |h| < 129 (`xc` is not NaN and lies in [-88, 88.5]), so
+    // it converts to an i32 (truncating toward zero).
+    let t: i32 = unsafe { h.to_int_unchecked() };
+    // the floor: one less when truncation went up
+    let ni = t - i32::from((t as f32) > h);
+    let n = ni as f32;
+    let mut r = xc - n * 0.693_359_4;
     r -= n * -2.121_944_4e-4;
     let z = r * r;
     let mut y = 1.987_569_1e-4_f32;
@@ -73,12 +83,15 @@ pub fn exp(x: f32) -> f32 {
     y = y * r + 0.5;
     y = y * z + r + 1.0;
     // y in [0.7, 1.42]; scale by 2^n in two steps so that n = -126 stays normal.
-    let ni = n as i32;
     let half = ni / 2;
     let s1 = f32::from_bits(((half + 127) as u32) << 23);
     let s2 = f32::from_bits(((ni - half + 127) as u32) << 23);
     let v = y * s1 * s2;
-    if v < f32::MIN_POSITIVE {
+    let v = if v < f32::MIN_POSITIVE { 0.0 } else { v };
+    let v = if x > 88.0 { f32::INFINITY } else { v };
+    // The smallest x whose exp is a normal f32 (2^-126 = exp(-87.3365...)); also NaN and
+    // -inf.
+    if x.is_nan() || x < -87.336_54 {
         0.0
     } else {
         v

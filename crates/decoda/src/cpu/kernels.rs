@@ -317,6 +317,14 @@ mod body {
         }
     }
 
+    /// `v[i] = fmath::exp(v[i] - shift)`.
+    #[inline(always)]
+    pub fn exp_shifted(v: &mut [f32], shift: f32) {
+        for x in v {
+            *x = crate::fmath::exp(*x - shift);
+        }
+    }
+
     /// Σ `w[i]` over `z[i] >= thr`, in sixteen f32 chains added in f64.
     #[inline(always)]
     pub fn mass_ge(z: &[f32], w: &[f32], thr: f32) -> f64 {
@@ -2275,6 +2283,13 @@ pub fn exp_into(z: &[f32], zmax: f32, scale: f32, w: &mut [f32]) {
 }
 
 dispatch! {
+    /// `v[i] = fmath::exp(v[i] - shift)` for every `i`: the top-p weights `exp(y - ymax)`
+    /// of the contract, bit for bit (each vector lane runs [`crate::fmath::exp`]'s
+    /// operations).
+    pub fn exp_shifted(v: &mut [f32], shift: f32) -> ();
+}
+
+dispatch! {
     /// Σ `w[i]` over the `i` with `z[i] >= thr` (f32 partial sums added in f64).
     pub fn mass_ge(z: &[f32], w: &[f32], thr: f32) -> f64;
 }
@@ -3294,6 +3309,71 @@ mod tests {
             assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), want, "{name}");
             z[150] = f32::NAN;
             assert_eq!(f(&z, step, key, consts, &mut Vec::new()), None, "{name}");
+        }
+    }
+
+    /// `exp_shifted` on every instruction set gives the contract's top-p weight
+    /// (`pipeline::weight`, i.e. `fmath::exp(y - ymax)`) bit for bit: one in 509 of all
+    /// bit patterns (NaN, infinities, subnormals, both signs) under shifts that move the
+    /// difference across the cut-offs, odd lengths for the vector tails.
+    #[test]
+    fn exp_shifted_is_the_contract_weight() {
+        let run = |stride: u64| {
+            let v: Vec<f32> = (0..=u64::from(u32::MAX))
+                .step_by(stride as usize)
+                .map(|b| f32::from_bits(b as u32))
+                .chain([0.0, -0.0, -87.336_54, -87.336_55, 88.0, 88.000_01, 1e-45])
+                .collect();
+            for shift in [0.0f32, 1.5, -3.25, 40.0, f32::INFINITY] {
+                let want: Vec<u32> = v
+                    .iter()
+                    .map(|&y| crate::pipeline::weight(y, shift).to_bits())
+                    .collect();
+                for (name, f) in [
+                    ("dispatched", exp_shifted as fn(&mut [f32], f32)),
+                    ("baseline", body::exp_shifted),
+                ] {
+                    for len in [v.len(), 13] {
+                        let mut got = v[..len].to_vec();
+                        f(&mut got, shift);
+                        for (j, g) in got.iter().enumerate() {
+                            assert_eq!(
+                                g.to_bits(),
+                                want[j],
+                                "{name}: y {:#x} shift {shift}",
+                                v[j].to_bits()
+                            );
+                        }
+                    }
+                }
+            }
+        };
+        run(509);
+    }
+
+    /// [`exp_shifted_is_the_contract_weight`] over every f32 bit pattern (a minute or
+    /// more): `cargo test --release -p decoda --lib -- --ignored every_bit_pattern`.
+    #[test]
+    #[ignore = "exhaustive: about a minute per instruction set"]
+    fn exp_shifted_is_the_contract_weight_for_every_bit_pattern() {
+        for shift in [0.0f32, 1.5] {
+            let mut got = vec![0f32; 1 << 20];
+            for start in (0..=u64::from(u32::MAX)).step_by(1 << 20) {
+                for (j, g) in got.iter_mut().enumerate() {
+                    *g = f32::from_bits((start + j as u64) as u32);
+                }
+                exp_shifted(&mut got, shift);
+                for (j, g) in got.iter().enumerate() {
+                    let y = f32::from_bits((start + j as u64) as u32);
+                    let want = crate::pipeline::weight(y, shift);
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "y {:#x} shift {shift}",
+                        y.to_bits()
+                    );
+                }
+            }
         }
     }
 

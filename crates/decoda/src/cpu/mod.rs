@@ -766,13 +766,13 @@ fn nucleus(
         return None;
     }
     q.clear();
-    let mut exact = 0f64;
-    for c in out.iter_mut() {
+    q.extend(out.iter_mut().map(|c| {
         c.1 /= t;
-        let w = pl::weight(c.1, ymax);
-        exact += f64::from(w);
-        q.push(w);
-    }
+        c.1
+    }));
+    // `pl::weight` of each, in vector lanes
+    kernels::exp_shifted(q, ymax);
+    let exact = q.iter().fold(0f64, |s, &w| s + f64::from(w));
     let sum = approx + exact;
     for w in q.iter_mut() {
         *w = pl::prob(*w, sum);
