@@ -251,6 +251,15 @@ impl TopPWalk {
         }
     }
 
+    /// A walk towards `p` that has already added values of total `mass` (less than `p`)
+    /// without walking them one by one.
+    pub fn after(p: f32, mass: f64) -> Self {
+        let mut walk = Self::new(p);
+        walk.cum = mass;
+        walk.margin = (mass - walk.p64).abs();
+        walk
+    }
+
     /// Adds the next value (in decreasing order); `Some(τp)` when the sum reaches `p`.
     #[inline]
     pub fn step(&mut self, q: f32) -> Option<f32> {

@@ -166,7 +166,7 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
         }
         // greedy after all (max / T overflows) or nothing to draw: the general path
         let ready = if xmax > f32::NEG_INFINITY && !pl::is_greedy(t, xmax) {
-            Ready::TopK
+            Ready::TopK(true)
         } else {
             Ready::Nothing
         };
@@ -286,7 +286,7 @@ fn top_k_with_mods(
     s.cands.clear();
     s.cands.extend(list.iter().filter(|c| c.1 >= tau));
     s.cands.sort_unstable_by_key(|c| c.0);
-    Some(sample_z(x, x, zmax, req, s, Ready::TopK))
+    Some(sample_z(x, x, zmax, req, s, Ready::TopK(false)))
 }
 
 /// What a one-pass route already left in `Scratch::cands` for [`sample_z`].
@@ -294,8 +294,10 @@ fn top_k_with_mods(
 enum Ready {
     /// Nothing: `sample_z` does every stage.
     Nothing,
-    /// Stage 6's kept set as `(i, y_i)` in id order.
-    TopK,
+    /// Stage 6's kept set as `(i, y_i)` in id order; `true` when it was selected from `z`
+    /// itself (every token of `z` whose `y` reaches the k-th largest), `false` when some
+    /// of its values are not `z`'s (changed tokens given with `z` unchanged).
+    TopK(bool),
     /// Stage 7's kept set as `(i, y_i)`, with its normaliser and `τp`.
     TopP((f64, f32)),
     /// Nothing, but stage 7 (top-p without top-k) found its nucleus too wide for a
@@ -339,14 +341,12 @@ fn sample_z(
     if matches!(ready, Ready::Nothing | Ready::WholeRow) {
         cands.clear();
     }
-    // Σ of top-p weights over K when it was computed over the whole row.
-    let mut sum_all: Option<f64> = None;
     // Some when stage 7 was already done while gathering (`cands` holds its kept set).
     let mut cut: Option<(f64, f32)> = None;
     let mut unfiltered = false;
     if let Ready::TopP(c) = ready {
         cut = Some(c);
-    } else if matches!(ready, Ready::TopK) {
+    } else if matches!(ready, Ready::TopK(_)) {
         // stage 6 was done while finding the max
     } else if top_k {
         select_top(z, k, t, &mut cands, &mut s.tmp, None, None);
@@ -365,8 +365,6 @@ fn sample_z(
             // The nucleus is too wide for the candidate list: take the whole row.
             cands.clear();
             cands.extend(z.iter().enumerate().map(|(i, &zi)| (i as u32, zi / t)));
-            let sum = cands.iter().map(|c| f64::from(pl::weight(c.1, ymax))).sum();
-            sum_all = Some(sum);
         }
     } else {
         if tau_m > f32::NEG_INFINITY {
@@ -385,15 +383,27 @@ fn sample_z(
 
     // Stage 7 on the candidates (which hold K, or a superset of P when top-k is off).
     if top_p && cut.is_none() {
-        let sum = match sum_all {
-            Some(s) => s,
-            None => cands.iter().map(|c| f64::from(pl::weight(c.1, ymax))).sum(),
-        };
+        // the weights (`pl::weight`, in vector lanes), their sum in order, the probabilities
         let q = &mut s.q;
         q.clear();
-        q.extend(cands.iter().map(|c| pl::prob(pl::weight(c.1, ymax), sum)));
-        let tau_p = top_p_walk(q, p.top_p);
-        cands.retain(|c| pl::prob(pl::weight(c.1, ymax), sum) >= tau_p);
+        q.extend(cands.iter().map(|c| c.1));
+        kernels::exp_shifted(q, ymax);
+        let sum: f64 = q.iter().map(|&w| f64::from(w)).sum();
+        for w in q.iter_mut() {
+            *w = pl::prob(*w, sum);
+        }
+        let walk = &mut s.walk;
+        walk.clear();
+        walk.extend_from_slice(q);
+        let tau_p = top_p_walk(walk, p.top_p);
+        // kept in place without a branch (the kept tokens lie anywhere in the row)
+        let (c, q) = (cands.as_mut_slice(), q.as_slice());
+        let mut n = 0;
+        for (j, &qj) in q.iter().enumerate().take(c.len()) {
+            c[n] = c[j];
+            n += usize::from(qj >= tau_p);
+        }
+        cands.truncate(n);
     }
     // Stage 8.
     if tau_m > f32::NEG_INFINITY {
@@ -411,7 +421,11 @@ fn sample_z(
         }
     } else {
         let (st, seed) = (req.state.step, req.state.seed);
-        draw(&cands, seed, st, &mut s.tmp, &mut s.words)
+        // (a kept set whose values are not all `z`'s is not the row's tokens above a value)
+        let wide = (!matches!(ready, Ready::TopK(false)))
+            .then(|| wide_draw(z, t, &cands, seed, st))
+            .flatten();
+        wide.unwrap_or_else(|| draw(&cands, seed, st, &mut s.tmp, &mut s.words))
     };
     let lp = p.logprobs.map(|n| match p.logprobs_mode {
         LogprobsMode::Raw => full_logprobs(x, token, n, s),
@@ -799,6 +813,11 @@ fn nucleus(
 /// walked.
 fn top_p_walk(q: &mut [f32], p: f32) -> f32 {
     let desc = |v: &f32| std::cmp::Reverse(v.to_bits());
+    if q.len() > PRUNED_WALK {
+        if let Some(tau) = pruned_walk(q, p) {
+            return tau;
+        }
+    }
     let mut walk = pl::TopPWalk::new(p);
     let (mut start, mut piece) = (0, if q.len() <= 256 { q.len() } else { 64 });
     while start < q.len() {
@@ -816,6 +835,96 @@ fn top_p_walk(q: &mut [f32], p: f32) -> f32 {
         piece *= 2;
     }
     walk.end()
+}
+
+/// Length from which [`top_p_walk`] first looks for the values it can leave out.
+const PRUNED_WALK: usize = 16_384;
+
+/// [`top_p_walk`] of a long list. The values' mass by ranges of their bits (the exponent
+/// and four mantissa bits, in f64; two interleaved histograms) finds the range where the
+/// walk reaches `p`; only that range's values are sorted and walked, from the mass of the
+/// ranges above it. Those sums differ from the walk's own (the same values added one by
+/// one in decreasing order, in f64) by a few units of 2^-53 per value, far below `1e-9`:
+/// when the mass above stays `1e-9` short of `p` and the walk never comes within `1e-9`
+/// of it, every partial sum falls on the same side of `p` as the walk's, so `τp` is the
+/// same. Otherwise every value from that range up is sorted and walked from zero, which is
+/// the walk itself. `None` (`q` reordered) when even the whole mass stays short of `p`.
+fn pruned_walk(q: &mut [f32], p: f32) -> Option<f32> {
+    const SHIFT: u32 = 19;
+    const BUCKETS: usize = 2048;
+    const SURE: f64 = 1e-9;
+    let bucket = |v: f32| ((v.to_bits() >> SHIFT) as usize).min(BUCKETS - 1);
+    let mut mass = vec![[0f64; 2]; BUCKETS];
+    let mut pairs = q.chunks_exact(2);
+    for pair in &mut pairs {
+        mass[bucket(pair[0])][0] += f64::from(pair[0]);
+        mass[bucket(pair[1])][1] += f64::from(pair[1]);
+    }
+    for &v in pairs.remainder() {
+        mass[bucket(v)][0] += f64::from(v);
+    }
+    let p64 = f64::from(p);
+    let (mut above, mut acc) = (0f64, 0f64);
+    let edge = (0..BUCKETS).rev().find(|&b| {
+        above = acc;
+        acc += mass[b][0] + mass[b][1];
+        acc >= p64 + SURE
+    })?;
+    // the values of the range `edge` (or, for the exact walk, of every range from it up)
+    // to the front of `q`, sorted in decreasing order
+    let front = |q: &mut [f32], top: usize| {
+        let (lo, hi) = (edge, top);
+        let mut n = 0;
+        for i in 0..q.len() {
+            if (lo..=hi).contains(&bucket(q[i])) {
+                q.swap(n, i);
+                n += 1;
+            }
+        }
+        q[..n].sort_unstable_by_key(|v| std::cmp::Reverse(v.to_bits()));
+        n
+    };
+    if above < p64 - SURE {
+        let n = front(q, edge);
+        let mut walk = pl::TopPWalk::after(p, above);
+        if let Some(tau) = q[..n].iter().find_map(|&v| walk.step(v)) {
+            if walk.margin() >= SURE {
+                return Some(tau);
+            }
+        }
+    }
+    let n = front(q, BUCKETS - 1);
+    let mut walk = pl::TopPWalk::new(p);
+    q[..n].iter().find_map(|&v| walk.step(v))
+}
+
+/// Kept sets from this size are drawn in one pass over the row ([`wide_draw`]).
+const WIDE_DRAW: usize = 16_384;
+
+/// [`draw`] of a kept set of at least [`WIDE_DRAW`] tokens of the row `z` at temperature
+/// `t`, as [`gated_draw`] over the row: stages 6-8 keep every token whose `y` reaches
+/// some value (`q` and the thresholds grow with `y`), so the set is the row's tokens with
+/// `y` at least the smallest kept `y`. `None` for smaller sets, or when that smallest `y`
+/// is `-inf`.
+fn wide_draw(z: &[f32], t: f32, cands: &[(u32, f32)], seed: u64, step: u64) -> Option<u32> {
+    if cands.len() < WIDE_DRAW {
+        return None;
+    }
+    let y_min = cands.iter().fold(f32::INFINITY, |m, c| m.min(c.1));
+    let lead = cands.iter().copied().reduce(|a, b| {
+        if b.1 > a.1 || (b.1 == a.1 && b.0 < a.0) {
+            b
+        } else {
+            a
+        }
+    })?;
+    if y_min == f32::NEG_INFINITY {
+        return None;
+    }
+    match gated_draw(z, t, seed, step, y_min, Some(lead))? {
+        Ok(sample) => Some(sample.token),
+        Err(_) => None,
+    }
 }
 
 /// The Gumbel-max draw over candidates `(i, y_i)`: the largest `y_i + g_i`, ties to the
@@ -946,19 +1055,39 @@ const SEED_SPAN: usize = 8192;
 /// as drawing every one. `Err` for NaN or `+inf` in the row, or no finite value; `None`
 /// when the row is greedy after all (`max / T` overflows).
 fn draw_whole_row(x: &[f32], t: f32, seed: u64, step: u64) -> Option<RowResult> {
+    gated_draw(x, t, seed, step, f32::NEG_INFINITY, None)
+}
+
+/// [`draw_whole_row`] over the tokens with `x / t >= y_min` only (every token for
+/// `-inf`), the leader started at `lead` (a token of that set, with its `y`) when given,
+/// else at the first max of the row's head. A kept set that is every token at or above
+/// some `y` is drawn so in one pass over the row, at the cost of a plain-temperature draw,
+/// instead of token by token.
+fn gated_draw(
+    x: &[f32],
+    t: f32,
+    seed: u64,
+    step: u64,
+    y_min: f32,
+    lead: Option<(u32, f32)>,
+) -> Option<RowResult> {
     let bounds = gumbel_bucket_bounds();
     let key = philox::seed_key(seed);
     let mut best = (u32::MAX, f32::NEG_INFINITY);
-    // The leader starts as the first max of the row's head (drawn again in its chunk,
-    // which changes nothing), so the thresholds are tight from the first chunk on.
-    let head = &x[..x.len().min(SEED_SPAN)];
-    let (hmax, hbad) = kernels::max_nonfinite(head);
-    if hbad == 0 && hmax > f32::NEG_INFINITY {
-        if !(hmax / t).is_finite() {
-            return None;
+    if let Some((i0, y0)) = lead {
+        best = (i0, y0 + philox::gumbel(seed, step, i0));
+    } else {
+        // The leader starts as the first max of the row's head (drawn again in its chunk,
+        // which changes nothing), so the thresholds are tight from the first chunk on.
+        let head = &x[..x.len().min(SEED_SPAN)];
+        let (hmax, hbad) = kernels::max_nonfinite(head);
+        if hbad == 0 && hmax > f32::NEG_INFINITY {
+            if !(hmax / t).is_finite() {
+                return None;
+            }
+            let i0 = kernels::first_eq(head, hmax).expect("max exists") as u32;
+            best = (i0, hmax / t + philox::gumbel(seed, step, i0));
         }
-        let i0 = kernels::first_eq(head, hmax).expect("max exists") as u32;
-        best = (i0, hmax / t + philox::gumbel(seed, step, i0));
     }
     // the leader and its thresholds' constants, renewed when it changes
     let leader = std::cell::Cell::new((best, philox::gumbel_reach_consts(t, best.1)));
@@ -969,8 +1098,9 @@ fn draw_whole_row(x: &[f32], t: f32, seed: u64, step: u64) -> Option<RowResult> 
             let j = m.trailing_zeros() as usize;
             m &= m - 1;
             let z = x[c * CHUNK + j];
-            if z != f32::NEG_INFINITY {
-                challenge(&mut b, (c * CHUNK + j) as u32, z / t, words[j], bounds);
+            let y = z / t;
+            if z != f32::NEG_INFINITY && y >= y_min {
+                challenge(&mut b, (c * CHUNK + j) as u32, y, words[j], bounds);
             }
         }
         if b != old {
@@ -1059,7 +1189,7 @@ fn subset_logprobs(
 
 #[cfg(test)]
 mod tests {
-    use super::{draw_whole_row, top_p_walk};
+    use super::{draw, draw_whole_row, top_p_walk, wide_draw, WIDE_DRAW};
     use crate::philox;
     use crate::pipeline as pl;
 
@@ -1150,6 +1280,48 @@ mod tests {
     /// Top-k with penalties where the history holds the row's largest tokens (all of the
     /// top k, some of them, none), so the gathering that skips changed tokens must reach
     /// below them or fall back to a full pass: the same token as the reference.
+    /// Kept sets of tens of thousands of tokens (top-p 0.95-0.99 on flat rows, a small
+    /// min-p, a large top-k, with and without penalties): the pruned walk, the row's draw
+    /// above the smallest kept `y` and the token-by-token draw of a changed top-k all
+    /// match the reference, with logprobs.
+    #[test]
+    fn wide_kept_sets_match_the_reference() {
+        use crate::params::{Request, SamplingParams};
+        let mut rng = crate::conformance::Rng::new(0x9e37_79b9_7f4a_7c15u64);
+        let mut next = move || rng.next_u64();
+        for case in 0..24u64 {
+            let v = [65536usize, 131072, 40000][case as usize % 3];
+            // flat rows: a gentle slope plus noise, many near-equal values
+            let z: Vec<f32> = (0..v)
+                .map(|_| {
+                    let u = (next() >> 40) as f32 / (1u64 << 24) as f32;
+                    -2.0 * u.ln().max(-20.0).abs().sqrt() + [0.0, 0.5][(next() % 2) as usize]
+                })
+                .collect();
+            let mut params = SamplingParams {
+                temperature: [1.0f32, 2.0, 0.7][(case % 3) as usize],
+                ..Default::default()
+            };
+            match case % 4 {
+                0 => params.top_p = [0.99, 0.95][(case / 4) as usize % 2],
+                1 => params.min_p = 1e-4,
+                2 => params.top_k = 20_000,
+                _ => {
+                    params.top_k = 20_000;
+                    params.top_p = 0.97;
+                    params.repetition_penalty = 1.3;
+                }
+            }
+            params.logprobs = (case % 2 == 0).then_some(3);
+            let mut req = Request::new(params, next());
+            req.state.step = next() % 1000;
+            req.state.output = (0..64).map(|_| (next() % v as u64) as u32).collect();
+            let want = crate::reference::reference_row(&z, &req).0;
+            let got = super::sample_row_f32(&z, &req);
+            assert_eq!(got, want, "case {case}: v {v}");
+        }
+    }
+
     #[test]
     fn top_k_with_history_at_the_top_matches_the_reference() {
         use crate::params::{Request, SamplingParams};
@@ -1194,6 +1366,110 @@ mod tests {
             let want = crate::reference::reference_row(&z, &req).0;
             let got = super::sample_row_f32(&z, &req);
             assert_eq!(got, want, "case {case}: v {v} k {k}");
+        }
+    }
+
+    /// Long lists take the pruned walk: the same `τp` as the sorted walk, for ties,
+    /// smooth and steep distributions, and values of `p` placed exactly on a partial sum
+    /// (where only the exact walk can decide).
+    #[test]
+    fn pruned_walk_matches_the_sorted_walk() {
+        let mut x = 0x0bad_cafe_1234_5677u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for case in 0..30 {
+            let n = [20_000usize, 70_001, 131_072][case % 3];
+            let mut q: Vec<f32> = (0..n)
+                .map(|i| match case / 3 % 5 {
+                    // multiples of 2^-22 that sum to less than 1: every partial sum is
+                    // exact, so `p` on one leaves no margin and the exact walk decides
+                    4 => ((next() >> 40) % 30 + 1) as f32 / (1u32 << 22) as f32,
+                    // repeats: ties everywhere
+                    0 => ((next() >> 40) % 50) as f32 + 1.0,
+                    // a Zipf-like fall
+                    1 => 1.0 / (1.0 + (next() >> 44) as f32),
+                    // steep: a few carry almost everything
+                    2 => (-(((next() >> 40) % 4000) as f32) / 100.0).exp(),
+                    _ => (i % 7) as f32 + ((next() >> 52) as f32) * 1e-3,
+                })
+                .collect();
+            if case / 3 % 5 != 4 {
+                let total: f64 = q.iter().map(|&v| f64::from(v)).sum();
+                for v in q.iter_mut() {
+                    *v = (f64::from(*v) / total) as f32;
+                }
+            }
+            let mut sorted = q.clone();
+            sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+            // p on partial sums of the sorted values, as f32 (just below, on, above)
+            let mut cum = 0f64;
+            let at: Vec<f32> = sorted
+                .iter()
+                .map(|&v| {
+                    cum += f64::from(v);
+                    cum as f32
+                })
+                .collect();
+            let mut ps = vec![0.05f32, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0];
+            for k in [n / 50, n / 3, n - n / 20] {
+                ps.extend([at[k].next_down(), at[k], at[k].next_up()].map(|p| p.min(1.0)));
+            }
+            for p in ps {
+                let (want, _) = pl::top_p_cut(sorted.iter().copied(), p);
+                let mut work = q.clone();
+                assert_eq!(
+                    top_p_walk(&mut work, p).to_bits(),
+                    want.to_bits(),
+                    "case {case}: n={n} p={p}"
+                );
+            }
+        }
+    }
+
+    /// A kept set that is every token of the row at or above some `y` (ties at the edge,
+    /// sets of 16k to the whole row) draws the same token in one pass over the row as
+    /// token by token, over many seeds and steps.
+    #[test]
+    fn row_draw_above_a_value_matches_the_token_draw() {
+        let mut x = 0x005e_ed0f_da7a_u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut live, mut words) = (Vec::new(), Vec::new());
+        for case in 0..12 {
+            let v = [20_000usize, 70_000, 131_072][case % 3];
+            let t = [1.0f32, 0.7, 2.5][case / 3 % 3];
+            // coarse values: many tokens share the edge value
+            let z: Vec<f32> = (0..v)
+                .map(|_| -(((next() >> 40) % 400) as f32) * 0.02)
+                .collect();
+            let mut ys: Vec<f32> = z.iter().map(|&zi| zi / t).collect();
+            ys.sort_unstable_by(|a, b| b.total_cmp(a));
+            for rank in [WIDE_DRAW, (v / 2).max(WIDE_DRAW + 1), v - 1] {
+                let y_min = ys[rank.min(v - 1)];
+                let cands: Vec<(u32, f32)> = z
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &zi)| (i as u32, zi / t))
+                    .filter(|c| c.1 >= y_min)
+                    .collect();
+                for _ in 0..40 {
+                    let (seed, step) = (next(), next() % 100_000);
+                    let want = draw(&cands, seed, step, &mut live, &mut words);
+                    assert_eq!(
+                        wide_draw(&z, t, &cands, seed, step),
+                        Some(want),
+                        "case {case}: v {v} t {t} y_min {y_min} seed {seed} step {step}"
+                    );
+                }
+            }
         }
     }
 
