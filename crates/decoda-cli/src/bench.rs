@@ -14,7 +14,8 @@ use crate::device::Device;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Configurations (comma list) from: greedy, temp, topk50, topp09, topk50_topp09, minp005, full.
+    /// Configurations (comma list) from: greedy, temp, topk50, topp09, topk50_topp09,
+    /// minp005, full, topp099.
     #[arg(
         long,
         value_delimiter = ',',

@@ -13,12 +13,15 @@ pub const CONFIGS: &[&str] = &[
     "topk50_topp09",
     "minp005",
     "full",
+    "topp099",
 ];
 
 /// Parameters of a named configuration (all sampled ones at temperature 0.8), or `None`.
 ///
 /// `full` = repetition 1.1, frequency 0.3, presence 0.2, top-k 50, top-p 0.9, min-p 0.05
 /// and top-5 processed logprobs; its rows carry 256 history tokens (see [`requests`]).
+/// `topp099` = top-p 0.99: a nucleus of tens of thousands of tokens, wider than the
+/// candidate lists of the fast path.
 pub fn config(name: &str) -> Option<SamplingParams> {
     let t = SamplingParams {
         temperature: 0.8,
@@ -35,6 +38,7 @@ pub fn config(name: &str) -> Option<SamplingParams> {
             ..t
         },
         "minp005" => SamplingParams { min_p: 0.05, ..t },
+        "topp099" => SamplingParams { top_p: 0.99, ..t },
         "full" => SamplingParams {
             repetition_penalty: 1.1,
             frequency_penalty: 0.3,
