@@ -810,7 +810,7 @@ fn nucleus(
 /// negative, so their bit patterns order them; reordered in place). Short lists are
 /// sorted whole; longer ones piece by piece, sorting only the prefix of the decreasing
 /// order that the walk reaches: growing pieces are split off with a selection, sorted, and
-/// walked.
+/// walked. Lists longer than [`PRUNED_WALK`] first try [`pruned_walk`].
 fn top_p_walk(q: &mut [f32], p: f32) -> f32 {
     let desc = |v: &f32| std::cmp::Reverse(v.to_bits());
     if q.len() > PRUNED_WALK {
