@@ -1277,9 +1277,6 @@ mod tests {
         }
     }
 
-    /// Top-k with penalties where the history holds the row's largest tokens (all of the
-    /// top k, some of them, none), so the gathering that skips changed tokens must reach
-    /// below them or fall back to a full pass: the same token as the reference.
     /// Kept sets of tens of thousands of tokens (top-p 0.95-0.99 on flat rows, a small
     /// min-p, a large top-k, with and without penalties): the pruned walk, the row's draw
     /// above the smallest kept `y` and the token-by-token draw of a changed top-k all
@@ -1322,6 +1319,9 @@ mod tests {
         }
     }
 
+    /// Top-k with penalties where the history holds the row's largest tokens (all of the
+    /// top k, some of them, none), so the gathering that skips changed tokens must reach
+    /// below them or fall back to a full pass: the same token as the reference.
     #[test]
     fn top_k_with_history_at_the_top_matches_the_reference() {
         use crate::params::{Request, SamplingParams};
@@ -1374,13 +1374,8 @@ mod tests {
     /// (where only the exact walk can decide).
     #[test]
     fn pruned_walk_matches_the_sorted_walk() {
-        let mut x = 0x0bad_cafe_1234_5677u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = crate::conformance::Rng::new(0x0bad_cafe_1234_5677u64);
+        let mut next = move || rng.next_u64();
         for case in 0..30 {
             let n = [20_000usize, 70_001, 131_072][case % 3];
             let mut q: Vec<f32> = (0..n)
@@ -1435,13 +1430,8 @@ mod tests {
     /// token by token, over many seeds and steps.
     #[test]
     fn row_draw_above_a_value_matches_the_token_draw() {
-        let mut x = 0x005e_ed0f_da7a_u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = crate::conformance::Rng::new(0x005e_ed0f_da7a_u64);
+        let mut next = move || rng.next_u64();
         let (mut live, mut words) = (Vec::new(), Vec::new());
         for case in 0..12 {
             let v = [20_000usize, 70_000, 131_072][case % 3];
