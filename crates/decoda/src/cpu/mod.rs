@@ -383,27 +383,15 @@ fn sample_z(
 
     // Stage 7 on the candidates (which hold K, or a superset of P when top-k is off).
     if top_p && cut.is_none() {
-        // the weights (`pl::weight`, in vector lanes), their sum in order, the probabilities
         let q = &mut s.q;
         q.clear();
         q.extend(cands.iter().map(|c| c.1));
-        kernels::exp_shifted(q, ymax);
-        let sum: f64 = q.iter().map(|&w| f64::from(w)).sum();
-        for w in q.iter_mut() {
-            *w = pl::prob(*w, sum);
-        }
+        top_p_probs(q, ymax, 0.0);
         let walk = &mut s.walk;
         walk.clear();
         walk.extend_from_slice(q);
         let tau_p = top_p_walk(walk, p.top_p);
-        // kept in place without a branch (the kept tokens lie anywhere in the row)
-        let (c, q) = (cands.as_mut_slice(), q.as_slice());
-        let mut n = 0;
-        for (j, &qj) in q.iter().enumerate().take(c.len()) {
-            c[n] = c[j];
-            n += usize::from(qj >= tau_p);
-        }
-        cands.truncate(n);
+        keep_from(&mut cands, q, tau_p);
     }
     // Stage 8.
     if tau_m > f32::NEG_INFINITY {
@@ -784,13 +772,7 @@ fn nucleus(
         c.1 /= t;
         c.1
     }));
-    // `pl::weight` of each, in vector lanes
-    kernels::exp_shifted(q, ymax);
-    let exact = q.iter().fold(0f64, |s, &w| s + f64::from(w));
-    let sum = approx + exact;
-    for w in q.iter_mut() {
-        *w = pl::prob(*w, sum);
-    }
+    let sum = top_p_probs(q, ymax, approx);
     let smallest = q.iter().copied().fold(f32::INFINITY, f32::min);
     walk.clear();
     walk.extend_from_slice(q);
@@ -798,12 +780,32 @@ fn nucleus(
     if !(all_gathered || tau_p > smallest) {
         return None;
     }
-    let mut k = 0;
-    out.retain(|_| {
-        k += 1;
-        q[k - 1] >= tau_p
-    });
+    keep_from(out, q, tau_p);
     Some((sum, tau_p))
+}
+
+/// Stage 7's probabilities in place: `q` holds the candidates' `y` and becomes their
+/// `pl::prob(pl::weight(y, ymax), sum)` (the weights in vector lanes, bit for bit),
+/// with `sum` (returned) = `approx` + their weights added in order in f64.
+fn top_p_probs(q: &mut [f32], ymax: f32, approx: f64) -> f64 {
+    kernels::exp_shifted(q, ymax);
+    let sum = approx + q.iter().fold(0f64, |s, &w| s + f64::from(w));
+    for w in q.iter_mut() {
+        *w = pl::prob(*w, sum);
+    }
+    sum
+}
+
+/// Keeps the candidates whose `q` (same order) is at least `tau`, in order, in place and
+/// without a branch (the kept tokens may lie anywhere in the list).
+fn keep_from(cands: &mut Vec<(u32, f32)>, q: &[f32], tau: f32) {
+    let c = cands.as_mut_slice();
+    let mut n = 0;
+    for (j, &qj) in q.iter().enumerate().take(c.len()) {
+        c[n] = c[j];
+        n += usize::from(qj >= tau);
+    }
+    cands.truncate(n);
 }
 
 /// `τp` of [`pl::top_p_cut`] over the values of `q` (probabilities: finite and not
@@ -854,7 +856,8 @@ fn pruned_walk(q: &mut [f32], p: f32) -> Option<f32> {
     const BUCKETS: usize = 2048;
     const SURE: f64 = 1e-9;
     let bucket = |v: f32| ((v.to_bits() >> SHIFT) as usize).min(BUCKETS - 1);
-    let mut mass = vec![[0f64; 2]; BUCKETS];
+    // on the stack (32 KiB): a sampling call allocates nothing
+    let mut mass = [[0f64; 2]; BUCKETS];
     let mut pairs = q.chunks_exact(2);
     for pair in &mut pairs {
         mass[bucket(pair[0])][0] += f64::from(pair[0]);
@@ -911,13 +914,7 @@ fn wide_draw(z: &[f32], t: f32, cands: &[(u32, f32)], seed: u64, step: u64) -> O
         return None;
     }
     let y_min = cands.iter().fold(f32::INFINITY, |m, c| m.min(c.1));
-    let lead = cands.iter().copied().reduce(|a, b| {
-        if b.1 > a.1 || (b.1 == a.1 && b.0 < a.0) {
-            b
-        } else {
-            a
-        }
-    })?;
+    let lead = leader(cands)?;
     if y_min == f32::NEG_INFINITY {
         return None;
     }
@@ -925,6 +922,17 @@ fn wide_draw(z: &[f32], t: f32, cands: &[(u32, f32)], seed: u64, step: u64) -> O
         Ok(sample) => Some(sample.token),
         Err(_) => None,
     }
+}
+
+/// The candidate with the largest `y`, ties to the smallest id (`None` for none).
+fn leader(cands: &[(u32, f32)]) -> Option<(u32, f32)> {
+    cands.iter().copied().reduce(|a, b| {
+        if b.1 > a.1 || (b.1 == a.1 && b.0 < a.0) {
+            b
+        } else {
+            a
+        }
+    })
 }
 
 /// The Gumbel-max draw over candidates `(i, y_i)`: the largest `y_i + g_i`, ties to the
@@ -942,21 +950,8 @@ fn draw(
     live: &mut Vec<(u32, f32)>,
     words: &mut Vec<u32>,
 ) -> u32 {
-    let (i0, y0) = cands
-        .iter()
-        .copied()
-        .reduce(|a, b| {
-            if b.1 > a.1 || (b.1 == a.1 && b.0 < a.0) {
-                b
-            } else {
-                a
-            }
-        })
-        .expect("the kept set is never empty");
+    let (i0, y0) = leader(cands).expect("the kept set is never empty");
     let mut best = (i0, y0 + philox::gumbel(seed, step, i0));
-    let (floors, bounds) = (gumbel_bucket_floors(), gumbel_bucket_bounds());
-    // the largest `y + floor`: at most the winner's score
-    let mut reach = best.1;
     live.clear();
     words.clear();
     // the tokens whose largest possible noise can reach the leader
@@ -964,16 +959,10 @@ fn draw(
         .iter()
         .filter(|c| c.0 != i0 && c.1 + GUMBEL_MAX_BOUND >= best.1)
         .peekable();
-    // (the scores are never NaN: `>` keeps the fold a plain max)
     if cands.len() < FEW_DRAWN {
         for &(i, y) in rest {
-            let w = philox::token_bits(seed, step, i);
-            let r = y + floors[(w >> 20) as usize];
-            if r > reach {
-                reach = r;
-            }
             live.push((i, y));
-            words.push(w);
+            words.push(philox::token_bits(seed, step, i));
         }
     } else {
         let key = philox::seed_key(seed);
@@ -1006,14 +995,18 @@ fn draw(
             for (w, &j) in got.iter_mut().zip(&slots[..m]) {
                 *w = out[j as usize];
             }
-            for (c, &w) in batch[..m].iter().zip(&got) {
-                let r = c.1 + floors[(w >> 20) as usize];
-                if r > reach {
-                    reach = r;
-                }
-            }
             live.extend_from_slice(&batch[..m]);
             words.extend_from_slice(&got[..m]);
+        }
+    }
+    let (floors, bounds) = (gumbel_bucket_floors(), gumbel_bucket_bounds());
+    // the largest `y + floor`: at most the winner's score (the scores are never NaN: `>`
+    // keeps the fold a plain max)
+    let mut reach = best.1;
+    for (c, &w) in live.iter().zip(words.iter()) {
+        let r = c.1 + floors[(w >> 20) as usize];
+        if r > reach {
+            reach = r;
         }
     }
     for (&(i, y), &w) in live.iter().zip(words.iter()) {
