@@ -317,6 +317,80 @@ mod body {
         }
     }
 
+    /// See [`super::mass_by_y`].
+    #[inline(always)]
+    pub fn mass_by_y<const FMA: bool>(
+        z: &[f32],
+        t: f32,
+        ymax: f32,
+        scale: f32,
+        bucket: &mut [u16],
+        mass: &mut [[f64; 2]],
+    ) {
+        const N: usize = 256;
+        let last = (mass.len() - 1) as f32;
+        // floor(-d scale) within [0, last]: -inf (a banned token) lands in the last bucket
+        let index = |d: f32| {
+            #[allow(clippy::manual_clamp)]
+            let k = (-d * scale).max(0.0).min(last);
+            // SAFETY: `k` lies in [0, last] (a NaN would have become 0), so it converts.
+            unsafe { k.to_int_unchecked::<i32>() as u16 }
+        };
+        let n = z.len().min(bucket.len());
+        // per block: weights and buckets in vector lanes, then the adds one by one (in
+        // separate loops, so neither waits on the other)
+        let mut w = [0f32; N];
+        let (zc, bc) = (z[..n].chunks_exact(N), bucket[..n].chunks_exact_mut(N));
+        let rem = n - zc.remainder().len();
+        for (c, out) in zc.zip(bc) {
+            for j in 0..N {
+                let d = c[j] / t - ymax;
+                w[j] = exp_bulk::<FMA>(d);
+                out[j] = index(d);
+            }
+            // two interleaved sums per bucket, so neighbours in a bucket do not wait
+            for j in 0..N {
+                mass[usize::from(out[j])][j & 1] += f64::from(w[j]);
+            }
+        }
+        for i in rem..n {
+            let d = z[i] / t - ymax;
+            let b = index(d);
+            bucket[i] = b;
+            mass[usize::from(b)][0] += f64::from(exp_bulk::<FMA>(d));
+        }
+    }
+
+    #[inline(always)]
+    pub fn collect_buckets(bucket: &[u16], first: u16, last: u16, out: &mut Vec<u32>) {
+        const N: usize = 64;
+        let span = last.wrapping_sub(first);
+        let hits = |i0: usize, chunk: &[u16], out: &mut Vec<u32>| {
+            for (j, &b) in chunk.iter().enumerate() {
+                if b.wrapping_sub(first) <= span {
+                    out.push((i0 + j) as u32);
+                }
+            }
+        };
+        let chunks = bucket.chunks_exact(N);
+        let rem = chunks.remainder();
+        for (c, chunk) in chunks.enumerate() {
+            // a chunk judged in vector lanes, its hits found by groups of 16
+            let mut any = [[0u16; 16]; N / 16];
+            for k in 0..N / 16 {
+                for j in 0..16 {
+                    any[k][j] = u16::from(chunk[k * 16 + j].wrapping_sub(first) <= span);
+                }
+            }
+            for k in 0..N / 16 {
+                if any[k].iter().fold(0, |a, &h| a | h) != 0 {
+                    hits(c * N + k * 16, &chunk[k * 16..k * 16 + 16], out);
+                }
+            }
+        }
+        hits(bucket.len() - rem.len(), rem, out);
+    }
+
     /// `v[i] = fmath::exp(v[i] - shift)`.
     #[inline(always)]
     pub fn exp_shifted(v: &mut [f32], shift: f32) {
@@ -2282,6 +2356,45 @@ pub fn exp_into(z: &[f32], zmax: f32, scale: f32, w: &mut [f32]) {
     body::exp_into::<false>(z, zmax, scale, w)
 }
 
+/// Top-p mass by buckets of `y`: for every `i`, `y = z[i] / t` (an IEEE division, as
+/// stage 5), `d = y - ymax`, bucket `b = min(floor(-d scale), mass.len() - 1)` (so larger
+/// `y` never lands in a later bucket) written to `bucket[i]`, and `exp(d)` within 3e-7
+/// ([`exp_bulk`]) added in f64 to `mass[b]` (two interleaved sums per bucket). `ymax` must
+/// be the largest `y` and `z` free of NaN and `+inf`; `bucket` as long as `z`.
+pub fn mass_by_y(
+    z: &[f32],
+    t: f32,
+    ymax: f32,
+    scale: f32,
+    bucket: &mut [u16],
+    mass: &mut [[f64; 2]],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+        unsafe fn wide(z: &[f32], t: f32, ymax: f32, s: f32, b: &mut [u16], m: &mut [[f64; 2]]) {
+            body::mass_by_y::<true>(z, t, ymax, s, b, m)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2(z: &[f32], t: f32, ymax: f32, s: f32, b: &mut [u16], m: &mut [[f64; 2]]) {
+            body::mass_by_y::<true>(z, t, ymax, s, b, m)
+        }
+        match level() {
+            // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
+            Level::Avx512 => return unsafe { wide(z, t, ymax, scale, bucket, mass) },
+            // SAFETY: `level()` detected AVX2 and FMA on this CPU.
+            Level::Avx2 => return unsafe { avx2(z, t, ymax, scale, bucket, mass) },
+            Level::Base => {}
+        }
+    }
+    body::mass_by_y::<false>(z, t, ymax, scale, bucket, mass)
+}
+
+dispatch! {
+    /// Appends to `out`, in order, every `i` with `first <= bucket[i] <= last` (`first <= last`).
+    pub fn collect_buckets(bucket: &[u16], first: u16, last: u16, out: &mut Vec<u32>) -> ();
+}
+
 dispatch! {
     /// `v[i] = fmath::exp(v[i] - shift)` for every `i`: the top-p weights `exp(y - ymax)`
     /// of the contract, bit for bit (each vector lane runs [`crate::fmath::exp`]'s
@@ -3373,6 +3486,58 @@ mod tests {
                         y.to_bits()
                     );
                 }
+            }
+        }
+    }
+
+    /// The bucket masses: every value in its bucket (`floor((ymax - z / t) scale)`, the
+    /// last one for everything lower, `-inf` included), each bucket's mass within 3e-7 of
+    /// the exact sum of `exp(y - ymax)`; and the gathering of a range of buckets, against
+    /// filters written out (ranges at the ends, single buckets, lengths off the chunk size).
+    #[test]
+    fn bucket_masses_and_gathering() {
+        let mut rng = crate::conformance::Rng::new(0x3c6e_f372_fe94_f82b);
+        for (v, t) in [
+            (131_072usize, 0.8f32),
+            (1000, 1.0),
+            (70_001, 2.5),
+            (37, 0.3),
+        ] {
+            let mut z = crate::conformance::zipf_logits(&mut rng, v.max(2), 1.1);
+            z.truncate(v);
+            z[v / 3] = f32::NEG_INFINITY;
+            let ymax = z.iter().map(|&zi| zi / t).fold(f32::NEG_INFINITY, f32::max);
+            let mut bucket = vec![0u16; v];
+            let mut mass = vec![[0f64; 2]; 2048];
+            mass_by_y(&z, t, ymax, 64.0, &mut bucket, &mut mass);
+            let mut want = vec![0f64; 2048];
+            for (i, &zi) in z.iter().enumerate() {
+                let d = zi / t - ymax;
+                let b = (-d * 64.0).clamp(0.0, 2047.0) as u16;
+                assert_eq!(bucket[i], b, "v {v}, i {i}, z {zi}");
+                want[b as usize] += f64::from(d.max(-87.0)).exp();
+            }
+            for (b, m) in mass.iter().enumerate() {
+                let got = m[0] + m[1];
+                assert!(
+                    (got - want[b]).abs() <= 3e-7 * want[b],
+                    "v {v}, bucket {b}: {got} vs {}",
+                    want[b]
+                );
+            }
+            for (first, last) in [
+                (0u16, 0u16),
+                (0, 2047),
+                (700, 701),
+                (2047, 2047),
+                (900, 990),
+            ] {
+                let mut got = Vec::new();
+                collect_buckets(&bucket, first, last, &mut got);
+                let want: Vec<u32> = (0..v as u32)
+                    .filter(|&i| (first..=last).contains(&bucket[i as usize]))
+                    .collect();
+                assert_eq!(got, want, "v {v}, buckets {first}..={last}");
             }
         }
     }
