@@ -136,6 +136,8 @@ struct Scratch {
     q: Vec<f32>,
     walk: Vec<f32>,
     words: Vec<u32>,
+    ids: Vec<u32>,
+    buckets: Vec<u16>,
     skip: Skip,
 }
 
@@ -362,7 +364,13 @@ fn sample_z(
             };
         }
         if cut.is_none() {
-            // The nucleus is too wide for the candidate list: take the whole row.
+            // The nucleus is too wide for the candidate list: by the mass of the row's
+            // buckets, else the whole row.
+            s.cands = cands;
+            if let Some(out) = sample_wide(x, z, zmax, req, s) {
+                return out;
+            }
+            cands = std::mem::take(&mut s.cands);
             cands.clear();
             cands.extend(z.iter().enumerate().map(|(i, &zi)| (i as u32, zi / t)));
         }
@@ -659,7 +667,9 @@ fn top_p_candidates(
     loop {
         // The candidates' share of the bulk, computed the same way, so it cancels (`q`
         // holds the candidates' z).
-        let rest = (bulk - kernels::exp2_sum(q, c1, c0)).max(0.0) * to_max;
+        let have = kernels::exp2_sum(q, c1, c0);
+        let rest = (bulk - have).max(0.0) * to_max;
+        let have = have * to_max;
         // Many more candidates than the nucleus needs: first try the fewest top ones that
         // surely hold it (the others join the approximate rest).
         if let Some(zb) = nucleus_bound(q, walk, zmax, t, p, rest) {
@@ -690,6 +700,11 @@ fn top_p_candidates(
         if zthr <= floor || tries == 3 {
             return TopPScan::Done(zmax, None);
         }
+        // A nucleus far wider than any candidate list: no retry can hold it.
+        let need = f64::from(p) * (have + rest) - have;
+        if tries == 0 && sampled_wider(z, (zmax, zthr, t), need, out.len(), CAP, walk) {
+            return TopPScan::Done(zmax, None);
+        }
         // Too few: gather again from a lower threshold (the bulk sum stays valid).
         tries += 1;
         zthr = match tries {
@@ -707,6 +722,50 @@ fn top_p_candidates(
         q.clear();
         q.extend(out.iter().map(|c| c.1));
     }
+}
+
+/// Whether the nucleus surely holds more than `wide` tokens by a sample of `z` (the runs
+/// of [`sampled_threshold`]): the `n` tokens with `z >= zthr` were gathered, and the tokens
+/// below need weight `need` (against `zmax`, at temperature `t`) more. Each sampled token
+/// below `zthr` stands for `V / SAMPLE` of them; when the sample's largest tokens below
+/// `zthr`, as many as would make the count `1.25 wide`, hold less than `need`, a nucleus
+/// of `wide` tokens is out of reach. Only a shortcut: a wrong answer costs time, not
+/// tokens (the wider way and the retries find the same nucleus).
+fn sampled_wider(
+    z: &[f32],
+    (zmax, zthr, t): (f32, f32, f32),
+    need: f64,
+    n: usize,
+    wide: usize,
+    tmp: &mut Vec<f32>,
+) -> bool {
+    let v = z.len();
+    let count = wide + wide / 4;
+    if v < 8192 || need <= 0.0 || 2 * count >= v {
+        return false;
+    }
+    // Each token below zthr weighs at most `exp((zthr - zmax) / t)`: when a few hundred of
+    // them could make up `need`, a retry likely holds the nucleus (no sample needed).
+    let at_most = f64::from((zthr - zmax) / t).exp();
+    if need <= at_most * (wide / 16) as f64 {
+        return false;
+    }
+    let gap = v / (SAMPLE / 16);
+    tmp.clear();
+    let runs = (0..SAMPLE / 16).flat_map(|c| &z[c * gap..c * gap + 16]);
+    tmp.extend(runs.filter(|&&zi| zi < zthr));
+    let per = v as f64 / SAMPLE as f64;
+    // sampled tokens that stand for the count - n largest below zthr
+    let r = (count.saturating_sub(n) as f64 / per) as usize;
+    if r == 0 || r >= tmp.len() {
+        return false;
+    }
+    tmp.select_nth_unstable_by(r - 1, |a, b| b.total_cmp(a));
+    let held: f64 = tmp[..r]
+        .iter()
+        .map(|&zi| f64::from(kernels::exp_bulk::<false>((zi - zmax) / t)))
+        .sum();
+    held * per < need
 }
 
 /// A threshold `zb` such that the candidates with `z >= zb` surely hold stage 7's nucleus,
@@ -899,6 +958,132 @@ fn pruned_walk(q: &mut [f32], p: f32) -> Option<f32> {
     let n = front(q, BUCKETS - 1);
     let mut walk = pl::TopPWalk::new(p);
     q[..n].iter().find_map(|&v| walk.step(v))
+}
+
+/// Buckets of [`wide_top_p`], and how many there are per unit of `y`: 2,048 cover the 32
+/// below the max; lower values share the last one.
+const WIDE_BUCKETS: usize = 2048;
+const WIDE_SCALE: f32 = 64.0;
+/// Most tokens [`wide_top_p`] weighs exactly and sorts; more (a flat row) take the exact
+/// walk over the whole row.
+const WIDE_EDGE: usize = 8192;
+
+/// Stages 7-9 and logprobs of a top-p row without top-k whose nucleus is too wide for
+/// the candidate lists, over the processed logits `z` (max `zmax`): the kept set from
+/// [`wide_top_p`] and min-p is every token at or above some `y`, drawn in one gated pass
+/// over the row. `None` when [`wide_top_p`] cannot tell.
+fn sample_wide(
+    x: &[f32],
+    z: &[f32],
+    zmax: f32,
+    req: &Request,
+    s: &mut Scratch,
+) -> Option<RowResult> {
+    let p = &req.params;
+    let t = p.temperature;
+    let ymax = zmax / t;
+    let y_cut = wide_top_p(z, t, ymax, p.top_p, s)?;
+    let y_min = y_cut.max(pl::min_p_threshold(ymax, p.min_p));
+    let lead = kernels::first_eq(z, zmax)? as u32;
+    let (seed, step) = (req.state.seed, req.state.step);
+    let token = match gated_draw(z, t, seed, step, y_min, Some((lead, ymax)))? {
+        Ok(sample) => sample.token,
+        Err(e) => return Some(Err(e)),
+    };
+    let lp = p.logprobs.map(|n| match p.logprobs_mode {
+        LogprobsMode::Raw => full_logprobs(x, token, n, s),
+        LogprobsMode::Processed => {
+            let mut kept = std::mem::take(&mut s.cands);
+            kept.clear();
+            let zl = pl::z_lower_bound(y_min, t);
+            for (b, block) in z.chunks(BLOCK).enumerate() {
+                kernels::collect_ge(block, (b * BLOCK) as u32, zl, &mut kept);
+            }
+            for c in kept.iter_mut() {
+                c.1 /= t;
+            }
+            kept.retain(|c| c.1 >= y_min);
+            let out = subset_logprobs(&kept, token, n, &mut s.tmp);
+            s.cands = kept;
+            out
+        }
+    });
+    Some(Ok(Sample {
+        token,
+        logprobs: lp,
+    }))
+}
+
+/// Stage 7 of a nucleus too wide for candidate lists (top-p without top-k over the whole
+/// row `z` at temperature `t`, `ymax` its largest `y`): the smallest kept `y`, or `None`
+/// when this way cannot tell (the exact walk over the whole row then runs).
+///
+/// One pass adds the weights by buckets of `y` ([`kernels::mass_by_y`]: 1/64 wide, each
+/// weight within 3e-7); the buckets' mass from the top finds the one where the walk
+/// reaches `p`, and only its tokens and those of the next bucket below that holds any get
+/// the contract's weights, sorted and walked from the mass above. The normaliser and the
+/// mass above are the approximate weights' sums: with every weight within `e = 5.4e-7` of
+/// the contract's (3e-7, and 2 ulp of `fmath::exp`), a cumulative sum `C = S / (S + R)`
+/// moves by at most `C (1 - C) 2e <= e / 2`, and the f32 rounding of each `q` adds below
+/// 6e-8: within 3.3e-7 of the reference's sums, inside the contract's top-p tie (`1e-6`),
+/// so the kept set can differ from the reference's only on such a tie. Weights grow with
+/// `y` (`fmath::exp` is monotone, checked over every f32), so the kept set is every token
+/// at or above the returned `y`: the tokens of higher buckets all reach `τp`, and those of
+/// lower ones stay below the smallest weighed one, which must fall short of `τp`.
+fn wide_top_p(z: &[f32], t: f32, ymax: f32, p: f32, s: &mut Scratch) -> Option<f32> {
+    let bucket = &mut s.buckets;
+    bucket.clear();
+    bucket.resize(z.len(), 0);
+    // on the stack (32 KiB): a sampling call allocates nothing
+    let mut mass = [[0f64; 2]; WIDE_BUCKETS];
+    kernels::mass_by_y(z, t, ymax, WIDE_SCALE, bucket, &mut mass);
+    let in_bucket = |b: usize| mass[b][0] + mass[b][1];
+    let total: f64 = (0..WIDE_BUCKETS).map(in_bucket).sum();
+    if !(total > 0.0 && total.is_finite()) {
+        return None;
+    }
+    let p64 = f64::from(p);
+    let mut above = 0f64;
+    let edge = (0..WIDE_BUCKETS).find(|&b| {
+        let reached = (above + in_bucket(b)) / total >= p64;
+        if !reached {
+            above += in_bucket(b);
+        }
+        reached
+    })?;
+    let below = (edge + 1..WIDE_BUCKETS).find(|&b| in_bucket(b) > 0.0)?;
+    let ids = &mut s.ids;
+    ids.clear();
+    kernels::collect_buckets(bucket, edge as u16, below as u16, ids);
+    if ids.len() > WIDE_EDGE {
+        return None;
+    }
+    // (i, y) of those tokens, their q, and the q in decreasing order
+    let list = &mut s.tmp;
+    list.clear();
+    list.extend(ids.iter().map(|&i| (i, z[i as usize] / t)));
+    let q = &mut s.q;
+    q.clear();
+    q.extend(list.iter().map(|c| c.1));
+    kernels::exp_shifted(q, ymax);
+    for w in q.iter_mut() {
+        *w = pl::prob(*w, total);
+    }
+    let walk = &mut s.walk;
+    walk.clear();
+    walk.extend_from_slice(q);
+    walk.sort_unstable_by_key(|v| std::cmp::Reverse(v.to_bits()));
+    let mut cum = pl::TopPWalk::after(p, above / total);
+    let tau = walk.iter().find_map(|&v| cum.step(v))?;
+    if walk.last().is_some_and(|&smallest| smallest >= tau) {
+        return None;
+    }
+    let y_cut = list
+        .iter()
+        .zip(q.iter())
+        .filter(|(_, &qi)| qi >= tau)
+        .fold(f32::INFINITY, |m, (c, _)| m.min(c.1));
+    Some(y_cut)
 }
 
 /// Kept sets from this size are drawn in one pass over the row ([`wide_draw`]).
@@ -1310,6 +1495,67 @@ mod tests {
             let got = super::sample_row_f32(&z, &req);
             assert_eq!(got, want, "case {case}: v {v}");
         }
+    }
+
+    /// The wide nucleus from bucket masses against the exact walk over the whole row
+    /// (every weight the contract's, summed in order): the same smallest kept `y` except
+    /// where the reference's cumulative sum comes within `1e-6` of `p` (a tie the contract
+    /// allows), on Zipf rows of several slopes and temperatures, rows with banned tokens
+    /// and rows of coarse, tied values; most of them must take this way.
+    #[test]
+    fn wide_nucleus_matches_the_exact_walk() {
+        let mut rng = crate::conformance::Rng::new(0x5851_f42d_4c95_7f2d);
+        let (mut taken, mut ties, mut cases) = (0, 0, 0);
+        for case in 0..48usize {
+            let v = [131_072usize, 32_000, 151_936][case % 3];
+            let mut z = crate::conformance::zipf_logits(&mut rng, v, [1.1, 0.9, 1.3][case / 3 % 3]);
+            if case % 5 == 1 {
+                for i in (0..v).step_by(37) {
+                    z[i] = f32::NEG_INFINITY;
+                }
+            }
+            if case % 4 == 2 {
+                for zi in &mut z {
+                    *zi = (*zi * 8.0).round() / 8.0;
+                }
+            }
+            for (p, t) in [(0.99f32, 0.8f32), (0.95, 1.0), (0.999, 1.3), (0.9, 2.0)] {
+                cases += 1;
+                let y: Vec<f32> = z.iter().map(|&zi| zi / t).collect();
+                let ymax = y.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut q = y.clone();
+                crate::cpu::kernels::exp_shifted(&mut q, ymax);
+                let sum = q.iter().fold(0f64, |a, &w| a + f64::from(w));
+                for w in q.iter_mut() {
+                    *w = pl::prob(*w, sum);
+                }
+                let mut desc = q.clone();
+                desc.sort_unstable_by_key(|v| std::cmp::Reverse(v.to_bits()));
+                let (tau, margin) = pl::top_p_cut(desc.iter().copied(), p);
+                let want = y
+                    .iter()
+                    .zip(&q)
+                    .filter(|(_, &qi)| qi >= tau)
+                    .fold(f32::INFINITY, |m, (&yi, _)| m.min(yi));
+                let mut s = super::Scratch::default();
+                let Some(got) = super::wide_top_p(&z, t, ymax, p, &mut s) else {
+                    continue;
+                };
+                taken += 1;
+                if got != want {
+                    assert!(
+                        margin <= 1e-6,
+                        "case {case}, p {p}, T {t}: y {got} vs {want}, margin {margin}"
+                    );
+                    ties += 1;
+                }
+            }
+        }
+        assert!(
+            taken * 4 >= cases * 3,
+            "{taken} of {cases} rows took the bucket way"
+        );
+        assert!(ties * 20 <= taken, "{ties} ties in {taken} rows");
     }
 
     /// Top-k with penalties where the history holds the row's largest tokens (all of the
