@@ -185,6 +185,50 @@ fn top_p_only_parity_many_rows() {
     }
 }
 
+/// Top-p nuclei wider than the candidate lists (thousands of tokens to most of the row)
+/// at real vocabulary sizes, through the batch call: the bucket masses, the edge walk and
+/// the gated draw, with banned tokens, penalties, min-p and processed logprobs.
+#[test]
+fn wide_top_p_parity() {
+    use decoda::conformance::zipf_logits;
+    use decoda::{LogprobsMode, Request, SamplingParams};
+    let mut rng = Rng::new(77);
+    for v in [32_000usize, 151_936] {
+        let mut cases = Vec::new();
+        for i in 0..24u64 {
+            let mut x = zipf_logits(&mut rng, v, [0.9f32, 1.1, 1.3][i as usize % 3]);
+            if i % 4 == 1 {
+                for j in (0..v).step_by(53) {
+                    x[j] = f32::NEG_INFINITY;
+                }
+            }
+            let mut params = SamplingParams {
+                temperature: [0.8f32, 1.0, 1.5][(i / 3) as usize % 3],
+                top_p: [0.97f32, 0.99, 0.999, 0.9][(i / 2) as usize % 4],
+                ..Default::default()
+            };
+            if i % 3 == 0 {
+                params.logprobs = Some(3);
+                params.logprobs_mode = LogprobsMode::Processed;
+            }
+            if i % 5 == 2 {
+                params.min_p = 1e-5;
+            }
+            let mut req = Request::new(params, 500 + i);
+            req.state.step = 3 * i;
+            if i % 6 == 4 {
+                req.params.repetition_penalty = 1.2;
+                req.params.presence_penalty = 0.4;
+                req.state.output = (0..64).map(|_| rng.below(v as u64) as u32).collect();
+            }
+            cases.push((x, req));
+        }
+        let p = parity(&CpuSampler::new(), &cases).unwrap();
+        assert_eq!(p.same + p.allowed_ties, p.rows, "V = {v}");
+        assert!(p.max_logprob_diff <= 1e-5);
+    }
+}
+
 /// The parity tests above again, in child processes whose kernels run their AVX2 and
 /// baseline variants (`DECODA_ISA`), so every variant is checked against the reference
 /// on one machine.
