@@ -700,7 +700,7 @@ fn top_p_candidates(
         if zthr <= floor || tries == 3 {
             return TopPScan::Done(zmax, None);
         }
-        // A nucleus far wider than any candidate list: no retry can hold it.
+        // A nucleus wider than any candidate list (by a sample): no retry can hold it.
         let need = f64::from(p) * (have + rest) - have;
         if tries == 0 && sampled_wider(z, (zmax, zthr, t), need, out.len(), CAP, walk) {
             return TopPScan::Done(zmax, None);
@@ -724,13 +724,13 @@ fn top_p_candidates(
     }
 }
 
-/// Whether the nucleus surely holds more than `wide` tokens by a sample of `z` (the runs
-/// of [`sampled_threshold`]): the `n` tokens with `z >= zthr` were gathered, and the tokens
+/// Whether a sample of `z` (the runs of [`sampled_threshold`]) says the nucleus holds more
+/// than `wide` tokens: the `n` tokens with `z >= zthr` were gathered, and the tokens
 /// below need weight `need` (against `zmax`, at temperature `t`) more. Each sampled token
 /// below `zthr` stands for `V / SAMPLE` of them; when the sample's largest tokens below
 /// `zthr`, as many as would make the count `1.25 wide`, hold less than `need`, a nucleus
 /// of `wide` tokens is out of reach. Only a shortcut: a wrong answer costs time, not
-/// tokens (the wider way and the retries find the same nucleus).
+/// tokens (the retries and [`sample_wide`] both find the contract's nucleus).
 fn sampled_wider(
     z: &[f32],
     (zmax, zthr, t): (f32, f32, f32),
