@@ -189,7 +189,7 @@ fn stage_top_k(y: &[f32], k: usize, keep: &mut [bool]) -> f32 {
 }
 
 /// Stage 7 over the kept tokens; returns the walk's distance to `p` (for tie counting).
-fn stage_top_p(y: &[f32], ymax: f32, p: f32, keep: &mut [bool]) -> f64 {
+pub(crate) fn stage_top_p(y: &[f32], ymax: f32, p: f32, keep: &mut [bool]) -> f64 {
     let v = y.len();
     let sum: f64 = (0..v)
         .filter(|&i| keep[i])

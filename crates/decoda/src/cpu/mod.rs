@@ -376,13 +376,7 @@ fn sample_z(
         }
     } else {
         if tau_m > f32::NEG_INFINITY {
-            let zl = pl::z_lower_bound(tau_m, t);
-            for (b, block) in z.chunks(BLOCK).enumerate() {
-                kernels::collect_ge(block, (b * BLOCK) as u32, zl, &mut cands);
-            }
-            for c in cands.iter_mut() {
-                c.1 /= t;
-            }
+            gather_y_at_least(z, t, tau_m, &mut cands);
         } else {
             // No filter: drawn straight from the row, without a candidate list.
             unfiltered = true;
@@ -442,6 +436,13 @@ fn sample_z(
     })
 }
 
+/// The [`SAMPLE`] values that thresholds are estimated from: runs of 16 neighbours, evenly
+/// spread (one or two cache lines each). `z` holds at least `SAMPLE` values.
+fn sample_runs(z: &[f32]) -> impl Iterator<Item = &[f32]> {
+    let gap = z.len() / (SAMPLE / 16);
+    (0..SAMPLE / 16).map(move |c| &z[c * gap..c * gap + 16])
+}
+
 /// A threshold in z-space that about `want` values of `z` reach, estimated from a sample
 /// of [`SAMPLE`] values (evenly spread runs of 16), and the sample's max (both `-inf` when
 /// the sample cannot tell; the max is NaN or `+inf` when the sample holds one). Only a
@@ -452,9 +453,7 @@ fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> (f32,
     if v < 8192 || want * 4 >= v {
         return none;
     }
-    // runs of 16 neighbours, evenly spread: one or two cache lines each
-    let gap = v / (SAMPLE / 16);
-    let runs = (0..SAMPLE / 16).map(|c| &z[c * gap..c * gap + 16]);
+    let runs = sample_runs(z);
     let r = (want * SAMPLE).div_ceil(v) + 1;
     if r >= SAMPLE {
         return none;
@@ -750,10 +749,8 @@ fn sampled_wider(
     if need <= at_most * (wide / 16) as f64 {
         return false;
     }
-    let gap = v / (SAMPLE / 16);
     tmp.clear();
-    let runs = (0..SAMPLE / 16).flat_map(|c| &z[c * gap..c * gap + 16]);
-    tmp.extend(runs.filter(|&&zi| zi < zthr));
+    tmp.extend(sample_runs(z).flatten().filter(|&&zi| zi < zthr));
     let per = v as f64 / SAMPLE as f64;
     // sampled tokens that stand for the count - n largest below zthr
     let r = (count.saturating_sub(n) as f64 / per) as usize;
@@ -849,10 +846,15 @@ fn nucleus(
 fn top_p_probs(q: &mut [f32], ymax: f32, approx: f64) -> f64 {
     kernels::exp_shifted(q, ymax);
     let sum = approx + q.iter().fold(0f64, |s, &w| s + f64::from(w));
-    for w in q.iter_mut() {
-        *w = pl::prob(*w, sum);
-    }
+    probs_of(q, sum);
     sum
+}
+
+/// Weights `w` in place to their probabilities `pl::prob(w, sum)`.
+fn probs_of(w: &mut [f32], sum: f64) {
+    for wi in w.iter_mut() {
+        *wi = pl::prob(*wi, sum);
+    }
 }
 
 /// Keeps the candidates whose `q` (same order) is at least `tau`, in order, in place and
@@ -994,15 +996,7 @@ fn sample_wide(
         LogprobsMode::Raw => full_logprobs(x, token, n, s),
         LogprobsMode::Processed => {
             let mut kept = std::mem::take(&mut s.cands);
-            kept.clear();
-            let zl = pl::z_lower_bound(y_min, t);
-            for (b, block) in z.chunks(BLOCK).enumerate() {
-                kernels::collect_ge(block, (b * BLOCK) as u32, zl, &mut kept);
-            }
-            for c in kept.iter_mut() {
-                c.1 /= t;
-            }
-            kept.retain(|c| c.1 >= y_min);
+            gather_y_at_least(z, t, y_min, &mut kept);
             let out = subset_logprobs(&kept, token, n, &mut s.tmp);
             s.cands = kept;
             out
@@ -1012,6 +1006,21 @@ fn sample_wide(
         token,
         logprobs: lp,
     }))
+}
+
+/// Every `(i, y_i)` of the row `z` at temperature `t` with `y_i = z_i / t >= y_min`, in
+/// id order, into `out` (cleared first): gathered in unscaled space from
+/// [`pl::z_lower_bound`], so only those tokens are divided.
+fn gather_y_at_least(z: &[f32], t: f32, y_min: f32, out: &mut Vec<(u32, f32)>) {
+    out.clear();
+    let zl = pl::z_lower_bound(y_min, t);
+    for (b, block) in z.chunks(BLOCK).enumerate() {
+        kernels::collect_ge(block, (b * BLOCK) as u32, zl, out);
+    }
+    for c in out.iter_mut() {
+        c.1 /= t;
+    }
+    out.retain(|c| c.1 >= y_min);
 }
 
 /// Stage 7 of a nucleus too wide for candidate lists (top-p without top-k over the whole
@@ -1031,9 +1040,11 @@ fn sample_wide(
 /// at or above the returned `y`: the tokens of higher buckets all reach `τp`, and those of
 /// lower ones stay below the smallest weighed one, which must fall short of `τp`.
 fn wide_top_p(z: &[f32], t: f32, ymax: f32, p: f32, s: &mut Scratch) -> Option<f32> {
-    let bucket = &mut s.buckets;
-    bucket.clear();
-    bucket.resize(z.len(), 0);
+    // every entry is written by the pass: grown once, never cleared
+    if s.buckets.len() < z.len() {
+        s.buckets.resize(z.len(), 0);
+    }
+    let bucket = &mut s.buckets[..z.len()];
     // on the stack (32 KiB): a sampling call allocates nothing
     let mut mass = [[0f64; 2]; WIDE_BUCKETS];
     kernels::mass_by_y(z, t, ymax, WIDE_SCALE, bucket, &mut mass);
@@ -1066,9 +1077,7 @@ fn wide_top_p(z: &[f32], t: f32, ymax: f32, p: f32, s: &mut Scratch) -> Option<f
     q.clear();
     q.extend(list.iter().map(|c| c.1));
     kernels::exp_shifted(q, ymax);
-    for w in q.iter_mut() {
-        *w = pl::prob(*w, total);
-    }
+    probs_of(q, total);
     let walk = &mut s.walk;
     walk.clear();
     walk.extend_from_slice(q);
@@ -1497,8 +1506,8 @@ mod tests {
         }
     }
 
-    /// The wide nucleus from bucket masses against the exact walk over the whole row
-    /// (every weight the contract's, summed in order): the same smallest kept `y` except
+    /// The wide nucleus from bucket masses against the reference's stage 7 over the whole
+    /// row (every weight the contract's, summed in order): the same smallest kept `y` except
     /// where the reference's cumulative sum comes within `1e-6` of `p` (a tie the contract
     /// allows), on Zipf rows of several slopes and temperatures, rows with banned tokens
     /// and rows of coarse, tied values; most of them must take this way.
@@ -1523,19 +1532,12 @@ mod tests {
                 cases += 1;
                 let y: Vec<f32> = z.iter().map(|&zi| zi / t).collect();
                 let ymax = y.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut q = y.clone();
-                crate::cpu::kernels::exp_shifted(&mut q, ymax);
-                let sum = q.iter().fold(0f64, |a, &w| a + f64::from(w));
-                for w in q.iter_mut() {
-                    *w = pl::prob(*w, sum);
-                }
-                let mut desc = q.clone();
-                desc.sort_unstable_by_key(|v| std::cmp::Reverse(v.to_bits()));
-                let (tau, margin) = pl::top_p_cut(desc.iter().copied(), p);
+                let mut keep = vec![true; v];
+                let margin = crate::reference::stage_top_p(&y, ymax, p, &mut keep);
                 let want = y
                     .iter()
-                    .zip(&q)
-                    .filter(|(_, &qi)| qi >= tau)
+                    .zip(&keep)
+                    .filter(|(_, &k)| k)
                     .fold(f32::INFINITY, |m, (&yi, _)| m.min(yi));
                 let mut s = super::Scratch::default();
                 let Some(got) = super::wide_top_p(&z, t, ymax, p, &mut s) else {
