@@ -512,12 +512,6 @@ mod body {
         }
     }
 
-    /// The largest of a chunk's words.
-    #[inline(always)]
-    pub fn word_max(words: &[u32; 128]) -> u32 {
-        words.iter().fold(0, |a, &w| a.max(w))
-    }
-
     /// At least the largest of a chunk's words, from their top 15 bits: a signed 16-bit
     /// max, which SSE2 has (it has no 32-bit one).
     #[inline(always)]
@@ -1005,6 +999,100 @@ mod simd512 {
     use super::{push_hits, EXP2_C1, EXP2_C2, EXP2_TABLE, MAGIC32};
     use std::arch::x86_64::*;
 
+    /// What the AVX-512 Philox needs of a row, made once: each round's key pair, and the
+    /// words of rounds 1-3 that are the same for every block of the row. A sampling-stream
+    /// counter is `[block, step_lo, step_hi, 0]`, so only word 0 differs between blocks:
+    /// round 1's product of word 2 and round 2's of word 0 are the row's, and so are the
+    /// words they make (`crate::philox::philox4x32_10` is what is computed; only where a
+    /// value is the same for every block is it computed once).
+    #[derive(Clone, Copy)]
+    pub struct RowKeys {
+        /// Each round's `(k0, k1)`.
+        keys: [[u32; 2]; 10],
+        /// Round 2's word 0 XOR-ed into round 2's new word 0: `lo(M1 step_hi) ^ k0[1]`.
+        r2_w0: u32,
+        /// Round 2's XOR into its new word 2: `hi(M0 a) ^ k1[1]`, `a` round 1's word 0.
+        r2_w2: u32,
+        /// Round 3's XOR into its new word 2: `lo(M0 a) ^ k1[2]`.
+        r3_w2: u32,
+    }
+
+    impl RowKeys {
+        /// The constants of sampling-stream counters at `step` under `key`.
+        pub fn new(step: u64, key: [u32; 2]) -> Self {
+            use crate::philox::{PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1};
+            let mut keys = [[0u32; 2]; 10];
+            let [mut k0, mut k1] = key;
+            for (round, k) in keys.iter_mut().enumerate() {
+                if round > 0 {
+                    k0 = k0.wrapping_add(PHILOX_W0);
+                    k1 = k1.wrapping_add(PHILOX_W1);
+                }
+                *k = [k0, k1];
+            }
+            let (s_lo, s_hi) = (step as u32, (step >> 32) as u32);
+            // round 1: words 0 and 1 come from word 2 (`step_hi`), the same for every block
+            let p1 = u64::from(PHILOX_M1) * u64::from(s_hi);
+            let a = (p1 >> 32) as u32 ^ s_lo ^ keys[0][0];
+            let b = p1 as u32;
+            // round 2: the product of word 0 (`a`) is the row's; its low half is round 2's
+            // word 3, which round 3 XORs into its word 2
+            let pa = u64::from(PHILOX_M0) * u64::from(a);
+            Self {
+                keys,
+                r2_w0: b ^ keys[1][0],
+                r2_w2: (pa >> 32) as u32 ^ keys[1][1],
+                r3_w2: pa as u32 ^ keys[2][1],
+            }
+        }
+    }
+
+    /// `M0` times each block number `8 h + j` of a call's 32, in the 64-bit lanes of
+    /// four registers (round 1's products of consecutive blocks are these plus the
+    /// first block's).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn m0_offsets() -> [__m512i; 4] {
+        let m0 = u64::from(crate::philox::PHILOX_M0);
+        std::array::from_fn(|h| {
+            let b = 8 * h as u64;
+            _mm512_setr_epi64(
+                (m0 * b) as i64,
+                (m0 * (b + 1)) as i64,
+                (m0 * (b + 2)) as i64,
+                (m0 * (b + 3)) as i64,
+                (m0 * (b + 4)) as i64,
+                (m0 * (b + 5)) as i64,
+                (m0 * (b + 6)) as i64,
+                (m0 * (b + 7)) as i64,
+            )
+        })
+    }
+
+    /// Round 1's products `M0 * block` of the 32 consecutive blocks from `first_block`,
+    /// block `8 h + j` in lane `j` of register `h`: the first block's product plus the
+    /// offsets, a 64-bit add, not a multiply (exact while no block passes `2^32 - 1`;
+    /// past that the blocks wrap, and are multiplied).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn first_products(first_block: u32) -> [__m512i; 4] {
+        let m0 = u64::from(crate::philox::PHILOX_M0);
+        if first_block <= u32::MAX - 31 {
+            let base = _mm512_set1_epi64((m0 * u64::from(first_block)) as i64);
+            m0_offsets().map(|o| _mm512_add_epi64(base, o))
+        } else {
+            let lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+            let m0v = _mm512_set1_epi64(m0 as i64);
+            std::array::from_fn(|h| {
+                let b = _mm512_add_epi64(
+                    _mm512_set1_epi64(i64::from(first_block.wrapping_add(8 * h as u32))),
+                    lanes,
+                );
+                _mm512_mul_epu32(b, m0v)
+            })
+        }
+    }
+
     /// Philox4x32-10 of 32 consecutive blocks: block `j` of chain `h` (8 blocks each, four
     /// independent chains so that the multiplies' latency overlaps) in 64-bit lane `j` of
     /// four registers, one per word. Each word sits in the low half of its lane: the
@@ -1016,13 +1104,17 @@ mod simd512 {
     /// AVX-512 F must be present.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn philox_x32(first_block: u32, step: u64, key: [u32; 2], out: &mut [u32; 128]) {
-        let lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
-        // lanes past 2^32 carry into the unused upper half: only the low 32 bits count
-        let c0 = std::array::from_fn(|h| {
-            let first = i64::from(first_block.wrapping_add(8 * h as u32));
-            _mm512_add_epi64(_mm512_set1_epi64(first), lanes)
-        });
-        philox_lanes(c0, step, key, out)
+        philox_row(first_block, &RowKeys::new(step, key), out);
+    }
+
+    /// [`philox_x32`] with the row's constants made beforehand.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn philox_row(first_block: u32, row: &RowKeys, out: &mut [u32; 128]) {
+        store_words(&philox_rounds(first_products(first_block), row), out);
     }
 
     /// [`super::philox_listed`] with AVX-512: the blocks in four chains of 8 as in
@@ -1038,35 +1130,55 @@ mod simd512 {
         out: &mut [u32; 128],
     ) {
         let p = blocks.as_ptr().cast::<__m256i>();
+        let m0 = _mm512_set1_epi64(i64::from(crate::philox::PHILOX_M0));
         // SAFETY: chain h reads blocks 8 h .. 8 h + 8 of the 32.
-        let c0 =
-            std::array::from_fn(|h| unsafe { _mm512_cvtepu32_epi64(_mm256_loadu_si256(p.add(h))) });
-        philox_lanes(c0, step, key, out)
+        let p0 = std::array::from_fn(|h| unsafe {
+            _mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm256_loadu_si256(p.add(h))), m0)
+        });
+        store_words(&philox_rounds(p0, &RowKeys::new(step, key)), out);
     }
 
-    /// The four chains whose first counter words (one block per 64-bit lane, in the low
-    /// halves) are `c0`: their words into `out`, chain `h`'s blocks at `32 h ..`.
+    /// The ten rounds of four chains from round 1's products `M0 * block` (`p0`, one
+    /// block per 64-bit lane): chain `h`'s words 0-3 after the last round, each in the low
+    /// halves of its register's lanes.
     ///
     /// # Safety
     /// AVX-512 F must be present.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn philox_lanes(mut c0: [__m512i; 4], step: u64, key: [u32; 2], out: &mut [u32; 128]) {
-        use crate::philox::{PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1};
+    unsafe fn philox_rounds(p0: [__m512i; 4], row: &RowKeys) -> [[__m512i; 4]; 4] {
+        use crate::philox::{PHILOX_M0, PHILOX_M1};
         const CH: usize = 4;
         let m0 = _mm512_set1_epi64(i64::from(PHILOX_M0));
         let m1 = _mm512_set1_epi64(i64::from(PHILOX_M1));
-        let mut c1 = [_mm512_set1_epi64(i64::from(step as u32)); CH];
-        let mut c2 = [_mm512_set1_epi64((step >> 32) as i64); CH];
-        let mut c3 = [_mm512_setzero_si512(); CH];
-        let [mut k0, mut k1] = key;
-        for round in 0..10 {
-            if round > 0 {
-                k0 = k0.wrapping_add(PHILOX_W0);
-                k1 = k1.wrapping_add(PHILOX_W1);
-            }
-            let kk0 = _mm512_set1_epi64(i64::from(k0));
-            let kk1 = _mm512_set1_epi64(i64::from(k1));
+        let k = |r: usize, w: usize| _mm512_set1_epi64(i64::from(row.keys[r][w]));
+        let kc = |x: u32| _mm512_set1_epi64(i64::from(x));
+        // round 1: word 2 is `hi(M0 block) ^ k1` (word 3 was 0), word 3 the product; words 0
+        // and 1 are the row's
+        let mut c2: [__m512i; CH] =
+            std::array::from_fn(|h| _mm512_xor_si512(_mm512_srli_epi64::<32>(p0[h]), k(0, 1)));
+        let mut c3 = p0;
+        // round 2: word 0's product is the row's, so new word 2 is old word 3 XOR a
+        // constant and new word 3 is a constant
+        let mut c0 = [_mm512_setzero_si512(); CH];
+        let mut c1 = [_mm512_setzero_si512(); CH];
+        for h in 0..CH {
+            let p1 = _mm512_mul_epu32(c2[h], m1);
+            c0[h] = _mm512_xor_si512(_mm512_srli_epi64::<32>(p1), kc(row.r2_w0));
+            c1[h] = p1;
+            c2[h] = _mm512_xor_si512(c3[h], kc(row.r2_w2));
+        }
+        // round 3: word 3 was the row's constant, folded into the XOR of word 2
+        for h in 0..CH {
+            let p0 = _mm512_mul_epu32(c0[h], m0);
+            let p1 = _mm512_mul_epu32(c2[h], m1);
+            c0[h] = _mm512_ternarylogic_epi64::<0x96>(_mm512_srli_epi64::<32>(p1), c1[h], k(2, 0));
+            c2[h] = _mm512_xor_si512(_mm512_srli_epi64::<32>(p0), kc(row.r3_w2));
+            c1[h] = p1;
+            c3[h] = p0;
+        }
+        for round in 3..10 {
+            let (kk0, kk1) = (k(round, 0), k(round, 1));
             for h in 0..CH {
                 let p0 = _mm512_mul_epu32(c0[h], m0);
                 let p1 = _mm512_mul_epu32(c2[h], m1);
@@ -1078,14 +1190,52 @@ mod simd512 {
                 c2[h] = n2;
             }
         }
+        std::array::from_fn(|h| [c0[h], c1[h], c2[h], c3[h]])
+    }
+
+    /// The words of one call of [`philox_rounds`] in pairs, as they stay in registers:
+    /// in 64-bit lane `j` of `pairs[h][0]` words 0 and 1 of chain `h`'s block `j` (low and
+    /// high half), of `pairs[h][1]` words 2 and 3. 32-bit lane `d` of each register holds
+    /// a token `t` with `t mod 32` one of [`word_lane`]`(d)`.
+    type Pairs = [[__m512i; 2]; 4];
+
+    /// The residues mod 32 of the tokens in 32-bit lane `d` of [`Pairs`] (and of the
+    /// values' lanes of [`lane_max`]): `2d` and `2d + 2` for even `d`, `2d - 1` and
+    /// `2d + 1` for odd `d`.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub const fn word_lane(d: usize) -> [usize; 2] {
+        let first = if d & 1 == 0 { 2 * d } else { 2 * d - 1 };
+        [first, first + 2]
+    }
+
+    /// [`philox_rounds`]' words in [`Pairs`].
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pair_words(x: &[[__m512i; 4]; 4]) -> Pairs {
+        x.map(|[c0, c1, c2, c3]| {
+            [
+                _mm512_mask_blend_epi32(0xAAAA, c0, _mm512_slli_epi64::<32>(c1)),
+                _mm512_mask_blend_epi32(0xAAAA, c2, _mm512_slli_epi64::<32>(c3)),
+            ]
+        })
+    }
+
+    /// The words of [`Pairs`] into `out` in block order: chain `h`'s blocks at
+    /// `32 h ..`.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_pairs(pairs: &Pairs, out: &mut [u32; 128]) {
         let ilo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
         let ihi = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
-        for h in 0..CH {
-            // lane j of x01: words 0 and 1 of block j side by side; of x23: words 2 and 3
-            let x01 = _mm512_mask_blend_epi32(0xAAAA, c0[h], _mm512_slli_epi64::<32>(c1[h]));
-            let x23 = _mm512_mask_blend_epi32(0xAAAA, c2[h], _mm512_slli_epi64::<32>(c3[h]));
-            let lo = _mm512_permutex2var_epi64(x01, ilo, x23);
-            let hi = _mm512_permutex2var_epi64(x01, ihi, x23);
+        for (h, [x01, x23]) in pairs.iter().enumerate() {
+            let lo = _mm512_permutex2var_epi64(*x01, ilo, *x23);
+            let hi = _mm512_permutex2var_epi64(*x01, ihi, *x23);
             let p = out.as_mut_ptr().add(32 * h).cast::<__m512i>();
             // SAFETY: chain `h` writes words 32 h .. 32 h + 32 of the 128.
             _mm512_storeu_si512(p, lo);
@@ -1093,8 +1243,97 @@ mod simd512 {
         }
     }
 
-    /// [`super::gated_chunks`] with AVX-512: each chunk judged by its largest value and
-    /// its largest word.
+    /// The words of [`philox_rounds`] into `out` in block order.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_words(x: &[[__m512i; 4]; 4], out: &mut [u32; 128]) {
+        store_pairs(&pair_words(x), out)
+    }
+
+    /// The words of 32 consecutive blocks in token order and their [`pairs_max`], as the
+    /// gated loop makes them (for the tests).
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[cfg(test)]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn words_and_top(
+        first_block: u32,
+        step: u64,
+        key: [u32; 2],
+    ) -> ([u32; 16], [u32; 128]) {
+        let pairs = pair_words(&philox_rounds(
+            first_products(first_block),
+            &RowKeys::new(step, key),
+        ));
+        let mut out = [0u32; 128];
+        store_pairs(&pairs, &mut out);
+        // SAFETY: sixteen 32-bit lanes are 64 bytes, as is the array.
+        (
+            std::mem::transmute::<__m512i, [u32; 16]>(pairs_max(&pairs)),
+            out,
+        )
+    }
+
+    /// The lane-wise (unsigned) max of [`Pairs`]: 32-bit lane `d` is the largest word of
+    /// the chunk's tokens whose residues mod 32 are [`word_lane`]`(d)`.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pairs_max(p: &Pairs) -> __m512i {
+        let m = |h: usize| _mm512_max_epu32(p[h][0], p[h][1]);
+        _mm512_max_epu32(_mm512_max_epu32(m(0), m(1)), _mm512_max_epu32(m(2), m(3)))
+    }
+
+    /// The chunk's largest values in the lanes of [`pairs_max`]: lane `d` over the
+    /// tokens whose residues mod 32 are [`word_lane`]`(d)`; and whether the chunk may hold
+    /// a NaN or an infinity.
+    ///
+    /// # Safety
+    /// AVX-512 F and DQ must be present.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn lane_max(c: &[f32; 128]) -> (__m512, bool) {
+        let p = c.as_ptr();
+        // SAFETY: the chunk holds 128 values, eight registers' worth.
+        let l = |k: usize| _mm512_loadu_ps(p.add(16 * k));
+        let v = [l(0), l(1), l(2), l(3), l(4), l(5), l(6), l(7)];
+        // lane l of `even`: the tokens t with t mod 32 = l; of `odd`: t mod 32 = 16 + l
+        let even = _mm512_max_ps(_mm512_max_ps(v[0], v[2]), _mm512_max_ps(v[4], v[6]));
+        let odd = _mm512_max_ps(_mm512_max_ps(v[1], v[3]), _mm512_max_ps(v[5], v[7]));
+        // the two residues of each lane, `even` and `odd` read as one table of 32
+        let i1 = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+        let i2 = _mm512_add_epi32(i1, _mm512_set1_epi32(2));
+        let m = _mm512_max_ps(
+            _mm512_permutex2var_ps(even, i1, odd),
+            _mm512_permutex2var_ps(even, i2, odd),
+        );
+        // a NaN or an infinity makes the sum NaN or infinite (as may an overflow)
+        let sum = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(v[0], v[1]), _mm512_add_ps(v[2], v[3])),
+            _mm512_add_ps(_mm512_add_ps(v[4], v[5]), _mm512_add_ps(v[6], v[7])),
+        );
+        (m, _mm512_fpclass_ps_mask::<0x99>(sum) != 0)
+    }
+
+    /// [`crate::philox::gumbel_reach_threshold`] of sixteen words.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn reach_thresholds(w: __m512i, c0: __m512, c1: __m512) -> __m512 {
+        let q = _mm512_srli_epi32::<9>(w);
+        let d = _mm512_sub_epi32(_mm512_set1_epi32((1 << 24) - 1), _mm512_add_epi32(q, q));
+        let chord = _mm512_cvtepi32_ps(_mm512_castps_si512(_mm512_cvtepi32_ps(d)));
+        _mm512_add_ps(_mm512_mul_ps(c1, chord), c0)
+    }
+
+    /// [`super::gated_chunks`] with AVX-512: each chunk judged lane by lane, its values'
+    /// maxima ([`lane_max`]) against the thresholds of its words' ([`pairs_max`]), the
+    /// words kept in registers and put in token order only for a chunk that passes.
     ///
     /// # Safety
     /// AVX-512 F and DQ must be present.
@@ -1106,46 +1345,40 @@ mod simd512 {
         reach: impl Fn() -> (f32, f32),
         visit: impl FnMut(usize, u128, &[u32; 128]),
     ) -> Option<f32> {
-        super::gated_chunks_scalar(
+        let row = RowKeys::new(step, key);
+        let mut rowmax = _mm512_set1_ps(f32::NEG_INFINITY);
+        let bad = super::gated_chunks_with(
             z,
             reach,
             visit,
-            |c| match <&[f32; 128]>::try_from(c) {
-                // SAFETY: AVX-512 F and DQ are present (this function's contract).
-                Ok(full) => unsafe { chunk_max(full) },
-                Err(_) => super::body::chunk_max(c),
+            |c| {
+                let (m, bad) = match <&[f32; 128]>::try_from(c) {
+                    // SAFETY: AVX-512 F and DQ are present (this function's contract).
+                    Ok(full) => unsafe { lane_max(full) },
+                    // every lane the chunk's max: it covers any token
+                    Err(_) => {
+                        let (m, bad) = super::body::chunk_max(c);
+                        (_mm512_set1_ps(m), bad)
+                    }
+                };
+                rowmax = _mm512_max_ps(rowmax, m);
+                (m, bad)
             },
-            |b, out| {
+            |b, _| {
                 // SAFETY: as above.
-                unsafe { philox_x32(b, step, key, out) };
-                super::body::word_max(out)
+                let pairs = unsafe { pair_words(&philox_rounds(first_products(b), &row)) };
+                // SAFETY: as above.
+                (unsafe { pairs_max(&pairs) }, pairs)
             },
-        )
-    }
-
-    /// [`super::chunk_max`] of a full chunk of 128.
-    ///
-    /// # Safety
-    /// AVX-512 F and DQ must be present.
-    #[target_feature(enable = "avx512f,avx512dq")]
-    pub unsafe fn chunk_max(c: &[f32; 128]) -> (f32, bool) {
-        let p = c.as_ptr();
-        // SAFETY: the chunk holds 128 values, eight registers' worth.
-        let l = |k: usize| _mm512_loadu_ps(p.add(16 * k));
-        let v = [l(0), l(1), l(2), l(3), l(4), l(5), l(6), l(7)];
-        let m = _mm512_max_ps(
-            _mm512_max_ps(_mm512_max_ps(v[0], v[1]), _mm512_max_ps(v[2], v[3])),
-            _mm512_max_ps(_mm512_max_ps(v[4], v[5]), _mm512_max_ps(v[6], v[7])),
+            // SAFETY: as above.
+            |pairs, out| unsafe { store_pairs(&pairs, out) },
+            |m, top, c0, c1| {
+                let thr = reach_thresholds(top, _mm512_set1_ps(c0), _mm512_set1_ps(c1));
+                _mm512_cmp_ps_mask::<_CMP_GE_OQ>(m, thr) != 0
+            },
+            _mm512_set1_epi32(-1),
         );
-        // a NaN or an infinity makes the sum NaN or infinite (as may an overflow)
-        let sum = _mm512_add_ps(
-            _mm512_add_ps(_mm512_add_ps(v[0], v[1]), _mm512_add_ps(v[2], v[3])),
-            _mm512_add_ps(_mm512_add_ps(v[4], v[5]), _mm512_add_ps(v[6], v[7])),
-        );
-        (
-            _mm512_reduce_max_ps(m),
-            _mm512_fpclass_ps_mask::<0x99>(sum) != 0,
-        )
+        (!bad).then(|| _mm512_reduce_max_ps(rowmax))
     }
 
     /// The full 16-word blocks of an affine row's dot product (see `body::qdot`): the
@@ -1519,7 +1752,8 @@ mod simd {
                 (m, bad)
             },
             // SAFETY: as above.
-            |b, out| unsafe { philox_top(b, step, &keys, out) },
+            |b, out| (unsafe { philox_top(b, step, &keys, out) }, ()),
+            |(), _| {},
             |m, top, c0, c1| {
                 let thr = reach_thresholds(top, _mm256_set1_ps(c0), _mm256_set1_ps(c1));
                 _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(m, thr)) != 0
@@ -2502,6 +2736,12 @@ pub fn philox_chunks(v: usize, step: u64, key: [u32; 2], f: impl FnMut(usize, &[
         }
     }
     #[cfg(target_arch = "x86_64")]
+    if level() == Level::Avx512 {
+        let row = simd512::RowKeys::new(step, key);
+        // SAFETY: `level()` detected AVX-512 F on this CPU.
+        return each(v, f, |b, out| unsafe { simd512::philox_row(b, &row, out) });
+    }
+    #[cfg(target_arch = "x86_64")]
     if level() == Level::Avx2 {
         // SAFETY: `level()` detected AVX2 on this CPU.
         let keys = unsafe { simd::round_keys(key) };
@@ -2581,7 +2821,8 @@ fn gated_chunks_scalar(
             rowmax = if m > rowmax { m } else { rowmax };
             (m, bad)
         },
-        philox,
+        |b, out| (philox(b, out), ()),
+        |(), _| {},
         body::reaches,
         u32::MAX,
     );
@@ -2590,16 +2831,20 @@ fn gated_chunks_scalar(
 
 /// The loop of [`gated_chunks`] over a variant's parts: `values(chunk)` the chunk's
 /// largest values (and whether it may hold a NaN or `+inf`), `words(first_block, out)`
-/// its Philox words into `out` and their largest, `reaches(values, words, c0, c1)` the
-/// test of a chunk's largest values against its largest words' thresholds, `all` the
-/// largest words there can be. True at a chunk with a NaN or `+inf`.
+/// its Philox words and their largest, the words either in `out` already or held in
+/// the second part of the answer until `finish(held, out)` puts them there (only for a
+/// chunk that passes), `reaches(values, words, c0, c1)` the test of a chunk's largest
+/// values against its largest words' thresholds, `all` the largest words there can be.
+/// True at a chunk with a NaN or `+inf`.
 #[inline(always)]
-fn gated_chunks_with<V: Copy, W: Copy>(
+#[allow(clippy::too_many_arguments)]
+fn gated_chunks_with<V: Copy, W: Copy, H>(
     z: &[f32],
     reach: impl Fn() -> (f32, f32),
     mut visit: impl FnMut(usize, u128, &[u32; 128]),
     mut values: impl FnMut(&[f32]) -> (V, bool),
-    words: impl Fn(u32, &mut [u32; 128]) -> W,
+    words: impl Fn(u32, &mut [u32; 128]) -> (W, H),
+    finish: impl Fn(H, &mut [u32; 128]),
     reaches: impl Fn(V, W, f32, f32) -> bool,
     all: W,
 ) -> bool {
@@ -2622,10 +2867,11 @@ fn gated_chunks_with<V: Copy, W: Copy>(
         if !reaches(v, all, c0, c1) {
             continue;
         }
-        let w = words((c * 32) as u32, &mut out);
+        let (w, held) = words((c * 32) as u32, &mut out);
         if !reaches(v, w, c0, c1) {
             continue;
         }
+        finish(held, &mut out);
         let m = gumbel_reach(chunk, &out, c0, c1);
         if m != 0 {
             visit(c, m, &out);
@@ -3187,6 +3433,11 @@ mod tests {
                 (0x1234_5678_9abc_def0, 3, 5),
                 // blocks wrap past u32::MAX within one call
                 (9, 1 << 40, u32::MAX - 5),
+                // the last call whose blocks reach u32::MAX without wrapping, and the first
+                // that wraps (AVX-512 adds round 1's products for the one, multiplies for
+                // the other)
+                (5, 1 << 33, u32::MAX - 31),
+                (5, 1 << 33, u32::MAX - 30),
             ] {
                 let key = crate::philox::seed_key(seed);
                 let mut out = [0u32; 128];
@@ -3207,6 +3458,61 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// The lanes of the AVX-512 chunk: the words' maxima of `pairs_max` and the values'
+    /// maxima of `lane_max` hold exactly the tokens `word_lane` names, the pairs put in
+    /// token order are the row's words, and the lanes name every residue mod 32 once.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_lanes_hold_the_tokens_they_name() {
+        if detected() != Level::Avx512 {
+            return;
+        }
+        let mut residues: Vec<usize> = (0..16).flat_map(simd512::word_lane).collect();
+        residues.sort_unstable();
+        assert_eq!(residues, (0..32).collect::<Vec<_>>());
+        let tokens = |d: usize| -> Vec<usize> {
+            (0..4)
+                .flat_map(|h| simd512::word_lane(d).map(|r| 32 * h + r))
+                .collect()
+        };
+        for (seed, step, first) in [(3u64, 0u64, 0u32), (99, 7, 64), (u64::MAX, 1 << 35, 4096)] {
+            let key = crate::philox::seed_key(seed);
+            // SAFETY: AVX-512 F was detected.
+            let (top, out) = unsafe { simd512::words_and_top(first, step, key) };
+            for (j, &w) in out.iter().enumerate() {
+                let t = 4 * first + j as u32;
+                assert_eq!(
+                    w,
+                    crate::philox::token_bits(seed, step, t),
+                    "seed {seed} token {t}"
+                );
+            }
+            for (d, &t) in top.iter().enumerate() {
+                let want = tokens(d).iter().map(|&j| out[j]).max().expect("tokens");
+                assert_eq!(t, want, "seed {seed} lane {d}");
+            }
+        }
+        for seed in 0..20u64 {
+            let z: Vec<f32> = values(128, seed + 50)
+                .into_iter()
+                .map(|v| if v.is_finite() { v } else { 1.0 })
+                .collect();
+            let full = <&[f32; 128]>::try_from(&z[..]).expect("a chunk");
+            // SAFETY: AVX-512 F and DQ were detected.
+            let (m, flagged) = unsafe { simd512::lane_max(full) };
+            assert!(!flagged, "seed {seed}");
+            // SAFETY: sixteen f32 lanes are 64 bytes, as is the array.
+            let m: [f32; 16] = unsafe { std::mem::transmute(m) };
+            for (d, &md) in m.iter().enumerate() {
+                let want = tokens(d)
+                    .into_iter()
+                    .map(|j| z[j])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                assert_eq!(md, want, "seed {seed} lane {d}");
             }
         }
     }
@@ -3276,7 +3582,11 @@ mod tests {
                 #[cfg(target_arch = "x86_64")]
                 if let (Level::Avx512, Ok(full)) = (detected(), <&[f32; 128]>::try_from(&z[..])) {
                     // SAFETY: `detected()` found AVX-512 F and DQ.
-                    got.push(("avx512", unsafe { simd512::chunk_max(full) }));
+                    let (m, flagged) = unsafe { simd512::lane_max(full) };
+                    // SAFETY: sixteen f32 lanes are 64 bytes, as is the array.
+                    let m: [f32; 16] = unsafe { std::mem::transmute(m) };
+                    let m = m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                    got.push(("avx512 lanes", (m, flagged)));
                 }
                 #[cfg(target_arch = "x86_64")]
                 if let (Level::Avx512 | Level::Avx2, Ok(full)) =
@@ -3381,6 +3691,18 @@ mod tests {
                 )
             }),
         ];
+        #[cfg(target_arch = "x86_64")]
+        if detected() == Level::Avx512 {
+            variants.push(("avx512", |z, s, k, r, o| {
+                // SAFETY: `detected()` found AVX-512 F and DQ.
+                run(
+                    |z, r, v| unsafe { simd512::gated_chunks(z, s, k, r, v) },
+                    z,
+                    r,
+                    o,
+                )
+            }));
+        }
         #[cfg(target_arch = "x86_64")]
         if detected() != Level::Base {
             variants.push(("avx2", |z, s, k, r, o| {
