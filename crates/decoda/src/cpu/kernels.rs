@@ -992,60 +992,62 @@ fn finish_ge_max(
     (mx, bad || mx == f32::INFINITY)
 }
 
+/// What the vector Philox variants need of a row, made once: each round's key pair, and the
+/// words of rounds 1-3 that are the same for every block of the row. A sampling-stream
+/// counter is `[block, step_lo, step_hi, 0]`, so only word 0 differs between blocks:
+/// round 1's product of word 2 and round 2's of word 0 are the row's, and so are the
+/// words they make (`crate::philox::philox4x32_10` is what is computed; only where a
+/// value is the same for every block is it computed once).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub struct RowKeys {
+    /// Each round's `(k0, k1)`.
+    keys: [[u32; 2]; 10],
+    /// Round 2's word 0 XOR-ed into round 2's new word 0: `lo(M1 step_hi) ^ k0[1]`.
+    r2_w0: u32,
+    /// Round 2's XOR into its new word 2: `hi(M0 a) ^ k1[1]`, `a` round 1's word 0.
+    r2_w2: u32,
+    /// Round 3's XOR into its new word 2: `lo(M0 a) ^ k1[2]`.
+    r3_w2: u32,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RowKeys {
+    /// The constants of sampling-stream counters at `step` under `key`.
+    pub fn new(step: u64, key: [u32; 2]) -> Self {
+        use crate::philox::{PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1};
+        let mut keys = [[0u32; 2]; 10];
+        let [mut k0, mut k1] = key;
+        for (round, k) in keys.iter_mut().enumerate() {
+            if round > 0 {
+                k0 = k0.wrapping_add(PHILOX_W0);
+                k1 = k1.wrapping_add(PHILOX_W1);
+            }
+            *k = [k0, k1];
+        }
+        let (s_lo, s_hi) = (step as u32, (step >> 32) as u32);
+        // round 1: words 0 and 1 come from word 2 (`step_hi`), the same for every block
+        let p1 = u64::from(PHILOX_M1) * u64::from(s_hi);
+        let a = (p1 >> 32) as u32 ^ s_lo ^ keys[0][0];
+        let b = p1 as u32;
+        // round 2: the product of word 0 (`a`) is the row's; its low half is round 2's
+        // word 3, which round 3 XORs into its word 2
+        let pa = u64::from(PHILOX_M0) * u64::from(a);
+        Self {
+            keys,
+            r2_w0: b ^ keys[1][0],
+            r2_w2: (pa >> 32) as u32 ^ keys[1][1],
+            r3_w2: pa as u32 ^ keys[2][1],
+        }
+    }
+}
+
 /// AVX-512 loops that fuse several passes: [`collect_ge_max`] and [`exp2_sum_collect`]
 /// (compares give bit masks directly).
 #[cfg(target_arch = "x86_64")]
 mod simd512 {
-    use super::{push_hits, EXP2_C1, EXP2_C2, EXP2_TABLE, MAGIC32};
+    use super::{push_hits, RowKeys, EXP2_C1, EXP2_C2, EXP2_TABLE, MAGIC32};
     use std::arch::x86_64::*;
-
-    /// What the AVX-512 Philox needs of a row, made once: each round's key pair, and the
-    /// words of rounds 1-3 that are the same for every block of the row. A sampling-stream
-    /// counter is `[block, step_lo, step_hi, 0]`, so only word 0 differs between blocks:
-    /// round 1's product of word 2 and round 2's of word 0 are the row's, and so are the
-    /// words they make (`crate::philox::philox4x32_10` is what is computed; only where a
-    /// value is the same for every block is it computed once).
-    #[derive(Clone, Copy)]
-    pub struct RowKeys {
-        /// Each round's `(k0, k1)`.
-        keys: [[u32; 2]; 10],
-        /// Round 2's word 0 XOR-ed into round 2's new word 0: `lo(M1 step_hi) ^ k0[1]`.
-        r2_w0: u32,
-        /// Round 2's XOR into its new word 2: `hi(M0 a) ^ k1[1]`, `a` round 1's word 0.
-        r2_w2: u32,
-        /// Round 3's XOR into its new word 2: `lo(M0 a) ^ k1[2]`.
-        r3_w2: u32,
-    }
-
-    impl RowKeys {
-        /// The constants of sampling-stream counters at `step` under `key`.
-        pub fn new(step: u64, key: [u32; 2]) -> Self {
-            use crate::philox::{PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1};
-            let mut keys = [[0u32; 2]; 10];
-            let [mut k0, mut k1] = key;
-            for (round, k) in keys.iter_mut().enumerate() {
-                if round > 0 {
-                    k0 = k0.wrapping_add(PHILOX_W0);
-                    k1 = k1.wrapping_add(PHILOX_W1);
-                }
-                *k = [k0, k1];
-            }
-            let (s_lo, s_hi) = (step as u32, (step >> 32) as u32);
-            // round 1: words 0 and 1 come from word 2 (`step_hi`), the same for every block
-            let p1 = u64::from(PHILOX_M1) * u64::from(s_hi);
-            let a = (p1 >> 32) as u32 ^ s_lo ^ keys[0][0];
-            let b = p1 as u32;
-            // round 2: the product of word 0 (`a`) is the row's; its low half is round 2's
-            // word 3, which round 3 XORs into its word 2
-            let pa = u64::from(PHILOX_M0) * u64::from(a);
-            Self {
-                keys,
-                r2_w0: b ^ keys[1][0],
-                r2_w2: (pa >> 32) as u32 ^ keys[1][1],
-                r3_w2: pa as u32 ^ keys[2][1],
-            }
-        }
-    }
 
     /// `M0` times each block number `8 h + j` of a call's 32, in the 64-bit lanes of
     /// four registers (round 1's products of consecutive blocks are these plus the
@@ -1581,7 +1583,7 @@ mod simd512 {
 /// (a compare per value and a branch per block, with a bit mask of the hits).
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{push_hits, EXP2_Q8, EXP2_TABLE};
+    use super::{push_hits, RowKeys, EXP2_Q8, EXP2_TABLE};
     use std::arch::x86_64::*;
 
     /// [`super::simd512::philox_x32`] with AVX2: eight chains of 4 blocks, made three,
@@ -1591,33 +1593,35 @@ mod simd {
     /// AVX2 must be present.
     #[target_feature(enable = "avx2")]
     pub unsafe fn philox_x32(first_block: u32, step: u64, key: [u32; 2], out: &mut [u32; 128]) {
-        philox_top(first_block, step, &round_keys(key), out);
+        philox_top(first_block, &row_keys(step, key), out);
     }
 
-    /// Each round's key pair, broadcast to every 64-bit lane.
+    /// What the AVX2 Philox needs of a row, made once: each round's key pair broadcast to
+    /// every 64-bit lane (the assembly reads them from memory) and the row's constants of
+    /// rounds 1-3 ([`RowKeys`]).
+    pub struct Row {
+        keys: [[__m256i; 2]; 10],
+        consts: RowKeys,
+    }
+
+    /// The [`Row`] of sampling-stream counters at `step` under `key`.
     ///
     /// # Safety
     /// AVX2 must be present.
     #[inline]
     #[target_feature(enable = "avx2")]
-    pub unsafe fn round_keys(key: [u32; 2]) -> [[__m256i; 2]; 10] {
-        use crate::philox::{PHILOX_W0, PHILOX_W1};
-        let mut keys = [[_mm256_setzero_si256(); 2]; 10];
-        let [mut k0, mut k1] = key;
-        for (round, k) in keys.iter_mut().enumerate() {
-            if round > 0 {
-                k0 = k0.wrapping_add(PHILOX_W0);
-                k1 = k1.wrapping_add(PHILOX_W1);
-            }
-            *k = [
+    pub unsafe fn row_keys(step: u64, key: [u32; 2]) -> Row {
+        let consts = RowKeys::new(step, key);
+        let keys = consts.keys.map(|[k0, k1]| {
+            [
                 _mm256_set1_epi64x(i64::from(k0)),
                 _mm256_set1_epi64x(i64::from(k1)),
-            ];
-        }
-        keys
+            ]
+        });
+        Row { keys, consts }
     }
 
-    /// [`philox_x32`] with the round keys made beforehand ([`round_keys`]); returns the
+    /// [`philox_x32`] with the row's constants made beforehand ([`row_keys`]); returns the
     /// words' lane-wise max: lane `l < 4` over the tokens `16 c + l` and `16 c + l + 4`, lane
     /// `l >= 4` over `16 c + l + 4` and `16 c + l + 8`, of every chain `c`.
     ///
@@ -1625,18 +1629,33 @@ mod simd {
     /// AVX2 must be present.
     #[inline]
     #[target_feature(enable = "avx2")]
-    pub unsafe fn philox_top(
-        first_block: u32,
-        step: u64,
-        keys: &[[__m256i; 2]; 10],
-        out: &mut [u32; 128],
-    ) -> __m256i {
-        // lanes past 2^32 carry into the unused upper half: only the low 32 bits count
-        let counters = std::array::from_fn(|c| {
-            let b = i64::from(first_block.wrapping_add(4 * c as u32));
-            _mm256_add_epi64(_mm256_set1_epi64x(b), _mm256_setr_epi64x(0, 1, 2, 3))
-        });
-        philox_lanes(&counters, step, keys, out)
+    pub unsafe fn philox_top(first_block: u32, row: &Row, out: &mut [u32; 128]) -> __m256i {
+        let m0 = u64::from(crate::philox::PHILOX_M0);
+        // round 1's products `M0 * block`: the first block's plus constant offsets (a
+        // 64-bit add) while no block passes 2^32 - 1; past that the blocks wrap and are
+        // multiplied
+        let p0 = if first_block <= u32::MAX - 31 {
+            let base = _mm256_set1_epi64x((m0 * u64::from(first_block)) as i64);
+            std::array::from_fn(|c| {
+                let b = 4 * c as u64;
+                let offs = _mm256_setr_epi64x(
+                    (m0 * b) as i64,
+                    (m0 * (b + 1)) as i64,
+                    (m0 * (b + 2)) as i64,
+                    (m0 * (b + 3)) as i64,
+                );
+                _mm256_add_epi64(base, offs)
+            })
+        } else {
+            let m0v = _mm256_set1_epi64x(m0 as i64);
+            std::array::from_fn(|c| {
+                let b = i64::from(first_block.wrapping_add(4 * c as u32));
+                let blocks =
+                    _mm256_add_epi64(_mm256_set1_epi64x(b), _mm256_setr_epi64x(0, 1, 2, 3));
+                _mm256_mul_epu32(blocks, m0v)
+            })
+        };
+        philox_lanes(&p0, row, out)
     }
 
     /// [`super::philox_listed`] with AVX2: the blocks in eight chains of 4 as in
@@ -1652,29 +1671,26 @@ mod simd {
         out: &mut [u32; 128],
     ) {
         let p = blocks.as_ptr().cast::<__m128i>();
+        let m0 = _mm256_set1_epi64x(i64::from(crate::philox::PHILOX_M0));
         // SAFETY: chain c reads blocks 4 c .. 4 c + 4 of the 32.
-        let counters =
-            std::array::from_fn(|c| unsafe { _mm256_cvtepu32_epi64(_mm_loadu_si128(p.add(c))) });
-        philox_lanes(&counters, step, &round_keys(key), out);
+        let p0 = std::array::from_fn(|c| unsafe {
+            _mm256_mul_epu32(_mm256_cvtepu32_epi64(_mm_loadu_si128(p.add(c))), m0)
+        });
+        philox_lanes(&p0, &row_keys(step, key), out);
     }
 
-    /// The eight chains whose first counter words (one block per 64-bit lane, in the low
-    /// halves) are `counters`, made three, three and two at a time; their words go into
-    /// `out` (chain `c`'s blocks at `16 c ..`) and their lane-wise max is returned.
+    /// The eight chains whose round-1 products `M0 * block` (one block per 64-bit lane)
+    /// are `p0`, made three, three and two at a time; their words go into `out` (chain
+    /// `c`'s blocks at `16 c ..`) and their lane-wise max is returned.
     ///
     /// # Safety
     /// AVX2 must be present.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn philox_lanes(
-        counters: &[__m256i; 8],
-        step: u64,
-        keys: &[[__m256i; 2]; 10],
-        out: &mut [u32; 128],
-    ) -> __m256i {
-        let mut top = three_chains(0, counters, step, keys, out);
-        top = _mm256_max_epu32(top, three_chains(3, counters, step, keys, out));
-        _mm256_max_epu32(top, two_chains(6, counters, step, keys, out))
+    unsafe fn philox_lanes(p0: &[__m256i; 8], row: &Row, out: &mut [u32; 128]) -> __m256i {
+        let mut top = three_chains(0, p0, row, out);
+        top = _mm256_max_epu32(top, three_chains(3, p0, row, out));
+        _mm256_max_epu32(top, two_chains(6, p0, row, out))
     }
 
     /// The chunk's largest values in lanes that cover those of [`philox_top`]: lane `l`
@@ -1732,7 +1748,7 @@ mod simd {
         reach: impl Fn() -> (f32, f32),
         visit: impl FnMut(usize, u128, &[u32; 128]),
     ) -> Option<f32> {
-        let keys = round_keys(key);
+        let row = row_keys(step, key);
         let mut rowmax = _mm256_set1_ps(f32::NEG_INFINITY);
         let bad = super::gated_chunks_with(
             z,
@@ -1752,7 +1768,7 @@ mod simd {
                 (m, bad)
             },
             // SAFETY: as above.
-            |b, out| (unsafe { philox_top(b, step, &keys, out) }, ()),
+            |b, out| (unsafe { philox_top(b, &row, out) }, ()),
             |(), _| {},
             |m, top, c0, c1| {
                 let thr = reach_thresholds(top, _mm256_set1_ps(c0), _mm256_set1_ps(c1));
@@ -1772,16 +1788,36 @@ mod simd {
         _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
     }
 
-    /// The four words of a chain before the first round: its blocks' counters (one per
-    /// 64-bit lane, in the low halves) and `step`.
-    #[inline(always)]
-    unsafe fn chain_start(counter: __m256i, step: u64) -> [__m256i; 4] {
-        [
-            counter,
-            _mm256_set1_epi64x(i64::from(step as u32)),
-            _mm256_set1_epi64x((step >> 32) as i64),
-            _mm256_setzero_si256(),
-        ]
+    /// A chain's words 0-3 after rounds 1-3, from round 1's products `M0 * block` (one
+    /// block per 64-bit lane): only what differs between blocks is computed, the rest is
+    /// the row's ([`RowKeys`]; the same steps as `simd512::philox_rounds`).
+    ///
+    /// # Safety
+    /// AVX2 must be present.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn first_rounds(p0: __m256i, row: &RowKeys) -> [__m256i; 4] {
+        use crate::philox::{PHILOX_M0, PHILOX_M1};
+        let m0 = _mm256_set1_epi64x(i64::from(PHILOX_M0));
+        let m1 = _mm256_set1_epi64x(i64::from(PHILOX_M1));
+        let c = |x: u32| _mm256_set1_epi64x(i64::from(x));
+        // round 1: word 2 is `hi(M0 block) ^ k1`, word 3 the product; words 0, 1 the row's
+        let c2 = _mm256_xor_si256(_mm256_srli_epi64::<32>(p0), c(row.keys[0][1]));
+        let c3 = p0;
+        // round 2: word 0's product is the row's
+        let p1 = _mm256_mul_epu32(c2, m1);
+        let c0 = _mm256_xor_si256(_mm256_srli_epi64::<32>(p1), c(row.r2_w0));
+        let c1 = p1;
+        let c2 = _mm256_xor_si256(c3, c(row.r2_w2));
+        // round 3: word 3 was the row's, folded into the XOR of word 2
+        let p0 = _mm256_mul_epu32(c0, m0);
+        let p1 = _mm256_mul_epu32(c2, m1);
+        let n0 = _mm256_xor_si256(
+            _mm256_xor_si256(_mm256_srli_epi64::<32>(p1), c1),
+            c(row.keys[2][0]),
+        );
+        let n2 = _mm256_xor_si256(_mm256_srli_epi64::<32>(p0), c(row.r3_w2));
+        [n0, p1, n2, p0]
     }
 
     /// Chain `c`'s words after the last round into `out` in block order; returns their
@@ -1824,10 +1860,11 @@ mod simd {
         };
     }
 
-    // The ten rounds, in assembly, of the chains whose words are in the registers given
-    // (`"ymm0" => r0, ...`, the variables updated in place; each chain's four registers
-    // `(a b c d)` listed after them), the chains interleaved round by round. A chain's
-    // registers turn by one a round, the keys of round r at byte offset 64 r.
+    // Rounds 4-10, in assembly, of the chains whose words (after [`first_rounds`]) are in
+    // the registers given (`"ymm0" => r0, ...`, the variables updated in place; each
+    // chain's four registers `(a b c d)` listed after them), the chains interleaved round
+    // by round. A chain's registers turn by one a round, the keys of round r (from 0) at
+    // byte offset 64 r.
     #[rustfmt::skip]
     macro_rules! philox_rounds {
         (
@@ -1837,16 +1874,13 @@ mod simd {
         ) => {
             std::arch::asm!(
                 concat!(
-                    $(round!($a, $b, $c, $d, 0),)*
-                    $(round!($b, $c, $d, $a, 64),)*
-                    $(round!($c, $d, $a, $b, 128),)*
-                    $(round!($d, $a, $b, $c, 192),)*
-                    $(round!($a, $b, $c, $d, 256),)*
-                    $(round!($b, $c, $d, $a, 320),)*
-                    $(round!($c, $d, $a, $b, 384),)*
-                    $(round!($d, $a, $b, $c, 448),)*
-                    $(round!($a, $b, $c, $d, 512),)*
-                    $(round!($b, $c, $d, $a, 576),)*
+                    $(round!($a, $b, $c, $d, 192),)*
+                    $(round!($b, $c, $d, $a, 256),)*
+                    $(round!($c, $d, $a, $b, 320),)*
+                    $(round!($d, $a, $b, $c, 384),)*
+                    $(round!($a, $b, $c, $d, 448),)*
+                    $(round!($b, $c, $d, $a, 512),)*
+                    $(round!($c, $d, $a, $b, 576),)*
                 ),
                 k = in(reg) $keys.as_ptr(),
                 $(inout($reg) $var,)*
@@ -1859,10 +1893,10 @@ mod simd {
         };
     }
 
-    /// Chains `first .. first + 3` (4 blocks each) of [`philox_x32`], the ten rounds
-    /// written out in assembly: the twelve words in registers `ymm0`-`ymm11`, the
-    /// multipliers in `ymm12` and `ymm13`, two temporaries, and each round's keys read from
-    /// `keys` by the `vpxor` that uses them. The compiler's own allocation of three chains
+    /// Chains `first .. first + 3` (4 blocks each) of [`philox_x32`], rounds 1-3 by
+    /// [`first_rounds`] and rounds 4-10 written out in assembly: the twelve words in
+    /// registers `ymm0`-`ymm11`, the multipliers in `ymm12` and `ymm13`, two temporaries,
+    /// and each round's keys read from the row's by the `vpxor` that uses them. The compiler's own allocation of three chains
     /// keeps the keys in registers and spills words to the stack instead (slower than two
     /// chains); with nothing spilled, three chains in flight cover the
     /// multiply-shift-xor latency that two leave exposed. Their words go into `out`; returns
@@ -1871,8 +1905,8 @@ mod simd {
     /// A round of chain `(a, b, c, d)` (the registers of words 0-3) leaves its words in
     /// `(b, c, d, a)`: `a = lo(M0 a)`, `c = lo(M1 c)` (the multiplies read the low halves
     /// only, so the high halves' leftovers do not matter), `b ^= k0 ^ hi(M1 c)`, `d ^= k1
-    /// ^ hi(M0 a)`. After ten rounds word 0 is in register `c`, 1 in `d`, 2 in `a`, 3 in
-    /// `b`.
+    /// ^ hi(M0 a)`. After the seven rounds in assembly word 0 is in register `d`, 1 in `a`,
+    /// 2 in `b`, 3 in `c`.
     ///
     /// # Safety
     /// AVX2 must be present; `first + 3 <= 8`.
@@ -1880,25 +1914,24 @@ mod simd {
     #[target_feature(enable = "avx2")]
     unsafe fn three_chains(
         first: usize,
-        counters: &[__m256i; 8],
-        step: u64,
-        keys: &[[__m256i; 2]; 10],
+        p0: &[__m256i; 8],
+        row: &Row,
         out: &mut [u32; 128],
     ) -> __m256i {
         let [[mut r0, mut r1, mut r2, mut r3], [mut r4, mut r5, mut r6, mut r7], [mut r8, mut r9, mut r10, mut r11]] =
-            [0, 1, 2].map(|h| chain_start(counters[first + h], step));
-        // SAFETY: registers only, and reads of the 640 bytes of `keys`; AVX2 is present
-        // (this function's contract).
+            [0, 1, 2].map(|h| first_rounds(p0[first + h], &row.consts));
+        // SAFETY: registers only, and reads of the 640 bytes of the row's keys; AVX2 is
+        // present (this function's contract).
         philox_rounds!(
-            keys;
+            row.keys;
             "ymm0" => r0, "ymm1" => r1, "ymm2" => r2, "ymm3" => r3,
             "ymm4" => r4, "ymm5" => r5, "ymm6" => r6, "ymm7" => r7,
             "ymm8" => r8, "ymm9" => r9, "ymm10" => r10, "ymm11" => r11;
             (0 1 2 3), (4 5 6 7), (8 9 10 11)
         );
-        let mut top = chain_finish([r2, r3, r0, r1], first, out);
-        top = _mm256_max_epu32(top, chain_finish([r6, r7, r4, r5], first + 1, out));
-        _mm256_max_epu32(top, chain_finish([r10, r11, r8, r9], first + 2, out))
+        let mut top = chain_finish([r3, r0, r1, r2], first, out);
+        top = _mm256_max_epu32(top, chain_finish([r7, r4, r5, r6], first + 1, out));
+        _mm256_max_epu32(top, chain_finish([r11, r8, r9, r10], first + 2, out))
     }
 
     /// [`three_chains`] for two chains, `first .. first + 2` (registers `ymm0`-`ymm7`).
@@ -1909,22 +1942,21 @@ mod simd {
     #[target_feature(enable = "avx2")]
     unsafe fn two_chains(
         first: usize,
-        counters: &[__m256i; 8],
-        step: u64,
-        keys: &[[__m256i; 2]; 10],
+        p0: &[__m256i; 8],
+        row: &Row,
         out: &mut [u32; 128],
     ) -> __m256i {
         let [[mut r0, mut r1, mut r2, mut r3], [mut r4, mut r5, mut r6, mut r7]] =
-            [0, 1].map(|h| chain_start(counters[first + h], step));
+            [0, 1].map(|h| first_rounds(p0[first + h], &row.consts));
         // SAFETY: as in `three_chains`.
         philox_rounds!(
-            keys;
+            row.keys;
             "ymm0" => r0, "ymm1" => r1, "ymm2" => r2, "ymm3" => r3,
             "ymm4" => r4, "ymm5" => r5, "ymm6" => r6, "ymm7" => r7;
             (0 1 2 3), (4 5 6 7)
         );
-        let top = chain_finish([r2, r3, r0, r1], first, out);
-        _mm256_max_epu32(top, chain_finish([r6, r7, r4, r5], first + 1, out))
+        let top = chain_finish([r3, r0, r1, r2], first, out);
+        _mm256_max_epu32(top, chain_finish([r7, r4, r5, r6], first + 1, out))
     }
 
     /// [`super::exp2_sum_collect`] (`COLLECT`) or [`super::exp2_sum`] (`!COLLECT`) with
@@ -2737,17 +2769,17 @@ pub fn philox_chunks(v: usize, step: u64, key: [u32; 2], f: impl FnMut(usize, &[
     }
     #[cfg(target_arch = "x86_64")]
     if level() == Level::Avx512 {
-        let row = simd512::RowKeys::new(step, key);
+        let row = RowKeys::new(step, key);
         // SAFETY: `level()` detected AVX-512 F on this CPU.
         return each(v, f, |b, out| unsafe { simd512::philox_row(b, &row, out) });
     }
     #[cfg(target_arch = "x86_64")]
     if level() == Level::Avx2 {
         // SAFETY: `level()` detected AVX2 on this CPU.
-        let keys = unsafe { simd::round_keys(key) };
+        let row = unsafe { simd::row_keys(step, key) };
         // SAFETY: as above.
         return each(v, f, |b, out| unsafe {
-            simd::philox_top(b, step, &keys, out);
+            simd::philox_top(b, &row, out);
         });
     }
     each(v, f, |b, out| philox_x32(b, step, key, out))
@@ -3540,8 +3572,7 @@ mod tests {
             let key = crate::philox::seed_key(seed);
             let mut out = [0u32; 128];
             // SAFETY: AVX2 was detected.
-            let top =
-                lanes(unsafe { simd::philox_top(first, 11, &simd::round_keys(key), &mut out) });
+            let top = lanes(unsafe { simd::philox_top(first, &simd::row_keys(11, key), &mut out) });
             for (l, &t) in top.iter().enumerate() {
                 let want = word_lane(l).iter().map(|&j| out[j]).max().expect("tokens");
                 assert_eq!(t, want, "seed {seed} lane {l}");
