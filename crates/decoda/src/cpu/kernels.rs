@@ -481,18 +481,27 @@ mod body {
 
     #[inline(always)]
     pub fn philox_listed(blocks: &[u32; 32], step: u64, key: [u32; 2], out: &mut [u32; 128]) {
-        use crate::philox::{PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1};
+        use crate::philox::{PHILOX_M0, PHILOX_M1};
         const L: usize = 32;
-        let mut c0 = *blocks;
-        let mut c1 = [step as u32; L];
-        let mut c2 = [(step >> 32) as u32; L];
-        let mut c3 = [0u32; L];
-        let [mut k0, mut k1] = key;
-        for round in 0..10 {
-            if round > 0 {
-                k0 = k0.wrapping_add(PHILOX_W0);
-                k1 = k1.wrapping_add(PHILOX_W1);
-            }
+        let row = super::RowKeys::new(step, key);
+        let hi = |p: u64| (p >> 32) as u32;
+        let (mut c0, mut c1, mut c2, mut c3) = ([0u32; L], [0u32; L], [0u32; L], [0u32; L]);
+        // rounds 1-3 from the row's constants, as the vector variants make them
+        for j in 0..L {
+            // round 1: words 0 and 1 are the row's
+            let p0 = u64::from(PHILOX_M0) * u64::from(blocks[j]);
+            // round 2: word 0's product is the row's
+            let p1 = u64::from(PHILOX_M1) * u64::from(hi(p0) ^ row.keys[0][1]);
+            let (w0, w1, w2) = (hi(p1) ^ row.r2_w0, p1 as u32, p0 as u32 ^ row.r2_w2);
+            // round 3: word 3 was the row's
+            let p0 = u64::from(PHILOX_M0) * u64::from(w0);
+            let p1 = u64::from(PHILOX_M1) * u64::from(w2);
+            c0[j] = hi(p1) ^ w1 ^ row.keys[2][0];
+            c1[j] = p1 as u32;
+            c2[j] = hi(p0) ^ row.r3_w2;
+            c3[j] = p0 as u32;
+        }
+        for [k0, k1] in row.keys.into_iter().skip(3) {
             for j in 0..L {
                 let p0 = u64::from(PHILOX_M0) * u64::from(c0[j]);
                 let p1 = u64::from(PHILOX_M1) * u64::from(c2[j]);
@@ -998,7 +1007,6 @@ fn finish_ge_max(
 /// round 1's product of word 2 and round 2's of word 0 are the row's, and so are the
 /// words they make (`crate::philox::philox4x32_10` is what is computed; only where a
 /// value is the same for every block is it computed once).
-#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 pub struct RowKeys {
     /// Each round's `(k0, k1)`.
@@ -1011,7 +1019,6 @@ pub struct RowKeys {
     r3_w2: u32,
 }
 
-#[cfg(target_arch = "x86_64")]
 impl RowKeys {
     /// The constants of sampling-stream counters at `step` under `key`.
     pub fn new(step: u64, key: [u32; 2]) -> Self {
