@@ -1608,7 +1608,10 @@ mod simd {
     /// rounds 1-3 ([`RowKeys`]).
     pub struct Row {
         keys: [[__m256i; 2]; 10],
-        consts: RowKeys,
+        /// The XORs of rounds 1-3 ([`RowKeys`]) broadcast, in the order the assembly reads
+        /// them: round 1's `k1`, round 2's into words 0 and 2, round 3's `k0` and its XOR
+        /// into word 2.
+        first: [__m256i; 5],
     }
 
     /// The [`Row`] of sampling-stream counters at `step` under `key`.
@@ -1625,7 +1628,15 @@ mod simd {
                 _mm256_set1_epi64x(i64::from(k1)),
             ]
         });
-        Row { keys, consts }
+        let first = [
+            consts.keys[0][1],
+            consts.r2_w0,
+            consts.r2_w2,
+            consts.keys[2][0],
+            consts.r3_w2,
+        ]
+        .map(|x| _mm256_set1_epi64x(i64::from(x)));
+        Row { keys, first }
     }
 
     /// [`philox_x32`] with the row's constants made beforehand ([`row_keys`]); returns the
@@ -1637,13 +1648,26 @@ mod simd {
     #[inline]
     #[target_feature(enable = "avx2")]
     pub unsafe fn philox_top(first_block: u32, row: &Row, out: &mut [u32; 128]) -> __m256i {
+        philox_top_inlined(first_block, row, out)
+    }
+
+    /// [`philox_top`] inlined into its caller, which must enable AVX2: intrinsics only,
+    /// without target features or closures, so that the gated loop keeps the chunk in
+    /// registers (a call would send the products and the loop's registers through
+    /// memory).
+    ///
+    /// # Safety
+    /// AVX2 must be present.
+    #[inline(always)]
+    unsafe fn philox_top_inlined(first_block: u32, row: &Row, out: &mut [u32; 128]) -> __m256i {
         let m0 = u64::from(crate::philox::PHILOX_M0);
         // round 1's products `M0 * block`: the first block's plus constant offsets (a
         // 64-bit add) while no block passes 2^32 - 1; past that the blocks wrap and are
         // multiplied
-        let p0 = if first_block <= u32::MAX - 31 {
+        let mut p0 = [_mm256_setzero_si256(); 8];
+        if first_block <= u32::MAX - 31 {
             let base = _mm256_set1_epi64x((m0 * u64::from(first_block)) as i64);
-            std::array::from_fn(|c| {
+            for (c, p) in p0.iter_mut().enumerate() {
                 let b = 4 * c as u64;
                 let offs = _mm256_setr_epi64x(
                     (m0 * b) as i64,
@@ -1651,17 +1675,17 @@ mod simd {
                     (m0 * (b + 2)) as i64,
                     (m0 * (b + 3)) as i64,
                 );
-                _mm256_add_epi64(base, offs)
-            })
+                *p = _mm256_add_epi64(base, offs);
+            }
         } else {
             let m0v = _mm256_set1_epi64x(m0 as i64);
-            std::array::from_fn(|c| {
+            for (c, p) in p0.iter_mut().enumerate() {
                 let b = i64::from(first_block.wrapping_add(4 * c as u32));
                 let blocks =
                     _mm256_add_epi64(_mm256_set1_epi64x(b), _mm256_setr_epi64x(0, 1, 2, 3));
-                _mm256_mul_epu32(blocks, m0v)
-            })
-        };
+                *p = _mm256_mul_epu32(blocks, m0v);
+            }
+        }
         philox_lanes(&p0, row, out)
     }
 
@@ -1692,8 +1716,7 @@ mod simd {
     ///
     /// # Safety
     /// AVX2 must be present.
-    #[inline]
-    #[target_feature(enable = "avx2")]
+    #[inline(always)]
     unsafe fn philox_lanes(p0: &[__m256i; 8], row: &Row, out: &mut [u32; 128]) -> __m256i {
         let mut top = three_chains(0, p0, row, out);
         top = _mm256_max_epu32(top, three_chains(3, p0, row, out));
@@ -1775,7 +1798,7 @@ mod simd {
                 (m, bad)
             },
             // SAFETY: as above.
-            |b, out| (unsafe { philox_top(b, &row, out) }, ()),
+            |b, out| (unsafe { philox_top_inlined(b, &row, out) }, ()),
             |(), _| {},
             |m, top, c0, c1| {
                 let thr = reach_thresholds(top, _mm256_set1_ps(c0), _mm256_set1_ps(c1));
@@ -1793,38 +1816,6 @@ mod simd {
         let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
         let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
-    }
-
-    /// A chain's words 0-3 after rounds 1-3, from round 1's products `M0 * block` (one
-    /// block per 64-bit lane): only what differs between blocks is computed, the rest is
-    /// the row's ([`RowKeys`]; the same steps as `simd512::philox_rounds`).
-    ///
-    /// # Safety
-    /// AVX2 must be present.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn first_rounds(p0: __m256i, row: &RowKeys) -> [__m256i; 4] {
-        use crate::philox::{PHILOX_M0, PHILOX_M1};
-        let m0 = _mm256_set1_epi64x(i64::from(PHILOX_M0));
-        let m1 = _mm256_set1_epi64x(i64::from(PHILOX_M1));
-        let c = |x: u32| _mm256_set1_epi64x(i64::from(x));
-        // round 1: word 2 is `hi(M0 block) ^ k1`, word 3 the product; words 0, 1 the row's
-        let c2 = _mm256_xor_si256(_mm256_srli_epi64::<32>(p0), c(row.keys[0][1]));
-        let c3 = p0;
-        // round 2: word 0's product is the row's
-        let p1 = _mm256_mul_epu32(c2, m1);
-        let c0 = _mm256_xor_si256(_mm256_srli_epi64::<32>(p1), c(row.r2_w0));
-        let c1 = p1;
-        let c2 = _mm256_xor_si256(c3, c(row.r2_w2));
-        // round 3: word 3 was the row's, folded into the XOR of word 2
-        let p0 = _mm256_mul_epu32(c0, m0);
-        let p1 = _mm256_mul_epu32(c2, m1);
-        let n0 = _mm256_xor_si256(
-            _mm256_xor_si256(_mm256_srli_epi64::<32>(p1), c1),
-            c(row.keys[2][0]),
-        );
-        let n2 = _mm256_xor_si256(_mm256_srli_epi64::<32>(p0), c(row.r3_w2));
-        [n0, p1, n2, p0]
     }
 
     /// Chain `c`'s words after the last round into `out` in block order; returns their
@@ -1867,29 +1858,79 @@ mod simd {
         };
     }
 
-    // Rounds 4-10, in assembly, of the chains whose words (after [`first_rounds`]) are in
-    // the registers given (`"ymm0" => r0, ...`, the variables updated in place; each
-    // chain's four registers `(a b c d)` listed after them), the chains interleaved round
-    // by round. A chain's registers turn by one a round, the keys of round r (from 0) at
-    // byte offset 64 r.
+    // Rounds 1-3 of one chain in assembly, from round 1's products `M0 * block` in
+    // `ymm{a}`, with the row's constants at `{c}` ([`Row`]'s `first`: only what differs
+    // between blocks is computed, the same steps as `simd512::philox_rounds`). Words 0-3
+    // end in registers `(b, c, d, a)`.
+    #[rustfmt::skip]
+    macro_rules! first_round {
+        ($a:literal, $b:literal, $c:literal, $d:literal) => {
+            concat!(
+                // round 1: word 2 is hi(M0 block) ^ k1 (word 3 was 0), word 3 the product
+                // (in a); words 0 and 1 are the row's
+                "vpsrlq ymm", $c, ", ymm", $a, ", 32\n",
+                "vpxor ymm", $c, ", ymm", $c, ", ymmword ptr [{c}]\n",
+            )
+        };
+    }
+    #[rustfmt::skip]
+    macro_rules! second_round {
+        ($a:literal, $b:literal, $c:literal, $d:literal) => {
+            concat!(
+                // round 2: word 0's product is the row's; word 1 (in b) = lo(M1 w2), word 0
+                // (in d) = hi(M1 w2) ^ const, word 2 (in c) = old word 3 ^ const
+                "vpmuludq ymm", $b, ", ymm", $c, ", ymm13\n",
+                "vpsrlq ymm", $d, ", ymm", $b, ", 32\n",
+                "vpxor ymm", $d, ", ymm", $d, ", ymmword ptr [{c} + 32]\n",
+                "vpxor ymm", $c, ", ymm", $a, ", ymmword ptr [{c} + 64]\n",
+            )
+        };
+    }
+    #[rustfmt::skip]
+    macro_rules! third_round {
+        ($a:literal, $b:literal, $c:literal, $d:literal) => {
+            concat!(
+                // round 3: word 3 was the row's, folded into the XOR of word 2; words end
+                // in (b, c, d, a)
+                "vpmuludq ymm", $a, ", ymm", $d, ", ymm12\n",
+                "vpmuludq ymm", $c, ", ymm", $c, ", ymm13\n",
+                "vpsrlq ymm14, ymm", $c, ", 32\n",
+                "vpxor ymm", $b, ", ymm", $b, ", ymm14\n",
+                "vpxor ymm", $b, ", ymm", $b, ", ymmword ptr [{c} + 96]\n",
+                "vpsrlq ymm", $d, ", ymm", $a, ", 32\n",
+                "vpxor ymm", $d, ", ymm", $d, ", ymmword ptr [{c} + 128]\n",
+            )
+        };
+    }
+
+    // The ten rounds, in assembly, of the chains whose round-1 products are in the first
+    // register of each chain given (`"ymm0" => r0, ...`, the variables updated in place;
+    // each chain's four registers `(a b c d)` listed after them), the chains interleaved
+    // round by round: rounds 1-3 from the row's constants, then the general rounds, a
+    // chain's registers turning by one a round, the keys of round r (from 0) at byte
+    // offset 64 r. Words 0-3 end in `(a, b, c, d)`.
     #[rustfmt::skip]
     macro_rules! philox_rounds {
         (
-            $keys:expr;
+            $keys:expr, $first:expr;
             $($reg:tt => $var:ident),*;
             $(($a:literal $b:literal $c:literal $d:literal)),*
         ) => {
             std::arch::asm!(
                 concat!(
-                    $(round!($a, $b, $c, $d, 192),)*
-                    $(round!($b, $c, $d, $a, 256),)*
-                    $(round!($c, $d, $a, $b, 320),)*
-                    $(round!($d, $a, $b, $c, 384),)*
-                    $(round!($a, $b, $c, $d, 448),)*
-                    $(round!($b, $c, $d, $a, 512),)*
-                    $(round!($c, $d, $a, $b, 576),)*
+                    $(first_round!($a, $b, $c, $d),)*
+                    $(second_round!($a, $b, $c, $d),)*
+                    $(third_round!($a, $b, $c, $d),)*
+                    $(round!($b, $c, $d, $a, 192),)*
+                    $(round!($c, $d, $a, $b, 256),)*
+                    $(round!($d, $a, $b, $c, 320),)*
+                    $(round!($a, $b, $c, $d, 384),)*
+                    $(round!($b, $c, $d, $a, 448),)*
+                    $(round!($c, $d, $a, $b, 512),)*
+                    $(round!($d, $a, $b, $c, 576),)*
                 ),
                 k = in(reg) $keys.as_ptr(),
+                c = in(reg) $first.as_ptr(),
                 $(inout($reg) $var,)*
                 in("ymm12") _mm256_set1_epi64x(i64::from(crate::philox::PHILOX_M0)),
                 in("ymm13") _mm256_set1_epi64x(i64::from(crate::philox::PHILOX_M1)),
@@ -1900,10 +1941,11 @@ mod simd {
         };
     }
 
-    /// Chains `first .. first + 3` (4 blocks each) of [`philox_x32`], rounds 1-3 by
-    /// [`first_rounds`] and rounds 4-10 written out in assembly: the twelve words in
+    /// Chains `first .. first + 3` (4 blocks each) of [`philox_x32`] from their round-1
+    /// products `p0`, the ten rounds written out in assembly: the twelve words in
     /// registers `ymm0`-`ymm11`, the multipliers in `ymm12` and `ymm13`, two temporaries,
-    /// and each round's keys read from the row's by the `vpxor` that uses them. The compiler's own allocation of three chains
+    /// and each round's keys (and the row's constants of rounds 1-3) read from the row's
+    /// by the `vpxor` that uses them. The compiler's own allocation of three chains
     /// keeps the keys in registers and spills words to the stack instead (slower than two
     /// chains); with nothing spilled, three chains in flight cover the
     /// multiply-shift-xor latency that two leave exposed. Their words go into `out`; returns
@@ -1912,8 +1954,8 @@ mod simd {
     /// A round of chain `(a, b, c, d)` (the registers of words 0-3) leaves its words in
     /// `(b, c, d, a)`: `a = lo(M0 a)`, `c = lo(M1 c)` (the multiplies read the low halves
     /// only, so the high halves' leftovers do not matter), `b ^= k0 ^ hi(M1 c)`, `d ^= k1
-    /// ^ hi(M0 a)`. After the seven rounds in assembly word 0 is in register `d`, 1 in `a`,
-    /// 2 in `b`, 3 in `c`.
+    /// ^ hi(M0 a)`. Rounds 1-3 (from the row's constants) leave the words in `(b, c, d, a)`
+    /// and the seven general rounds turn them on to `(a, b, c, d)`.
     ///
     /// # Safety
     /// AVX2 must be present; `first + 3 <= 8`.
@@ -1925,20 +1967,22 @@ mod simd {
         row: &Row,
         out: &mut [u32; 128],
     ) -> __m256i {
-        let [[mut r0, mut r1, mut r2, mut r3], [mut r4, mut r5, mut r6, mut r7], [mut r8, mut r9, mut r10, mut r11]] =
-            [0, 1, 2].map(|h| first_rounds(p0[first + h], &row.consts));
-        // SAFETY: registers only, and reads of the 640 bytes of the row's keys; AVX2 is
-        // present (this function's contract).
+        let z = _mm256_setzero_si256();
+        let (mut r0, mut r4, mut r8) = (p0[first], p0[first + 1], p0[first + 2]);
+        let (mut r1, mut r2, mut r3, mut r5, mut r6, mut r7, mut r9, mut r10, mut r11) =
+            (z, z, z, z, z, z, z, z, z);
+        // SAFETY: registers only, and reads of the 640 bytes of the row's keys and the 160
+        // of its constants; AVX2 is present (this function's contract).
         philox_rounds!(
-            row.keys;
+            row.keys, row.first;
             "ymm0" => r0, "ymm1" => r1, "ymm2" => r2, "ymm3" => r3,
             "ymm4" => r4, "ymm5" => r5, "ymm6" => r6, "ymm7" => r7,
             "ymm8" => r8, "ymm9" => r9, "ymm10" => r10, "ymm11" => r11;
             (0 1 2 3), (4 5 6 7), (8 9 10 11)
         );
-        let mut top = chain_finish([r3, r0, r1, r2], first, out);
-        top = _mm256_max_epu32(top, chain_finish([r7, r4, r5, r6], first + 1, out));
-        _mm256_max_epu32(top, chain_finish([r11, r8, r9, r10], first + 2, out))
+        let mut top = chain_finish([r0, r1, r2, r3], first, out);
+        top = _mm256_max_epu32(top, chain_finish([r4, r5, r6, r7], first + 1, out));
+        _mm256_max_epu32(top, chain_finish([r8, r9, r10, r11], first + 2, out))
     }
 
     /// [`three_chains`] for two chains, `first .. first + 2` (registers `ymm0`-`ymm7`).
@@ -1953,17 +1997,18 @@ mod simd {
         row: &Row,
         out: &mut [u32; 128],
     ) -> __m256i {
-        let [[mut r0, mut r1, mut r2, mut r3], [mut r4, mut r5, mut r6, mut r7]] =
-            [0, 1].map(|h| first_rounds(p0[first + h], &row.consts));
+        let z = _mm256_setzero_si256();
+        let (mut r0, mut r4) = (p0[first], p0[first + 1]);
+        let (mut r1, mut r2, mut r3, mut r5, mut r6, mut r7) = (z, z, z, z, z, z);
         // SAFETY: as in `three_chains`.
         philox_rounds!(
-            row.keys;
+            row.keys, row.first;
             "ymm0" => r0, "ymm1" => r1, "ymm2" => r2, "ymm3" => r3,
             "ymm4" => r4, "ymm5" => r5, "ymm6" => r6, "ymm7" => r7;
             (0 1 2 3), (4 5 6 7)
         );
-        let top = chain_finish([r3, r0, r1, r2], first, out);
-        _mm256_max_epu32(top, chain_finish([r7, r4, r5, r6], first + 1, out))
+        let top = chain_finish([r0, r1, r2, r3], first, out);
+        _mm256_max_epu32(top, chain_finish([r4, r5, r6, r7], first + 1, out))
     }
 
     /// [`super::exp2_sum_collect`] (`COLLECT`) or [`super::exp2_sum`] (`!COLLECT`) with
