@@ -1001,14 +1001,14 @@ fn finish_ge_max(
     (mx, bad || mx == f32::INFINITY)
 }
 
-/// What the vector Philox variants need of a row, made once: each round's key pair, and the
+/// What the Philox variants need of a row, made once: each round's key pair, and the
 /// words of rounds 1-3 that are the same for every block of the row. A sampling-stream
 /// counter is `[block, step_lo, step_hi, 0]`, so only word 0 differs between blocks:
 /// round 1's product of word 2 and round 2's of word 0 are the row's, and so are the
 /// words they make (`crate::philox::philox4x32_10` is what is computed; only where a
 /// value is the same for every block is it computed once).
 #[derive(Clone, Copy)]
-pub struct RowKeys {
+pub(crate) struct RowKeys {
     /// Each round's `(k0, k1)`.
     keys: [[u32; 2]; 10],
     /// Round 2's word 0 XOR-ed into round 2's new word 0: `lo(M1 step_hi) ^ k0[1]`.
