@@ -1049,49 +1049,57 @@ impl RowKeys {
     }
 }
 
+/// Round 1's product `M0 * first_block` when the 32 consecutive blocks from `first_block`
+/// do not wrap past `2^32 - 1`: then their products are this plus `M0` times the offsets
+/// 0..32, a 64-bit add each instead of a multiply. `None` when they wrap (the vector
+/// variants multiply then).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn consecutive_products(first_block: u32) -> Option<u64> {
+    (first_block <= u32::MAX - 31)
+        .then(|| u64::from(crate::philox::PHILOX_M0) * u64::from(first_block))
+}
+
+/// `M0 * j` for the offset `j` of a block from the first of a call's 32 (see
+/// [`consecutive_products`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+const fn m0_times(j: u64) -> i64 {
+    (crate::philox::PHILOX_M0 as u64 * j) as i64
+}
+
 /// AVX-512 loops that fuse several passes: [`collect_ge_max`] and [`exp2_sum_collect`]
 /// (compares give bit masks directly).
 #[cfg(target_arch = "x86_64")]
 mod simd512 {
-    use super::{push_hits, RowKeys, EXP2_C1, EXP2_C2, EXP2_TABLE, MAGIC32};
+    use super::{consecutive_products, m0_times, push_hits, RowKeys};
+    use super::{EXP2_C1, EXP2_C2, EXP2_TABLE, MAGIC32};
     use std::arch::x86_64::*;
 
-    /// `M0` times each block number `8 h + j` of a call's 32, in the 64-bit lanes of
-    /// four registers (round 1's products of consecutive blocks are these plus the
-    /// first block's).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn m0_offsets() -> [__m512i; 4] {
-        let m0 = u64::from(crate::philox::PHILOX_M0);
-        std::array::from_fn(|h| {
-            let b = 8 * h as u64;
-            _mm512_setr_epi64(
-                (m0 * b) as i64,
-                (m0 * (b + 1)) as i64,
-                (m0 * (b + 2)) as i64,
-                (m0 * (b + 3)) as i64,
-                (m0 * (b + 4)) as i64,
-                (m0 * (b + 5)) as i64,
-                (m0 * (b + 6)) as i64,
-                (m0 * (b + 7)) as i64,
-            )
-        })
-    }
-
     /// Round 1's products `M0 * block` of the 32 consecutive blocks from `first_block`,
-    /// block `8 h + j` in lane `j` of register `h`: the first block's product plus the
-    /// offsets, a 64-bit add, not a multiply (exact while no block passes `2^32 - 1`;
-    /// past that the blocks wrap, and are multiplied).
+    /// block `8 h + j` in lane `j` of register `h` ([`consecutive_products`]).
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn first_products(first_block: u32) -> [__m512i; 4] {
-        let m0 = u64::from(crate::philox::PHILOX_M0);
-        if first_block <= u32::MAX - 31 {
-            let base = _mm512_set1_epi64((m0 * u64::from(first_block)) as i64);
-            m0_offsets().map(|o| _mm512_add_epi64(base, o))
+        if let Some(first) = consecutive_products(first_block) {
+            let base = _mm512_set1_epi64(first as i64);
+            std::array::from_fn(|h| {
+                let b = 8 * h as u64;
+                let offs = _mm512_setr_epi64(
+                    m0_times(b),
+                    m0_times(b + 1),
+                    m0_times(b + 2),
+                    m0_times(b + 3),
+                    m0_times(b + 4),
+                    m0_times(b + 5),
+                    m0_times(b + 6),
+                    m0_times(b + 7),
+                );
+                _mm512_add_epi64(base, offs)
+            })
         } else {
             let lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
-            let m0v = _mm512_set1_epi64(m0 as i64);
+            let m0v = _mm512_set1_epi64(i64::from(crate::philox::PHILOX_M0));
             std::array::from_fn(|h| {
                 let b = _mm512_add_epi64(
                     _mm512_set1_epi64(i64::from(first_block.wrapping_add(8 * h as u32))),
@@ -1361,15 +1369,9 @@ mod simd512 {
             reach,
             visit,
             |c| {
-                let (m, bad) = match <&[f32; 128]>::try_from(c) {
-                    // SAFETY: AVX-512 F and DQ are present (this function's contract).
-                    Ok(full) => unsafe { lane_max(full) },
-                    // every lane the chunk's max: it covers any token
-                    Err(_) => {
-                        let (m, bad) = super::body::chunk_max(c);
-                        (_mm512_set1_ps(m), bad)
-                    }
-                };
+                // SAFETY: AVX-512 F and DQ are present (this function's contract).
+                let (m, bad) =
+                    super::chunk_values(c, |f| unsafe { lane_max(f) }, |m| _mm512_set1_ps(m));
                 rowmax = _mm512_max_ps(rowmax, m);
                 (m, bad)
             },
@@ -1590,7 +1592,7 @@ mod simd512 {
 /// (a compare per value and a branch per block, with a bit mask of the hits).
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{push_hits, RowKeys, EXP2_Q8, EXP2_TABLE};
+    use super::{consecutive_products, m0_times, push_hits, RowKeys, EXP2_Q8, EXP2_TABLE};
     use std::arch::x86_64::*;
 
     /// [`super::simd512::philox_x32`] with AVX2: eight chains of 4 blocks, made three,
@@ -1608,10 +1610,9 @@ mod simd {
     /// rounds 1-3 ([`RowKeys`]).
     pub struct Row {
         keys: [[__m256i; 2]; 10],
-        /// The XORs of rounds 1-3 ([`RowKeys`]) broadcast, in the order the assembly reads
-        /// them: round 1's `k1`, round 2's into words 0 and 2, round 3's `k0` and its XOR
-        /// into word 2.
-        first: [__m256i; 5],
+        /// The row's XORs of rounds 2-3 ([`RowKeys`]) broadcast, in the order the assembly
+        /// reads them: round 2's into words 0 and 2, round 3's into word 2.
+        first: [__m256i; 3],
     }
 
     /// The [`Row`] of sampling-stream counters at `step` under `key`.
@@ -1628,14 +1629,8 @@ mod simd {
                 _mm256_set1_epi64x(i64::from(k1)),
             ]
         });
-        let first = [
-            consts.keys[0][1],
-            consts.r2_w0,
-            consts.r2_w2,
-            consts.keys[2][0],
-            consts.r3_w2,
-        ]
-        .map(|x| _mm256_set1_epi64x(i64::from(x)));
+        let first =
+            [consts.r2_w0, consts.r2_w2, consts.r3_w2].map(|x| _mm256_set1_epi64x(i64::from(x)));
         Row { keys, first }
     }
 
@@ -1660,25 +1655,22 @@ mod simd {
     /// AVX2 must be present.
     #[inline(always)]
     unsafe fn philox_top_inlined(first_block: u32, row: &Row, out: &mut [u32; 128]) -> __m256i {
-        let m0 = u64::from(crate::philox::PHILOX_M0);
-        // round 1's products `M0 * block`: the first block's plus constant offsets (a
-        // 64-bit add) while no block passes 2^32 - 1; past that the blocks wrap and are
-        // multiplied
+        // round 1's products `M0 * block` ([`consecutive_products`])
         let mut p0 = [_mm256_setzero_si256(); 8];
-        if first_block <= u32::MAX - 31 {
-            let base = _mm256_set1_epi64x((m0 * u64::from(first_block)) as i64);
+        if let Some(first) = consecutive_products(first_block) {
+            let base = _mm256_set1_epi64x(first as i64);
             for (c, p) in p0.iter_mut().enumerate() {
                 let b = 4 * c as u64;
                 let offs = _mm256_setr_epi64x(
-                    (m0 * b) as i64,
-                    (m0 * (b + 1)) as i64,
-                    (m0 * (b + 2)) as i64,
-                    (m0 * (b + 3)) as i64,
+                    m0_times(b),
+                    m0_times(b + 1),
+                    m0_times(b + 2),
+                    m0_times(b + 3),
                 );
                 *p = _mm256_add_epi64(base, offs);
             }
         } else {
-            let m0v = _mm256_set1_epi64x(m0 as i64);
+            let m0v = _mm256_set1_epi64x(i64::from(crate::philox::PHILOX_M0));
             for (c, p) in p0.iter_mut().enumerate() {
                 let b = i64::from(first_block.wrapping_add(4 * c as u32));
                 let blocks =
@@ -1785,15 +1777,9 @@ mod simd {
             reach,
             visit,
             |c| {
-                let (m, bad) = match <&[f32; 128]>::try_from(c) {
-                    // SAFETY: AVX2 is present (this function's contract).
-                    Ok(full) => unsafe { lane_max(full) },
-                    // every lane the chunk's max: it covers any token
-                    Err(_) => {
-                        let (m, bad) = super::body::chunk_max(c);
-                        (_mm256_set1_ps(m), bad)
-                    }
-                };
+                // SAFETY: AVX2 is present (this function's contract).
+                let (m, bad) =
+                    super::chunk_values(c, |f| unsafe { lane_max(f) }, |m| _mm256_set1_ps(m));
                 rowmax = _mm256_max_ps(rowmax, m);
                 (m, bad)
             },
@@ -1859,9 +1845,9 @@ mod simd {
     }
 
     // Rounds 1-3 of one chain in assembly, from round 1's products `M0 * block` in
-    // `ymm{a}`, with the row's constants at `{c}` ([`Row`]'s `first`: only what differs
-    // between blocks is computed, the same steps as `simd512::philox_rounds`). Words 0-3
-    // end in registers `(b, c, d, a)`.
+    // `ymm{a}`, with the round keys at `{k}` and the row's constants at `{c}` ([`Row`]'s
+    // `first`: only what differs between blocks is computed, the same steps as
+    // `simd512::philox_rounds`). Words 0-3 end in registers `(b, c, d, a)`.
     #[rustfmt::skip]
     macro_rules! first_round {
         ($a:literal, $b:literal, $c:literal, $d:literal) => {
@@ -1869,7 +1855,7 @@ mod simd {
                 // round 1: word 2 is hi(M0 block) ^ k1 (word 3 was 0), word 3 the product
                 // (in a); words 0 and 1 are the row's
                 "vpsrlq ymm", $c, ", ymm", $a, ", 32\n",
-                "vpxor ymm", $c, ", ymm", $c, ", ymmword ptr [{c}]\n",
+                "vpxor ymm", $c, ", ymm", $c, ", ymmword ptr [{k} + 32]\n",
             )
         };
     }
@@ -1881,8 +1867,8 @@ mod simd {
                 // (in d) = hi(M1 w2) ^ const, word 2 (in c) = old word 3 ^ const
                 "vpmuludq ymm", $b, ", ymm", $c, ", ymm13\n",
                 "vpsrlq ymm", $d, ", ymm", $b, ", 32\n",
-                "vpxor ymm", $d, ", ymm", $d, ", ymmword ptr [{c} + 32]\n",
-                "vpxor ymm", $c, ", ymm", $a, ", ymmword ptr [{c} + 64]\n",
+                "vpxor ymm", $d, ", ymm", $d, ", ymmword ptr [{c}]\n",
+                "vpxor ymm", $c, ", ymm", $a, ", ymmword ptr [{c} + 32]\n",
             )
         };
     }
@@ -1896,9 +1882,9 @@ mod simd {
                 "vpmuludq ymm", $c, ", ymm", $c, ", ymm13\n",
                 "vpsrlq ymm14, ymm", $c, ", 32\n",
                 "vpxor ymm", $b, ", ymm", $b, ", ymm14\n",
-                "vpxor ymm", $b, ", ymm", $b, ", ymmword ptr [{c} + 96]\n",
+                "vpxor ymm", $b, ", ymm", $b, ", ymmword ptr [{k} + 128]\n",
                 "vpsrlq ymm", $d, ", ymm", $a, ", 32\n",
-                "vpxor ymm", $d, ", ymm", $d, ", ymmword ptr [{c} + 128]\n",
+                "vpxor ymm", $d, ", ymm", $d, ", ymmword ptr [{c} + 64]\n",
             )
         };
     }
@@ -1971,7 +1957,7 @@ mod simd {
         let (mut r0, mut r4, mut r8) = (p0[first], p0[first + 1], p0[first + 2]);
         let (mut r1, mut r2, mut r3, mut r5, mut r6, mut r7, mut r9, mut r10, mut r11) =
             (z, z, z, z, z, z, z, z, z);
-        // SAFETY: registers only, and reads of the 640 bytes of the row's keys and the 160
+        // SAFETY: registers only, and reads of the 640 bytes of the row's keys and the 96
         // of its constants; AVX2 is present (this function's contract).
         philox_rounds!(
             row.keys, row.first;
@@ -2962,6 +2948,25 @@ fn gated_chunks_with<V: Copy, W: Copy, H>(
         }
     }
     false
+}
+
+/// A chunk's largest values for the vector gated loops: `full(chunk)` for a chunk of 128,
+/// else (the row's last, partial chunk) its max in every lane (`splat`), which covers any
+/// token.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn chunk_values<V>(
+    c: &[f32],
+    full: impl FnOnce(&[f32; 128]) -> (V, bool),
+    splat: impl FnOnce(f32) -> V,
+) -> (V, bool) {
+    match <&[f32; 128]>::try_from(c) {
+        Ok(f) => full(f),
+        Err(_) => {
+            let (m, bad) = body::chunk_max(c);
+            (splat(m), bad)
+        }
+    }
 }
 
 /// How many of `z` are NaN or `+inf`.
