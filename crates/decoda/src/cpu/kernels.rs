@@ -1131,7 +1131,7 @@ mod simd512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub unsafe fn philox_row(first_block: u32, row: &RowKeys, out: &mut [u32; 128]) {
-        store_words(&philox_rounds(first_products(first_block), row), out);
+        store_pairs(&philox_rounds(first_products(first_block), row), out);
     }
 
     /// [`super::philox_listed`] with AVX-512: the blocks in four chains of 8 as in
@@ -1152,92 +1152,116 @@ mod simd512 {
         let p0 = std::array::from_fn(|h| unsafe {
             _mm512_mul_epu32(_mm512_cvtepu32_epi64(_mm256_loadu_si256(p.add(h))), m0)
         });
-        store_words(&philox_rounds(p0, &RowKeys::new(step, key)), out);
+        store_pairs(&philox_rounds(p0, &RowKeys::new(step, key)), out);
+    }
+
+    /// One of rounds 4-9 of [`rounds_of`]'s four chains (`c0`-`c3`, one register per
+    /// word), with the round keys `k(round, _)`.
+    macro_rules! later_round {
+        ($round:literal, $k:ident, $m0:ident, $m1:ident, $c0:ident, $c1:ident, $c2:ident, $c3:ident) => {{
+            let (kk0, kk1) = ($k($round, 0), $k($round, 1));
+            for h in 0..4 {
+                let p0 = _mm512_mul_epu32($c0[h], $m0);
+                let p1 = _mm512_mul_epu32($c2[h], $m1);
+                let n0 =
+                    _mm512_ternarylogic_epi64::<0x96>(_mm512_srli_epi64::<32>(p1), $c1[h], kk0);
+                let n2 =
+                    _mm512_ternarylogic_epi64::<0x96>(_mm512_srli_epi64::<32>(p0), $c3[h], kk1);
+                $c1[h] = p1;
+                $c3[h] = p0;
+                $c0[h] = n0;
+                $c2[h] = n2;
+            }
+        }};
+    }
+
+    /// The body of [`philox_rounds`], for the gated loop to have it inline: written out
+    /// (as a loop the compiler keeps rounds 4-10 rolled, and the loop's exit and the
+    /// copies it makes at each turn cost more than the code's size), the function is past
+    /// what the compiler inlines on its own, and a call per chunk returns the sixteen
+    /// registers through memory. An expression of type [`Pairs`]; AVX-512 F must be
+    /// enabled where it is used.
+    macro_rules! rounds_of {
+        ($p0:expr, $row:expr) => {{
+            use crate::philox::{PHILOX_M0, PHILOX_M1};
+            let (p0, row): ([__m512i; 4], &RowKeys) = ($p0, $row);
+            let m0 = _mm512_set1_epi64(i64::from(PHILOX_M0));
+            let m1 = _mm512_set1_epi64(i64::from(PHILOX_M1));
+            let k = |r: usize, w: usize| _mm512_set1_epi64(i64::from(row.keys[r][w]));
+            let kc = |x: u32| _mm512_set1_epi64(i64::from(x));
+            // round 1: word 2 is `hi(M0 block) ^ k1` (word 3 was 0), word 3 the product;
+            // words 0 and 1 are the row's
+            let mut c2: [__m512i; 4] =
+                std::array::from_fn(|h| _mm512_xor_si512(_mm512_srli_epi64::<32>(p0[h]), k(0, 1)));
+            let mut c3 = p0;
+            // round 2: word 0's product is the row's, so new word 2 is old word 3 XOR a
+            // constant and new word 3 is a constant
+            let mut c0 = [_mm512_setzero_si512(); 4];
+            let mut c1 = [_mm512_setzero_si512(); 4];
+            for h in 0..4 {
+                let p1 = _mm512_mul_epu32(c2[h], m1);
+                c0[h] = _mm512_xor_si512(_mm512_srli_epi64::<32>(p1), kc(row.r2_w0));
+                c1[h] = p1;
+                c2[h] = _mm512_xor_si512(c3[h], kc(row.r2_w2));
+            }
+            // round 3: word 3 was the row's constant, folded into the XOR of word 2
+            for h in 0..4 {
+                let p0 = _mm512_mul_epu32(c0[h], m0);
+                let p1 = _mm512_mul_epu32(c2[h], m1);
+                c0[h] =
+                    _mm512_ternarylogic_epi64::<0x96>(_mm512_srli_epi64::<32>(p1), c1[h], k(2, 0));
+                c2[h] = _mm512_xor_si512(_mm512_srli_epi64::<32>(p0), kc(row.r3_w2));
+                c1[h] = p1;
+                c3[h] = p0;
+            }
+            later_round!(3, k, m0, m1, c0, c1, c2, c3);
+            later_round!(4, k, m0, m1, c0, c1, c2, c3);
+            later_round!(5, k, m0, m1, c0, c1, c2, c3);
+            later_round!(6, k, m0, m1, c0, c1, c2, c3);
+            later_round!(7, k, m0, m1, c0, c1, c2, c3);
+            later_round!(8, k, m0, m1, c0, c1, c2, c3);
+            // round 10 leaves each pair of words in one 64-bit lane: the product's high
+            // half XORed in place with the other word and the key, both moved up (a
+            // shift each, where the high half moved down and the pairing would cost a
+            // shift and a permute)
+            let kh = |w: usize| _mm512_set1_epi64(i64::from(row.keys[9][w]) << 32);
+            let (kh0, kh1) = (kh(0), kh(1));
+            let pairs: Pairs = std::array::from_fn(|h| {
+                let p0 = _mm512_mul_epu32(c0[h], m0);
+                let p1 = _mm512_mul_epu32(c2[h], m1);
+                [
+                    _mm512_ternarylogic_epi64::<0x96>(p1, _mm512_slli_epi64::<32>(c1[h]), kh0),
+                    _mm512_ternarylogic_epi64::<0x96>(p0, _mm512_slli_epi64::<32>(c3[h]), kh1),
+                ]
+            });
+            pairs
+        }};
     }
 
     /// The ten rounds of four chains from round 1's products `M0 * block` (`p0`, one
-    /// block per 64-bit lane): chain `h`'s words 0-3 after the last round, each in the low
-    /// halves of its register's lanes.
+    /// block per 64-bit lane): chain `h`'s words in [`Pairs`].
     ///
     /// # Safety
     /// AVX-512 F must be present.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn philox_rounds(p0: [__m512i; 4], row: &RowKeys) -> [[__m512i; 4]; 4] {
-        use crate::philox::{PHILOX_M0, PHILOX_M1};
-        const CH: usize = 4;
-        let m0 = _mm512_set1_epi64(i64::from(PHILOX_M0));
-        let m1 = _mm512_set1_epi64(i64::from(PHILOX_M1));
-        let k = |r: usize, w: usize| _mm512_set1_epi64(i64::from(row.keys[r][w]));
-        let kc = |x: u32| _mm512_set1_epi64(i64::from(x));
-        // round 1: word 2 is `hi(M0 block) ^ k1` (word 3 was 0), word 3 the product; words 0
-        // and 1 are the row's
-        let mut c2: [__m512i; CH] =
-            std::array::from_fn(|h| _mm512_xor_si512(_mm512_srli_epi64::<32>(p0[h]), k(0, 1)));
-        let mut c3 = p0;
-        // round 2: word 0's product is the row's, so new word 2 is old word 3 XOR a
-        // constant and new word 3 is a constant
-        let mut c0 = [_mm512_setzero_si512(); CH];
-        let mut c1 = [_mm512_setzero_si512(); CH];
-        for h in 0..CH {
-            let p1 = _mm512_mul_epu32(c2[h], m1);
-            c0[h] = _mm512_xor_si512(_mm512_srli_epi64::<32>(p1), kc(row.r2_w0));
-            c1[h] = p1;
-            c2[h] = _mm512_xor_si512(c3[h], kc(row.r2_w2));
-        }
-        // round 3: word 3 was the row's constant, folded into the XOR of word 2
-        for h in 0..CH {
-            let p0 = _mm512_mul_epu32(c0[h], m0);
-            let p1 = _mm512_mul_epu32(c2[h], m1);
-            c0[h] = _mm512_ternarylogic_epi64::<0x96>(_mm512_srli_epi64::<32>(p1), c1[h], k(2, 0));
-            c2[h] = _mm512_xor_si512(_mm512_srli_epi64::<32>(p0), kc(row.r3_w2));
-            c1[h] = p1;
-            c3[h] = p0;
-        }
-        for round in 3..10 {
-            let (kk0, kk1) = (k(round, 0), k(round, 1));
-            for h in 0..CH {
-                let p0 = _mm512_mul_epu32(c0[h], m0);
-                let p1 = _mm512_mul_epu32(c2[h], m1);
-                let n0 = _mm512_ternarylogic_epi64::<0x96>(_mm512_srli_epi64::<32>(p1), c1[h], kk0);
-                let n2 = _mm512_ternarylogic_epi64::<0x96>(_mm512_srli_epi64::<32>(p0), c3[h], kk1);
-                c1[h] = p1;
-                c3[h] = p0;
-                c0[h] = n0;
-                c2[h] = n2;
-            }
-        }
-        std::array::from_fn(|h| [c0[h], c1[h], c2[h], c3[h]])
+    unsafe fn philox_rounds(p0: [__m512i; 4], row: &RowKeys) -> Pairs {
+        rounds_of!(p0, row)
     }
 
     /// The words of one call of [`philox_rounds`] in pairs, as they stay in registers:
-    /// in 64-bit lane `j` of `pairs[h][0]` words 0 and 1 of chain `h`'s block `j` (low and
-    /// high half), of `pairs[h][1]` words 2 and 3. 32-bit lane `d` of each register holds
-    /// a token `t` with `t mod 32` one of [`word_lane`]`(d)`.
+    /// in 64-bit lane `j` of `pairs[h][0]` words 1 and 0 of chain `h`'s block `j` (low and
+    /// high half: the product's halves), of `pairs[h][1]` words 3 and 2. 32-bit lane `d`
+    /// of each register holds a token `t` with `t mod 32` one of [`word_lane`]`(d)`.
     type Pairs = [[__m512i; 2]; 4];
 
     /// The residues mod 32 of the tokens in 32-bit lane `d` of [`Pairs`] (and of the
-    /// values' lanes of [`lane_max`]): `2d` and `2d + 2` for even `d`, `2d - 1` and
-    /// `2d + 1` for odd `d`.
+    /// values' lanes of [`lane_max`]): `2d + 1` and `2d + 3` for even `d`, `2d - 2` and
+    /// `2d` for odd `d`.
     #[cfg_attr(not(test), allow(dead_code))]
     pub const fn word_lane(d: usize) -> [usize; 2] {
-        let first = if d & 1 == 0 { 2 * d } else { 2 * d - 1 };
+        let first = if d & 1 == 0 { 2 * d + 1 } else { 2 * d - 2 };
         [first, first + 2]
-    }
-
-    /// [`philox_rounds`]' words in [`Pairs`].
-    ///
-    /// # Safety
-    /// AVX-512 F must be present.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn pair_words(x: &[[__m512i; 4]; 4]) -> Pairs {
-        x.map(|[c0, c1, c2, c3]| {
-            [
-                _mm512_mask_blend_epi32(0xAAAA, c0, _mm512_slli_epi64::<32>(c1)),
-                _mm512_mask_blend_epi32(0xAAAA, c2, _mm512_slli_epi64::<32>(c3)),
-            ]
-        })
     }
 
     /// The words of [`Pairs`] into `out` in block order: chain `h`'s blocks at
@@ -1248,26 +1272,17 @@ mod simd512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn store_pairs(pairs: &Pairs, out: &mut [u32; 128]) {
-        let ilo = _mm512_setr_epi64(0, 8, 1, 9, 2, 10, 3, 11);
-        let ihi = _mm512_setr_epi64(4, 12, 5, 13, 6, 14, 7, 15);
+        // block j's words 0-3 at 4 j: x01's lanes 2 j + 1 and 2 j, then x23's (index 16 +)
+        let ilo = _mm512_setr_epi32(1, 0, 17, 16, 3, 2, 19, 18, 5, 4, 21, 20, 7, 6, 23, 22);
+        let ihi = _mm512_add_epi32(ilo, _mm512_set1_epi32(8));
         for (h, [x01, x23]) in pairs.iter().enumerate() {
-            let lo = _mm512_permutex2var_epi64(*x01, ilo, *x23);
-            let hi = _mm512_permutex2var_epi64(*x01, ihi, *x23);
+            let lo = _mm512_permutex2var_epi32(*x01, ilo, *x23);
+            let hi = _mm512_permutex2var_epi32(*x01, ihi, *x23);
             let p = out.as_mut_ptr().add(32 * h).cast::<__m512i>();
             // SAFETY: chain `h` writes words 32 h .. 32 h + 32 of the 128.
             _mm512_storeu_si512(p, lo);
             _mm512_storeu_si512(p.add(1), hi);
         }
-    }
-
-    /// The words of [`philox_rounds`] into `out` in block order.
-    ///
-    /// # Safety
-    /// AVX-512 F must be present.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn store_words(x: &[[__m512i; 4]; 4], out: &mut [u32; 128]) {
-        store_pairs(&pair_words(x), out)
     }
 
     /// The words of 32 consecutive blocks in token order and their [`pairs_max`], as the
@@ -1282,10 +1297,7 @@ mod simd512 {
         step: u64,
         key: [u32; 2],
     ) -> ([u32; 16], [u32; 128]) {
-        let pairs = pair_words(&philox_rounds(
-            first_products(first_block),
-            &RowKeys::new(step, key),
-        ));
+        let pairs = philox_rounds(first_products(first_block), &RowKeys::new(step, key));
         let mut out = [0u32; 128];
         store_pairs(&pairs, &mut out);
         // SAFETY: sixteen 32-bit lanes are 64 bytes, as is the array.
@@ -1324,7 +1336,7 @@ mod simd512 {
         let even = _mm512_max_ps(_mm512_max_ps(v[0], v[2]), _mm512_max_ps(v[4], v[6]));
         let odd = _mm512_max_ps(_mm512_max_ps(v[1], v[3]), _mm512_max_ps(v[5], v[7]));
         // the two residues of each lane, `even` and `odd` read as one table of 32
-        let i1 = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+        let i1 = _mm512_setr_epi32(1, 0, 5, 4, 9, 8, 13, 12, 17, 16, 21, 20, 25, 24, 29, 28);
         let i2 = _mm512_add_epi32(i1, _mm512_set1_epi32(2));
         let m = _mm512_max_ps(
             _mm512_permutex2var_ps(even, i1, odd),
@@ -1377,7 +1389,7 @@ mod simd512 {
             },
             |b, _| {
                 // SAFETY: as above.
-                let pairs = unsafe { pair_words(&philox_rounds(first_products(b), &row)) };
+                let pairs = unsafe { rounds_of!(first_products(b), &row) };
                 // SAFETY: as above.
                 (unsafe { pairs_max(&pairs) }, pairs)
             },
@@ -2963,10 +2975,20 @@ fn chunk_values<V>(
     match <&[f32; 128]>::try_from(c) {
         Ok(f) => full(f),
         Err(_) => {
-            let (m, bad) = body::chunk_max(c);
+            let (m, bad) = partial_chunk_max(c);
             (splat(m), bad)
         }
     }
+}
+
+/// [`body::chunk_max`] of the row's last, partial chunk, kept out of the gated loops: in
+/// line it makes the loop's closure too big to inline, and the loop then pays a call per
+/// chunk.
+#[cfg(target_arch = "x86_64")]
+#[cold]
+#[inline(never)]
+fn partial_chunk_max(c: &[f32]) -> (f32, bool) {
+    body::chunk_max(c)
 }
 
 /// How many of `z` are NaN or `+inf`.
