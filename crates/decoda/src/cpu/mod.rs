@@ -507,31 +507,46 @@ fn select_top(
     seen: Option<&mut (f32, bool)>,
     skip: Option<&Skip>,
 ) {
-    // the skipped tokens may all lie above the start: the sample allows for them
-    let want = 4 * k + 64 + skip.map_or(0, |s| s.count);
-    let start = sampled_threshold(z, want, tmp).0;
-    if !gather_top(z, k, t, start, out, seen, skip) {
-        gather_top(z, k, t, f32::NEG_INFINITY, out, None, skip);
+    // The skipped tokens that lie above the start do not count: the sample allows for
+    // them. The list is cut back only past twice the count asked for, so a start where
+    // the sample meant it never costs a selection before the end.
+    let mut want = 4 * k + 64;
+    let mut start = sampled_threshold(z, want, tmp).0;
+    if let Some(skip) = skip {
+        let above = skip.ids.iter().filter(|&&i| z[i as usize] >= start).count();
+        if above > 0 {
+            want += above;
+            start = sampled_threshold(z, want, tmp).0;
+        }
+    }
+    if !gather_top(z, (k, 2 * want), t, start, out, seen, skip) {
+        gather_top(z, (k, 2 * want), t, f32::NEG_INFINITY, out, None, skip);
     }
     out.sort_unstable_by_key(|c| c.0);
 }
 
-/// A set of token ids as a bit set over the row (bit `i % 64` of word `i / 64`).
+/// A set of token ids, listed and as a bit set over the row (bit `i % 64` of word
+/// `i / 64`). The bit set is kept between rows and only the words of the last set's ids
+/// are cleared, not the whole row's.
 #[derive(Default)]
 struct Skip {
     bits: Vec<u64>,
-    count: usize,
+    ids: Vec<u32>,
 }
 
 impl Skip {
-    /// The set of `ids` (sorted or not) for a row of `v` tokens.
+    /// The set of `ids` (sorted or not, each `< v`) for a row of `v` tokens.
     fn fill(&mut self, v: usize, ids: impl Iterator<Item = u32>) {
-        self.bits.clear();
-        self.bits.resize(v.div_ceil(64), 0);
-        self.count = 0;
-        for i in ids {
+        for &i in &self.ids {
+            self.bits[i as usize / 64] = 0;
+        }
+        self.ids.clear();
+        self.ids.extend(ids);
+        if self.bits.len() < v.div_ceil(64) {
+            self.bits.resize(v.div_ceil(64), 0);
+        }
+        for &i in &self.ids {
             self.bits[i as usize / 64] |= 1 << (i % 64);
-            self.count += 1;
         }
     }
 
@@ -540,19 +555,19 @@ impl Skip {
     }
 }
 
-/// One gathering pass from threshold `start`; false when `start` proved too high. With
-/// `seen`, the same pass also finds the max of `z` and whether it holds NaN or `+inf`
-/// (then the result is meaningless and only `seen` counts).
+/// One gathering pass from threshold `start` for top-`k`, the list cut back to about `k`
+/// tokens (by the k-th largest so far) whenever it grows past `cap`; false when `start`
+/// proved too high. With `seen`, the same pass also finds the max of `z` and whether it
+/// holds NaN or `+inf` (then the result is meaningless and only `seen` counts).
 fn gather_top(
     z: &[f32],
-    k: usize,
+    (k, cap): (usize, usize),
     t: f32,
     start: f32,
     out: &mut Vec<(u32, f32)>,
     mut seen: Option<&mut (f32, bool)>,
     skip: Option<&Skip>,
 ) -> bool {
-    let cap = (4 * k).max(256);
     let mut thr = start;
     out.clear();
     let shrink = |out: &mut Vec<(u32, f32)>| -> f32 {
