@@ -280,6 +280,15 @@ fn top_k_with_mods(
     for c in list.iter_mut() {
         c.1 /= t;
     }
+    // A changed token below every unchanged candidate is not among the k largest (the
+    // unchanged ones are at least k values above it): the selection runs without it.
+    let unchanged = s.cands.len();
+    if unchanged >= k {
+        let floor = list[..unchanged]
+            .iter()
+            .fold(f32::INFINITY, |a, c| a.min(c.1));
+        list.retain(|c| c.1 >= floor);
+    }
     let tmp = &mut s.tmp;
     tmp.clear();
     tmp.extend_from_slice(list);
