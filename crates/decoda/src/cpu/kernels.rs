@@ -1310,6 +1310,38 @@ mod simd512 {
         [first, first + 2]
     }
 
+    /// Chain `h`'s words of [`Pairs`] in token order: the chunk's tokens `32 h .. 32 h + 16`
+    /// and `32 h + 16 .. 32 h + 32`.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn chain_in_order([x01, x23]: [__m512i; 2]) -> [__m512i; 2] {
+        // block j's words 0-3 at 4 j: x01's lanes 2 j + 1 and 2 j, then x23's (index 16 +)
+        let ilo = _mm512_setr_epi32(1, 0, 17, 16, 3, 2, 19, 18, 5, 4, 21, 20, 7, 6, 23, 22);
+        let ihi = _mm512_add_epi32(ilo, _mm512_set1_epi32(8));
+        [
+            _mm512_permutex2var_epi32(x01, ilo, x23),
+            _mm512_permutex2var_epi32(x01, ihi, x23),
+        ]
+    }
+
+    /// Chains' words already in token order ([`chain_in_order`]) into `out`.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_ordered(ordered: &[[__m512i; 2]; 4], out: &mut [u32; 128]) {
+        for (h, [lo, hi]) in ordered.iter().enumerate() {
+            let p = out.as_mut_ptr().add(32 * h).cast::<__m512i>();
+            // SAFETY: chain `h` writes words 32 h .. 32 h + 32 of the 128.
+            _mm512_storeu_si512(p, *lo);
+            _mm512_storeu_si512(p.add(1), *hi);
+        }
+    }
+
     /// The words of [`Pairs`] into `out` in block order: chain `h`'s blocks at
     /// `32 h ..`.
     ///
@@ -1318,17 +1350,53 @@ mod simd512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn store_pairs(pairs: &Pairs, out: &mut [u32; 128]) {
-        // block j's words 0-3 at 4 j: x01's lanes 2 j + 1 and 2 j, then x23's (index 16 +)
-        let ilo = _mm512_setr_epi32(1, 0, 17, 16, 3, 2, 19, 18, 5, 4, 21, 20, 7, 6, 23, 22);
-        let ihi = _mm512_add_epi32(ilo, _mm512_set1_epi32(8));
-        for (h, [x01, x23]) in pairs.iter().enumerate() {
-            let lo = _mm512_permutex2var_epi32(*x01, ilo, *x23);
-            let hi = _mm512_permutex2var_epi32(*x01, ihi, *x23);
-            let p = out.as_mut_ptr().add(32 * h).cast::<__m512i>();
-            // SAFETY: chain `h` writes words 32 h .. 32 h + 32 of the 128.
-            _mm512_storeu_si512(p, lo);
-            _mm512_storeu_si512(p.add(1), hi);
+        let mut ordered = [[_mm512_setzero_si512(); 2]; 4];
+        for (o, p) in ordered.iter_mut().zip(pairs) {
+            *o = chain_in_order(*p);
         }
+        store_ordered(&ordered, out);
+    }
+
+    /// [`super::gumbel_reach`] of a chunk whose words are still in [`Pairs`]: each
+    /// chain's words put in token order, their thresholds against the chunk's values in
+    /// the same lanes (the threshold as [`reach_thresholds`] rounds it, which is the
+    /// scalar test's); the words go to `out` only when some token reaches. A partial
+    /// chunk (the row's last) goes through `out` and the dispatched test.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pairs_reach(
+        pairs: &Pairs,
+        z: &[f32],
+        out: &mut [u32; 128],
+        c0: f32,
+        c1: f32,
+    ) -> u128 {
+        let Ok(full) = <&[f32; 128]>::try_from(z) else {
+            store_pairs(pairs, out);
+            return super::gumbel_reach(z, out, c0, c1);
+        };
+        let (vc0, vc1) = (_mm512_set1_ps(c0), _mm512_set1_ps(c1));
+        let zp = full.as_ptr();
+        let mut ordered = [[_mm512_setzero_si512(); 2]; 4];
+        let mut mask = 0u128;
+        for (h, (pair, o)) in pairs.iter().zip(&mut ordered).enumerate() {
+            *o = chain_in_order(*pair);
+            // SAFETY: tokens 32 h .. 32 h + 32 are inside the chunk of 128.
+            let (zl, zh) = (
+                _mm512_loadu_ps(zp.add(32 * h)),
+                _mm512_loadu_ps(zp.add(32 * h + 16)),
+            );
+            let ml = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(zl, reach_thresholds(o[0], vc0, vc1));
+            let mh = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(zh, reach_thresholds(o[1], vc0, vc1));
+            mask |= (u128::from(ml) | u128::from(mh) << 16) << (32 * h);
+        }
+        if mask != 0 {
+            store_ordered(&ordered, out);
+        }
+        mask
     }
 
     /// The words of 32 consecutive blocks in token order and their [`pairs_max`], as the
@@ -1439,12 +1507,12 @@ mod simd512 {
                 // SAFETY: as above.
                 (unsafe { pairs_max(&pairs) }, pairs)
             },
-            // SAFETY: as above.
-            |pairs, out| unsafe { store_pairs(&pairs, out) },
             |m, top, c0, c1| {
                 let thr = reach_thresholds(top, _mm512_set1_ps(c0), _mm512_set1_ps(c1));
                 _mm512_cmp_ps_mask::<_CMP_GE_OQ>(m, thr) != 0
             },
+            // SAFETY: as above.
+            |pairs, chunk, out, c0, c1| unsafe { pairs_reach(&pairs, chunk, out, c0, c1) },
             _mm512_set1_epi32(-1),
         );
         (!bad).then(|| _mm512_reduce_max_ps(rowmax))
@@ -1846,11 +1914,11 @@ mod simd {
             },
             // SAFETY: as above.
             |b, out| (unsafe { philox_top_inlined(b, &row, out) }, ()),
-            |(), _| {},
             |m, top, c0, c1| {
                 let thr = reach_thresholds(top, _mm256_set1_ps(c0), _mm256_set1_ps(c1));
                 _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(m, thr)) != 0
             },
+            |(), chunk, out, c0, c1| super::gumbel_reach(chunk, out, c0, c1),
             _mm256_set1_epi32(-1),
         );
         (!bad).then(|| hmax(rowmax))
@@ -2953,8 +3021,8 @@ fn gated_chunks_scalar(
             (m, bad)
         },
         |b, out| (philox(b, out), ()),
-        |(), _| {},
         body::reaches,
+        |(), chunk, out, c0, c1| gumbel_reach(chunk, out, c0, c1),
         u32::MAX,
     );
     (!bad).then_some(rowmax)
@@ -2963,9 +3031,10 @@ fn gated_chunks_scalar(
 /// The loop of [`gated_chunks`] over a variant's parts: `values(chunk)` the chunk's
 /// largest values (and whether it may hold a NaN or `+inf`), `words(first_block, out)`
 /// its Philox words and their largest, the words either in `out` already or held in
-/// the second part of the answer until `finish(held, out)` puts them there (only for a
-/// chunk that passes), `reaches(values, words, c0, c1)` the test of a chunk's largest
-/// values against its largest words' thresholds, `all` the largest words there can be.
+/// the second part of the answer, `reaches(values, words, c0, c1)` the test of a chunk's
+/// largest values against its largest words' thresholds, `tokens(held, chunk, out, c0,
+/// c1)` (only for a chunk that passes) the [`gumbel_reach`] mask of its tokens, with the
+/// words in `out` whenever the mask is not 0, `all` the largest words there can be.
 /// True at a chunk with a NaN or `+inf`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -2975,8 +3044,8 @@ fn gated_chunks_with<V: Copy, W: Copy, H>(
     mut visit: impl FnMut(usize, u128, &[u32; 128]),
     mut values: impl FnMut(&[f32]) -> (V, bool),
     words: impl Fn(u32, &mut [u32; 128]) -> (W, H),
-    finish: impl Fn(H, &mut [u32; 128]),
     reaches: impl Fn(V, W, f32, f32) -> bool,
+    tokens: impl Fn(H, &[f32], &mut [u32; 128], f32, f32) -> u128,
     all: W,
 ) -> bool {
     let mut out = [0u32; 128];
@@ -3002,8 +3071,7 @@ fn gated_chunks_with<V: Copy, W: Copy, H>(
         if !reaches(v, w, c0, c1) {
             continue;
         }
-        finish(held, &mut out);
-        let m = gumbel_reach(chunk, &out, c0, c1);
+        let m = tokens(held, chunk, &mut out, c0, c1);
         if m != 0 {
             visit(c, m, &out);
         }
