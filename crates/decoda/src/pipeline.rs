@@ -188,7 +188,7 @@ impl History {
 
 /// Appends to `out` the tokens a row's stages 1-3 touch, sorted by id, one entry each
 /// (`out` is a buffer the caller may reuse between calls). The history's distinct ids
-/// come in id order from a bit set over the vocabulary (see [`History`]) or, for a short
+/// come in id order from a bit set over the vocabulary (see `History`) or, for a short
 /// history, from sorting it; the bias map, already in id order, is merged in.
 pub fn touches_into(req: &Request, out: &mut Vec<(u32, Touch)>) {
     let p = &req.params;

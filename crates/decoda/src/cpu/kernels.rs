@@ -950,50 +950,11 @@ fn push_hits(mut hits: u64, at: usize, base: u32, z: &[f32], out: &mut Vec<(u32,
     }
 }
 
-/// How many values the AVX-512 one-pass loops ([`collect_ge_max`], [`exp2_sum_collect`])
-/// cover before they turn their hit masks into pushes: the vector loop runs that long
-/// without a call or a branch it may mispredict, the masks (16 bits per 16 values) wait
-/// on the stack.
+/// How many values the AVX-512 gathering pass ([`collect_ge_max`]) covers before it turns
+/// its hit masks into pushes: the vector loop runs that long without a call or a branch
+/// it may mispredict, the masks (64 bits per 64 values) wait on the stack.
 #[cfg(target_arch = "x86_64")]
 const SEGMENT: usize = 4096;
-
-/// Pushes the hits of `masks` (bit `b` of `masks[v]` for `z[at + 64 v + b]`) as
-/// [`push_hits`] does: eight masks judged at once in a vector register, so a segment
-/// without hits costs a test per eight masks, not a loop over them.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn push_masks(masks: &[u64], at: usize, base: u32, z: &[f32], out: &mut Vec<(u32, f32)>) {
-    use std::arch::x86_64::{_mm512_loadu_si512, _mm512_test_epi64_mask};
-    let eights = masks.chunks_exact(8);
-    let rest = eights.remainder();
-    for (c, eight) in eights.enumerate() {
-        // SAFETY: the chunk holds eight u64, 64 bytes.
-        let v = unsafe { _mm512_loadu_si512(eight.as_ptr().cast()) };
-        let mut nonzero = _mm512_test_epi64_mask(v, v);
-        while nonzero != 0 {
-            let b = nonzero.trailing_zeros() as usize;
-            push_hits(eight[b], at + 64 * (8 * c + b), base, z, out);
-            nonzero &= nonzero - 1;
-        }
-    }
-    let first = masks.len() - rest.len();
-    for (b, &hits) in rest.iter().enumerate() {
-        push_hits(hits, at + 64 * (first + b), base, z, out);
-    }
-}
-
-/// Four 16-lane compare masks as one 64-bit mask (`k[j]` in bits `16 j ..`), joined in
-/// the mask registers.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn simd512_masks64(k: [u16; 4]) -> u64 {
-    use std::arch::x86_64::{_mm512_kunpackd, _mm512_kunpackw};
-    let lo = _mm512_kunpackw(u32::from(k[1]), u32::from(k[0]));
-    let hi = _mm512_kunpackw(u32::from(k[3]), u32::from(k[2]));
-    _mm512_kunpackd(u64::from(hi), u64::from(lo))
-}
 
 /// The loop of the one-pass [`collect_ge_max`] variants: `block(at)` takes the 64 values
 /// at `at` (keeping its own running max and NaN check) and returns their hit mask (bit
@@ -1121,6 +1082,40 @@ mod simd512 {
     use super::{consecutive_products, m0_times, push_hits, RowKeys};
     use super::{EXP2_C1, EXP2_C2, EXP2_TABLE, MAGIC32};
     use std::arch::x86_64::*;
+
+    /// Pushes the hits of `masks` (bit `b` of `masks[v]` for `z[at + 64 v + b]`) as
+    /// [`super::push_hits`] does: eight masks judged at once in a vector register, so a segment
+    /// without hits costs a test per eight masks, not a loop over them.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn push_masks(masks: &[u64], at: usize, base: u32, z: &[f32], out: &mut Vec<(u32, f32)>) {
+        let eights = masks.chunks_exact(8);
+        let rest = eights.remainder();
+        for (c, eight) in eights.enumerate() {
+            // SAFETY: the chunk holds eight u64, 64 bytes.
+            let v = unsafe { _mm512_loadu_si512(eight.as_ptr().cast()) };
+            let mut nonzero = _mm512_test_epi64_mask(v, v);
+            while nonzero != 0 {
+                let b = nonzero.trailing_zeros() as usize;
+                super::push_hits(eight[b], at + 64 * (8 * c + b), base, z, out);
+                nonzero &= nonzero - 1;
+            }
+        }
+        let first = masks.len() - rest.len();
+        for (b, &hits) in rest.iter().enumerate() {
+            super::push_hits(hits, at + 64 * (first + b), base, z, out);
+        }
+    }
+
+    /// Four 16-lane compare masks as one 64-bit mask (`k[j]` in bits `16 j ..`), joined in
+    /// the mask registers.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn masks64(k: [u16; 4]) -> u64 {
+        let lo = _mm512_kunpackw(u32::from(k[1]), u32::from(k[0]));
+        let hi = _mm512_kunpackw(u32::from(k[3]), u32::from(k[2]));
+        _mm512_kunpackd(u64::from(hi), u64::from(lo))
+    }
 
     /// Round 1's products `M0 * block` of the 32 consecutive blocks from `first_block`,
     /// block `8 h + j` in lane `j` of register `h` ([`consecutive_products`]).
@@ -1606,9 +1601,9 @@ mod simd512 {
                     *mj = _mm512_max_ps(x, *mj);
                     *kj = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, t);
                 }
-                *mask = super::simd512_masks64(k);
+                *mask = masks64(k);
             }
-            super::push_masks(&masks[..(end - at) / 64], at, base, z, out);
+            push_masks(&masks[..(end - at) / 64], at, base, z, out);
             at = end;
         }
         let vm = _mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3]));
