@@ -1084,8 +1084,8 @@ mod simd512 {
     use std::arch::x86_64::*;
 
     /// Pushes the hits of `masks` (bit `b` of `masks[v]` for `z[at + 64 v + b]`) as
-    /// [`super::push_hits`] does: eight masks judged at once in a vector register, so a segment
-    /// without hits costs a test per eight masks, not a loop over them.
+    /// [`super::push_hits`] does: eight masks judged at once in a vector register, so a
+    /// segment without hits costs a test per eight masks, not a loop over them.
     #[inline]
     #[target_feature(enable = "avx512f")]
     fn push_masks(masks: &[u64], at: usize, base: u32, z: &[f32], out: &mut Vec<(u32, f32)>) {
@@ -1105,16 +1105,6 @@ mod simd512 {
         for (b, &hits) in rest.iter().enumerate() {
             super::push_hits(hits, at + 64 * (first + b), base, z, out);
         }
-    }
-
-    /// Four 16-lane compare masks as one 64-bit mask (`k[j]` in bits `16 j ..`), joined in
-    /// the mask registers.
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    fn masks64(k: [u16; 4]) -> u64 {
-        let lo = _mm512_kunpackw(u32::from(k[1]), u32::from(k[0]));
-        let hi = _mm512_kunpackw(u32::from(k[3]), u32::from(k[2]));
-        _mm512_kunpackd(u64::from(hi), u64::from(lo))
     }
 
     /// Round 1's products `M0 * block` of the 32 consecutive blocks from `first_block`,
@@ -1570,11 +1560,11 @@ mod simd512 {
     /// gathered like a hit and found among the gathered tokens afterwards (a row holds
     /// few hits, and a separate NaN compare per 16 values cost a quarter of the pass);
     /// a `+inf` shows in the max. The hit masks go from the mask registers to the stack
-    /// and become pushes after each segment (see [`super::push_masks`]).
+    /// and become pushes after each segment (see [`push_masks`]).
     ///
     /// # Safety
-    /// AVX-512 F and BW must be present.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    /// AVX-512 F must be present.
+    #[target_feature(enable = "avx512f")]
     pub unsafe fn collect_ge_max(
         z: &[f32],
         base: u32,
@@ -1601,7 +1591,10 @@ mod simd512 {
                     *mj = _mm512_max_ps(x, *mj);
                     *kj = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, t);
                 }
-                *mask = masks64(k);
+                *mask = k
+                    .iter()
+                    .enumerate()
+                    .fold(0, |h, (j, &kj)| h | u64::from(kj) << (16 * j));
             }
             push_masks(&masks[..(end - at) / 64], at, base, z, out);
             at = end;
