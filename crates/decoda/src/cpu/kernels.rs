@@ -956,29 +956,36 @@ fn push_hits(mut hits: u64, at: usize, base: u32, z: &[f32], out: &mut Vec<(u32,
 #[cfg(target_arch = "x86_64")]
 const SEGMENT: usize = 4096;
 
-/// The loop of the one-pass [`collect_ge_max`] variants: `block(at)` takes the 64 values
-/// at `at` (keeping its own running max and NaN check) and returns their hit mask (bit
-/// `j` for `z[at + j] >= thr`). The masks of up to 64 blocks are kept on the stack and
-/// turned into pushes after them, so no call sits inside the vector loop (a call would
-/// force the vector registers out to memory). The row's lines are asked for
-/// [`PREFETCH_AHEAD`] values ahead. Returns where the full blocks end.
+/// The loop of the one-pass [`collect_ge_max`] variants: `block(state, at)` takes the 64
+/// values at `at` (keeping its running max and NaN check in `state`) and returns their
+/// hit mask (bit `j` for `z[at + j] >= thr`). The masks of up to 64 blocks are kept on the
+/// stack and turned into pushes after them, so no call sits inside the vector loop (a call
+/// would force the vector registers out to memory). The state starts as `fresh` at each
+/// such segment and is handed to `fold` at its end, before the pushes: its registers live
+/// only inside the vector loop (kept across the pushes' calls, a running max was held on
+/// the stack, a store and a load in its chain at every block). The row's lines are asked
+/// for [`PREFETCH_AHEAD`] values ahead. Returns where the full blocks end.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn staged_hits(
+fn staged_hits<S: Copy>(
     z: &[f32],
     base: u32,
     out: &mut Vec<(u32, f32)>,
-    mut block: impl FnMut(usize) -> u64,
+    fresh: S,
+    mut block: impl FnMut(&mut S, usize) -> u64,
+    mut fold: impl FnMut(S),
 ) -> usize {
     let n = z.len();
     let mut i = 0;
     let mut masks = [0u64; 64];
     while i + 64 <= n {
         let blocks = ((n - i) / 64).min(64);
+        let mut state = fresh;
         for (b, mask) in masks[..blocks].iter_mut().enumerate() {
             prefetch_lines(z, i + 64 * b + PREFETCH_AHEAD, 64);
-            *mask = block(i + 64 * b);
+            *mask = block(&mut state, i + 64 * b);
         }
+        fold(state);
         for (b, &mask) in masks[..blocks].iter().enumerate() {
             push_hits(mask, i + 64 * b, base, z, out);
         }
@@ -2273,9 +2280,10 @@ mod simd {
         }
     }
 
-    /// [`super::collect_ge_max`] with AVX2: one pass (the max in four chains, NaN found by
-    /// unordered compares of pairs, a block of 64 values skipped with one mask when none
-    /// reaches `thr`).
+    /// [`super::collect_ge_max`] with AVX2: one pass (the max in four chains, a block of
+    /// 64 values skipped with one mask when none reaches `thr`). The compare is "not less
+    /// than", which is also true for NaN: a NaN is gathered as a hit and found among the
+    /// few hits afterwards, instead of by a second compare per value.
     ///
     /// # Safety
     /// AVX2 must be present.
@@ -2286,39 +2294,42 @@ mod simd {
         thr: f32,
         out: &mut Vec<(u32, f32)>,
     ) -> (f32, bool) {
+        let before = out.len();
         let t = _mm256_set1_ps(thr);
-        let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
-        let mut nan = _mm256_setzero_ps();
+        let lowest = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut vm = lowest;
         let p = z.as_ptr();
-        let end = super::staged_hits(z, base, out, |at| {
-            // SAFETY: `staged_hits` passes blocks with at + 64 <= z.len(): the 8 loads of
-            // 8 values are inside z.
-            let v: [__m256; 8] =
-                std::array::from_fn(|k| unsafe { _mm256_loadu_ps(p.add(at + 8 * k)) });
-            for k in 0..4 {
-                // NaN lanes keep the old max (the second operand) and are flagged below
-                m[k] = _mm256_max_ps(v[k], m[k]);
-                m[k] = _mm256_max_ps(v[k + 4], m[k]);
-                nan = _mm256_or_ps(nan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v[k], v[k + 4]));
-            }
-            let c: [__m256; 8] = std::array::from_fn(|k| _mm256_cmp_ps::<_CMP_GE_OQ>(v[k], t));
-            let any = _mm256_or_ps(
-                _mm256_or_ps(_mm256_or_ps(c[0], c[1]), _mm256_or_ps(c[2], c[3])),
-                _mm256_or_ps(_mm256_or_ps(c[4], c[5]), _mm256_or_ps(c[6], c[7])),
-            );
-            let mut mask = 0;
-            if _mm256_movemask_ps(any) != 0 {
-                for (k, ck) in c.iter().enumerate() {
-                    mask |= u64::from(_mm256_movemask_ps(*ck) as u8) << (8 * k);
+        let fresh = [lowest; 4];
+        let end = super::staged_hits(
+            z,
+            base,
+            out,
+            fresh,
+            |m, at| {
+                // SAFETY: `staged_hits` passes blocks with at + 64 <= z.len(): the 8 loads
+                // of 8 values are inside z.
+                let mut c = [_mm256_setzero_ps(); 4];
+                for k in 0..8 {
+                    let x = unsafe { _mm256_loadu_ps(p.add(at + 8 * k)) };
+                    // NaN lanes keep the old max (the second operand); they are hits
+                    m[k % 4] = _mm256_max_ps(x, m[k % 4]);
+                    c[k % 4] = _mm256_or_ps(c[k % 4], _mm256_cmp_ps::<_CMP_NLT_UQ>(x, t));
                 }
-            }
-            mask
-        });
-        let mx = hmax(_mm256_max_ps(
-            _mm256_max_ps(m[0], m[1]),
-            _mm256_max_ps(m[2], m[3]),
-        ));
-        super::finish_ge_max(z, end, (base, thr), out, (mx, _mm256_movemask_ps(nan) != 0))
+                let any = _mm256_or_ps(_mm256_or_ps(c[0], c[1]), _mm256_or_ps(c[2], c[3]));
+                if _mm256_movemask_ps(any) == 0 {
+                    return 0;
+                }
+                // SAFETY: as above.
+                unsafe { hit_mask(p.add(at), t) }
+            },
+            |m| {
+                let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+                vm = _mm256_max_ps(m, vm);
+            },
+        );
+        let mx = hmax(vm);
+        let nan = out[before..].iter().any(|c| c.1.is_nan());
+        super::finish_ge_max(z, end, (base, thr), out, (mx, nan))
     }
 
     /// [`super::gumbel_reach`] of a full chunk: the chord of each word made in the lanes
@@ -2348,6 +2359,19 @@ mod simd {
             }
         }
         u128::from(half[0]) | u128::from(half[1]) << 64
+    }
+
+    /// The hit mask of [`collect_ge_max`]'s block of 64 values at `p` (bit `j` for
+    /// `!(p[j] < t)`), made again from memory: out of line, so that the loop keeps no
+    /// compare in a register for the rare block that has a hit.
+    ///
+    /// # Safety
+    /// AVX2 must be present and `p.add(64)` within the slice `p` points into.
+    #[cold]
+    #[inline(never)]
+    #[target_feature(enable = "avx2")]
+    unsafe fn hit_mask(p: *const f32, t: __m256) -> u64 {
+        mask64::<_CMP_NLT_UQ>(p, t)
     }
 
     /// Mask (bit j = value j) of `z[i..i+64] >= thr`, or `== v` with `EQ`.
@@ -2520,20 +2544,30 @@ mod sse2 {
         out: &mut Vec<(u32, f32)>,
     ) -> (f32, bool) {
         let t = _mm_set1_ps(thr);
-        let mut m = _mm_set1_ps(f32::NEG_INFINITY);
-        let mut nan = _mm_setzero_ps();
-        let end = staged_hits(z, base, out, |at| {
-            // SAFETY: `staged_hits` passes blocks with at + 64 <= z.len().
-            let v = unsafe { load64(z, at) };
-            let bm = max64(&v);
-            m = _mm_max_ps(bm, m);
-            nan = _mm_or_ps(nan, nan64(&v));
-            if _mm_movemask_ps(_mm_cmpge_ps(bm, t)) != 0 {
-                mask_ge(&v, t)
-            } else {
-                0
-            }
-        });
+        let fresh = (_mm_set1_ps(f32::NEG_INFINITY), _mm_setzero_ps());
+        let (mut m, mut nan) = fresh;
+        let end = staged_hits(
+            z,
+            base,
+            out,
+            fresh,
+            |(m, nan), at| {
+                // SAFETY: `staged_hits` passes blocks with at + 64 <= z.len().
+                let v = unsafe { load64(z, at) };
+                let bm = max64(&v);
+                *m = _mm_max_ps(bm, *m);
+                *nan = _mm_or_ps(*nan, nan64(&v));
+                if _mm_movemask_ps(_mm_cmpge_ps(bm, t)) != 0 {
+                    mask_ge(&v, t)
+                } else {
+                    0
+                }
+            },
+            |(sm, snan)| {
+                m = _mm_max_ps(sm, m);
+                nan = _mm_or_ps(snan, nan);
+            },
+        );
         finish_ge_max(
             z,
             end,
@@ -2548,7 +2582,7 @@ mod sse2 {
     #[target_feature(enable = "sse2")]
     pub fn collect_ge(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>) {
         let t = _mm_set1_ps(thr);
-        let end = staged_hits(z, base, out, |at| {
+        let block = |_: &mut (), at| {
             // SAFETY: `staged_hits` passes blocks with at + 64 <= z.len().
             let v = unsafe { load64(z, at) };
             if _mm_movemask_ps(_mm_cmpge_ps(max64(&v), t)) != 0 {
@@ -2556,7 +2590,8 @@ mod sse2 {
             } else {
                 0
             }
-        });
+        };
+        let end = staged_hits(z, base, out, (), block, |()| {});
         for (j, &x) in z.iter().enumerate().skip(end) {
             if x >= thr {
                 out.push((base + j as u32, x));
@@ -3301,6 +3336,24 @@ mod tests {
                             assert!(a.0 == b.0 && a.1.to_bits() == b.1.to_bits(), "{name}");
                         }
                     }
+                }
+            }
+        }
+        // past one staged segment of 4096 values: the max, a NaN or `+inf` in a later
+        // segment, or only in the first one, are each found (the segments' states folded)
+        for at in [5, 4100, 8191, 8700, 9000] {
+            let n = 9001;
+            let mut z: Vec<f32> = (0..n).map(|i| (i % 97) as f32 * 0.01).collect();
+            z[at] = 7.25;
+            for (name, f) in &variants {
+                let mut got = Vec::new();
+                let (m, flagged) = f(&z, 0, 5.0, &mut got);
+                assert_eq!((m, flagged), (7.25, false), "{name} at={at}");
+                assert_eq!(got, vec![(at as u32, 7.25)], "{name} at={at}");
+                for bad in [f32::NAN, -f32::NAN, f32::INFINITY] {
+                    let mut zb = z.clone();
+                    zb[at] = bad;
+                    assert!(f(&zb, 0, 5.0, &mut Vec::new()).1, "{name} at={at} {bad}");
                 }
             }
         }
