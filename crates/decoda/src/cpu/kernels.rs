@@ -890,6 +890,42 @@ dispatch! {
     /// The maximum of `z`: the streaming pass that defines the benchmarks' memory floor.
     pub fn max(z: &[f32]) -> f32;
 }
+/// The maximum of `z`, the first index that holds it, and whether `z` holds a NaN or
+/// `+inf` (the other two are meaningless then): a greedy draw's token. With AVX2 or
+/// AVX-512 one pass (each lane keeps its first maximum and where it was, the lanes are
+/// joined at the end); otherwise the max pass and a search for its first index. For an
+/// empty `z`: `(-inf, usize::MAX, false)`.
+pub fn argmax_nonfinite(z: &[f32]) -> (f32, usize, bool) {
+    #[cfg(target_arch = "x86_64")]
+    match level() {
+        // SAFETY: `level()` detected AVX-512 F on this CPU.
+        Level::Avx512 => return unsafe { simd512::argmax_nonfinite(z) },
+        // SAFETY: `level()` detected AVX2 and FMA on this CPU.
+        Level::Avx2 => return unsafe { simd::argmax_nonfinite(z) },
+        Level::Base => {}
+    }
+    let (m, bad) = max_nonfinite(z);
+    (m, first_eq(z, m).unwrap_or(usize::MAX), bad > 0)
+}
+
+/// The scalar end of the vector [`argmax_nonfinite`] variants: the values from `from`
+/// on folded into the vector part's `(max, first index, flagged)` (a later index needs
+/// a larger value).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn finish_argmax(
+    z: &[f32],
+    from: usize,
+    (mut m, mut at, mut bad): (f32, usize, bool),
+) -> (f32, usize, bool) {
+    for (j, &x) in z.iter().enumerate().skip(from) {
+        if x > m || at == usize::MAX {
+            (m, at) = (x, j);
+        }
+        bad |= x.is_nan() || x == f32::INFINITY;
+    }
+    (m, at, bad)
+}
 dispatch! {
     /// The minimum of `z` (NaN values are skipped).
     pub fn min(z: &[f32]) -> f32;
@@ -1560,6 +1596,56 @@ mod simd512 {
             }
         }
         _mm512_reduce_add_ps(acc)
+    }
+
+    /// [`super::argmax_nonfinite`] with AVX-512: four chains of 16 lanes, each lane's max
+    /// (`vmaxps`) and the block of 64 where it first rose (a compare and a masked move),
+    /// NaN or `+inf` found by a compare "not less than `+inf`"; then the lanes holding
+    /// the row's max give their lowest index.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn argmax_nonfinite(z: &[f32]) -> (f32, usize, bool) {
+        let p = z.as_ptr();
+        let full = z.len() / 64 * 64;
+        let inf = _mm512_set1_ps(f32::INFINITY);
+        let mut m = [_mm512_set1_ps(f32::NEG_INFINITY); 4];
+        let mut at = [_mm512_setzero_si512(); 4];
+        let mut bad: __mmask16 = 0;
+        let mut block = _mm512_setzero_si512();
+        let one = _mm512_set1_epi32(1);
+        for i in (0..full).step_by(64) {
+            for (k, (mk, ak)) in m.iter_mut().zip(&mut at).enumerate() {
+                // SAFETY: i + 64 <= full <= z.len(): the 16 values read are inside z.
+                let x = unsafe { _mm512_loadu_ps(p.add(i + 16 * k)) };
+                let up = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, *mk);
+                *mk = _mm512_max_ps(x, *mk);
+                *ak = _mm512_mask_mov_epi32(*ak, up, block);
+                bad |= _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, inf);
+            }
+            block = _mm512_add_epi32(block, one);
+        }
+        if full == 0 {
+            return super::finish_argmax(z, 0, (f32::NEG_INFINITY, usize::MAX, false));
+        }
+        let top = _mm512_reduce_max_ps(_mm512_max_ps(
+            _mm512_max_ps(m[0], m[1]),
+            _mm512_max_ps(m[2], m[3]),
+        ));
+        // index 64 block + 16 k + lane of the lanes that hold `top`, the others past all
+        let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let mut first = _mm512_set1_epi32(-1);
+        for (k, (mk, ak)) in m.iter().zip(&at).enumerate() {
+            let holds = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(*mk, _mm512_set1_ps(top));
+            let idx = _mm512_add_epi32(
+                _mm512_slli_epi32::<6>(*ak),
+                _mm512_add_epi32(lane, _mm512_set1_epi32(16 * k as i32)),
+            );
+            first = _mm512_mask_min_epu32(first, holds, first, idx);
+        }
+        let at = _mm512_reduce_min_epu32(first) as usize;
+        super::finish_argmax(z, full, (top, at, bad != 0))
     }
 
     /// [`super::collect_ge_max`] with AVX-512: per 16 values one max and one compare. The
@@ -2278,6 +2364,62 @@ mod simd {
         } else {
             total
         }
+    }
+
+    /// [`super::argmax_nonfinite`] with AVX2: four chains of 8 lanes, each lane's max
+    /// (`vmaxps`) and the block of 32 where it first rose (a compare and a blend), NaN or
+    /// `+inf` found by a compare "not less than `+inf`"; then the lanes holding the
+    /// row's max give their lowest index.
+    ///
+    /// # Safety
+    /// AVX2 must be present.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn argmax_nonfinite(z: &[f32]) -> (f32, usize, bool) {
+        let p = z.as_ptr();
+        let full = z.len() / 32 * 32;
+        let inf = _mm256_set1_ps(f32::INFINITY);
+        let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
+        let mut at = [_mm256_setzero_ps(); 4];
+        let mut bad = _mm256_setzero_ps();
+        let mut block = _mm256_setzero_si256();
+        let one = _mm256_set1_epi32(1);
+        for i in (0..full).step_by(32) {
+            let b = _mm256_castsi256_ps(block);
+            for (k, (mk, ak)) in m.iter_mut().zip(&mut at).enumerate() {
+                // SAFETY: i + 32 <= full <= z.len(): the 8 values read are inside z.
+                let x = unsafe { _mm256_loadu_ps(p.add(i + 8 * k)) };
+                let up = _mm256_cmp_ps::<_CMP_GT_OQ>(x, *mk);
+                *mk = _mm256_max_ps(x, *mk);
+                // the block numbers ride in float registers as bit patterns
+                *ak = _mm256_blendv_ps(*ak, b, up);
+                bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_NLT_UQ>(x, inf));
+            }
+            block = _mm256_add_epi32(block, one);
+        }
+        if full == 0 {
+            return super::finish_argmax(z, 0, (f32::NEG_INFINITY, usize::MAX, false));
+        }
+        let top = hmax(_mm256_max_ps(
+            _mm256_max_ps(m[0], m[1]),
+            _mm256_max_ps(m[2], m[3]),
+        ));
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mut first = _mm256_set1_epi32(-1);
+        for (k, (mk, ak)) in m.iter().zip(&at).enumerate() {
+            let holds = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_EQ_OQ>(*mk, _mm256_set1_ps(top)));
+            let idx = _mm256_add_epi32(
+                _mm256_slli_epi32::<5>(_mm256_castps_si256(*ak)),
+                _mm256_add_epi32(lane, _mm256_set1_epi32(8 * k as i32)),
+            );
+            // the lanes that do not hold `top` give an index past all
+            let idx = _mm256_or_si256(idx, _mm256_andnot_si256(holds, _mm256_set1_epi32(-1)));
+            first = _mm256_min_epu32(first, idx);
+        }
+        let mut lanes = [0u32; 8];
+        // SAFETY: eight u32 are 32 bytes, one register.
+        unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), first) };
+        let at = lanes.iter().copied().min().unwrap_or(u32::MAX) as usize;
+        super::finish_argmax(z, full, (top, at, _mm256_movemask_ps(bad) != 0))
     }
 
     /// [`super::collect_ge_max`] with AVX2: one pass (the max in four chains, a block of
@@ -3284,6 +3426,68 @@ mod tests {
             assert!(!f(f32::INFINITY).is_finite());
             assert!(!f(128.5).is_finite());
             assert!(f(f32::NAN).is_nan());
+        }
+    }
+
+    /// The one-pass greedy max (every variant this CPU runs) against plain loops: the
+    /// same max, the first index that holds it (ties between lanes and chunks, signed
+    /// zeros, rows of `-inf`), NaN or `+inf` flagged wherever it sits, partial tails.
+    #[test]
+    fn argmax_nonfinite_matches_the_plain_loops() {
+        type Pass = fn(&[f32]) -> (f32, usize, bool);
+        let mut variants: Vec<(&str, Pass)> = vec![("dispatched", argmax_nonfinite)];
+        #[cfg(target_arch = "x86_64")]
+        if detected() == Level::Avx512 {
+            // SAFETY: `detected()` found AVX-512 F.
+            variants.push(("avx512", |z| unsafe { simd512::argmax_nonfinite(z) }));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if detected() != Level::Base {
+            // SAFETY: `detected()` found AVX2 (implied by its AVX-512 level).
+            variants.push(("avx2", |z| unsafe { simd::argmax_nonfinite(z) }));
+        }
+        let check = |z: &[f32], what: &str| {
+            let bad = z.iter().any(|v| v.is_nan() || *v == f32::INFINITY);
+            let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let first = z.iter().position(|&v| v == max).unwrap_or(usize::MAX);
+            for (name, f) in &variants {
+                let (m, at, flagged) = f(z);
+                assert_eq!(flagged, bad, "{name} {what}");
+                if !bad {
+                    assert!(m == max && at == first, "{name} {what}: {m} at {at}");
+                }
+            }
+        };
+        for n in [0, 1, 7, 31, 32, 33, 63, 64, 65, 130, 1000, 4099, 131_072] {
+            for seed in [1u64, 2, 3] {
+                let mut z = values(n, n as u64 + seed);
+                check(&z, &format!("n={n} seed={seed}"));
+                z.iter_mut()
+                    .filter(|v| v.is_nan() || **v == f32::INFINITY)
+                    .for_each(|v| *v = 3.5);
+                check(&z, &format!("finite n={n} seed={seed}"));
+                // coarse values: the max held many times, in many lanes and chunks
+                let coarse: Vec<f32> = z.iter().map(|v| (v.abs() % 4.0).floor()).collect();
+                check(&coarse, &format!("coarse n={n} seed={seed}"));
+            }
+            check(&vec![f32::NEG_INFINITY; n], &format!("-inf n={n}"));
+            // signed zeros: the first zero of either sign
+            let zeros: Vec<f32> = (0..n)
+                .map(|i| if i % 3 == 0 { 0.0 } else { -0.0 })
+                .collect();
+            check(&zeros, &format!("zeros n={n}"));
+            if n > 0 {
+                // one winner, or one NaN / +inf, at every tenth position and the last
+                for at in (0..n).step_by(n.div_ceil(10)).chain([n - 1]) {
+                    let mut z = vec![-1.0f32; n];
+                    z[at] = 2.0;
+                    check(&z, &format!("n={n} winner at {at}"));
+                    for v in [f32::NAN, -f32::NAN, f32::INFINITY] {
+                        z[at] = v;
+                        check(&z, &format!("n={n} {v} at {at}"));
+                    }
+                }
+            }
         }
     }
 

@@ -208,7 +208,22 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
             return out;
         }
     }
-    let (xmax, bad) = kernels::max_nonfinite(x);
+    // greedy on the logits as given: the max and its first index in one pass
+    let mut first = None;
+    let (xmax, bad) = if mods.is_empty() && t < crate::params::GREEDY_TEMPERATURE {
+        let (m, at, flagged) = kernels::argmax_nonfinite(x);
+        first = Some(at as u32);
+        (
+            m,
+            if flagged {
+                kernels::max_nonfinite(x).1
+            } else {
+                0
+            },
+        )
+    } else {
+        kernels::max_nonfinite(x)
+    };
     if bad > 0 {
         return Err(RowError::NonFiniteLogits { count: bad });
     }
@@ -232,7 +247,14 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
         let m = kernels::max(&zbuf);
         (&zbuf, m)
     };
-    let out = sample_z(x, z, zmax, req, s, Ready::Nothing);
+    let out = sample_z(
+        x,
+        z,
+        zmax,
+        req,
+        s,
+        first.map_or(Ready::Nothing, Ready::Argmax),
+    );
     s.z = zbuf;
     out
 }
@@ -305,6 +327,8 @@ fn top_k_with_mods(
 enum Ready {
     /// Nothing: `sample_z` does every stage.
     Nothing,
+    /// Nothing but the first index of the max (a greedy draw's token), found with it.
+    Argmax(u32),
     /// Stage 6's kept set as `(i, y_i)` in id order; `true` when it was selected from `z`
     /// itself (every token of `z` whose `y` reaches the k-th largest), `false` when some
     /// of its values are not `z`'s (changed tokens given with `z` unchanged).
@@ -333,7 +357,10 @@ fn sample_z(
     }
     let t = p.temperature;
     if pl::is_greedy(t, zmax) {
-        let token = kernels::first_eq(z, zmax).expect("max exists") as u32;
+        let token = match ready {
+            Ready::Argmax(i) => i,
+            _ => kernels::first_eq(z, zmax).expect("max exists") as u32,
+        };
         let lp = p.logprobs.map(|n| match p.logprobs_mode {
             LogprobsMode::Raw => full_logprobs(x, token, n, s),
             LogprobsMode::Processed => full_logprobs(z, token, n, s),
@@ -349,7 +376,7 @@ fn sample_z(
     let top_p = p.top_p < 1.0;
     let tau_m = pl::min_p_threshold(ymax, p.min_p);
     let mut cands = std::mem::take(&mut s.cands);
-    if matches!(ready, Ready::Nothing | Ready::WholeRow) {
+    if matches!(ready, Ready::Nothing | Ready::Argmax(_) | Ready::WholeRow) {
         cands.clear();
     }
     // Some when stage 7 was already done while gathering (`cands` holds its kept set).
