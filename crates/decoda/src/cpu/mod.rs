@@ -208,9 +208,10 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
             return out;
         }
     }
-    // greedy on the logits as given: the max and its first index in one pass
+    // greedy: the max of what is drawn from and its first index in one pass
+    let greedy = t < crate::params::GREEDY_TEMPERATURE;
     let mut first = None;
-    let (xmax, bad) = if mods.is_empty() && t < crate::params::GREEDY_TEMPERATURE {
+    let (xmax, bad) = if mods.is_empty() && greedy {
         let (m, at, flagged) = kernels::argmax_nonfinite(x);
         first = Some(at as u32);
         (
@@ -244,7 +245,14 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
         for &(t, zt) in &mods {
             zbuf[t as usize] = zt;
         }
-        let m = kernels::max(&zbuf);
+        let m = if greedy {
+            // finite: the row and the changes were checked
+            let (m, at, _) = kernels::argmax_nonfinite(&zbuf);
+            first = Some(at as u32);
+            m
+        } else {
+            kernels::max(&zbuf)
+        };
         (&zbuf, m)
     };
     let out = sample_z(
