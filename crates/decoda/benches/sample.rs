@@ -1,6 +1,7 @@
 //! Criterion benchmarks of the fast CPU path, one row of V = 131072 per configuration,
-//! next to the memory floor (one streaming max pass over the same row); two of its
-//! pieces alone (the top-p normaliser pass, the penalties' touched tokens); and batches
+//! next to the memory floor (one streaming max pass over the same row); pieces of it
+//! alone (the top-p normaliser pass, the greedy max-and-index pass, the top-k gathering
+//! pass, the penalties' touched tokens); and batches
 //! of 64 rows on all threads.
 //!
 //! `cargo bench -p decoda --bench sample` (`DECODA_ISA=avx2` or `baseline` for the lower
@@ -46,6 +47,17 @@ fn bench(c: &mut Criterion) {
                 thr,
                 &mut out,
             )
+        })
+    });
+    // greedy's pass: the max and its first index
+    g.bench_function("greedy_argmax", |b| {
+        b.iter(|| decoda::cpu::kernels::argmax_nonfinite(std::hint::black_box(&x)))
+    });
+    // topk50's pass: the max and every value at or above the 512th largest
+    g.bench_function("topk_gathering", |b| {
+        b.iter(|| {
+            out.clear();
+            decoda::cpu::kernels::collect_ge_max(std::hint::black_box(&x), 0, thr, &mut out)
         })
     });
     // full's stages 1-3 bookkeeping: 128 prompt and 128 output tokens
