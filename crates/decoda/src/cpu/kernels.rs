@@ -898,6 +898,7 @@ dispatch! {
 pub fn argmax_nonfinite(z: &[f32]) -> (f32, usize, bool) {
     #[cfg(target_arch = "x86_64")]
     match level() {
+        _ if z.len() < 64 => {}
         // SAFETY: `level()` detected AVX-512 F on this CPU.
         Level::Avx512 => return unsafe { simd512::argmax_nonfinite(z) },
         // SAFETY: `level()` detected AVX2 and FMA on this CPU.
@@ -1604,7 +1605,7 @@ mod simd512 {
     /// the row's max give their lowest index.
     ///
     /// # Safety
-    /// AVX-512 F must be present.
+    /// AVX-512 F must be present; `z` must hold 64 values or more.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn argmax_nonfinite(z: &[f32]) -> (f32, usize, bool) {
         let p = z.as_ptr();
@@ -1625,9 +1626,6 @@ mod simd512 {
                 bad |= _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, inf);
             }
             block = _mm512_add_epi32(block, one);
-        }
-        if full == 0 {
-            return super::finish_argmax(z, 0, (f32::NEG_INFINITY, usize::MAX, false));
         }
         let top = _mm512_reduce_max_ps(_mm512_max_ps(
             _mm512_max_ps(m[0], m[1]),
@@ -2372,7 +2370,7 @@ mod simd {
     /// row's max give their lowest index.
     ///
     /// # Safety
-    /// AVX2 must be present.
+    /// AVX2 must be present; `z` must hold 32 values or more.
     #[target_feature(enable = "avx2")]
     pub unsafe fn argmax_nonfinite(z: &[f32]) -> (f32, usize, bool) {
         let p = z.as_ptr();
@@ -2395,9 +2393,6 @@ mod simd {
                 bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_NLT_UQ>(x, inf));
             }
             block = _mm256_add_epi32(block, one);
-        }
-        if full == 0 {
-            return super::finish_argmax(z, 0, (f32::NEG_INFINITY, usize::MAX, false));
         }
         let top = hmax(_mm256_max_ps(
             _mm256_max_ps(m[0], m[1]),
@@ -3438,13 +3433,23 @@ mod tests {
         let mut variants: Vec<(&str, Pass)> = vec![("dispatched", argmax_nonfinite)];
         #[cfg(target_arch = "x86_64")]
         if detected() == Level::Avx512 {
-            // SAFETY: `detected()` found AVX-512 F.
-            variants.push(("avx512", |z| unsafe { simd512::argmax_nonfinite(z) }));
+            variants.push(("avx512", |z| {
+                if z.len() < 64 {
+                    return argmax_nonfinite(z);
+                }
+                // SAFETY: `detected()` found AVX-512 F; 64 values or more.
+                unsafe { simd512::argmax_nonfinite(z) }
+            }));
         }
         #[cfg(target_arch = "x86_64")]
         if detected() != Level::Base {
-            // SAFETY: `detected()` found AVX2 (implied by its AVX-512 level).
-            variants.push(("avx2", |z| unsafe { simd::argmax_nonfinite(z) }));
+            variants.push(("avx2", |z| {
+                if z.len() < 32 {
+                    return argmax_nonfinite(z);
+                }
+                // SAFETY: `detected()` found AVX2; 32 values or more.
+                unsafe { simd::argmax_nonfinite(z) }
+            }));
         }
         let check = |z: &[f32], what: &str| {
             let bad = z.iter().any(|v| v.is_nan() || *v == f32::INFINITY);
