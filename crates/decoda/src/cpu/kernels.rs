@@ -1100,18 +1100,18 @@ impl RowKeys {
     }
 }
 
-/// Round 1's product `M0 * first_block` when the 32 consecutive blocks from `first_block`
-/// do not wrap past `2^32 - 1`: then their products are this plus `M0` times the offsets
-/// 0..32, a 64-bit add each instead of a multiply. `None` when they wrap (the vector
-/// variants multiply then).
+/// Round 1's product `M0 * first_block` when the `count` consecutive blocks from
+/// `first_block` do not wrap past `2^32 - 1`: then their products are this plus `M0`
+/// times the offsets `0..count`, a 64-bit add each instead of a multiply. `None` when
+/// they wrap (the vector variants multiply then).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn consecutive_products(first_block: u32) -> Option<u64> {
-    (first_block <= u32::MAX - 31)
+fn consecutive_products(first_block: u32, count: u32) -> Option<u64> {
+    (first_block <= u32::MAX - (count - 1))
         .then(|| u64::from(crate::philox::PHILOX_M0) * u64::from(first_block))
 }
 
-/// `M0 * j` for the offset `j` of a block from the first of a call's 32 (see
+/// `M0 * j` for the offset `j` of a block from the first of a call's (see
 /// [`consecutive_products`]).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
@@ -1151,14 +1151,17 @@ mod simd512 {
         }
     }
 
-    /// Round 1's products `M0 * block` of the 32 consecutive blocks from `first_block`,
-    /// block `8 h + j` in lane `j` of register `h` ([`consecutive_products`]).
+    /// Round 1's products `M0 * block` of the `8 N` consecutive blocks from
+    /// `first_block`, block `8 h + j` in lane `j` of register `h`
+    /// ([`consecutive_products`]).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn first_products(first_block: u32) -> [__m512i; 4] {
-        if let Some(first) = consecutive_products(first_block) {
+    unsafe fn first_products<const N: usize>(first_block: u32) -> [__m512i; N] {
+        // (loops over the registers: `array::from_fn` can be left as a call)
+        let mut p = [_mm512_setzero_si512(); N];
+        if let Some(first) = consecutive_products(first_block, 8 * N as u32) {
             let base = _mm512_set1_epi64(first as i64);
-            std::array::from_fn(|h| {
+            for (h, ph) in p.iter_mut().enumerate() {
                 let b = 8 * h as u64;
                 let offs = _mm512_setr_epi64(
                     m0_times(b),
@@ -1170,19 +1173,20 @@ mod simd512 {
                     m0_times(b + 6),
                     m0_times(b + 7),
                 );
-                _mm512_add_epi64(base, offs)
-            })
+                *ph = _mm512_add_epi64(base, offs);
+            }
         } else {
             let lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
             let m0v = _mm512_set1_epi64(i64::from(crate::philox::PHILOX_M0));
-            std::array::from_fn(|h| {
+            for (h, ph) in p.iter_mut().enumerate() {
                 let b = _mm512_add_epi64(
                     _mm512_set1_epi64(i64::from(first_block.wrapping_add(8 * h as u32))),
                     lanes,
                 );
-                _mm512_mul_epu32(b, m0v)
-            })
+                *ph = _mm512_mul_epu32(b, m0v);
+            }
         }
+        p
     }
 
     /// Philox4x32-10 of 32 consecutive blocks: block `j` of chain `h` (8 blocks each, four
@@ -1206,7 +1210,7 @@ mod simd512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub unsafe fn philox_row(first_block: u32, row: &RowKeys, out: &mut [u32; 128]) {
-        store_pairs(&philox_rounds(first_products(first_block), row), out);
+        store_pairs(&philox_rounds(first_products::<4>(first_block), row), out);
     }
 
     /// [`super::philox_listed`] with AVX-512: the blocks in four chains of 8 as in
@@ -1230,57 +1234,81 @@ mod simd512 {
         store_pairs(&philox_rounds(p0, &RowKeys::new(step, key)), out);
     }
 
-    /// One of rounds 4-9 of [`rounds_of`]'s four chains (`c0`-`c3`, one register per
-    /// word), with the round keys `k(round, _)`.
+    /// One of rounds 4-9 of [`rounds_of`]'s chains, with the round keys `k(round, _)`:
+    /// chain `h`'s words 0-3 in `$w0[h]`-`$w3[h]` before, in `$w1[h]`, `$w2[h]`,
+    /// `$w3[h]`, `$w0[h]` after (each product written over the word it multiplied, each
+    /// new XOR over the word it XORs in: the next round names them one place on, so no
+    /// register is copied). Six instructions a chain in inline assembly, the chains one
+    /// after another in the order written (round 10 is written the same way): from
+    /// intrinsics the compiler's scheduler may string each chain's ten rounds together,
+    /// and six chains' rounds then wait on each other's latency instead of running side
+    /// by side (on a Zen 5, a loop making only the lane maxima of a row's words took 26
+    /// µs so, against 15.5-15.9 µs for the same intrinsics in a crate of their own).
     macro_rules! later_round {
-        ($round:literal, $k:ident, $m0:ident, $m1:ident, $c0:ident, $c1:ident, $c2:ident, $c3:ident) => {{
+        ($round:literal, $k:ident, $m0:ident, $m1:ident, $w0:ident, $w1:ident, $w2:ident, $w3:ident) => {{
             let (kk0, kk1) = ($k($round, 0), $k($round, 1));
-            for h in 0..4 {
-                let p0 = _mm512_mul_epu32($c0[h], $m0);
-                let p1 = _mm512_mul_epu32($c2[h], $m1);
-                let n0 =
-                    _mm512_ternarylogic_epi64::<0x96>(_mm512_srli_epi64::<32>(p1), $c1[h], kk0);
-                let n2 =
-                    _mm512_ternarylogic_epi64::<0x96>(_mm512_srli_epi64::<32>(p0), $c3[h], kk1);
-                $c1[h] = p1;
-                $c3[h] = p0;
-                $c0[h] = n0;
-                $c2[h] = n2;
+            for h in 0..$w0.len() {
+                // SAFETY: register operands only (no memory, stack or flags); the
+                // function this expands in enables AVX-512 F. (Where the expansion
+                // already sits in an `unsafe` block, this one is redundant.)
+                #[allow(unused_unsafe)]
+                unsafe {
+                    std::arch::asm!(
+                        "vpmuludq {w0}, {w0}, {m0}",
+                        "vpmuludq {w2}, {w2}, {m1}",
+                        "vpsrlq {t}, {w2}, 32",
+                        "vpternlogq {w1}, {t}, {k0}, 0x96",
+                        "vpsrlq {t}, {w0}, 32",
+                        "vpternlogq {w3}, {t}, {k1}, 0x96",
+                        w0 = inout(zmm_reg) $w0[h],
+                        w1 = inout(zmm_reg) $w1[h],
+                        w2 = inout(zmm_reg) $w2[h],
+                        w3 = inout(zmm_reg) $w3[h],
+                        m0 = in(zmm_reg) $m0,
+                        m1 = in(zmm_reg) $m1,
+                        k0 = in(zmm_reg) kk0,
+                        k1 = in(zmm_reg) kk1,
+                        t = out(zmm_reg) _,
+                        options(nomem, nostack, preserves_flags),
+                    )
+                }
             }
         }};
     }
 
-    /// The body of [`philox_rounds`], for the gated loop to have it inline: written out
-    /// (as a loop the compiler keeps rounds 4-10 rolled, and the loop's exit and the
-    /// copies it makes at each turn cost more than the code's size), the function is past
-    /// what the compiler inlines on its own, and a call per chunk returns the sixteen
-    /// registers through memory. An expression of type [`Pairs`]; AVX-512 F must be
+    /// The body of [`philox_rounds`] for `$n` chains of 8 blocks (a literal), for the
+    /// gated loop to have it inline: written out (as a loop the compiler keeps rounds
+    /// 4-10 rolled, and the loop's exit and the copies it makes at each turn cost more
+    /// than the code's size), the function is past what the compiler inlines on its own,
+    /// and a call per chunk returns the registers through memory. `$p0` is round 1's
+    /// products `[__m512i; $n]` ([`first_products`]); an expression of type
+    /// `[[__m512i; 2]; $n]`, chain `h`'s words as [`Pairs`] holds them. AVX-512 F must be
     /// enabled where it is used.
     macro_rules! rounds_of {
-        ($p0:expr, $row:expr) => {{
+        ($n:literal, $p0:expr, $row:expr) => {{
             use crate::philox::{PHILOX_M0, PHILOX_M1};
-            let (p0, row): ([__m512i; 4], &RowKeys) = ($p0, $row);
+            let (p0, row): ([__m512i; $n], &RowKeys) = ($p0, $row);
             let m0 = _mm512_set1_epi64(i64::from(PHILOX_M0));
             let m1 = _mm512_set1_epi64(i64::from(PHILOX_M1));
             let k = |r: usize, w: usize| _mm512_set1_epi64(i64::from(row.keys[r][w]));
             let kc = |x: u32| _mm512_set1_epi64(i64::from(x));
             // round 1: word 2 is `hi(M0 block) ^ k1` (word 3 was 0), word 3 the product;
             // words 0 and 1 are the row's
-            let mut c2: [__m512i; 4] =
-                std::array::from_fn(|h| _mm512_xor_si512(_mm512_srli_epi64::<32>(p0[h]), k(0, 1)));
-            let mut c3 = p0;
+            let zero = _mm512_setzero_si512();
+            let (mut c0, mut c1, mut c2, mut c3) = ([zero; $n], [zero; $n], [zero; $n], p0);
+            for h in 0..$n {
+                c2[h] = _mm512_xor_si512(_mm512_srli_epi64::<32>(p0[h]), k(0, 1));
+            }
             // round 2: word 0's product is the row's, so new word 2 is old word 3 XOR a
             // constant and new word 3 is a constant
-            let mut c0 = [_mm512_setzero_si512(); 4];
-            let mut c1 = [_mm512_setzero_si512(); 4];
-            for h in 0..4 {
+            for h in 0..$n {
                 let p1 = _mm512_mul_epu32(c2[h], m1);
                 c0[h] = _mm512_xor_si512(_mm512_srli_epi64::<32>(p1), kc(row.r2_w0));
                 c1[h] = p1;
                 c2[h] = _mm512_xor_si512(c3[h], kc(row.r2_w2));
             }
             // round 3: word 3 was the row's constant, folded into the XOR of word 2
-            for h in 0..4 {
+            for h in 0..$n {
                 let p0 = _mm512_mul_epu32(c0[h], m0);
                 let p1 = _mm512_mul_epu32(c2[h], m1);
                 c0[h] =
@@ -1290,25 +1318,45 @@ mod simd512 {
                 c3[h] = p0;
             }
             later_round!(3, k, m0, m1, c0, c1, c2, c3);
-            later_round!(4, k, m0, m1, c0, c1, c2, c3);
-            later_round!(5, k, m0, m1, c0, c1, c2, c3);
-            later_round!(6, k, m0, m1, c0, c1, c2, c3);
+            later_round!(4, k, m0, m1, c1, c2, c3, c0);
+            later_round!(5, k, m0, m1, c2, c3, c0, c1);
+            later_round!(6, k, m0, m1, c3, c0, c1, c2);
             later_round!(7, k, m0, m1, c0, c1, c2, c3);
-            later_round!(8, k, m0, m1, c0, c1, c2, c3);
+            later_round!(8, k, m0, m1, c1, c2, c3, c0);
+            // words 0-3 are now in c2, c3, c0, c1
             // round 10 leaves each pair of words in one 64-bit lane: the product's high
             // half XORed in place with the other word and the key, both moved up (a
             // shift each, where the high half moved down and the pairing would cost a
             // shift and a permute)
             let kh = |w: usize| _mm512_set1_epi64(i64::from(row.keys[9][w]) << 32);
             let (kh0, kh1) = (kh(0), kh(1));
-            let pairs: Pairs = std::array::from_fn(|h| {
-                let p0 = _mm512_mul_epu32(c0[h], m0);
-                let p1 = _mm512_mul_epu32(c2[h], m1);
-                [
-                    _mm512_ternarylogic_epi64::<0x96>(p1, _mm512_slli_epi64::<32>(c1[h]), kh0),
-                    _mm512_ternarylogic_epi64::<0x96>(p0, _mm512_slli_epi64::<32>(c3[h]), kh1),
-                ]
-            });
+            let mut pairs = [[zero; 2]; $n];
+            for h in 0..$n {
+                // words 0-3 in c2, c3, c0, c1: the pairs come out in c0 and c2
+                // SAFETY: as in `later_round`.
+                #[allow(unused_unsafe)]
+                unsafe {
+                    std::arch::asm!(
+                        "vpmuludq {w0}, {w0}, {m0}",
+                        "vpmuludq {w2}, {w2}, {m1}",
+                        "vpsllq {t}, {w1}, 32",
+                        "vpternlogq {w2}, {t}, {k0}, 0x96",
+                        "vpsllq {t}, {w3}, 32",
+                        "vpternlogq {w0}, {t}, {k1}, 0x96",
+                        w0 = inout(zmm_reg) c2[h],
+                        w1 = in(zmm_reg) c3[h],
+                        w2 = inout(zmm_reg) c0[h],
+                        w3 = in(zmm_reg) c1[h],
+                        m0 = in(zmm_reg) m0,
+                        m1 = in(zmm_reg) m1,
+                        k0 = in(zmm_reg) kh0,
+                        k1 = in(zmm_reg) kh1,
+                        t = out(zmm_reg) _,
+                        options(nomem, nostack, preserves_flags),
+                    )
+                }
+                pairs[h] = [c0[h], c2[h]];
+            }
             pairs
         }};
     }
@@ -1321,7 +1369,21 @@ mod simd512 {
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn philox_rounds(p0: [__m512i; 4], row: &RowKeys) -> Pairs {
-        rounds_of!(p0, row)
+        rounds_of!(4, p0, row)
+    }
+
+    /// The words of the three chunks from block `first_block` into `out`, made as
+    /// [`gated_chunks`] makes them: two groups of six chains.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn philox_three(first_block: u32, row: &RowKeys, out: &mut [[u32; 128]; 3]) {
+        let a = rounds_of!(6, first_products::<6>(first_block), row);
+        store_pairs(&[a[0], a[1], a[2], a[3]], &mut out[0]);
+        let b = rounds_of!(6, first_products::<6>(first_block.wrapping_add(48)), row);
+        store_pairs(&[a[4], a[5], b[0], b[1]], &mut out[1]);
+        store_pairs(&[b[2], b[3], b[4], b[5]], &mut out[2]);
     }
 
     /// The words of one call of [`philox_rounds`] in pairs, as they stay in registers:
@@ -1440,7 +1502,7 @@ mod simd512 {
         step: u64,
         key: [u32; 2],
     ) -> ([u32; 16], [u32; 128]) {
-        let pairs = philox_rounds(first_products(first_block), &RowKeys::new(step, key));
+        let pairs = philox_rounds(first_products::<4>(first_block), &RowKeys::new(step, key));
         let mut out = [0u32; 128];
         store_pairs(&pairs, &mut out);
         // SAFETY: sixteen 32-bit lanes are 64 bytes, as is the array.
@@ -1471,6 +1533,19 @@ mod simd512 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
     pub unsafe fn lane_max(c: &[f32; 128]) -> (__m512, bool) {
+        let (m, sum) = lane_max_sum(c);
+        (m, _mm512_fpclass_ps_mask::<0x99>(sum) != 0)
+    }
+
+    /// [`lane_max`] with the chunk's sum in lanes for the NaN check: NaN or infinite
+    /// when the chunk holds a NaN or an infinity (or when the sum overflows), so several
+    /// chunks' sums added make one check.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn lane_max_sum(c: &[f32; 128]) -> (__m512, __m512) {
         let p = c.as_ptr();
         // SAFETY: the chunk holds 128 values, eight registers' worth.
         let l = |k: usize| _mm512_loadu_ps(p.add(16 * k));
@@ -1490,7 +1565,7 @@ mod simd512 {
             _mm512_add_ps(_mm512_add_ps(v[0], v[1]), _mm512_add_ps(v[2], v[3])),
             _mm512_add_ps(_mm512_add_ps(v[4], v[5]), _mm512_add_ps(v[6], v[7])),
         );
-        (m, _mm512_fpclass_ps_mask::<0x99>(sum) != 0)
+        (m, sum)
     }
 
     /// [`crate::philox::gumbel_reach_threshold`] of sixteen words.
@@ -1503,9 +1578,44 @@ mod simd512 {
         _mm512_add_ps(_mm512_mul_ps(c1, chord), c0)
     }
 
-    /// [`super::gated_chunks`] with AVX-512: each chunk judged lane by lane, its values'
-    /// maxima ([`lane_max`]) against the thresholds of its words' ([`pairs_max`]), the
-    /// words kept in registers and put in token order only for a chunk that passes.
+    /// One chunk of [`gated_chunks`]'s triples once its four chains' words are made:
+    /// judged lane by lane against the thresholds of its words' maxima (the leader
+    /// read again, a chunk before may have moved it), then token by token from the
+    /// registers; visited when a token may reach.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn judge_chunk(
+        pairs: &Pairs,
+        m: __m512,
+        chunk: &[f32],
+        c: usize,
+        reach: &impl Fn() -> (f32, f32),
+        visit: &mut impl FnMut(usize, u128, &[u32; 128]),
+        out: &mut [u32; 128],
+    ) {
+        let (c0, c1) = reach();
+        let thr = reach_thresholds(pairs_max(pairs), _mm512_set1_ps(c0), _mm512_set1_ps(c1));
+        if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(m, thr) == 0 {
+            return;
+        }
+        let mask = pairs_reach(pairs, chunk, out, c0, c1);
+        if mask != 0 {
+            visit(c, mask, out);
+        }
+    }
+
+    /// [`super::gated_chunks`] with AVX-512, three chunks at a time: their values'
+    /// lane maxima ([`lane_max`]) first, then their words as two groups of six chains
+    /// (the first chunk and half of the second, then the rest: six independent chains
+    /// keep the multiply pipes busy where four wait on a round's latency), each chunk
+    /// judged as soon as its four chains are made ([`judge_chunk`]). When not all three
+    /// could be lifted even by the largest words, the ones that could go one at a time
+    /// with four chains and the others are skipped before any word is made (a row with
+    /// a wide spread of logits makes few words). The last one to five chunks go one at a
+    /// time, as with four chains.
     ///
     /// # Safety
     /// AVX-512 F and DQ must be present.
@@ -1515,24 +1625,84 @@ mod simd512 {
         step: u64,
         key: [u32; 2],
         reach: impl Fn() -> (f32, f32),
-        visit: impl FnMut(usize, u128, &[u32; 128]),
+        mut visit: impl FnMut(usize, u128, &[u32; 128]),
     ) -> Option<f32> {
         let row = RowKeys::new(step, key);
         let mut rowmax = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut out = [0u32; 128];
+        let triples = z.len() / 384;
+        let all = _mm512_set1_epi32(-1);
+        for t in 0..triples {
+            let at = 384 * t;
+            super::prefetch_lines(z, at + super::PREFETCH_AHEAD, 384);
+            let chunk = |k: usize| -> &[f32; 128] {
+                // SAFETY (of the conversion): 384 t + 384 <= z.len().
+                <&[f32; 128]>::try_from(&z[at + 128 * k..at + 128 * k + 128]).unwrap()
+            };
+            // SAFETY: AVX-512 F and DQ are present (this function's contract).
+            let v = [
+                lane_max_sum(chunk(0)),
+                lane_max_sum(chunk(1)),
+                lane_max_sum(chunk(2)),
+            ];
+            // one NaN check for the three; a flag may be an overflowing sum of finite
+            // values: count to be sure
+            let sum = _mm512_add_ps(_mm512_add_ps(v[0].1, v[1].1), v[2].1);
+            if _mm512_fpclass_ps_mask::<0x99>(sum) != 0
+                && (0..3).any(|k| super::count_nonfinite(chunk(k)) > 0)
+            {
+                return None;
+            }
+            rowmax = _mm512_max_ps(rowmax, _mm512_max_ps(_mm512_max_ps(v[0].0, v[1].0), v[2].0));
+            let (c0, c1) = reach();
+            // the threshold of the largest word there is, the same in every lane
+            let top = _mm512_set1_ps(crate::philox::gumbel_reach_threshold(u32::MAX, c0, c1));
+            let lifts = |k: usize| _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v[k].0, top) != 0;
+            let b = (96 * t) as u32;
+            let c = 3 * t;
+            if !(lifts(0) && lifts(1) && lifts(2)) {
+                // (rows with a wide spread of logits, where most chunks are skipped) the
+                // chunks that may lift, one at a time with four chains
+                for k in (0..3).filter(|&k| lifts(k)) {
+                    let bk = b.wrapping_add(32 * k as u32);
+                    let pairs = rounds_of!(4, first_products::<4>(bk), &row);
+                    judge_chunk(
+                        &pairs,
+                        v[k].0,
+                        chunk(k),
+                        c + k,
+                        &reach,
+                        &mut visit,
+                        &mut out,
+                    );
+                }
+                continue;
+            }
+            let first = rounds_of!(6, first_products::<6>(b), &row);
+            let p0 = [first[0], first[1], first[2], first[3]];
+            judge_chunk(&p0, v[0].0, chunk(0), c, &reach, &mut visit, &mut out);
+            let second = rounds_of!(6, first_products::<6>(b.wrapping_add(48)), &row);
+            let p1 = [first[4], first[5], second[0], second[1]];
+            judge_chunk(&p1, v[1].0, chunk(1), c + 1, &reach, &mut visit, &mut out);
+            let p2 = [second[2], second[3], second[4], second[5]];
+            judge_chunk(&p2, v[2].0, chunk(2), c + 2, &reach, &mut visit, &mut out);
+        }
+        let done = 3 * triples;
         let bad = super::gated_chunks_with(
-            z,
-            reach,
-            visit,
+            &z[384 * triples..],
+            &reach,
+            |c, m, w| visit(done + c, m, w),
             |c| {
-                // SAFETY: AVX-512 F and DQ are present (this function's contract).
+                // SAFETY: as above.
                 let (m, bad) =
                     super::chunk_values(c, |f| unsafe { lane_max(f) }, |m| _mm512_set1_ps(m));
                 rowmax = _mm512_max_ps(rowmax, m);
                 (m, bad)
             },
             |b, _| {
+                let b = b.wrapping_add(32 * done as u32);
                 // SAFETY: as above.
-                let pairs = unsafe { rounds_of!(first_products(b), &row) };
+                let pairs = unsafe { rounds_of!(4, first_products::<4>(b), &row) };
                 // SAFETY: as above.
                 (unsafe { pairs_max(&pairs) }, pairs)
             },
@@ -1542,7 +1712,7 @@ mod simd512 {
             },
             // SAFETY: as above.
             |pairs, chunk, out, c0, c1| unsafe { pairs_reach(&pairs, chunk, out, c0, c1) },
-            _mm512_set1_epi32(-1),
+            all,
         );
         (!bad).then(|| _mm512_reduce_max_ps(rowmax))
     }
@@ -1865,7 +2035,7 @@ mod simd {
     unsafe fn philox_top_inlined(first_block: u32, row: &Row, out: &mut [u32; 128]) -> __m256i {
         // round 1's products `M0 * block` ([`consecutive_products`])
         let mut p0 = [_mm256_setzero_si256(); 8];
-        if let Some(first) = consecutive_products(first_block) {
+        if let Some(first) = consecutive_products(first_block, 32) {
             let base = _mm256_set1_epi64x(first as i64);
             for (c, p) in p0.iter_mut().enumerate() {
                 let b = 4 * c as u64;
@@ -3078,10 +3248,11 @@ pub fn philox_listed(blocks: &[u32; 32], step: u64, key: [u32; 2], out: &mut [u3
 }
 
 /// The Philox words of every token of a row of `v` at `step` under `key`, a chunk of 128
-/// at a time as [`gated_chunks`] makes them (the round keys once per row): `f(c, words)`
+/// at a time as [`gated_chunks`] makes them (the round keys once per row; with AVX-512
+/// three chunks at a time in two groups of six chains): `f(c, words)`
 /// with `words[i]` the bits of token `128 c + i` ([`philox_x32`] of blocks `32 c ..`; the
 /// last chunk's words past `v` are made too).
-pub fn philox_chunks(v: usize, step: u64, key: [u32; 2], f: impl FnMut(usize, &[u32; 128])) {
+pub fn philox_chunks(v: usize, step: u64, key: [u32; 2], mut f: impl FnMut(usize, &[u32; 128])) {
     // `make(first_block, words)` for each chunk in turn
     fn each(
         v: usize,
@@ -3096,9 +3267,27 @@ pub fn philox_chunks(v: usize, step: u64, key: [u32; 2], f: impl FnMut(usize, &[
     }
     #[cfg(target_arch = "x86_64")]
     if level() == Level::Avx512 {
+        // three chunks at a time, six chains a group, as the AVX-512 gated draw
         let row = RowKeys::new(step, key);
-        // SAFETY: `level()` detected AVX-512 F on this CPU.
-        return each(v, f, |b, out| unsafe { simd512::philox_row(b, &row, out) });
+        let triples = v / 384;
+        let mut words = [[0u32; 128]; 3];
+        for t in 0..triples {
+            // SAFETY: `level()` detected AVX-512 F on this CPU.
+            unsafe { simd512::philox_three((96 * t) as u32, &row, &mut words) };
+            for (k, w) in words.iter().enumerate() {
+                f(3 * t + k, w);
+            }
+        }
+        let done = 3 * triples;
+        return each(
+            v - 128 * done,
+            |c, w| f(done + c, w),
+            |b, out| {
+                let b = b.wrapping_add(32 * done as u32);
+                // SAFETY: as above.
+                unsafe { simd512::philox_row(b, &row, out) }
+            },
+        );
     }
     #[cfg(target_arch = "x86_64")]
     if level() == Level::Avx2 {
@@ -4198,32 +4387,72 @@ mod tests {
         let (seed, step) = (0xfeed_u64, 9u64);
         let key = crate::philox::seed_key(seed);
         let consts = crate::philox::gumbel_reach_consts(1.0, 10.0);
-        let n = 300;
+        let thr = |i: usize| {
+            let w = crate::philox::token_bits(seed, step, i as u32);
+            (
+                crate::philox::gumbel_reach_threshold(w, consts.0, consts.1),
+                w,
+            )
+        };
+        // 1,330 values: three triples of chunks (AVX-512 takes three at a time), a full
+        // chunk and a partial one after them
         for (name, f) in &variants {
-            for p in 0..n {
-                let mut z = vec![-50.0f32; n];
-                let w = crate::philox::token_bits(seed, step, p as u32);
-                z[p] = crate::philox::gumbel_reach_threshold(w, consts.0, consts.1);
-                let mut seen = Vec::new();
-                let max = f(&z, step, key, consts, &mut seen);
-                assert_eq!(seen, vec![(p as u32, w)], "{name}: token {p}");
-                assert_eq!(max, Some(z[p]), "{name}: token {p}");
-                // just below its threshold it is not visited
-                z[p] = z[p].next_down();
-                seen.clear();
-                f(&z, step, key, consts, &mut seen);
-                assert!(seen.is_empty(), "{name}: token {p} below");
+            let n = 1330;
+            // every chunk could be lifted by its largest words (each value at the
+            // threshold of the largest word there is), so triples are made whole; the
+            // tokens that pass are exactly those the scalar test passes, winners set at
+            // their own thresholds across the row among them
+            let lift = crate::philox::gumbel_reach_threshold(u32::MAX, consts.0, consts.1);
+            let mut z = vec![lift; n];
+            for p in (0..n)
+                .step_by(37)
+                .chain([383, 384, 767, 1151, 1152, 1279, 1280, 1329])
+            {
+                z[p] = thr(p).0;
             }
-            let mut z: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
-            z[5] = f32::NEG_INFINITY;
-            z[200] = f32::NEG_INFINITY;
+            let want: Vec<(u32, u32)> = (0..n)
+                .filter(|&i| z[i] >= thr(i).0)
+                .map(|i| (i as u32, thr(i).1))
+                .collect();
+            assert!(want.len() >= 40, "{name}: {} winners", want.len());
             let mut seen = Vec::new();
-            let max = f(&z, step, key, (f32::MIN, 0.0), &mut seen);
-            assert_eq!(max, Some(6.0), "{name}");
-            let want: Vec<u32> = (0..n as u32).filter(|&i| i != 5 && i != 200).collect();
-            assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), want, "{name}");
-            z[150] = f32::NAN;
-            assert_eq!(f(&z, step, key, consts, &mut Vec::new()), None, "{name}");
+            f(&z, step, key, consts, &mut seen);
+            assert_eq!(seen, want, "{name}: whole triples");
+        }
+        for (name, f) in &variants {
+            for n in [300, 1330] {
+                for p in 0..n {
+                    let mut z = vec![-50.0f32; n];
+                    let w = crate::philox::token_bits(seed, step, p as u32);
+                    z[p] = crate::philox::gumbel_reach_threshold(w, consts.0, consts.1);
+                    let mut seen = Vec::new();
+                    let max = f(&z, step, key, consts, &mut seen);
+                    assert_eq!(seen, vec![(p as u32, w)], "{name}: token {p}");
+                    assert_eq!(max, Some(z[p]), "{name}: token {p}");
+                    // just below its threshold it is not visited
+                    z[p] = z[p].next_down();
+                    seen.clear();
+                    f(&z, step, key, consts, &mut seen);
+                    assert!(seen.is_empty(), "{name}: token {p} below");
+                }
+                let mut z: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+                z[5] = f32::NEG_INFINITY;
+                z[200] = f32::NEG_INFINITY;
+                let mut seen = Vec::new();
+                let max = f(&z, step, key, (f32::MIN, 0.0), &mut seen);
+                assert_eq!(max, Some(6.0), "{name}");
+                let want: Vec<u32> = (0..n as u32).filter(|&i| i != 5 && i != 200).collect();
+                assert_eq!(seen.iter().map(|s| s.0).collect::<Vec<_>>(), want, "{name}");
+                for at in [150, n - 1, n / 2] {
+                    let mut zb = z.clone();
+                    zb[at] = f32::NAN;
+                    assert_eq!(
+                        f(&zb, step, key, consts, &mut Vec::new()),
+                        None,
+                        "{name} {at}"
+                    );
+                }
+            }
         }
     }
 

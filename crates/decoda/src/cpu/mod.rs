@@ -1373,7 +1373,8 @@ fn gated_draw(
 
 /// The Philox limit of a draw over a whole row of `v` tokens: every token's Philox word
 /// at `step` under `seed`, made as the draw makes them (32 blocks side by side in vector
-/// lanes, the round keys once per row, [`kernels::philox_chunks`]), and nothing else: each
+/// lanes, with AVX-512 three chunks of 128 at a time in two groups of six chains, the
+/// round keys once per row, [`kernels::philox_chunks`]), and nothing else: each
 /// chunk's words are handed to [`std::hint::black_box`] (so none of them can be left
 /// unmade) and one of them is folded into the result. A draw that needs every word cannot
 /// do less; the benchmarks time the `temp` configuration against it.
