@@ -911,7 +911,7 @@ pub fn argmax_nonfinite(z: &[f32]) -> (f32, usize, bool) {
 
 /// The scalar end of the vector [`argmax_nonfinite`] variants: the values from `from`
 /// on folded into the vector part's `(max, first index, flagged)` (a later index needs
-/// a larger value).
+/// a larger value; the vector part covered at least one block, so its index is real).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn finish_argmax(
@@ -920,7 +920,7 @@ fn finish_argmax(
     (mut m, mut at, mut bad): (f32, usize, bool),
 ) -> (f32, usize, bool) {
     for (j, &x) in z.iter().enumerate().skip(from) {
-        if x > m || at == usize::MAX {
+        if x > m {
             (m, at) = (x, j);
         }
         bad |= x.is_nan() || x == f32::INFINITY;
@@ -1578,6 +1578,18 @@ mod simd512 {
         _mm512_add_ps(_mm512_mul_ps(c1, chord), c0)
     }
 
+    /// Whether some lane of a chunk's values' maxima `m` ([`lane_max`]) reaches the
+    /// threshold of the same lane of its words' maxima `top` ([`pairs_max`]).
+    ///
+    /// # Safety
+    /// AVX-512 F must be present.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn lanes_reach(m: __m512, top: __m512i, c0: f32, c1: f32) -> bool {
+        let thr = reach_thresholds(top, _mm512_set1_ps(c0), _mm512_set1_ps(c1));
+        _mm512_cmp_ps_mask::<_CMP_GE_OQ>(m, thr) != 0
+    }
+
     /// One chunk of [`gated_chunks`]'s triples once its four chains' words are made:
     /// judged lane by lane against the thresholds of its words' maxima (the leader
     /// read again, a chunk before may have moved it), then token by token from the
@@ -1597,8 +1609,7 @@ mod simd512 {
         out: &mut [u32; 128],
     ) {
         let (c0, c1) = reach();
-        let thr = reach_thresholds(pairs_max(pairs), _mm512_set1_ps(c0), _mm512_set1_ps(c1));
-        if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(m, thr) == 0 {
+        if !lanes_reach(m, pairs_max(pairs), c0, c1) {
             return;
         }
         let mask = pairs_reach(pairs, chunk, out, c0, c1);
@@ -1636,7 +1647,7 @@ mod simd512 {
             let at = 384 * t;
             super::prefetch_lines(z, at + super::PREFETCH_AHEAD, 384);
             let chunk = |k: usize| -> &[f32; 128] {
-                // SAFETY (of the conversion): 384 t + 384 <= z.len().
+                // (cannot fail: 384 t + 384 <= z.len())
                 <&[f32; 128]>::try_from(&z[at + 128 * k..at + 128 * k + 128]).unwrap()
             };
             // SAFETY: AVX-512 F and DQ are present (this function's contract).
@@ -1706,10 +1717,8 @@ mod simd512 {
                 // SAFETY: as above.
                 (unsafe { pairs_max(&pairs) }, pairs)
             },
-            |m, top, c0, c1| {
-                let thr = reach_thresholds(top, _mm512_set1_ps(c0), _mm512_set1_ps(c1));
-                _mm512_cmp_ps_mask::<_CMP_GE_OQ>(m, thr) != 0
-            },
+            // SAFETY: as above.
+            |m, top, c0, c1| unsafe { lanes_reach(m, top, c0, c1) },
             // SAFETY: as above.
             |pairs, chunk, out, c0, c1| unsafe { pairs_reach(&pairs, chunk, out, c0, c1) },
             all,

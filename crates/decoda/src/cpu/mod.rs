@@ -214,14 +214,13 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
     let (xmax, bad) = if mods.is_empty() && greedy {
         let (m, at, flagged) = kernels::argmax_nonfinite(x);
         first = Some(at as u32);
-        (
-            m,
-            if flagged {
-                kernels::max_nonfinite(x).1
-            } else {
-                0
-            },
-        )
+        // a flagged row is counted for its error
+        let bad = if flagged {
+            kernels::max_nonfinite(x).1
+        } else {
+            0
+        };
+        (m, bad)
     } else {
         kernels::max_nonfinite(x)
     };
