@@ -1322,15 +1322,16 @@ fn gated_draw(
     if let Some((i0, y0)) = lead {
         best = (i0, y0 + philox::gumbel(seed, step, i0));
     } else {
-        // The leader starts as the first max of the row's head (drawn again in its chunk,
-        // which changes nothing), so the thresholds are tight from the first chunk on.
+        // The leader starts as the first max of the row's head (its max and first index
+        // from one pass; drawn again in its chunk, which changes nothing), so the
+        // thresholds are tight from the first chunk on.
         let head = &x[..x.len().min(SEED_SPAN)];
-        let (hmax, hbad) = kernels::max_nonfinite(head);
-        if hbad == 0 && hmax > f32::NEG_INFINITY {
+        let (hmax, i0, hbad) = kernels::argmax_nonfinite(head);
+        if !hbad && hmax > f32::NEG_INFINITY {
             if !(hmax / t).is_finite() {
                 return None;
             }
-            let i0 = kernels::first_eq(head, hmax).expect("max exists") as u32;
+            let i0 = i0 as u32;
             best = (i0, hmax / t + philox::gumbel(seed, step, i0));
         }
     }
