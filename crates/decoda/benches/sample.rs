@@ -49,6 +49,11 @@ fn bench(c: &mut Criterion) {
             )
         })
     });
+    // the same terms summed with nothing gathered: what top-p without top-k cannot go
+    // below while it takes one `exp` per token
+    g.bench_function("topp_normaliser_sum_only", |b| {
+        b.iter(|| decoda::cpu::kernels::exp2_sum(std::hint::black_box(&x), c1, -m * c1))
+    });
     // greedy's pass: the max and its first index
     g.bench_function("greedy_argmax", |b| {
         b.iter(|| decoda::cpu::kernels::argmax_nonfinite(std::hint::black_box(&x)))
