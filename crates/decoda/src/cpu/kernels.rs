@@ -1923,19 +1923,25 @@ mod simd512 {
         // Groups of 1024 values: four chains of 16 terms per lane, then added in f64. The
         // hit masks (16 bits per vector, stored straight from the mask registers: a move
         // through the general registers would take the vector ports' slots) stay on the
-        // stack and become pushes after the vector loop.
-        let mut masks = [0u16; 64];
+        // stack, four to a block of 64 values (little-endian: the block's mask), and
+        // become pushes after the vector loop, the blocks with hits found eight at a time
+        // ([`push_masks`]: a branch per block with a hit would be mispredicted at random).
+        let mut masks = [0u64; 16];
         while i + 64 <= n {
             let groups = ((n - i) / 64).min(16);
             let mut acc = [_mm512_setzero_ps(); 4];
-            for (g, mask) in masks[..4 * groups].chunks_exact_mut(4).enumerate() {
+            for (g, mask) in masks[..groups].iter_mut().enumerate() {
                 let at = i + 64 * g;
                 super::prefetch_lines(z, at + super::PREFETCH_AHEAD, 64);
+                let quarters = (mask as *mut u64).cast::<u16>();
                 for (j, a) in acc.iter_mut().enumerate() {
                     // SAFETY: at + 64 <= n: the loads of 16 values are inside z.
                     let x = unsafe { _mm512_loadu_ps(p.add(at + 16 * j)) };
                     if COLLECT {
-                        mask[j] = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, vthr);
+                        let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, vthr);
+                        // SAFETY: quarter j < 4 of the block's u64; little-endian x86-64
+                        // puts it at bits 16 j ..
+                        unsafe { quarters.add(j).write(m) };
                     }
                     let (s, q) = term(x);
                     *a = _mm512_fmadd_ps(s, q, *a);
@@ -1944,13 +1950,7 @@ mod simd512 {
             let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
             total = flush(total, s);
             if COLLECT {
-                for (g, mask) in masks[..4 * groups].chunks_exact(4).enumerate() {
-                    let hits = mask
-                        .iter()
-                        .enumerate()
-                        .fold(0u64, |m, (j, &b)| m | u64::from(b) << (16 * j));
-                    push_hits(hits, i + 64 * g, base, z, out);
-                }
+                push_masks(&masks[..groups], i, base, z, out);
             }
             i += 64 * groups;
         }
