@@ -887,6 +887,15 @@ fn nucleus(
         c.1
     }));
     let sum = top_p_probs(q, ymax, approx);
+    // Candidates whose probabilities add up to less than `p` cannot hold the nucleus: the
+    // walk would sort every one of them to reach its end. Their share of the normaliser is
+    // `(sum - approx) / sum`, and each probability is its weight's share rounded to f32
+    // (within 2^-24 of it), so the walk's sum of them (in f64) stays within 1e-7 of that
+    // share and surely ends short where the share is `SHORT` short of `p`.
+    const SHORT: f64 = 1e-6;
+    if !all_gathered && (sum - approx) / sum < f64::from(p) - SHORT {
+        return None;
+    }
     let smallest = q.iter().copied().fold(f32::INFINITY, f32::min);
     walk.clear();
     walk.extend_from_slice(q);
