@@ -1642,7 +1642,6 @@ mod simd512 {
         let mut rowmax = _mm512_set1_ps(f32::NEG_INFINITY);
         let mut out = [0u32; 128];
         let triples = z.len() / 384;
-        let all = _mm512_set1_epi32(-1);
         for t in 0..triples {
             let at = 384 * t;
             super::prefetch_lines(z, at + super::PREFETCH_AHEAD, 384);
@@ -1721,7 +1720,7 @@ mod simd512 {
             |m, top, c0, c1| unsafe { lanes_reach(m, top, c0, c1) },
             // SAFETY: as above.
             |pairs, chunk, out, c0, c1| unsafe { pairs_reach(&pairs, chunk, out, c0, c1) },
-            all,
+            _mm512_set1_epi32(-1),
         );
         (!bad).then(|| _mm512_reduce_max_ps(rowmax))
     }
@@ -1939,8 +1938,8 @@ mod simd512 {
                     let x = unsafe { _mm512_loadu_ps(p.add(at + 16 * j)) };
                     if COLLECT {
                         let m = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, vthr);
-                        // SAFETY: quarter j < 4 of the block's u64; little-endian x86-64
-                        // puts it at bits 16 j ..
+                        // SAFETY: quarter j < 4 of the block's u64, which x86-64
+                        // (little-endian) reads as bits 16 j to 16 j + 15.
                         unsafe { quarters.add(j).write(m) };
                     }
                     let (s, q) = term(x);
