@@ -980,11 +980,20 @@ pub fn collect_ge_max(z: &[f32], base: u32, thr: f32, out: &mut Vec<(u32, f32)>)
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn push_hits(mut hits: u64, at: usize, base: u32, z: &[f32], out: &mut Vec<(u32, f32)>) {
-    while hits != 0 {
+    if hits == 0 {
+        return;
+    }
+    let n = hits.count_ones() as usize;
+    out.reserve(n);
+    let len = out.len();
+    let spare = &mut out.spare_capacity_mut()[..n];
+    for slot in spare {
         let j = at + hits.trailing_zeros() as usize;
-        out.push((base + j as u32, z[j]));
+        slot.write((base + j as u32, z[j]));
         hits &= hits - 1;
     }
+    // SAFETY: the `n` slots after `len` were written just above.
+    unsafe { out.set_len(len + n) };
 }
 
 /// How many values the AVX-512 gathering pass ([`collect_ge_max`]) covers before it turns
