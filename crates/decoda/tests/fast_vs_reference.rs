@@ -229,6 +229,42 @@ fn wide_top_p_parity() {
     }
 }
 
+/// Top-p nuclei of about a thousand to tens of thousands of tokens at V = 131,072 (the
+/// band where the candidate list is gathered again from a sampled threshold, or the whole
+/// row is taken when the sample says the nucleus is wider than a list): the same token
+/// as the reference, with banned tokens and processed logprobs on some rows.
+#[test]
+fn top_p_retry_band_parity() {
+    use decoda::conformance::zipf_logits;
+    use decoda::{LogprobsMode, Request, SamplingParams};
+    let mut rng = Rng::new(2026);
+    let v = 131_072;
+    let mut cases = Vec::new();
+    for i in 0..36u64 {
+        let mut x = zipf_logits(&mut rng, v, [1.1f32, 1.0, 1.2][i as usize % 3]);
+        if i % 5 == 3 {
+            for j in (0..v).step_by(41) {
+                x[j] = f32::NEG_INFINITY;
+            }
+        }
+        let mut params = SamplingParams {
+            temperature: [0.8f32, 0.7, 1.0][(i / 3) as usize % 3],
+            top_p: [0.95f32, 0.97, 0.98, 0.985][(i / 9) as usize % 4],
+            ..Default::default()
+        };
+        if i % 4 == 0 {
+            params.logprobs = Some(2);
+            params.logprobs_mode = LogprobsMode::Processed;
+        }
+        let mut req = Request::new(params, 900 + i);
+        req.state.step = i;
+        cases.push((x, req));
+    }
+    let p = parity(&CpuSampler::new(), &cases).unwrap();
+    assert_eq!(p.same + p.allowed_ties, p.rows);
+    assert!(p.max_logprob_diff <= 1e-5);
+}
+
 /// The parity tests above again, in child processes whose kernels run their AVX2 and
 /// baseline variants (`DECODA_ISA`), so every variant is checked against the reference
 /// on one machine.
