@@ -15,7 +15,7 @@ use crate::device::Device;
 #[derive(Args)]
 pub struct BenchArgs {
     /// Configurations (comma list) from: greedy, temp, topk50, topp09, topk50_topp09,
-    /// minp005, full, topp099.
+    /// minp005, full, topp095, topp098, topp099.
     #[arg(
         long,
         value_delimiter = ',',

@@ -13,6 +13,8 @@ pub const CONFIGS: &[&str] = &[
     "topk50_topp09",
     "minp005",
     "full",
+    "topp095",
+    "topp098",
     "topp099",
 ];
 
@@ -20,8 +22,9 @@ pub const CONFIGS: &[&str] = &[
 ///
 /// `full` = repetition 1.1, frequency 0.3, presence 0.2, top-k 50, top-p 0.9, min-p 0.05
 /// and top-5 processed logprobs; its rows carry 256 history tokens (see [`requests`]).
-/// `topp099` = top-p 0.99: a nucleus of tens of thousands of tokens, wider than the
-/// candidate lists of the fast path.
+/// `topp095`, `topp098` and `topp099` = top-p 0.95, 0.98 and 0.99: on the benchmark rows
+/// of V = 131,072, nuclei of about 500, 3,700 and 12,600 tokens (the first candidate
+/// list, a list gathered again from a sampled threshold, and the whole row).
 pub fn config(name: &str) -> Option<SamplingParams> {
     let t = SamplingParams {
         temperature: 0.8,
@@ -38,6 +41,8 @@ pub fn config(name: &str) -> Option<SamplingParams> {
             ..t
         },
         "minp005" => SamplingParams { min_p: 0.05, ..t },
+        "topp095" => SamplingParams { top_p: 0.95, ..t },
+        "topp098" => SamplingParams { top_p: 0.98, ..t },
         "topp099" => SamplingParams { top_p: 0.99, ..t },
         "full" => SamplingParams {
             repetition_penalty: 1.1,
