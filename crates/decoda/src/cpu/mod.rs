@@ -809,52 +809,89 @@ fn sampled_retry(
     if v < 8192 {
         return None;
     }
-    tmp.clear();
-    tmp.extend(sample_runs(z).flatten().filter(|&&zi| zi < zthr));
-    if tmp.is_empty() {
-        return None;
+    let mut sample = [0f32; SAMPLE];
+    for (c, run) in sample_runs(z).enumerate() {
+        sample[16 * c..16 * c + 16].copy_from_slice(run);
     }
     let mut w = [0f32; SAMPLE];
-    let w = &mut w[..tmp.len()];
-    kernels::exp_into(tmp, zmax, 1.0 / t, w);
+    kernels::exp_into(&sample, zmax, 1.0 / t, &mut w);
+    let below: f64 = sample
+        .iter()
+        .zip(&w)
+        .map(|(&zi, &wi)| if zi < zthr { f64::from(wi) } else { 0.0 })
+        .sum();
     let per = v as f64 / SAMPLE as f64;
-    let below = per * w.iter().map(|&wi| f64::from(wi)).sum::<f64>();
-    let need = (f64::from(p) * (have + below) - have) / per;
-    // the largest sampled values in decreasing order, a growing piece at a time, until
-    // their weight reaches `need` (no NaN here: the row was checked)
-    let desc = |zi: &f32| {
+    let need = (f64::from(p) * (have + per * below) - have) / per;
+    let guess = |r: usize| {
+        let m = n + (r as f64 * per) as usize;
+        let want = if retry <= 1 {
+            (2 * m).max(2048)
+        } else {
+            (4 * m).max(4096)
+        };
+        let want = want.min(TOP_P_CAP - TOP_P_CAP / 8);
+        (
+            m,
+            (want.saturating_sub(n) as f64 / per).ceil().max(1.0) as usize,
+        )
+    };
+    // Mostly the largest few sampled values below `zthr` reach `need`, and the threshold
+    // is among the 32 largest: those, in decreasing order, from one pass that inserts
+    // into a short list, skipping the runs with nothing to insert (no NaN here: the row
+    // was checked; a `-inf` is left to the sorted way).
+    const FEW: usize = 32;
+    let mut top = [(f32::NEG_INFINITY, 0f32); FEW];
+    let mut len = 0;
+    for (run, wr) in sample.chunks_exact(16).zip(w.chunks_exact(16)) {
+        let low = top[FEW - 1].0;
+        if !run.iter().fold(false, |a, &x| a | ((x > low) & (x < zthr))) {
+            continue;
+        }
+        for (&zi, &wi) in run.iter().zip(wr) {
+            if zi >= zthr || zi <= top[FEW - 1].0 {
+                continue;
+            }
+            len = (len + 1).min(FEW);
+            let mut j = len - 1;
+            while j > 0 && top[j - 1].0 < zi {
+                top[j] = top[j - 1];
+                j -= 1;
+            }
+            top[j] = (zi, wi);
+        }
+    }
+    if len == 0 {
+        return None;
+    }
+    let mut held = 0f64;
+    if let Some(r) = top[..len].iter().position(|c| {
+        held += f64::from(c.1);
+        held >= need
+    }) {
+        let (m, taken) = guess(r + 1);
+        if taken <= len {
+            return Some((m, top[taken - 1].0));
+        }
+    }
+    // Otherwise all of them, sorted.
+    tmp.clear();
+    tmp.extend(sample.iter().copied().filter(|&zi| zi < zthr));
+    tmp.sort_unstable_by_key(|zi| {
         let b = zi.to_bits() as i32;
         std::cmp::Reverse(b ^ (((b >> 31) as u32) >> 1) as i32)
-    };
-    let (mut held, mut r, mut piece) = (0f64, 0usize, 32usize);
-    'walk: while r < tmp.len() {
-        let end = (r + piece).min(tmp.len());
-        if end < tmp.len() {
-            tmp[r..].select_nth_unstable_by_key(end - r - 1, desc);
-        }
-        tmp[r..end].sort_unstable_by_key(desc);
-        kernels::exp_into(&tmp[r..end], zmax, 1.0 / t, &mut w[r..end]);
-        for &wi in &w[r..end] {
-            if held >= need {
-                break 'walk;
-            }
+    });
+    let w = &mut w[..tmp.len()];
+    kernels::exp_into(tmp, zmax, 1.0 / t, w);
+    let mut held = 0f64;
+    let r = w
+        .iter()
+        .position(|&wi| {
             held += f64::from(wi);
-            r += 1;
-        }
-        piece *= 4;
-    }
-    let m = n + (r as f64 * per) as usize;
-    let want = if retry <= 1 {
-        (2 * m).max(2048)
-    } else {
-        (4 * m).max(4096)
-    };
-    let want = want.min(TOP_P_CAP - TOP_P_CAP / 8);
-    let taken = ((want.saturating_sub(n) as f64 / per).ceil() as usize).clamp(1, tmp.len());
-    if taken > r {
-        tmp[r..].select_nth_unstable_by_key(taken - r - 1, desc);
-    }
-    Some((m, tmp[taken - 1]))
+            held >= need
+        })
+        .map_or(tmp.len(), |r| r + 1);
+    let (m, taken) = guess(r);
+    Some((m, tmp[taken.min(tmp.len()) - 1]))
 }
 
 /// A threshold `zb` such that the candidates with `z >= zb` surely hold stage 7's nucleus,
