@@ -180,7 +180,7 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
         // max of a sample and gathers the candidates; NaN or +inf shows in the sum.
         let (zthr, m_est) = sampled_threshold(x, first_top_p_list(p.top_p), &mut s.tmp);
         if m_est.is_finite() {
-            let bufs = (&mut s.q, &mut s.walk, &mut s.tmp, &mut s.tmp2);
+            let bufs = (&mut s.q, &mut s.walk, &mut s.tmp2);
             if let TopPScan::Done(xmax, cut) =
                 top_p_candidates(x, m_est, zthr, t, p.top_p, &mut s.cands, bufs)
             {
@@ -400,7 +400,7 @@ fn sample_z(
             let floor = pl::z_lower_bound(ymax - 16.0, t);
             let want = first_top_p_list(p.top_p);
             let zthr = floor.max(sampled_threshold(z, want, &mut s.tmp).0);
-            let bufs = (&mut s.q, &mut s.walk, &mut s.tmp, &mut s.tmp2);
+            let bufs = (&mut s.q, &mut s.walk, &mut s.tmp2);
             cut = match top_p_candidates(z, zmax, zthr, t, p.top_p, &mut cands, bufs) {
                 TopPScan::Done(_, cut) => cut,
                 // not with the exact max as reference and no NaN or +inf in the row
@@ -487,6 +487,37 @@ fn sample_runs(z: &[f32]) -> impl Iterator<Item = &[f32]> {
     (0..SAMPLE / 16).map(move |c| &z[c * gap..c * gap + 16])
 }
 
+/// The `r` (at most 32) largest sampled values of `z` (the runs of [`sample_runs`]) that
+/// `keep` accepts, in decreasing order at the front of `top` (`-inf` after them), and how
+/// many were found (at most `r`): one pass that inserts into the short list, skipping the
+/// runs with nothing to insert (few inserts after the first runs). A NaN that `keep`
+/// accepts is taken as larger than everything.
+fn sampled_largest(z: &[f32], r: usize, keep: impl Fn(f32) -> bool, top: &mut [f32; 32]) -> usize {
+    let mut found = 0;
+    for run in sample_runs(z) {
+        let low = top[r - 1];
+        if !run
+            .iter()
+            .fold(false, |a, &x| a | (((x > low) | x.is_nan()) & keep(x)))
+        {
+            continue;
+        }
+        for &x in run {
+            if (x > top[r - 1] || x.is_nan()) && keep(x) {
+                found = (found + 1).min(r);
+                let mut j = r - 1;
+                // smaller or unordered: a NaN moves up to the front
+                while j > 0 && matches!(top[j - 1].partial_cmp(&x), Some(Less) | None) {
+                    top[j] = top[j - 1];
+                    j -= 1;
+                }
+                top[j] = x;
+            }
+        }
+    }
+    found
+}
+
 /// A threshold in z-space that about `want` values of `z` reach, estimated from a sample
 /// of [`SAMPLE`] values (evenly spread runs of 16), and the sample's max (both `-inf` when
 /// the sample cannot tell; the max is NaN or `+inf` when the sample holds one). Only a
@@ -503,26 +534,8 @@ fn sampled_threshold(z: &[f32], want: usize, tmp: &mut Vec<(u32, f32)>) -> (f32,
         return none;
     }
     if r <= 32 {
-        // The r largest, kept in decreasing order in a small array (few inserts after the
-        // first runs); a NaN is taken as larger than everything.
         let mut top = [f32::NEG_INFINITY; 32];
-        for run in runs {
-            let low = top[r - 1];
-            if !run.iter().fold(false, |a, &x| a | (x > low) | x.is_nan()) {
-                continue;
-            }
-            for &x in run {
-                if x > top[r - 1] || x.is_nan() {
-                    let mut j = r - 1;
-                    // smaller or unordered: a NaN moves up to the front
-                    while j > 0 && matches!(top[j - 1].partial_cmp(&x), Some(Less) | None) {
-                        top[j] = top[j - 1];
-                        j -= 1;
-                    }
-                    top[j] = x;
-                }
-            }
-        }
+        sampled_largest(z, r, |_| true, &mut top);
         return (top[r - 1], top[0]);
     }
     tmp.clear();
@@ -662,13 +675,8 @@ fn gather_top(
     true
 }
 
-/// Scratch of [`top_p_candidates`]: two f32 buffers and two candidate lists.
-type TopPBufs<'a> = (
-    &'a mut Vec<f32>,
-    &'a mut Vec<f32>,
-    &'a mut Vec<(u32, f32)>,
-    &'a mut Vec<(u32, f32)>,
-);
+/// Scratch of [`top_p_candidates`]: two f32 buffers and a candidate list.
+type TopPBufs<'a> = (&'a mut Vec<f32>, &'a mut Vec<f32>, &'a mut Vec<(u32, f32)>);
 
 /// How many candidates the first top-p gathering pass aims for: 512 up to `p = 0.9`, and
 /// 1,024 above, where nuclei of many hundreds of tokens are common (on the benchmark's
@@ -704,7 +712,7 @@ fn top_p_candidates(
     t: f32,
     p: f32,
     out: &mut Vec<(u32, f32)>,
-    (q, walk, scratch, kept): TopPBufs<'_>,
+    (q, walk, kept): TopPBufs<'_>,
 ) -> TopPScan {
     // terms 2^(z c1 + c0) = exp((z - m_ref) / T)
     let c1 = (std::f64::consts::LOG2_E / f64::from(t)) as f32;
@@ -775,12 +783,12 @@ fn top_p_candidates(
         tries += 1;
         let guess = sampled_retry(z, (zmax, zthr, t), (p, have), out.len(), tries, walk);
         zthr = match guess {
-            Some((m, _)) if m > TOP_P_CAP / 2 + TOP_P_CAP / 4 => return TopPScan::Done(zmax, None),
+            Some((m, _)) if m > TOP_P_WIDE => return TopPScan::Done(zmax, None),
             Some((_, zt)) if tries < 3 && zt < zthr => floor.max(zt),
             // the sample can take no more: the whole row
             Some(_) if tries < 3 => return TopPScan::Done(zmax, None),
-            None if tries == 1 => floor.max(sampled_threshold(z, 2048, scratch).0),
-            None if tries == 2 => floor.max(sampled_threshold(z, TOP_P_CAP / 2, scratch).0),
+            // nothing sampled below the list (a sampled threshold cannot go lower), or a
+            // third try
             _ => floor,
         };
         out.clear();
@@ -795,9 +803,11 @@ fn top_p_candidates(
     }
 }
 
-/// The longest candidate list [`top_p_candidates`] keeps: a nucleus that a sample says
-/// needs more than three quarters of it takes the whole row ([`sample_wide`]) at once.
+/// The longest candidate list [`top_p_candidates`] keeps.
 const TOP_P_CAP: usize = 8192;
+/// A nucleus that a sample puts past this many tokens (three quarters of [`TOP_P_CAP`])
+/// takes the whole row ([`sample_wide`]) at once, without a retry.
+const TOP_P_WIDE: usize = TOP_P_CAP / 4 * 3;
 
 /// Where a sample of `z` (the runs of [`sampled_threshold`]) says the nucleus ends below
 /// the gathering threshold `zthr`: the `n` tokens with `z >= zthr` were gathered, with
@@ -849,62 +859,38 @@ fn sampled_retry(
             (want.saturating_sub(n) as f64 / per).ceil().max(1.0) as usize,
         )
     };
+    // the sampled tokens (largest first) whose weight reaches `need`
+    let reach = |w: &[f32]| {
+        let mut held = 0f64;
+        w.iter()
+            .position(|&wi| {
+                held += f64::from(wi);
+                held >= need
+            })
+            .map(|r| r + 1)
+    };
     // Mostly the largest few sampled values below `zthr` reach `need`, and the threshold
-    // is among the 32 largest: those, in decreasing order, from one pass that inserts
-    // into a short list, skipping the runs with nothing to insert (no NaN here: the row
-    // was checked; a `-inf` is left to the sorted way).
+    // is among the 32 largest (no NaN here: the row was checked).
     const FEW: usize = 32;
-    let mut top = [(f32::NEG_INFINITY, 0f32); FEW];
-    let mut len = 0;
-    for (run, wr) in sample.chunks_exact(16).zip(w.chunks_exact(16)) {
-        let low = top[FEW - 1].0;
-        if !run.iter().fold(false, |a, &x| a | ((x > low) & (x < zthr))) {
-            continue;
-        }
-        for (&zi, &wi) in run.iter().zip(wr) {
-            if zi >= zthr || zi <= top[FEW - 1].0 {
-                continue;
-            }
-            len = (len + 1).min(FEW);
-            let mut j = len - 1;
-            while j > 0 && top[j - 1].0 < zi {
-                top[j] = top[j - 1];
-                j -= 1;
-            }
-            top[j] = (zi, wi);
-        }
-    }
+    let mut top = [f32::NEG_INFINITY; FEW];
+    let len = sampled_largest(z, FEW, |x| x < zthr, &mut top);
     if len == 0 {
         return None;
     }
-    let mut held = 0f64;
-    if let Some(r) = top[..len].iter().position(|c| {
-        held += f64::from(c.1);
-        held >= need
-    }) {
-        let (m, taken) = guess(r + 1);
+    let mut wt = [0f32; FEW];
+    kernels::exp_into(&top[..len], zmax, 1.0 / t, &mut wt[..len]);
+    if let Some((m, taken)) = reach(&wt[..len]).map(guess) {
         if taken <= len {
-            return Some((m, top[taken - 1].0));
+            return Some((m, top[taken - 1]));
         }
     }
     // Otherwise all of them, sorted.
     tmp.clear();
     tmp.extend(sample.iter().copied().filter(|&zi| zi < zthr));
-    tmp.sort_unstable_by_key(|zi| {
-        let b = zi.to_bits() as i32;
-        std::cmp::Reverse(b ^ (((b >> 31) as u32) >> 1) as i32)
-    });
+    tmp.sort_unstable_by(|a, b| b.total_cmp(a));
     let w = &mut w[..tmp.len()];
     kernels::exp_into(tmp, zmax, 1.0 / t, w);
-    let mut held = 0f64;
-    let r = w
-        .iter()
-        .position(|&wi| {
-            held += f64::from(wi);
-            held >= need
-        })
-        .map_or(tmp.len(), |r| r + 1);
-    let (m, taken) = guess(r);
+    let (m, taken) = guess(reach(w).unwrap_or(tmp.len()));
     Some((m, tmp[taken.min(tmp.len()) - 1]))
 }
 
@@ -1752,7 +1738,7 @@ mod tests {
                 rows += 1;
                 close += usize::from(m * 3 >= truth * 2 && m * 2 <= truth * 3);
                 let gathered = z.iter().filter(|&&zi| zi >= zt).count();
-                if m > super::TOP_P_CAP / 2 + super::TOP_P_CAP / 4 {
+                if m > super::TOP_P_WIDE {
                     // the whole row at once: right when no list of the cap would do
                     held += usize::from(truth > super::TOP_P_CAP / 2);
                 } else {
