@@ -37,6 +37,21 @@ pub struct BenchArgs {
     /// Minimum measuring time per cell, in milliseconds.
     #[arg(long, default_value_t = 300)]
     time_ms: u64,
+    /// Logit element types on the wgpu device (comma list of f32, f16, bf16): the
+    /// rows are rounded to the type and uploaded as the model would leave them. The
+    /// CPU grid runs f32.
+    #[arg(long, value_delimiter = ',', default_value = "f32")]
+    dtype: Vec<String>,
+    /// The law of the synthetic rows: `zipf` (a random permutation of ranks, exponent
+    /// 1.1, noise 0.3) or `affine` (the GPU peers' rows in `scripts/gpu-peers/bench_peers.py`:
+    /// affine rank permutations, noise 0.5).
+    #[arg(long, value_enum, default_value_t = Law::Zipf)]
+    law: Law,
+    /// On the wgpu device, the calls of a cell rotate over copies of the logits in
+    /// distinct buffers of at least this many MiB in all, so that no call reads its
+    /// logits from the GPU's cache.
+    #[arg(long, default_value_t = 256)]
+    rotate_mib: u64,
     /// Print one JSON object per cell instead of a table.
     #[arg(long)]
     json: bool,
@@ -51,6 +66,24 @@ pub struct BenchArgs {
     /// History lengths (tokens per slot) for `--head` (comma list).
     #[arg(long, value_delimiter = ',', default_value = "0,4096,32768")]
     history: Vec<usize>,
+}
+
+/// The law of the benchmark rows (`--law`).
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Law {
+    /// `decoda::workload::logits`.
+    Zipf,
+    /// `decoda::workload::affine_logits`.
+    Affine,
+}
+
+impl Law {
+    fn name(self) -> &'static str {
+        match self {
+            Law::Zipf => "zipf",
+            Law::Affine => "affine",
+        }
+    }
 }
 
 /// Times of one cell, in microseconds.
@@ -110,6 +143,9 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
     for &t in &a.threads {
         crate::device::check_threads(t)?;
     }
+    for d in &a.dtype {
+        dtype(d)?;
+    }
     let gpu = match a.device {
         Device::Cpu => None,
         Device::Wgpu => Some(decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?),
@@ -128,6 +164,9 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
     if let Some(g) = &gpu {
         return run_wgpu(&a, g);
     }
+    if a.dtype.iter().any(|d| d != "f32") {
+        return Err("--dtype: the CPU grid runs f32 logits only (use --device wgpu)".into());
+    }
     let cells = a.config.len() * a.vocab.len() * a.rows.len() * a.threads.len();
     let bar = ProgressBar::new(cells as u64);
     bar.set_style(
@@ -136,7 +175,10 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
     let mut lines = Vec::new();
     for &vocab in &a.vocab {
         for &rows in &a.rows {
-            let data = workload::logits(rows, vocab, 7);
+            let data = match a.law {
+                Law::Zipf => workload::logits(rows, vocab, 7),
+                Law::Affine => workload::affine_logits(rows, vocab, 7),
+            };
             let logits = decoda::Logits::f32(&data, rows, vocab).map_err(|e| e.to_string())?;
             for &threads in &a.threads {
                 let sampler = crate::device::cpu(threads)?;
@@ -211,12 +253,16 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
 /// `philox_us` (the CPU's) get the Philox limit and the ratio to it too.
 fn print_table(lines: &[serde_json::Value], extra: &str) {
     let philox = lines.iter().any(|l| l.get("philox_us").is_some());
+    let gpu = lines.iter().any(|l| l.get("gpu_us").is_some());
     print!(
         "{:<14} {:>7} {:>5} {:>8} {:>11} {:>11} {:>11} {:>10} {:>8}",
         "config", "vocab", "rows", extra, "median", "p10", "p90", "floor", "x floor"
     );
     if philox {
         print!(" {:>10} {:>9}", "philox", "x philox");
+    }
+    if gpu {
+        print!(" {:>11} {:>8}", "gpu", "x floor");
     }
     println!();
     for l in lines {
@@ -241,18 +287,24 @@ fn print_table(lines: &[serde_json::Value], extra: &str) {
         if let Some(p) = l.get("philox_us").and_then(serde_json::Value::as_f64) {
             print!(" {:>10.2} {:>9.2}", p, med / p);
         }
+        if let Some(t) = l.get("gpu_us").and_then(serde_json::Value::as_f64) {
+            print!(" {:>11.2} {:>8.2}", t, t / floor);
+        }
         println!();
     }
 }
 
-/// The grid on the wgpu device: logits uploaded once, each call recorded and submitted
-/// on its own; GPU time from timestamp queries when the adapter has them, else wall
+/// The grid on the wgpu device. Each cell's calls rotate over copies of the rows in
+/// distinct buffers (at least `--rotate-mib` in all), so no call finds its logits in the
+/// GPU's cache. Two times per call: `gpu_us` from timestamp queries around one call, and
+/// `median_us` with calls issued back to back (the interval between consecutive calls'
+/// ends: device time plus any gap the host leaves). Without timestamps, both are wall
 /// clock per call (record, submit, wait). `floor_us` = one read of the logits at the
 /// adapter's measured copy bandwidth.
 fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, String> {
     let bw = g.copy_bandwidth().map_err(|e| e.to_string())?;
     let timer = if g.has_timestamps() { "gpu" } else { "wall" };
-    let cells = a.config.len() * a.vocab.len() * a.rows.len();
+    let cells = a.config.len() * a.vocab.len() * a.rows.len() * a.dtype.len();
     let bar = ProgressBar::new(cells as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").map_err(|e| e.to_string())?,
@@ -260,58 +312,136 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
     let mut lines = Vec::new();
     for &vocab in &a.vocab {
         for &rows in &a.rows {
-            let data = workload::logits(rows, vocab, 7);
-            let logits = decoda::Logits::f32(&data, rows, vocab).map_err(|e| e.to_string())?;
-            let buf = g.upload_logits(&logits);
-            let out = g.outputs(rows).map_err(|e| e.to_string())?;
-            let view = decoda::wgpu::DeviceLogits {
-                buffer: &buf,
-                dtype: decoda::DType::F32,
-                rows,
-                vocab,
-                row_stride: vocab,
-                offset: 0,
+            // distinct rows for up to 64 rows of calls; copies of them fill the rotation
+            let sets = 64usize.div_ceil(rows).max(1);
+            let data = match a.law {
+                Law::Zipf => workload::logits(rows * sets, vocab, 7),
+                Law::Affine => workload::affine_logits(rows * sets, vocab, 7),
             };
-            let floor = (rows * vocab * 4) as f64 / bw * 1e6;
-            for config in &a.config {
-                bar.set_message(format!("{config} V={vocab} B={rows}"));
-                let params = workload::config(config).expect("checked");
-                let reqs = workload::requests(&params, rows, vocab);
-                let t = collect(a.time_ms, 10_000, || {
-                    if g.has_timestamps() {
-                        g.time_gpu(&view, &reqs, &out, 1)
-                    } else {
-                        g.time_wall(&view, &reqs, &out, 1)
+            for name in &a.dtype {
+                let dt = dtype(name)?;
+                let bytes = rows * vocab * dt.size();
+                let nbuf = ((a.rotate_mib << 20) as usize)
+                    .div_ceil(bytes)
+                    .clamp(1, 4096);
+                let (h16, b16): (Vec<half::f16>, Vec<half::bf16>) = match dt {
+                    decoda::DType::F32 => (Vec::new(), Vec::new()),
+                    decoda::DType::F16 => (
+                        data.iter().map(|&x| half::f16::from_f32(x)).collect(),
+                        Vec::new(),
+                    ),
+                    decoda::DType::Bf16 => (
+                        Vec::new(),
+                        data.iter().map(|&x| half::bf16::from_f32(x)).collect(),
+                    ),
+                };
+                let set = |k: usize| {
+                    let r = k % sets * rows * vocab..(k % sets + 1) * rows * vocab;
+                    match dt {
+                        decoda::DType::F32 => decoda::Logits::f32(&data[r], rows, vocab),
+                        decoda::DType::F16 => decoda::Logits::f16(&h16[r], rows, vocab),
+                        decoda::DType::Bf16 => decoda::Logits::bf16(&b16[r], rows, vocab),
                     }
-                    .map(|v| v[0])
-                    .map_err(|e| e.to_string())
-                })?;
-                let line = json!({
-                    "impl": "decoda", "device": g.adapter(), "config": config, "vocab": vocab,
-                    "rows": rows, "timer": timer, "median_us": round2(t.median),
-                    "p10_us": round2(t.p10), "p90_us": round2(t.p90), "floor_us": round2(floor),
-                });
-                if a.json {
-                    bar.suspend(|| println!("{line}"));
+                };
+                let bufs = (0..nbuf)
+                    .map(|k| set(k).map(|l| g.upload_logits(&l)))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string())?;
+                let views: Vec<_> = bufs
+                    .iter()
+                    .map(|buffer| decoda::wgpu::DeviceLogits {
+                        buffer,
+                        dtype: dt,
+                        rows,
+                        vocab,
+                        row_stride: vocab,
+                        offset: 0,
+                    })
+                    .collect();
+                let out = g.outputs(rows).map_err(|e| e.to_string())?;
+                let floor = bytes as f64 / bw * 1e6;
+                for config in &a.config {
+                    bar.set_message(format!("{config} V={vocab} B={rows} {name}"));
+                    let params = workload::config(config).expect("checked");
+                    let reqs = workload::requests(&params, rows, vocab);
+                    let mut k = 0usize;
+                    let one = collect(a.time_ms, 10_000, || {
+                        k += 1;
+                        let view = &views[k % views.len()];
+                        if g.has_timestamps() {
+                            g.time_gpu(view, &reqs, &out, 1)
+                        } else {
+                            g.time_wall(view, &reqs, &out, 1)
+                        }
+                        .map(|v| v[0])
+                        .map_err(|e| e.to_string())
+                    })?;
+                    // back to back: as many calls as fill about --time-ms, 16 to 256
+                    let n = ((a.time_ms as f64 * 1e3 / one.median) as usize).clamp(16, 256);
+                    let stream = if g.has_timestamps() {
+                        let mut v = g
+                            .time_stream(&views, &reqs, &out, n)
+                            .map_err(|e| e.to_string())?;
+                        v.sort_by(f64::total_cmp);
+                        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+                        Timing {
+                            median: at(0.5),
+                            p10: at(0.1),
+                            p90: at(0.9),
+                        }
+                    } else {
+                        Timing { ..one }
+                    };
+                    let line = json!({
+                        "impl": "decoda", "device": g.adapter(), "config": config,
+                        "vocab": vocab, "rows": rows, "dtype": name, "law": a.law.name(),
+                        "timer": timer, "median_us": round2(stream.median),
+                        "p10_us": round2(stream.p10), "p90_us": round2(stream.p90),
+                        "gpu_us": round2(one.median), "gpu_p10_us": round2(one.p10),
+                        "gpu_p90_us": round2(one.p90), "bytes_read": bytes,
+                        "floor_us": round2(floor), "nbuf": nbuf,
+                        "copy_bw_gbs": round2(bw / 1e9),
+                        "frac_of_measured_bw": round4(floor / stream.median),
+                        "gpu_frac_of_measured_bw": round4(floor / one.median),
+                    });
+                    if a.json {
+                        bar.suspend(|| println!("{line}"));
+                    }
+                    lines.push(line);
+                    bar.inc(1);
                 }
-                lines.push(line);
-                bar.inc(1);
             }
         }
     }
     bar.finish_and_clear();
     if !a.json {
         println!(
-            "decoda bench on {} (subgroups: {}); times per call in µs ({timer} clock); floor = one read of the logits at the measured copy bandwidth ({:.1} GB/s)",
+            "decoda bench on {} (subgroups: {}); times per call in µs ({timer} clock): median = calls back to back, gpu = one call alone; floor = one read of the logits at the measured copy bandwidth ({:.1} GB/s)",
             g.adapter(),
             g.uses_subgroups(),
             bw / 1e9
         );
-        print_table(&lines, "timer");
+        print_table(&lines, "dtype");
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// The logit element type named `name` (`--dtype`).
+fn dtype(name: &str) -> Result<decoda::DType, String> {
+    match name {
+        "f32" => Ok(decoda::DType::F32),
+        "f16" => Ok(decoda::DType::F16),
+        "bf16" => Ok(decoda::DType::Bf16),
+        other => Err(format!(
+            "--dtype: unknown element type {other:?} (known: f32, f16, bf16)"
+        )),
+    }
+}
+
 pub fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
 }

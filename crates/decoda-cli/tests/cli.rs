@@ -329,6 +329,72 @@ fn demo_and_bench_run() {
     assert!(err.contains("unknown configuration"));
 }
 
+/// The device grid as the GPU comparison reads it: both timing notions, the bytes and
+/// the fractions of the measured bandwidth, per element type and law; the CPU grid
+/// refuses 16-bit element types by name.
+#[test]
+fn bench_device_json_fields() {
+    let (code, _, err) = run(&["bench", "--device", "cpu", "--dtype", "bf16"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--dtype") && err.contains("f32"), "{err}");
+    let (code, _, err) = run(&["bench", "--device", "cpu", "--law", "nope"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, out, err) = run(&[
+        "bench",
+        "--device",
+        "wgpu",
+        "--config",
+        "minp01",
+        "--vocab",
+        "4099",
+        "--rows",
+        "3",
+        "--dtype",
+        "f32,bf16",
+        "--law",
+        "affine",
+        "--rotate-mib",
+        "1",
+        "--time-ms",
+        "5",
+        "--json",
+    ]);
+    if code == 2 && err.contains("no device") {
+        assert!(
+            std::env::var("DECODA_REQUIRE_GPU").map_or(true, |v| v != "1"),
+            "DECODA_REQUIRE_GPU=1 but: {err}"
+        );
+        eprintln!("no wgpu adapter, the device grid is not run: {err}");
+        return;
+    }
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for (l, (dtype, bytes)) in lines
+        .iter()
+        .zip([("f32", 4 * 3 * 4099), ("bf16", 2 * 3 * 4099)])
+    {
+        assert_eq!(l["dtype"], dtype);
+        assert_eq!(l["law"], "affine");
+        assert_eq!(l["bytes_read"], bytes);
+        // 1 MiB of rotation in buffers of one call's rows
+        assert_eq!(l["nbuf"].as_u64(), Some((1u64 << 20).div_ceil(bytes)));
+        for key in [
+            "median_us",
+            "gpu_us",
+            "floor_us",
+            "frac_of_measured_bw",
+            "gpu_frac_of_measured_bw",
+        ] {
+            let v = l[key].as_f64().unwrap_or(-1.0);
+            assert!(v > 0.0, "{key} = {v} in {l}");
+        }
+    }
+}
+
 #[test]
 fn moe_bench_json_lines_and_crossover() {
     let (code, out, err) = run(&[

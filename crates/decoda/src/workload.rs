@@ -1,5 +1,5 @@
 //! Synthetic workloads shared by the benchmarks (criterion and `decoda bench`): Zipf-like
-//! logits and the named parameter configurations.
+//! logits (two laws) and the named parameter configurations.
 
 use crate::conformance::{zipf_logits, Rng};
 use crate::params::{LogprobsMode, Request, SamplingParams};
@@ -12,6 +12,7 @@ pub const CONFIGS: &[&str] = &[
     "topp09",
     "topk50_topp09",
     "minp005",
+    "minp01",
     "full",
     "topp095",
     "topp098",
@@ -20,6 +21,7 @@ pub const CONFIGS: &[&str] = &[
 
 /// Parameters of a named configuration (all sampled ones at temperature 0.8), or `None`.
 ///
+/// `minp01` = min-p 0.1 alone (the GPU peers' setting in `scripts/gpu-peers/bench_peers.py`).
 /// `full` = repetition 1.1, frequency 0.3, presence 0.2, top-k 50, top-p 0.9, min-p 0.05
 /// and top-5 processed logprobs; its rows carry 256 history tokens (see [`requests`]).
 /// `topp095`, `topp098` and `topp099` = top-p 0.95, 0.98 and 0.99: on the benchmark rows
@@ -41,6 +43,7 @@ pub fn config(name: &str) -> Option<SamplingParams> {
             ..t
         },
         "minp005" => SamplingParams { min_p: 0.05, ..t },
+        "minp01" => SamplingParams { min_p: 0.1, ..t },
         "topp095" => SamplingParams { top_p: 0.95, ..t },
         "topp098" => SamplingParams { top_p: 0.98, ..t },
         "topp099" => SamplingParams { top_p: 0.99, ..t },
@@ -69,6 +72,35 @@ pub fn logits(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {
     out
 }
 
+/// `rows` rows of the GPU peers' law (`scripts/gpu-peers/bench_peers.py`): token `t` of a row has
+/// rank `r = (a t + b) mod vocab` (`a`, `b` drawn per row, `gcd(a, vocab) = 1`) and logit
+/// `-1.1 ln(r + 1) + 0.5 N(0, 1)`. The same law as the peers' rows, not the same values.
+pub fn affine_logits(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {
+    fn gcd(mut a: u64, mut b: u64) -> u64 {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    }
+    let mut rng = Rng::new(seed);
+    let v = vocab as u64;
+    let mut out = Vec::with_capacity(rows * vocab);
+    for _ in 0..rows {
+        let a = loop {
+            let a = 1 + rng.below(v.saturating_sub(1).max(1));
+            if gcd(a, v) == 1 {
+                break a;
+            }
+        };
+        let b = rng.below(v);
+        for t in 0..v {
+            let r = (a * t + b) % v;
+            out.push(-1.1 * ((r + 1) as f32).ln() + 0.5 * rng.normal());
+        }
+    }
+    out
+}
+
 /// One request per row for configuration `params`; `full`-style penalties get 256 history
 /// tokens (128 prompt, 128 output).
 pub fn requests(params: &SamplingParams, rows: usize, vocab: usize) -> Vec<Request> {
@@ -87,4 +119,31 @@ pub fn requests(params: &SamplingParams, rows: usize, vocab: usize) -> Vec<Reque
             req
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each row of the peers' law holds every rank once: with the noise taken out (its
+    /// scale is known), the rows' values are `-1.1 ln(r + 1)` for a permutation of the
+    /// ranks, so the largest is near 0 and the mean is the law's mean; rows differ.
+    #[test]
+    fn affine_rows_follow_the_law() {
+        let v = 4099;
+        let x = affine_logits(3, v, 5);
+        assert_eq!(x.len(), 3 * v);
+        let want_mean = (0..v).map(|r| -1.1 * ((r + 1) as f64).ln()).sum::<f64>() / v as f64;
+        for row in x.chunks(v) {
+            assert!(row.iter().all(|t| t.is_finite()));
+            let mean = row.iter().map(|&t| f64::from(t)).sum::<f64>() / v as f64;
+            // the noise's mean over 4,099 tokens is within 0.05 (6 sigma)
+            assert!((mean - want_mean).abs() < 0.05, "{mean} vs {want_mean}");
+            let max = row.iter().copied().fold(f32::MIN, f32::max);
+            assert!(max > -1.0 && max < 3.0, "{max}");
+        }
+        assert_ne!(x[..v], x[v..2 * v]);
+        assert_eq!(affine_logits(3, v, 5), x, "seeded");
+        assert_eq!(affine_logits(1, 1, 5).len(), 1);
+    }
 }

@@ -170,6 +170,79 @@ impl WgpuSampler {
         Ok(times)
     }
 
+    /// Calls issued back to back, as a serving loop issues them: `n` calls, call `i` on
+    /// `logits[i % len]`, each recorded and submitted without waiting for the one
+    /// before. Returns the `n - 1` intervals between consecutive calls' end timestamps
+    /// in microseconds: a call's device time plus any gap the host leaves while it
+    /// records the next. [`Error::Device`] when the adapter has no timestamps.
+    #[doc(hidden)]
+    pub fn time_stream(
+        &self,
+        logits: &[DeviceLogits<'_>],
+        requests: &[Request],
+        out: &DeviceOutputs,
+        n: usize,
+    ) -> Result<Vec<f64>> {
+        if !self.timestamps {
+            return Err(Error::Device(format!(
+                "{} has no timestamp queries",
+                self.info.name
+            )));
+        }
+        if logits.is_empty() || n < 2 {
+            return Ok(Vec::new());
+        }
+        use wgpu::BufferUsages as U;
+        let sets: Vec<wgpu::QuerySet> = (0..n)
+            .map(|_| {
+                self.device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("decoda stream timing"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: 2,
+                })
+            })
+            .collect();
+        // one 256-byte slot per call (resolve offsets must be 256-aligned)
+        let resolve = make_buffer(
+            &self.device,
+            "decoda stream ts",
+            256 * n as u64,
+            U::QUERY_RESOLVE | U::COPY_SRC,
+        );
+        let read = make_buffer(
+            &self.device,
+            "decoda stream ts read",
+            256 * n as u64,
+            U::MAP_READ | U::COPY_DST,
+        );
+        for (i, qs) in sets.iter().enumerate() {
+            let mut enc = self
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            self.record_inner(
+                &mut enc,
+                &logits[i % logits.len()],
+                requests,
+                out,
+                Some(qs),
+                0,
+            )?;
+            enc.resolve_query_set(qs, 0..2, &resolve, 256 * i as u64);
+            self.queue.submit([enc.finish()]);
+        }
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, 256 * n as u64);
+        self.queue.submit([enc.finish()]);
+        let w = self.map_words(&read, 256 * n as u64)?;
+        let period = f64::from(self.queue.get_timestamp_period());
+        let end = |i: usize| u64::from(w[64 * i + 2]) | (u64::from(w[64 * i + 3]) << 32);
+        Ok((1..n)
+            .map(|i| end(i).saturating_sub(end(i - 1)) as f64 * period / 1000.0)
+            .collect())
+    }
+
     /// Times `iters` calls of the per-call API: host time to build the parameters,
     /// record and submit, and device time.
     #[doc(hidden)]
@@ -242,11 +315,13 @@ impl WgpuSampler {
     }
 
     /// Copy bandwidth of the device in bytes per second (read plus write), measured by
-    /// copying a 64 MiB buffer a few times; the basis of the benchmarks' `floor_us`.
+    /// copying a 256 MiB buffer four times per submission (the best of five, wall clock,
+    /// so the submission's overhead counts against it); the basis of the benchmarks'
+    /// `floor_us`.
     #[doc(hidden)]
     pub fn copy_bandwidth(&self) -> Result<f64> {
         use wgpu::BufferUsages as U;
-        let size: u64 = 64 << 20;
+        let size: u64 = 256 << 20;
         let a = make_buffer(&self.device, "decoda bw a", size, U::COPY_SRC | U::COPY_DST);
         let b = make_buffer(&self.device, "decoda bw b", size, U::COPY_SRC | U::COPY_DST);
         let mut best = f64::INFINITY;
