@@ -392,9 +392,26 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
                     } else {
                         Timing { ..one }
                     };
+                    // a profile: each stage in a pass of its own, median of 15 calls
+                    let mut stages = serde_json::Map::new();
+                    if g.has_timestamps() {
+                        let mut runs = Vec::new();
+                        for i in 0..15 {
+                            runs.push(
+                                g.time_stages(&views[i % views.len()], &reqs, &out)
+                                    .map_err(|e| e.to_string())?,
+                            );
+                        }
+                        for (s, (stage, _)) in runs[0].iter().enumerate() {
+                            let mut t: Vec<f64> = runs.iter().map(|r| r[s].1).collect();
+                            t.sort_by(f64::total_cmp);
+                            stages.insert((*stage).into(), json!(round2(t[t.len() / 2])));
+                        }
+                    }
                     let line = json!({
                         "impl": "decoda", "device": g.adapter(), "config": config,
                         "vocab": vocab, "rows": rows, "dtype": name, "law": a.law.name(),
+                        "stages_us": stages,
                         "timer": timer, "median_us": round2(stream.median),
                         "p10_us": round2(stream.p10), "p90_us": round2(stream.p90),
                         "gpu_us": round2(one.median), "gpu_p10_us": round2(one.p10),

@@ -218,39 +218,6 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
             println!("  FAIL  head_sequences: {e}");
         }
     }
-    // real decode shapes: every vocabulary size of real models at B = 1, 2, 3, through
-    // sample and sample_draws (1 and 3 draws), on fresh samplers and a long-lived one
-    let on_gpu = be.name().starts_with("wgpu");
-    let make = || -> Result<Box<dyn decoda::Backend>, String> {
-        if on_gpu {
-            Ok(Box::new(
-                decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?,
-            ))
-        } else {
-            Ok(Box::new(crate::device::cpu(0)?))
-        }
-    };
-    let shapes = decoda::conformance::shapes::decode_shapes(
-        &make,
-        decoda::conformance::shapes::DECODE_VOCABS,
-        &[1, 2, 3],
-        decoda::conformance::shapes::ENTRIES,
-        4242,
-        |case| println!("  ok    shape {case}"),
-    );
-    match shapes {
-        Ok(t) => {
-            passed += 1;
-            println!(
-                "  ok    decode shapes: {} calls, {} results, {} identical, {} allowed ties",
-                t.calls, t.results, t.same, t.allowed_ties
-            );
-        }
-        Err(e) => {
-            failed += 1;
-            println!("  FAIL  decode shapes: {e}");
-        }
-    }
     // parity with the reference on random rows across vocabulary sizes
     let mut rng = Rng::new(31337);
     let mut totals = conformance::Parity::default();
@@ -301,6 +268,39 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
         "parity: {} rows, {} identical, {} allowed floating-point ties, max logprob diff {:.2e}",
         totals.rows, totals.same, totals.allowed_ties, totals.max_logprob_diff
     );
+    // real decode shapes: every vocabulary size of real models at B = 1, 2, 3, through
+    // sample and sample_draws (1 and 3 draws), on fresh samplers and a long-lived one
+    let on_gpu = be.name().starts_with("wgpu");
+    let make = || -> Result<Box<dyn decoda::Backend>, String> {
+        if on_gpu {
+            Ok(Box::new(
+                decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?,
+            ))
+        } else {
+            Ok(Box::new(crate::device::cpu(0)?))
+        }
+    };
+    let shapes = decoda::conformance::shapes::decode_shapes(
+        &make,
+        decoda::conformance::shapes::DECODE_VOCABS,
+        &[1, 2, 3],
+        decoda::conformance::shapes::ENTRIES,
+        4242,
+        |case| println!("  ok    shape {case}"),
+    );
+    match shapes {
+        Ok(t) => {
+            passed += 1;
+            println!(
+                "  ok    decode shapes: {} calls, {} results, {} identical, {} allowed ties",
+                t.calls, t.results, t.same, t.allowed_ties
+            );
+        }
+        Err(e) => {
+            failed += 1;
+            println!("  FAIL  decode shapes: {e}");
+        }
+    }
     println!("{passed} passed, {failed} failed");
     Ok(if failed == 0 {
         ExitCode::SUCCESS

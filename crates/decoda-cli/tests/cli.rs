@@ -392,6 +392,17 @@ fn bench_device_json_fields() {
             let v = l[key].as_f64().unwrap_or(-1.0);
             assert!(v > 0.0, "{key} = {v} in {l}");
         }
+        // the profile: every stage of the step, in order, when there are timestamps
+        if l["timer"] == "gpu" {
+            let stages = l["stages_us"].as_object().expect("stages_us");
+            let names: Vec<&str> = stages.keys().map(String::as_str).collect();
+            let mut want = vec!["finish", "lp", "probe", "scan", "settle"];
+            want.sort_unstable();
+            assert_eq!(names, want, "{l}");
+            assert!(stages
+                .values()
+                .all(|t| t.as_f64().is_some_and(|t| t >= 0.0)));
+        }
     }
 }
 

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::params::Request;
 
 use super::head::WgpuHead;
+use super::kernels::{StepStamps, STAGES};
 use super::sampler::{make_buffer, DeviceLogits, DeviceOutputs, WgpuSampler};
 
 /// Host and device time of one step or call, in microseconds.
@@ -158,7 +159,7 @@ impl WgpuSampler {
             let mut enc = self
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            self.record_inner(&mut enc, logits, requests, out, Some(&qs), 0)?;
+            self.record_inner(&mut enc, logits, requests, out, StepStamps::Step(&qs), 0)?;
             enc.resolve_query_set(&qs, 0..2, &resolve, 0);
             enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, 16);
             self.queue.submit([enc.finish()]);
@@ -168,6 +169,66 @@ impl WgpuSampler {
             times.push(t1.saturating_sub(t0) as f64 * period / 1000.0);
         }
         Ok(times)
+    }
+
+    /// A profile of one call: each stage of the step in a compute pass of its own, with
+    /// timestamps around each; the stages' names and device times in microseconds, in
+    /// order (`probe, scan, settle, lp, finish`). The passes' boundaries add little to a
+    /// call's time, since the stages are dependent dispatches anyway.
+    /// [`Error::Device`] when the adapter has no timestamps.
+    #[doc(hidden)]
+    pub fn time_stages(
+        &self,
+        logits: &DeviceLogits<'_>,
+        requests: &[Request],
+        out: &DeviceOutputs,
+    ) -> Result<Vec<(&'static str, f64)>> {
+        if !self.timestamps {
+            return Err(Error::Device(format!(
+                "{} has no timestamp queries",
+                self.info.name
+            )));
+        }
+        let names: Vec<&'static str> = STAGES.into_iter().filter(|&n| n != "draw_many").collect();
+        let q = 2 * names.len() as u32;
+        let qs = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("decoda stage timing"),
+            ty: wgpu::QueryType::Timestamp,
+            count: q,
+        });
+        use wgpu::BufferUsages as U;
+        let resolve = make_buffer(
+            &self.device,
+            "decoda stage ts",
+            256,
+            U::QUERY_RESOLVE | U::COPY_SRC,
+        );
+        let read = make_buffer(
+            &self.device,
+            "decoda stage ts read",
+            256,
+            U::MAP_READ | U::COPY_DST,
+        );
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        self.record_inner(&mut enc, logits, requests, out, StepStamps::Stages(&qs), 0)?;
+        enc.resolve_query_set(&qs, 0..q, &resolve, 0);
+        enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, 8 * u64::from(q));
+        self.queue.submit([enc.finish()]);
+        let w = self.map_words(&read, 8 * u64::from(q))?;
+        let period = f64::from(self.queue.get_timestamp_period());
+        let at = |i: usize| u64::from(w[2 * i]) | (u64::from(w[2 * i + 1]) << 32);
+        Ok(names
+            .into_iter()
+            .enumerate()
+            .map(|(i, n)| {
+                (
+                    n,
+                    at(2 * i + 1).saturating_sub(at(2 * i)) as f64 * period / 1000.0,
+                )
+            })
+            .collect())
     }
 
     /// Calls issued back to back, as a serving loop issues them: `n` calls, call `i` on
@@ -224,7 +285,7 @@ impl WgpuSampler {
                 &logits[i % logits.len()],
                 requests,
                 out,
-                Some(qs),
+                StepStamps::Step(qs),
                 0,
             )?;
             enc.resolve_query_set(qs, 0..2, &resolve, 256 * i as u64);
@@ -266,7 +327,9 @@ impl WgpuSampler {
                 logits,
                 requests,
                 out,
-                stamps.as_ref().map(|s| &s.qs),
+                stamps
+                    .as_ref()
+                    .map_or(StepStamps::None, |s| StepStamps::Step(&s.qs)),
                 0,
             )?;
             if let Some(s) = &stamps {

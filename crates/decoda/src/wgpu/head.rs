@@ -27,7 +27,7 @@ use crate::logits::Logits;
 use crate::params::SamplingParams;
 
 use super::host::{checked, parse_logprobs, row_status};
-use super::kernels::{self, Kernels, Sizes, StepBuffers, StepShape};
+use super::kernels::{self, Kernels, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
 use super::sampler::{
     bind_group_raw, dtype_code, make_buffer, push_history, slot_params, DeviceLogits, WgpuSampler,
@@ -304,7 +304,7 @@ impl WgpuHead {
                 splits,
                 draw_groups: 0,
             },
-            timestamps,
+            timestamps.map_or(StepStamps::None, StepStamps::Step),
         );
         // the step's results into a readback buffer, mapped when the submission has run
         let bytes = ((b + b * RES_WORDS) * 4) as u64;

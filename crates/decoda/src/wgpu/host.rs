@@ -7,6 +7,7 @@ use crate::logits::{Logits, LogitsData};
 use crate::params::{Request, MAX_LOGPROBS};
 use crate::pipeline::{self as pl, RowResult, Sample, TokenLogprobs, TopLogprob};
 
+use super::kernels::StepStamps;
 use super::layout::*;
 use super::sampler::{make_buffer, poisoned, DeviceLogits, DeviceOutputs, WgpuSampler};
 
@@ -99,7 +100,7 @@ impl WgpuSampler {
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
             let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-            self.record_inner(&mut enc, &view, requests, &out, None, draws)?;
+            self.record_inner(&mut enc, &view, requests, &out, StepStamps::None, draws)?;
             let bytes = copy_results(&mut enc, &out, b, res_words);
             self.queue.submit([enc.finish()]);
             if let Some(e) = pollster::block_on(scope.pop()) {

@@ -62,38 +62,77 @@ impl Kernels {
     }
 
     /// Records one step: probe, scan, settle, [draw_many], lp, finish, in one compute
-    /// pass, with `timestamps` (a 2-query set) around it when given.
+    /// pass, with timestamps around it ([`StepStamps::Step`]); or, to profile it, each
+    /// stage in a pass of its own with timestamps around each ([`StepStamps::Stages`]).
     pub fn record_step(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         group: &wgpu::BindGroup,
         shape: StepShape,
-        timestamps: Option<&wgpu::QuerySet>,
+        stamps: StepStamps<'_>,
     ) {
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("decoda step"),
-            timestamp_writes: timestamps.map(|q| wgpu::ComputePassTimestampWrites {
-                query_set: q,
-                beginning_of_pass_write_index: Some(0),
-                end_of_pass_write_index: Some(1),
-            }),
-        });
-        pass.set_bind_group(0, group, &[]);
         let (b, w) = (shape.rows as u32, shape.splits as u32);
-        let mut run = |pipe: &wgpu::ComputePipeline, x: u32, y: u32| {
-            pass.set_pipeline(pipe);
-            pass.dispatch_workgroups(x, y, 1);
-        };
-        run(&self.probe, b, 1);
-        run(&self.scan, w, b);
-        run(&self.settle, b, 1);
+        let mut stages = vec![
+            (&self.probe, b, 1),
+            (&self.scan, w, b),
+            (&self.settle, b, 1),
+        ];
         if shape.draw_groups > 0 {
-            run(&self.draw_many, shape.draw_groups as u32, b);
+            stages.push((&self.draw_many, shape.draw_groups as u32, b));
         }
-        run(&self.lp, w, b);
-        run(&self.finish, b, 1);
+        stages.extend([(&self.lp, w, b), (&self.finish, b, 1)]);
+        fn pass_with<'e>(
+            encoder: &'e mut wgpu::CommandEncoder,
+            q: Option<(&wgpu::QuerySet, u32)>,
+        ) -> wgpu::ComputePass<'e> {
+            encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("decoda step"),
+                timestamp_writes: q.map(|(q, i)| wgpu::ComputePassTimestampWrites {
+                    query_set: q,
+                    beginning_of_pass_write_index: Some(i),
+                    end_of_pass_write_index: Some(i + 1),
+                }),
+            })
+        }
+        match stamps {
+            StepStamps::Stages(q) => {
+                for (i, (pipe, x, y)) in stages.into_iter().enumerate() {
+                    let mut pass = pass_with(encoder, Some((q, 2 * i as u32)));
+                    pass.set_bind_group(0, group, &[]);
+                    pass.set_pipeline(pipe);
+                    pass.dispatch_workgroups(x, y, 1);
+                }
+            }
+            StepStamps::None | StepStamps::Step(_) => {
+                let q = match stamps {
+                    StepStamps::Step(q) => Some((q, 0)),
+                    _ => None,
+                };
+                let mut pass = pass_with(encoder, q);
+                pass.set_bind_group(0, group, &[]);
+                for (pipe, x, y) in stages {
+                    pass.set_pipeline(pipe);
+                    pass.dispatch_workgroups(x, y, 1);
+                }
+            }
+        }
     }
 }
+
+/// Where a step writes timestamps.
+#[derive(Clone, Copy)]
+pub(crate) enum StepStamps<'a> {
+    /// Nowhere.
+    None,
+    /// Before and after the step's compute pass: queries 0 and 1 of the set.
+    Step(&'a wgpu::QuerySet),
+    /// Before and after each stage, recorded in a pass of its own: queries `2i` and
+    /// `2i + 1` for the `i`-th stage of [`STAGES`] (`draw_many` only with draws).
+    Stages(&'a wgpu::QuerySet),
+}
+
+/// The stages of a step in order (`draw_many` runs only for calls with draws).
+pub(crate) const STAGES: [&str; 6] = ["probe", "scan", "settle", "draw_many", "lp", "finish"];
 
 /// The grid of one step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use crate::params::{LogprobsMode, Request, MAX_LOGPROBS};
 use crate::pipeline as pl;
 
 use super::device;
-use super::kernels::{self, Kernels, Sizes, StepBuffers, StepShape};
+use super::kernels::{self, Kernels, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
 use super::staging::StagePool;
 use super::WgpuOptions;
@@ -390,7 +390,7 @@ impl WgpuSampler {
         requests: &[Request],
         out: &DeviceOutputs,
     ) -> Result<()> {
-        self.record_inner(encoder, logits, requests, out, None, 0)
+        self.record_inner(encoder, logits, requests, out, StepStamps::None, 0)
     }
 
     fn check_device_logits(&self, l: &DeviceLogits<'_>, out: &DeviceOutputs) -> Result<()> {
@@ -428,7 +428,7 @@ impl WgpuSampler {
         logits: &DeviceLogits<'_>,
         requests: &[Request],
         out: &DeviceOutputs,
-        timestamps: Option<&wgpu::QuerySet>,
+        stamps: StepStamps<'_>,
         draws: usize,
     ) -> Result<()> {
         pl::validate_call(logits.rows, logits.vocab, requests)?;
@@ -589,7 +589,7 @@ impl WgpuSampler {
                 splits,
                 draw_groups: if draws > 0 { draw_groups } else { 0 },
             },
-            timestamps,
+            stamps,
         );
         Ok(())
     }
