@@ -119,13 +119,18 @@ pub fn collect(
             break;
         }
     }
+    Ok(quantiles(samples))
+}
+
+/// The median and 10th/90th percentiles of `samples` (at least one).
+pub fn quantiles(mut samples: Vec<f64>) -> Timing {
     samples.sort_by(f64::total_cmp);
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
-    Ok(Timing {
+    Timing {
         median: at(0.5),
         p10: at(0.1),
         p90: at(0.9),
-    })
+    }
 }
 
 pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
@@ -389,16 +394,10 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
                     // back to back: as many calls as fill about --time-ms, 16 to 256
                     let n = ((a.time_ms as f64 * 1e3 / one.median) as usize).clamp(16, 256);
                     let stream = if g.has_timestamps() {
-                        let mut v = g
-                            .time_stream(&views, &reqs, &out, n)
-                            .map_err(|e| e.to_string())?;
-                        v.sort_by(f64::total_cmp);
-                        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-                        Timing {
-                            median: at(0.5),
-                            p10: at(0.1),
-                            p90: at(0.9),
-                        }
+                        quantiles(
+                            g.time_stream(&views, &reqs, &out, n)
+                                .map_err(|e| e.to_string())?,
+                        )
                     } else {
                         Timing { ..one }
                     };

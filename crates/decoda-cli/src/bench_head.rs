@@ -8,7 +8,7 @@ use decoda::head::{CpuHead, Head, SlotRequest};
 use decoda::{Backend, Request, SamplingParams, SequenceState};
 use serde_json::json;
 
-use crate::bench::{round2, Timing};
+use crate::bench::{quantiles, round2, Timing};
 
 /// The parameters every slot runs with: the usual filters and all three penalties.
 fn params() -> SamplingParams {
@@ -20,16 +20,6 @@ fn params() -> SamplingParams {
         frequency_penalty: 0.2,
         presence_penalty: 0.1,
         ..Default::default()
-    }
-}
-
-fn median(mut v: Vec<f64>) -> Timing {
-    v.sort_by(f64::total_cmp);
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    Timing {
-        median: at(0.5),
-        p10: at(0.1),
-        p90: at(0.9),
     }
 }
 
@@ -111,8 +101,8 @@ pub fn run(
                         .time_calls(&view, &reqs, &out, n)
                         .map_err(|e| e.to_string())?;
                     for (api, times) in [("head", t), ("per-call", c)] {
-                        let host = median(times.iter().map(|x| x.host_us).collect());
-                        let dev = median(times.iter().map(|x| x.device_us).collect());
+                        let host = quantiles(times.iter().map(|x| x.host_us).collect());
+                        let dev = quantiles(times.iter().map(|x| x.device_us).collect());
                         emit(json!({
                             "api": api, "device": g.adapter(), "slots": s, "history": h,
                             "vocab": v, "host_us": round2(host.median),
@@ -136,7 +126,7 @@ pub fn run(
                                 f()?;
                                 v.push(t.elapsed().as_secs_f64() * 1e6);
                             }
-                            Ok(median(v))
+                            Ok(quantiles(v))
                         };
                     let th = time(&mut || {
                         head.step(&logits, &rows)

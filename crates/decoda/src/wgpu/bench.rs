@@ -26,30 +26,33 @@ struct Stamps {
     qs: wgpu::QuerySet,
     resolve: wgpu::Buffer,
     read: wgpu::Buffer,
+    count: u32,
 }
 
 impl Stamps {
-    fn new(device: &wgpu::Device) -> Self {
+    /// `count` queries (at most 32).
+    fn new(device: &wgpu::Device, count: u32) -> Self {
         use wgpu::BufferUsages as U;
         Self {
             qs: device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("decoda timing"),
                 ty: wgpu::QueryType::Timestamp,
-                count: 2,
+                count,
             }),
             resolve: make_buffer(device, "decoda ts", 256, U::QUERY_RESOLVE | U::COPY_SRC),
             read: make_buffer(device, "decoda ts read", 256, U::MAP_READ | U::COPY_DST),
+            count,
         }
     }
 
     fn copy(&self, enc: &mut wgpu::CommandEncoder) {
-        enc.resolve_query_set(&self.qs, 0..2, &self.resolve, 0);
-        enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, 16);
+        enc.resolve_query_set(&self.qs, 0..self.count, &self.resolve, 0);
+        enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, 8 * u64::from(self.count));
     }
 
-    /// Microseconds between the two stamps (after the submission is done).
-    fn read(&self, device: &wgpu::Device, period: f64) -> Result<f64> {
-        let slice = self.read.slice(0..16);
+    /// The stamps, in ticks (after the submission is done).
+    fn ticks(&self, device: &wgpu::Device) -> Result<Vec<u64>> {
+        let slice = self.read.slice(0..8 * u64::from(self.count));
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
@@ -67,9 +70,15 @@ impl Stamps {
             bytemuck::cast_slice::<u8, u32>(&view).to_vec()
         };
         self.read.unmap();
-        let t0 = u64::from(w[0]) | (u64::from(w[1]) << 32);
-        let t1 = u64::from(w[2]) | (u64::from(w[3]) << 32);
-        Ok(t1.saturating_sub(t0) as f64 * period / 1000.0)
+        Ok(w.chunks(2)
+            .map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32))
+            .collect())
+    }
+
+    /// Microseconds between the first two stamps (after the submission is done).
+    fn read(&self, device: &wgpu::Device, period: f64) -> Result<f64> {
+        let t = self.ticks(device)?;
+        Ok(t[1].saturating_sub(t[0]) as f64 * period / 1000.0)
     }
 }
 
@@ -87,7 +96,7 @@ impl WgpuHead {
             .device()
             .features()
             .contains(wgpu::Features::TIMESTAMP_QUERY);
-        let stamps = ts.then(|| Stamps::new(self.device()));
+        let stamps = ts.then(|| Stamps::new(self.device(), 2));
         let period = f64::from(self.queue().get_timestamp_period());
         let mut out = Vec::with_capacity(iters);
         for _ in 0..iters {
@@ -118,6 +127,23 @@ impl WgpuHead {
 }
 
 impl WgpuSampler {
+    /// [`Error::Device`] when the adapter has no timestamp queries.
+    fn need_timestamps(&self) -> Result<()> {
+        if self.timestamps {
+            Ok(())
+        } else {
+            Err(Error::Device(format!(
+                "{} has no timestamp queries",
+                self.info.name
+            )))
+        }
+    }
+
+    fn encoder(&self) -> wgpu::CommandEncoder {
+        self.device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+    }
+
     /// GPU time of `iters` calls on device logits, in microseconds each, from timestamp
     /// queries around the call's compute pass. [`Error::Device`] when the adapter has no
     /// timestamps.
@@ -129,44 +155,16 @@ impl WgpuSampler {
         out: &DeviceOutputs,
         iters: usize,
     ) -> Result<Vec<f64>> {
-        if !self.timestamps {
-            return Err(Error::Device(format!(
-                "{} has no timestamp queries",
-                self.info.name
-            )));
-        }
-        let qs = self.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("decoda timing"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 2,
-        });
-        use wgpu::BufferUsages as U;
-        let resolve = make_buffer(
-            &self.device,
-            "decoda ts",
-            256,
-            U::QUERY_RESOLVE | U::COPY_SRC,
-        );
-        let read = make_buffer(
-            &self.device,
-            "decoda ts read",
-            256,
-            U::MAP_READ | U::COPY_DST,
-        );
+        self.need_timestamps()?;
+        let st = Stamps::new(&self.device, 2);
         let period = f64::from(self.queue.get_timestamp_period());
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters {
-            let mut enc = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            self.record_inner(&mut enc, logits, requests, out, StepStamps::Step(&qs), 0)?;
-            enc.resolve_query_set(&qs, 0..2, &resolve, 0);
-            enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, 16);
+            let mut enc = self.encoder();
+            self.record_inner(&mut enc, logits, requests, out, StepStamps::Step(&st.qs), 0)?;
+            st.copy(&mut enc);
             self.queue.submit([enc.finish()]);
-            let w = self.map_words(&read, 16)?;
-            let t0 = u64::from(w[0]) | (u64::from(w[1]) << 32);
-            let t1 = u64::from(w[2]) | (u64::from(w[3]) << 32);
-            times.push(t1.saturating_sub(t0) as f64 * period / 1000.0);
+            times.push(st.read(&self.device, period)?);
         }
         Ok(times)
     }
@@ -183,49 +181,29 @@ impl WgpuSampler {
         requests: &[Request],
         out: &DeviceOutputs,
     ) -> Result<Vec<(&'static str, f64)>> {
-        if !self.timestamps {
-            return Err(Error::Device(format!(
-                "{} has no timestamp queries",
-                self.info.name
-            )));
-        }
+        self.need_timestamps()?;
         let names: Vec<&'static str> = STAGES.into_iter().filter(|&n| n != "draw_many").collect();
-        let q = 2 * names.len() as u32;
-        let qs = self.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("decoda stage timing"),
-            ty: wgpu::QueryType::Timestamp,
-            count: q,
-        });
-        use wgpu::BufferUsages as U;
-        let resolve = make_buffer(
-            &self.device,
-            "decoda stage ts",
-            256,
-            U::QUERY_RESOLVE | U::COPY_SRC,
-        );
-        let read = make_buffer(
-            &self.device,
-            "decoda stage ts read",
-            256,
-            U::MAP_READ | U::COPY_DST,
-        );
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        self.record_inner(&mut enc, logits, requests, out, StepStamps::Stages(&qs), 0)?;
-        enc.resolve_query_set(&qs, 0..q, &resolve, 0);
-        enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, 8 * u64::from(q));
+        let st = Stamps::new(&self.device, 2 * names.len() as u32);
+        let mut enc = self.encoder();
+        self.record_inner(
+            &mut enc,
+            logits,
+            requests,
+            out,
+            StepStamps::Stages(&st.qs),
+            0,
+        )?;
+        st.copy(&mut enc);
         self.queue.submit([enc.finish()]);
-        let w = self.map_words(&read, 8 * u64::from(q))?;
+        let t = st.ticks(&self.device)?;
         let period = f64::from(self.queue.get_timestamp_period());
-        let at = |i: usize| u64::from(w[2 * i]) | (u64::from(w[2 * i + 1]) << 32);
         Ok(names
             .into_iter()
             .enumerate()
             .map(|(i, n)| {
                 (
                     n,
-                    at(2 * i + 1).saturating_sub(at(2 * i)) as f64 * period / 1000.0,
+                    t[2 * i + 1].saturating_sub(t[2 * i]) as f64 * period / 1000.0,
                 )
             })
             .collect())
@@ -244,12 +222,7 @@ impl WgpuSampler {
         out: &DeviceOutputs,
         n: usize,
     ) -> Result<Vec<f64>> {
-        if !self.timestamps {
-            return Err(Error::Device(format!(
-                "{} has no timestamp queries",
-                self.info.name
-            )));
-        }
+        self.need_timestamps()?;
         if logits.is_empty() || n < 2 {
             return Ok(Vec::new());
         }
@@ -277,9 +250,7 @@ impl WgpuSampler {
             U::MAP_READ | U::COPY_DST,
         );
         for (i, qs) in sets.iter().enumerate() {
-            let mut enc = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            let mut enc = self.encoder();
             self.record_inner(
                 &mut enc,
                 &logits[i % logits.len()],
@@ -291,9 +262,7 @@ impl WgpuSampler {
             enc.resolve_query_set(qs, 0..2, &resolve, 256 * i as u64);
             self.queue.submit([enc.finish()]);
         }
-        let mut enc = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let mut enc = self.encoder();
         enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, 256 * n as u64);
         self.queue.submit([enc.finish()]);
         let w = self.map_words(&read, 256 * n as u64)?;
@@ -314,14 +283,12 @@ impl WgpuSampler {
         out: &DeviceOutputs,
         iters: usize,
     ) -> Result<Vec<StepTime>> {
-        let stamps = self.timestamps.then(|| Stamps::new(&self.device));
+        let stamps = self.timestamps.then(|| Stamps::new(&self.device, 2));
         let period = f64::from(self.queue.get_timestamp_period());
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters {
             let t = std::time::Instant::now();
-            let mut enc = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            let mut enc = self.encoder();
             self.record_inner(
                 &mut enc,
                 logits,
@@ -364,9 +331,7 @@ impl WgpuSampler {
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters {
             let t = std::time::Instant::now();
-            let mut enc = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            let mut enc = self.encoder();
             self.record(&mut enc, logits, requests, out)?;
             self.queue.submit([enc.finish()]);
             self.device
@@ -390,9 +355,7 @@ impl WgpuSampler {
         let mut best = f64::INFINITY;
         for _ in 0..5 {
             let t = std::time::Instant::now();
-            let mut enc = self
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+            let mut enc = self.encoder();
             for _ in 0..4 {
                 enc.copy_buffer_to_buffer(&a, 0, &b, 0, size);
             }
