@@ -72,15 +72,16 @@ impl Kernels {
         stamps: StepStamps<'_>,
     ) {
         let (b, w) = (shape.rows as u32, shape.splits as u32);
-        let mut stages = vec![
-            (&self.probe, b, 1),
-            (&self.scan, w, b),
-            (&self.settle, b, 1),
+        // the stages in order, as (pipeline, grid x, grid y); no allocation per call
+        let stages = [
+            Some((&self.probe, b, 1)),
+            Some((&self.scan, w, b)),
+            Some((&self.settle, b, 1)),
+            (shape.draw_groups > 0).then_some((&self.draw_many, shape.draw_groups as u32, b)),
+            Some((&self.lp, w, b)),
+            Some((&self.finish, b, 1)),
         ];
-        if shape.draw_groups > 0 {
-            stages.push((&self.draw_many, shape.draw_groups as u32, b));
-        }
-        stages.extend([(&self.lp, w, b), (&self.finish, b, 1)]);
+        let stages = stages.into_iter().flatten();
         fn pass_with<'e>(
             encoder: &'e mut wgpu::CommandEncoder,
             q: Option<(&wgpu::QuerySet, u32)>,
@@ -96,7 +97,7 @@ impl Kernels {
         }
         match stamps {
             StepStamps::Stages(q) => {
-                for (i, (pipe, x, y)) in stages.into_iter().enumerate() {
+                for (i, (pipe, x, y)) in stages.enumerate() {
                     let mut pass = pass_with(encoder, Some((q, 2 * i as u32)));
                     pass.set_bind_group(0, group, &[]);
                     pass.set_pipeline(pipe);
