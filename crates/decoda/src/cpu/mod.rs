@@ -760,7 +760,8 @@ fn top_p_candidates(
                 }
             }
             if kept.len() < out.len() {
-                if let Some(cut) = nucleus(kept, ymax, t, p, rest + dropped, (q, walk), false) {
+                let bufs = (&mut *q, &mut *walk);
+                if let Some(cut) = nucleus(kept, ymax, t, p, rest + dropped, bufs, Walk::Peel) {
                     std::mem::swap(out, kept);
                     return TopPScan::Done(zmax, Some(cut));
                 }
@@ -771,7 +772,12 @@ fn top_p_candidates(
         // The candidates are every token with z >= zthr, so they hold the nucleus when the
         // walk over them reaches p strictly above their smallest q.
         let all_gathered = out.len() == z.len();
-        if let Some(cut) = nucleus(out, ymax, t, p, rest, (q, walk), all_gathered) {
+        let walk_from = if all_gathered {
+            Walk::AllGathered
+        } else {
+            Walk::Top
+        };
+        if let Some(cut) = nucleus(out, ymax, t, p, rest, (q, walk), walk_from) {
             return TopPScan::Done(zmax, Some(cut));
         }
         if zthr <= floor || tries == 3 {
@@ -947,8 +953,9 @@ fn nucleus(
     p: f32,
     approx: f64,
     (q, walk): (&mut Vec<f32>, &mut Vec<f32>),
-    all_gathered: bool,
+    from: Walk,
 ) -> Option<(f64, f32)> {
+    let all_gathered = from == Walk::AllGathered;
     if out.is_empty() {
         return None;
     }
@@ -970,12 +977,67 @@ fn nucleus(
     let smallest = q.iter().copied().fold(f32::INFINITY, f32::min);
     walk.clear();
     walk.extend_from_slice(q);
-    let tau_p = top_p_walk(walk, p);
+    let peeled = if from == Walk::Peel {
+        top_p_peel(walk, p)
+    } else {
+        None
+    };
+    let tau_p = peeled.unwrap_or_else(|| top_p_walk(walk, p));
     if !(all_gathered || tau_p > smallest) {
         return None;
     }
     keep_from(out, q, tau_p);
     Some((sum, tau_p))
+}
+
+/// Which end [`nucleus`] walks its candidates from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    /// From the largest ([`top_p_walk`]): a list that may hold far more than the nucleus.
+    Top,
+    /// As `Top`, over a list that holds every token of the row.
+    AllGathered,
+    /// From the smallest ([`top_p_peel`]), falling back to `Top`: a list that a
+    /// bisection cut to little more than the nucleus.
+    Peel,
+}
+
+/// `τp` of [`top_p_walk`] found from the other end, for a list whose nucleus is nearly
+/// all of it: the smallest values are taken off one by one (split off in growing pieces
+/// and sorted, as the walk does from the top) until the mass left would fall below `p`;
+/// the value that would take it there is the m-th largest, `τp`. The mass left is the
+/// list's sum (in f64) less the values taken off, within far less than `1e-9` of the
+/// walk's own sum of the values that stay (the same values, added in another order), so
+/// when the mass stays `1e-9` clear of `p` on both sides of that value, the walk would
+/// stop at it too. `None` (`q` reordered) when it comes closer, or when the whole list
+/// does not clear `p`: the caller walks from the top.
+fn top_p_peel(q: &mut [f32], p: f32) -> Option<f32> {
+    const SURE: f64 = 1e-9;
+    // probabilities: finite and not negative, so their bits order them
+    let asc = |v: &f32| v.to_bits();
+    let p64 = f64::from(p);
+    let mut left = q.iter().fold(0f64, |s, &v| s + f64::from(v));
+    if left < p64 + SURE {
+        return None;
+    }
+    let (mut start, mut piece) = (0, 8);
+    while start < q.len() {
+        let end = (start + piece).min(q.len());
+        if end < q.len() {
+            q[start..].select_nth_unstable_by_key(end - start - 1, asc);
+        }
+        q[start..end].sort_unstable_by_key(asc);
+        for &v in &q[start..end] {
+            let next = left - f64::from(v);
+            if next < p64 {
+                return (left - p64 >= SURE && p64 - next >= SURE).then_some(v);
+            }
+            left = next;
+        }
+        start = end;
+        piece *= 2;
+    }
+    None
 }
 
 /// Stage 7's probabilities in place: `q` holds the candidates' `y` and becomes their
@@ -1269,12 +1331,13 @@ fn leader(cands: &[(u32, f32)]) -> Option<(u32, f32)> {
 
 /// The Gumbel-max draw over candidates `(i, y_i)`: the largest `y_i + g_i`, ties to the
 /// smallest id. The leader (the largest `y`, its noise exact) rules out the tokens whose
-/// largest possible noise cannot reach it; the others' Philox words are made 32 blocks
-/// at a time in vector lanes ([`kernels::philox_listed`]; a token in its predecessor's
-/// block shares that lane). Each word's bucket bounds its noise from both sides: the
-/// largest `y + floor` is at most the winner's score, so only the tokens whose `y +
-/// bound` reaches it meet the exact comparison and its logarithms. `live` and `words` are
-/// scratch.
+/// largest possible noise cannot reach it (when the kept set's values span more than that
+/// noise; otherwise every candidate is drawn from the list as it is). The others' Philox
+/// words are made 32 tokens at a time in vector lanes ([`kernels::philox_listed`], one
+/// block per token: a block that two tokens share is made twice). Each word's bucket
+/// bounds its noise from both sides: the largest `y + floor` is at most the winner's
+/// score, so only the tokens whose `y + bound` reaches it meet the exact comparison and
+/// its logarithms. `live` and `words` are scratch.
 fn draw(
     cands: &[(u32, f32)],
     seed: u64,
@@ -1284,64 +1347,48 @@ fn draw(
 ) -> u32 {
     let (i0, y0) = leader(cands).expect("the kept set is never empty");
     let mut best = (i0, y0 + philox::gumbel(seed, step, i0));
-    live.clear();
+    let ymin = cands.iter().fold(f32::INFINITY, |m, c| m.min(c.1));
+    // the tokens whose largest possible noise can reach the leader (the leader itself
+    // among them: its own challenge changes nothing)
+    let list: &[(u32, f32)] = if ymin + GUMBEL_MAX_BOUND >= best.1 {
+        cands
+    } else {
+        live.clear();
+        live.extend(cands.iter().filter(|c| c.1 + GUMBEL_MAX_BOUND >= best.1));
+        live
+    };
     words.clear();
-    // the tokens whose largest possible noise can reach the leader
-    let mut rest = cands
-        .iter()
-        .filter(|c| c.0 != i0 && c.1 + GUMBEL_MAX_BOUND >= best.1)
-        .peekable();
-    if cands.len() < FEW_DRAWN {
-        for &(i, y) in rest {
-            live.push((i, y));
-            words.push(philox::token_bits(seed, step, i));
+    words.resize(list.len(), 0);
+    if list.len() < FEW_DRAWN {
+        for (w, c) in words.iter_mut().zip(list) {
+            *w = philox::token_bits(seed, step, c.0);
         }
     } else {
         let key = philox::seed_key(seed);
-        let (mut blocks, mut out) = ([0u32; 32], [0u32; 128]);
-        // a batch: 32 blocks' worth of tokens, each token's word's index in `out`, the
-        // words
-        let (mut batch, mut slots, mut got) = ([(0u32, 0f32); 128], [0u8; 128], [0u32; 128]);
-        loop {
-            let (mut n, mut m) = (0, 0);
-            while let Some(&&(i, y)) = rest.peek() {
-                if m == batch.len() {
-                    break;
-                }
-                if n == 0 || blocks[n - 1] != i / 4 {
-                    if n == 32 {
-                        break;
-                    }
-                    blocks[n] = i / 4;
-                    n += 1;
-                }
-                slots[m] = (4 * (n - 1) + (i % 4) as usize) as u8;
-                batch[m] = (i, y);
-                m += 1;
-                rest.next();
-            }
-            if m == 0 {
-                break;
+        let mut out = [0u32; 128];
+        for (ws, cs) in words.chunks_mut(32).zip(list.chunks(32)) {
+            // a short last chunk repeats its first block in the unused lanes
+            let mut blocks = [cs[0].0 / 4; 32];
+            for (b, c) in blocks.iter_mut().zip(cs) {
+                *b = c.0 / 4;
             }
             kernels::philox_listed(&blocks, step, key, &mut out);
-            for (w, &j) in got.iter_mut().zip(&slots[..m]) {
-                *w = out[j as usize];
+            for (j, (w, c)) in ws.iter_mut().zip(cs).enumerate() {
+                *w = out[4 * j + (c.0 % 4) as usize];
             }
-            live.extend_from_slice(&batch[..m]);
-            words.extend_from_slice(&got[..m]);
         }
     }
     let (floors, bounds) = (gumbel_bucket_floors(), gumbel_bucket_bounds());
     // the largest `y + floor`: at most the winner's score (the scores are never NaN: `>`
     // keeps the fold a plain max)
     let mut reach = best.1;
-    for (c, &w) in live.iter().zip(words.iter()) {
+    for (c, &w) in list.iter().zip(words.iter()) {
         let r = c.1 + floors[(w >> 20) as usize];
         if r > reach {
             reach = r;
         }
     }
-    for (&(i, y), &w) in live.iter().zip(words.iter()) {
+    for (&(i, y), &w) in list.iter().zip(words.iter()) {
         if y + bounds[(w >> 20) as usize] >= reach {
             challenge(&mut best, i, y, w, bounds);
         }
@@ -1516,7 +1563,7 @@ fn subset_logprobs(
 
 #[cfg(test)]
 mod tests {
-    use super::{draw, draw_whole_row, top_p_walk, wide_draw, WIDE_DRAW};
+    use super::{draw, draw_whole_row, top_p_peel, top_p_walk, wide_draw, WIDE_DRAW};
     use crate::philox;
     use crate::pipeline as pl;
 
@@ -1861,6 +1908,60 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The walk from the smallest values gives the walk's `τp` whenever it answers, and
+    /// answers on lists that hold little more than the nucleus (as a bisection leaves
+    /// them), ties and all; `p` on a partial sum leaves no margin, and it declines.
+    #[test]
+    fn peeled_walk_matches_the_sorted_walk() {
+        let mut rng = crate::conformance::Rng::new(0x005e_ed0f_9ee1_u64);
+        let mut next = move || rng.next_u64();
+        let (mut answered, mut declined) = (0, 0);
+        for case in 0..40 {
+            let n = [9usize, 101, 300, 2_000][case % 4];
+            let mut q: Vec<f32> = (0..n)
+                .map(|_| match case / 4 % 4 {
+                    // repeats: ties everywhere
+                    0 => ((next() >> 40) % 20) as f32 + 1.0,
+                    // a Zipf-like fall
+                    1 => 1.0 / (1.0 + (next() >> 54) as f32),
+                    // steep
+                    2 => (-(((next() >> 40) % 2000) as f32) / 300.0).exp(),
+                    _ => 1.0 + ((next() >> 52) as f32) * 1e-4,
+                })
+                .collect();
+            // the list's share of the row: p and a little more (the rest lies elsewhere)
+            let share = [0.9001f64, 0.905, 0.93, 0.99][case / 16 % 4];
+            let total: f64 = q.iter().map(|&v| f64::from(v)).sum();
+            for v in q.iter_mut() {
+                *v = (f64::from(*v) * share / total) as f32;
+            }
+            let mut sorted = q.clone();
+            sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+            let mut ps = vec![0.5f32, 0.8, 0.9, 0.899, share as f32];
+            // p on a partial sum near the list's end: no margin
+            let mut cum = 0f64;
+            for &v in &sorted[..n - n / 10 - 1] {
+                cum += f64::from(v);
+            }
+            ps.push(cum as f32);
+            for p in ps {
+                let (want, _) = pl::top_p_cut(sorted.iter().copied(), p);
+                let mut work = q.clone();
+                match top_p_peel(&mut work, p) {
+                    Some(tau) => {
+                        answered += 1;
+                        assert_eq!(tau.to_bits(), want.to_bits(), "case {case}: n={n} p={p}");
+                    }
+                    None => declined += 1,
+                }
+                // the list as the walk from the top then finds it (reordered)
+                assert_eq!(top_p_walk(&mut work, p).to_bits(), want.to_bits());
+            }
+        }
+        assert!(answered > 150, "answered {answered}");
+        assert!(declined > 0, "declined {declined}");
     }
 
     /// A kept set that is every token of the row at or above some `y` (ties at the edge,
