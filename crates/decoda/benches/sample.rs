@@ -8,6 +8,7 @@
 //! kernel variants).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use decoda::cpu::kernels::{exp2_sum, Terms};
 use decoda::{workload, Backend, CpuSampler, Logits};
 
 fn bench(c: &mut Criterion) {
@@ -41,8 +42,8 @@ fn bench(c: &mut Criterion) {
             out.clear();
             decoda::cpu::kernels::exp2_sum_collect(
                 std::hint::black_box(&x),
-                c1,
-                -m * c1,
+                (c1, -m * c1),
+                Terms::Precise,
                 0,
                 thr,
                 &mut out,
@@ -52,7 +53,7 @@ fn bench(c: &mut Criterion) {
     // the same terms summed with nothing gathered: what top-p without top-k cannot go
     // below while it takes one `exp` per token
     g.bench_function("topp_normaliser_sum_only", |b| {
-        b.iter(|| decoda::cpu::kernels::exp2_sum(std::hint::black_box(&x), c1, -m * c1))
+        b.iter(|| exp2_sum(std::hint::black_box(&x), (c1, -m * c1), Terms::Precise))
     });
     // greedy's pass: the max and its first index
     g.bench_function("greedy_argmax", |b| {

@@ -28,6 +28,7 @@ use crate::logits::{Logits, LogitsData};
 use crate::params::{LogprobsMode, Request};
 use crate::philox::{self, gumbel_bucket_bounds, gumbel_bucket_floors, GUMBEL_MAX_BOUND};
 use crate::pipeline::{self as pl, RowResult, Sample, TokenLogprobs};
+use kernels::Terms;
 
 /// Candidate count below which the draw makes each Philox word on its own (the vector
 /// lanes make 32 blocks at once).
@@ -182,7 +183,7 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
         if m_est.is_finite() {
             let bufs = (&mut s.q, &mut s.walk, &mut s.tmp2);
             if let TopPScan::Done(xmax, cut) =
-                top_p_candidates(x, m_est, zthr, t, p.top_p, &mut s.cands, bufs)
+                top_p_scan(x, (m_est, zthr), (t, p.top_p), &mut s.cands, bufs)
             {
                 if !pl::is_greedy(t, xmax) {
                     let ready = cut.map_or(Ready::WholeRow, Ready::TopP);
@@ -401,10 +402,10 @@ fn sample_z(
             let want = first_top_p_list(p.top_p);
             let zthr = floor.max(sampled_threshold(z, want, &mut s.tmp).0);
             let bufs = (&mut s.q, &mut s.walk, &mut s.tmp2);
-            cut = match top_p_candidates(z, zmax, zthr, t, p.top_p, &mut cands, bufs) {
+            cut = match top_p_scan(z, (zmax, zthr), (t, p.top_p), &mut cands, bufs) {
                 TopPScan::Done(_, cut) => cut,
                 // not with the exact max as reference and no NaN or +inf in the row
-                TopPScan::NonFinite => None,
+                TopPScan::NonFinite | TopPScan::Unsure => None,
             };
         }
         if cut.is_none() {
@@ -698,13 +699,38 @@ enum TopPScan {
     /// The max of `z`, and stage 7's `(normaliser, τp)` with its kept set left in `out` as
     /// `(i, y_i)` when the gathered tokens hold the nucleus, else `None`.
     Done(f32, Option<(f64, f32)>),
+    /// With [`Terms::Coarse`]: the cut lies too close to `p` for the coarse terms of the
+    /// tokens outside the list to tell; [`top_p_scan`] scans again with precise ones.
+    Unsure,
+}
+
+/// [`top_p_candidates`] with [`Terms::Coarse`], and again with [`Terms::Precise`] when
+/// the coarse terms leave the cut unsure.
+fn top_p_scan(
+    z: &[f32],
+    (m_ref, zthr): (f32, f32),
+    (t, p): (f32, f32),
+    out: &mut Vec<(u32, f32)>,
+    (q, walk, kept): TopPBufs<'_>,
+) -> TopPScan {
+    let bufs = (&mut *q, &mut *walk, &mut *kept);
+    match top_p_candidates(z, m_ref, zthr, t, p, out, bufs, Terms::Coarse) {
+        TopPScan::Unsure => {
+            top_p_candidates(z, m_ref, zthr, t, p, out, (q, walk, kept), Terms::Precise)
+        }
+        scan => scan,
+    }
 }
 
 /// Top-p without top-k: one pass over `z` accumulates the normaliser against the
 /// reference `m_ref` (the max, or an estimate of it no larger) while gathering every token
 /// with `z >= zthr` (`zthr <= m_ref`, so the max is gathered); then stage 7 runs on the
 /// candidates, after gathering again from lower thresholds when they miss part of the
-/// nucleus.
+/// nucleus. The candidates get the contract's weights; the other tokens' share of the
+/// normaliser comes from the pass's `terms`. With coarse terms, that share is known within
+/// `Terms::error` of it: when the cut is not clear of `p` by as much,
+/// [`TopPScan::Unsure`].
+#[allow(clippy::too_many_arguments)]
 fn top_p_candidates(
     z: &[f32],
     m_ref: f32,
@@ -713,6 +739,7 @@ fn top_p_candidates(
     p: f32,
     out: &mut Vec<(u32, f32)>,
     (q, walk, kept): TopPBufs<'_>,
+    terms: Terms,
 ) -> TopPScan {
     // terms 2^(z c1 + c0) = exp((z - m_ref) / T)
     let c1 = (std::f64::consts::LOG2_E / f64::from(t)) as f32;
@@ -720,7 +747,7 @@ fn top_p_candidates(
     out.clear();
     let mut bulk = 0f64;
     for (b, block) in z.chunks(BLOCK).enumerate() {
-        bulk += kernels::exp2_sum_collect(block, c1, c0, (b * BLOCK) as u32, zthr, out);
+        bulk += kernels::exp2_sum_collect(block, (c1, c0), terms, (b * BLOCK) as u32, zthr, out);
         if out.len() > TOP_P_CAP {
             let (_, mid, _) = out.select_nth_unstable_by(TOP_P_CAP / 2, |a, b| b.1.total_cmp(&a.1));
             zthr = mid.1;
@@ -740,11 +767,19 @@ fn top_p_candidates(
     // the bulk's terms against the max: exp((z - zmax) / T)
     let to_max = (-(f64::from(zmax) * f64::from(c1) + f64::from(c0))).exp2();
     let floor = pl::z_lower_bound(ymax - 16.0, t);
+    // how far coarse terms may put the rest's weight from precise ones (relative; 0 when
+    // this CPU's kernels make them alike)
+    let coarse = terms.error() - Terms::Precise.error();
+    let rest_error = if coarse > 0.0 {
+        (terms.error() + Terms::Precise.error()) * 1.01
+    } else {
+        0.0
+    };
     let mut tries = 0;
     loop {
         // The candidates' share of the bulk, computed the same way, so it cancels (`q`
         // holds the candidates' z).
-        let have = kernels::exp2_sum(q, c1, c0);
+        let have = kernels::exp2_sum(q, (c1, c0), terms);
         let rest = (bulk - have).max(0.0) * to_max;
         let have = have * to_max;
         // Many more candidates than the nucleus needs: first try the fewest top ones that
@@ -761,9 +796,14 @@ fn top_p_candidates(
             }
             if kept.len() < out.len() {
                 let bufs = (&mut *q, &mut *walk);
-                if let Some(cut) = nucleus(kept, ymax, t, p, rest + dropped, bufs, Walk::Peel) {
-                    std::mem::swap(out, kept);
-                    return TopPScan::Done(zmax, Some(cut));
+                let approx = (rest + dropped, rest * rest_error);
+                match nucleus(kept, ymax, t, p, approx, bufs, Walk::Peel) {
+                    Nucleus::Cut(cut) => {
+                        std::mem::swap(out, kept);
+                        return TopPScan::Done(zmax, Some(cut));
+                    }
+                    Nucleus::Unsure => return TopPScan::Unsure,
+                    Nucleus::Short => {}
                 }
                 q.clear();
                 q.extend(out.iter().map(|c| c.1));
@@ -777,8 +817,18 @@ fn top_p_candidates(
         } else {
             Walk::Top
         };
-        if let Some(cut) = nucleus(out, ymax, t, p, rest, (q, walk), walk_from) {
-            return TopPScan::Done(zmax, Some(cut));
+        match nucleus(
+            out,
+            ymax,
+            t,
+            p,
+            (rest, rest * rest_error),
+            (q, walk),
+            walk_from,
+        ) {
+            Nucleus::Cut(cut) => return TopPScan::Done(zmax, Some(cut)),
+            Nucleus::Unsure => return TopPScan::Unsure,
+            Nucleus::Short => {}
         }
         if zthr <= floor || tries == 3 {
             return TopPScan::Done(zmax, None);
@@ -943,21 +993,38 @@ fn nucleus_bound(
     Some(lo)
 }
 
+/// What [`nucleus`] found.
+enum Nucleus {
+    /// The normaliser and `τp`; the kept `(i, y_i)` are left in the list.
+    Cut((f64, f32)),
+    /// The list does not hold the nucleus (or is empty).
+    Short,
+    /// The cut is not clear of `p` by the rest's error.
+    Unsure,
+}
+
+/// Relative error of the normaliser below which [`nucleus`] need not check its cut: with
+/// the precise weights' 2.7e-7 and the walk's 1e-7 it stays within the contract's `1e-6`
+/// top-p tie.
+const FREE_ERROR: f64 = 4e-7;
+
 /// Stage 7 over gathered `(i, z_i)` (every token with `z` at or above some threshold),
-/// given the approximate weight `rest` of all other tokens: on success `out` holds the
-/// kept `(i, y_i)` and the normaliser and `τp` are returned.
+/// given the approximate weight of all other tokens and a bound on its error (`approx`):
+/// on success `out` holds the kept `(i, y_i)` and the normaliser and `τp` are returned.
+/// When that error could move the normaliser by more than [`FREE_ERROR`], the cut must
+/// stay clear of `p` under any normaliser within it, else [`Nucleus::Unsure`].
 fn nucleus(
     out: &mut Vec<(u32, f32)>,
     ymax: f32,
     t: f32,
     p: f32,
-    approx: f64,
+    (approx, approx_error): (f64, f64),
     (q, walk): (&mut Vec<f32>, &mut Vec<f32>),
     from: Walk,
-) -> Option<(f64, f32)> {
+) -> Nucleus {
     let all_gathered = from == Walk::AllGathered;
     if out.is_empty() {
-        return None;
+        return Nucleus::Short;
     }
     q.clear();
     q.extend(out.iter_mut().map(|c| {
@@ -970,9 +1037,11 @@ fn nucleus(
     // `(sum - approx) / sum`, and each probability is its weight's share rounded to f32
     // (within 2^-24 of it), so the walk's sum of them (in f64) stays within 1e-7 of that
     // share and surely ends short where the share is `SHORT` short of `p`.
+    // (less what the rest's error may take away)
     const SHORT: f64 = 1e-6;
-    if !all_gathered && (sum - approx) / sum < f64::from(p) - SHORT {
-        return None;
+    let shift = approx_error / sum;
+    if !all_gathered && (sum - approx) / sum < f64::from(p) - SHORT - shift {
+        return Nucleus::Short;
     }
     let smallest = q.iter().copied().fold(f32::INFINITY, f32::min);
     walk.clear();
@@ -984,10 +1053,36 @@ fn nucleus(
     };
     let tau_p = peeled.unwrap_or_else(|| top_p_walk(walk, p));
     if !(all_gathered || tau_p > smallest) {
-        return None;
+        return Nucleus::Short;
+    }
+    if shift > FREE_ERROR && !clear_cut(q, tau_p, p, shift) {
+        return Nucleus::Unsure;
     }
     keep_from(out, q, tau_p);
-    Some((sum, tau_p))
+    Nucleus::Cut((sum, tau_p))
+}
+
+/// Whether the walk's cut at `τp` over the probabilities `q` stays where it is when every
+/// probability is divided by any factor within `1 ± shift` (the normaliser's error): the
+/// sum of the fewest largest values that reach `p` must reach it by that much, and the sum
+/// without the last of them must stay short by that much (the sums recomputed in another
+/// order, hence a margin of 1e-9 beyond).
+fn clear_cut(q: &[f32], tau: f32, p: f32, shift: f64) -> bool {
+    const SURE: f64 = 1e-9;
+    if tau.is_nan() || tau <= 0.0 || shift >= 0.5 {
+        return false;
+    }
+    let p64 = f64::from(p);
+    let tau64 = f64::from(tau);
+    // the values above τp, then as many at τp as it takes
+    let above = q
+        .iter()
+        .filter(|&&v| v > tau)
+        .fold(0f64, |s, &v| s + f64::from(v));
+    let k = ((p64 - above) / tau64).ceil().max(1.0);
+    let reach = above + k * tau64;
+    let short = reach - tau64;
+    reach / (1.0 + shift) >= p64 + SURE && short / (1.0 - shift) < p64 - SURE
 }
 
 /// Which end [`nucleus`] walks its candidates from.
@@ -1907,6 +2002,98 @@ mod tests {
                     "case {case}: n={n} p={p}"
                 );
             }
+        }
+    }
+
+    /// Top-p over rows whose tokens outside the candidate list hold much of the mass, with
+    /// `p` on a cumulative sum of the sorted probabilities and between two: with coarse
+    /// terms the cut either stays clear of `p` by the rest's error or is deferred
+    /// ([`TopPScan::Unsure`]), and [`top_p_scan`] keeps the reference's set but on the
+    /// contract's ties. Where this CPU's coarse terms are its precise ones, nothing is
+    /// deferred.
+    #[test]
+    fn coarse_normaliser_defers_unclear_cuts() {
+        use super::{
+            first_top_p_list, sampled_threshold, top_p_candidates, top_p_scan, Scratch, Terms,
+            TopPScan,
+        };
+        let mut rng = crate::conformance::Rng::new(0x9e37_79b9_7f4a_7c15);
+        let (mut unsure, mut clear, mut ties, mut done) = (0, 0, 0, 0);
+        for case in 0..12usize {
+            let v = [32_000usize, 131_072][case % 2];
+            let z = crate::conformance::zipf_logits(&mut rng, v, [0.9, 1.0, 1.1][case / 2 % 3]);
+            let t = [1.0f32, 1.6][case / 6];
+            let y: Vec<f32> = z.iter().map(|&zi| zi / t).collect();
+            let (zmax, ymax) = (
+                z.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                y.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+            );
+            let sum: f64 = y.iter().map(|&yi| f64::from(pl::weight(yi, ymax))).sum();
+            let mut q: Vec<f32> = y
+                .iter()
+                .map(|&yi| pl::prob(pl::weight(yi, ymax), sum))
+                .collect();
+            q.sort_by(|a, b| b.total_cmp(a));
+            let mut cum = 0f64;
+            let cums: Vec<f64> = q
+                .iter()
+                .map(|&qi| {
+                    cum += f64::from(qi);
+                    cum
+                })
+                .collect();
+            for k in [30usize, 100, 300] {
+                // on a sum, between two, and 1.5e-6 to either side of one: outside the
+                // contract's tie, inside the coarse terms' reach
+                for (p, on_sum) in [
+                    (cums[k] as f32, true),
+                    (((cums[k] + cums[k + 1]) / 2.0) as f32, false),
+                    ((cums[k] + 1.5e-6) as f32, false),
+                    ((cums[k] - 1.5e-6) as f32, false),
+                ] {
+                    let mut keep = vec![true; v];
+                    let margin = crate::reference::stage_top_p(&y, ymax, p, &mut keep);
+                    let want = y
+                        .iter()
+                        .zip(&keep)
+                        .filter(|(_, &k)| k)
+                        .fold(f32::INFINITY, |m, (&yi, _)| m.min(yi));
+                    let mut s = Scratch::default();
+                    let zthr = sampled_threshold(&z, first_top_p_list(p), &mut s.tmp).0;
+                    let bufs = (&mut s.q, &mut s.walk, &mut s.tmp2);
+                    let scan =
+                        top_p_candidates(&z, zmax, zthr, t, p, &mut s.cands, bufs, Terms::Coarse);
+                    match scan {
+                        TopPScan::Unsure => unsure += 1,
+                        TopPScan::Done(_, Some(_)) => clear += 1,
+                        _ => {}
+                    }
+                    let bufs = (&mut s.q, &mut s.walk, &mut s.tmp2);
+                    let scan = top_p_scan(&z, (zmax, zthr), (t, p), &mut s.cands, bufs);
+                    if let TopPScan::Done(_, Some(_)) = scan {
+                        done += 1;
+                        let got = s.cands.iter().fold(f32::INFINITY, |m, c| m.min(c.1));
+                        if got != want {
+                            // only on a sum: between two, the walk is well clear of `p`
+                            assert!(
+                                on_sum && margin <= 1e-6,
+                                "case {case}, k {k}, p {p}: y {got} vs {want}, margin {margin}"
+                            );
+                            ties += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            done >= 96,
+            "{done} of 144 cuts found on the candidate lists"
+        );
+        assert!(ties * 2 <= done, "{ties} ties in {done}");
+        if Terms::Coarse.error() > Terms::Precise.error() {
+            assert!(unsure > 0 && clear > 0, "{unsure} deferred, {clear} clear");
+        } else {
+            assert_eq!(unsure, 0);
         }
     }
 
