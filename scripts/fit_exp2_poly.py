@@ -4,7 +4,9 @@ minimising the relative error by iteratively reweighted least squares on Chebysh
 - `EXP2_Q8` (the AVX2 kernel, after an eight-entry table): 2^r ~ 1 + r (Q0 + r (Q1 + r Q2))
   on |r| <= 1/16;
 - `EXP2_P5` (the baseline kernels, no table): 2^f ~ 1 + f (P0 + f (P1 + ... + f P4)) on
-  |f| <= 1/2, checked as the kernels evaluate it: f32 multiplies and adds, unfused.
+  |f| <= 1/2, checked as the kernels evaluate it: f32 multiplies and adds, unfused;
+- `EXP2_Q8_COARSE` and `EXP2_P4_COARSE`: the same one degree lower (the coarse terms of
+  the tokens outside the top-p candidate list, `Terms::Coarse`).
 
 Prints the f32 coefficients (highest degree first) and the worst relative error on a fine
 grid.
@@ -55,3 +57,7 @@ q8 = fit(1 / 16, 3, 4001, 60)
 show("EXP2_Q8", q8, worst_f64(q8, 1 / 16))
 p5 = fit(1 / 2, 5, 8001, 100)
 show("EXP2_P5", p5, worst_f32_unfused(p5, 1 / 2))
+q8c = fit(1 / 16, 2, 4001, 60)
+show("EXP2_Q8_COARSE", q8c, worst_f64(q8c, 1 / 16))
+p4c = fit(1 / 2, 4, 8001, 100)
+show("EXP2_P4_COARSE", p4c, worst_f32_unfused(p4c, 1 / 2))

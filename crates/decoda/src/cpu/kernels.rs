@@ -116,6 +116,11 @@ const EXP2_P5: [f32; 5] = [
     0.240_222_42,
     0.693_147,
 ];
+/// `2^r ≈ 1 + r (P0 + r (P1 + r (P2 + r P3)))` for `|r| <= 1/2` (`[P3, .., P0]`; fitted as
+/// [`EXP2_P5`], below 3e-6 evaluated the same way): the baseline `2^w` of
+/// [`Terms::Coarse`], one multiply and one add shorter.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const EXP2_P4_COARSE: [f32; 4] = [0.009_582_902, 0.055_906_42, 0.240_240_98, 0.693_124_2];
 
 /// `2^w` within 2.5e-7 (relative), for the top-p normaliser, as plain arithmetic that
 /// vectorises (the baseline variants; the AVX-512 and AVX2 ones use a table, see
@@ -2782,7 +2787,7 @@ mod simd {
 /// a block's max decides).
 #[cfg(target_arch = "x86_64")]
 mod sse2 {
-    use super::{finish_ge_max, push_hits, staged_hits, EXP2_P5};
+    use super::{finish_ge_max, push_hits, staged_hits, EXP2_P4_COARSE, EXP2_P5};
     use std::arch::x86_64::*;
 
     /// The 16 vectors of the 64 values at `at`.
@@ -2944,8 +2949,11 @@ mod sse2 {
     /// terms per lane at most), added in f64. The hits: each block of 64 values keeps its
     /// max (`maxps` with the new value first, so a NaN leaves it alone), and only a block
     /// whose max reaches `thr` is read again with exact compares, after the group's loop.
+    ///
+    /// `COARSE`: the polynomial [`EXP2_P4_COARSE`] (relative error below 3e-6), not
+    /// `exp2_est`'s.
     #[target_feature(enable = "sse2")]
-    pub fn exp2_sum_collect<const COLLECT: bool>(
+    pub fn exp2_sum_collect<const COLLECT: bool, const COARSE: bool>(
         z: &[f32],
         c1: f32,
         c0: f32,
@@ -2958,6 +2966,8 @@ mod sse2 {
         let (vc1, vc0) = (_mm_set1_ps(c1), _mm_set1_ps(c0));
         let (lo, hi) = (_mm_set1_ps(-126.0), _mm_set1_ps(128.0));
         let p = EXP2_P5.map(|c| _mm_set1_ps(c));
+        let p4 = EXP2_P4_COARSE.map(|c| _mm_set1_ps(c));
+        let p: &[__m128] = if COARSE { &p4 } else { &p };
         let one = _mm_set1_ps(1.0);
         let term = |x: __m128, acc: __m128| {
             let w = _mm_add_ps(_mm_mul_ps(x, vc1), vc0);
@@ -3078,9 +3088,10 @@ pub fn exp_sum(z: &[f32], zmax: f32, scale: f32) -> f64 {
 pub enum Terms {
     /// Each term within 2.5e-7 (relative) of `2^w`.
     Precise,
-    /// Each term within [`Terms::error`]: with AVX2 a polynomial one degree lower (within
-    /// 4e-6), one multiply-add less per 8 values; the other kernels make their precise
-    /// terms.
+    /// Each term within [`Terms::error`]: with AVX2 and the baseline kernels a polynomial
+    /// one degree lower (within 4e-6): one multiply-add less per 8 values, or one multiply
+    /// and one add per 4; the AVX-512 kernels (and other architectures) make their
+    /// precise terms.
     Coarse,
 }
 
@@ -3088,7 +3099,7 @@ impl Terms {
     /// A bound on each term's relative distance to `2^w`, with this CPU's kernels.
     pub fn error(self) -> f64 {
         #[cfg(target_arch = "x86_64")]
-        if self == Terms::Coarse && level() == Level::Avx2 {
+        if self == Terms::Coarse && matches!(level(), Level::Avx2 | Level::Base) {
             return 4e-6;
         }
         2.5e-7
@@ -3125,7 +3136,13 @@ pub fn exp2_sum_collect(
             simd::exp2_sum_collect::<true, true>(z, c1, c0, base, thr, out)
         },
         // SAFETY: SSE2 is part of x86-64.
-        (Level::Base, _) => unsafe { sse2::exp2_sum_collect::<true>(z, c1, c0, base, thr, out) },
+        (Level::Base, Terms::Precise) => unsafe {
+            sse2::exp2_sum_collect::<true, false>(z, c1, c0, base, thr, out)
+        },
+        // SAFETY: as above.
+        (Level::Base, Terms::Coarse) => unsafe {
+            sse2::exp2_sum_collect::<true, true>(z, c1, c0, base, thr, out)
+        },
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -3154,7 +3171,13 @@ pub fn exp2_sum(z: &[f32], (c1, c0): (f32, f32), terms: Terms) -> f64 {
             simd::exp2_sum_collect::<false, true>(z, c1, c0, 0, 0.0, none)
         },
         // SAFETY: SSE2 is part of x86-64.
-        (Level::Base, _) => unsafe { sse2::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, none) },
+        (Level::Base, Terms::Precise) => unsafe {
+            sse2::exp2_sum_collect::<false, false>(z, c1, c0, 0, 0.0, none)
+        },
+        // SAFETY: as above.
+        (Level::Base, Terms::Coarse) => unsafe {
+            sse2::exp2_sum_collect::<false, true>(z, c1, c0, 0, 0.0, none)
+        },
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -3826,7 +3849,8 @@ mod tests {
     }
 
     /// Each term of the normaliser within 2.5e-7 of `2^w` (coarse ones within
-    /// [`Terms::error`], and the AVX2 ones within 4e-6 and no closer than 1e-6 somewhere),
+    /// [`Terms::error`], and the AVX2 and SSE2 ones within 4e-6 and no closer than 1e-6
+    /// somewhere),
     /// one value at a time (the padding lanes add `2^-126` each, nothing at these
     /// magnitudes) and sixteen at a time: the dispatched variant, the AVX2 one wherever
     /// the CPU runs it, the SSE2 one and the generic loop.
@@ -3873,9 +3897,22 @@ mod tests {
             "sse2",
             |z| {
                 // SAFETY: SSE2 is part of x86-64.
-                unsafe { sse2::exp2_sum_collect::<false>(z, 1.0, 0.0, 0, 0.0, &mut Vec::new()) }
+                unsafe {
+                    sse2::exp2_sum_collect::<false, false>(z, 1.0, 0.0, 0, 0.0, &mut Vec::new())
+                }
             },
             2.5e-7,
+        ));
+        #[cfg(target_arch = "x86_64")]
+        variants.push((
+            "sse2 coarse",
+            |z| {
+                // SAFETY: SSE2 is part of x86-64.
+                unsafe {
+                    sse2::exp2_sum_collect::<false, true>(z, 1.0, 0.0, 0, 0.0, &mut Vec::new())
+                }
+            },
+            4e-6,
         ));
         variants.push(("generic", |z| body::exp2_sum::<false>(z, 1.0, 0.0), 2.5e-7));
         for (name, f, bound) in variants {
@@ -3890,7 +3927,7 @@ mod tests {
                 w += 0.000_913;
             }
             assert!(worst < bound, "{name}: worst relative error {worst}");
-            if name == "avx2 coarse" {
+            if name.ends_with(" coarse") {
                 // coarse indeed: a bound that could not fail would test nothing
                 assert!(worst > 1e-6, "{name}: worst relative error {worst}");
             }
@@ -3911,7 +3948,7 @@ mod tests {
         let s = 2f64.powi(-126);
         // SAFETY: SSE2 is part of x86-64.
         let sum = |x: f32| unsafe {
-            sse2::exp2_sum_collect::<false>(&[x], c1, c0, 0, 0.0, &mut Vec::new())
+            sse2::exp2_sum_collect::<false, false>(&[x], c1, c0, 0, 0.0, &mut Vec::new())
         };
         let want = |x: f32| (f64::from(exp2_est::<false>(x * c1 + c0)) + s) + (s + s);
         let mut x = -120.0f32;
@@ -3982,7 +4019,9 @@ mod tests {
             variants.push(kernel!("avx2 coarse", simd, true));
         }
         #[cfg(target_arch = "x86_64")]
-        variants.push(kernel!("sse2", sse2));
+        variants.push(kernel!("sse2", sse2, false));
+        #[cfg(target_arch = "x86_64")]
+        variants.push(kernel!("sse2 coarse", sse2, true));
         let (c1, c0) = (1.7f32, -3.1f32);
         for &(name, collect, sum_only) in &variants {
             for n in [0, 1, 15, 16, 17, 63, 64, 65, 1000, 1023, 1024, 1025, 4099] {
