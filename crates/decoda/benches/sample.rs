@@ -1,6 +1,7 @@
 //! Criterion benchmarks of the fast CPU path, one row of V = 131072 per configuration,
 //! next to the memory floor (one streaming max pass over the same row); pieces of it
-//! alone (the top-p normaliser pass, the greedy max-and-index pass, the top-k gathering
+//! alone (the top-p normaliser pass, with precise and with coarse terms; the greedy
+//! max-and-index pass, the top-k gathering
 //! pass, the penalties' touched tokens); and batches
 //! of 64 rows on all threads.
 //!
@@ -54,6 +55,21 @@ fn bench(c: &mut Criterion) {
     // below while it takes one `exp` per token
     g.bench_function("topp_normaliser_sum_only", |b| {
         b.iter(|| exp2_sum(std::hint::black_box(&x), (c1, -m * c1), Terms::Precise))
+    });
+    // the same with the coarse terms that the pass makes with AVX2 and the baseline kernels
+    // (the AVX-512 ones make their precise terms)
+    g.bench_function("topp_normaliser_coarse", |b| {
+        b.iter(|| {
+            out.clear();
+            decoda::cpu::kernels::exp2_sum_collect(
+                std::hint::black_box(&x),
+                (c1, -m * c1),
+                Terms::Coarse,
+                0,
+                thr,
+                &mut out,
+            )
+        })
     });
     // greedy's pass: the max and its first index
     g.bench_function("greedy_argmax", |b| {
