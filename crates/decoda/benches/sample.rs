@@ -9,7 +9,7 @@
 //! kernel variants).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use decoda::cpu::kernels::{exp2_sum, Terms};
+use decoda::cpu::kernels::{exp2_sum, exp2_sum_collect, Terms};
 use decoda::{workload, Backend, CpuSampler, Logits};
 
 fn bench(c: &mut Criterion) {
@@ -38,38 +38,30 @@ fn bench(c: &mut Criterion) {
     let (m, thr) = (sorted[0], sorted[511]);
     let c1 = (std::f64::consts::LOG2_E / 0.8) as f32;
     let mut out = Vec::new();
-    g.bench_function("topp_normaliser", |b| {
-        b.iter(|| {
-            out.clear();
-            decoda::cpu::kernels::exp2_sum_collect(
-                std::hint::black_box(&x),
-                (c1, -m * c1),
-                Terms::Precise,
-                0,
-                thr,
-                &mut out,
-            )
-        })
-    });
+    // `_coarse`: with the coarse terms that the pass makes with AVX2 and the baseline
+    // kernels (the AVX-512 ones make their precise terms)
+    for (name, terms) in [
+        ("topp_normaliser", Terms::Precise),
+        ("topp_normaliser_coarse", Terms::Coarse),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                out.clear();
+                exp2_sum_collect(
+                    std::hint::black_box(&x),
+                    (c1, -m * c1),
+                    terms,
+                    0,
+                    thr,
+                    &mut out,
+                )
+            })
+        });
+    }
     // the same terms summed with nothing gathered: what top-p without top-k cannot go
     // below while it takes one `exp` per token
     g.bench_function("topp_normaliser_sum_only", |b| {
         b.iter(|| exp2_sum(std::hint::black_box(&x), (c1, -m * c1), Terms::Precise))
-    });
-    // the same with the coarse terms that the pass makes with AVX2 and the baseline kernels
-    // (the AVX-512 ones make their precise terms)
-    g.bench_function("topp_normaliser_coarse", |b| {
-        b.iter(|| {
-            out.clear();
-            decoda::cpu::kernels::exp2_sum_collect(
-                std::hint::black_box(&x),
-                (c1, -m * c1),
-                Terms::Coarse,
-                0,
-                thr,
-                &mut out,
-            )
-        })
     });
     // greedy's pass: the max and its first index
     g.bench_function("greedy_argmax", |b| {

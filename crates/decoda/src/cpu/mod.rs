@@ -1115,19 +1115,35 @@ fn top_p_peel(q: &mut [f32], p: f32) -> Option<f32> {
     if left < p64 + SURE {
         return None;
     }
-    let (mut start, mut piece) = (0, 8);
+    visit_in_order(q, 8, asc, |v| {
+        let next = left - f64::from(v);
+        if next < p64 {
+            return Some((left - p64 >= SURE && p64 - next >= SURE).then_some(v));
+        }
+        left = next;
+        None
+    })
+    .flatten()
+}
+
+/// Visits the values of `q` in the increasing order of `key`, sorting only as far as the
+/// visit goes: pieces of `first` values, then twice as many each time, are split off with
+/// a selection and sorted. Returns the first answer of `visit` (`q` reordered).
+fn visit_in_order<K: Ord, R>(
+    q: &mut [f32],
+    first: usize,
+    key: impl Fn(&f32) -> K + Copy,
+    mut visit: impl FnMut(f32) -> Option<R>,
+) -> Option<R> {
+    let (mut start, mut piece) = (0, first.max(1));
     while start < q.len() {
         let end = (start + piece).min(q.len());
         if end < q.len() {
-            q[start..].select_nth_unstable_by_key(end - start - 1, asc);
+            q[start..].select_nth_unstable_by_key(end - start - 1, key);
         }
-        q[start..end].sort_unstable_by_key(asc);
-        for &v in &q[start..end] {
-            let next = left - f64::from(v);
-            if next < p64 {
-                return (left - p64 >= SURE && p64 - next >= SURE).then_some(v);
-            }
-            left = next;
+        q[start..end].sort_unstable_by_key(key);
+        if let Some(answer) = q[start..end].iter().find_map(|&v| visit(v)) {
+            return Some(answer);
         }
         start = end;
         piece *= 2;
@@ -1177,22 +1193,9 @@ fn top_p_walk(q: &mut [f32], p: f32) -> f32 {
         }
     }
     let mut walk = pl::TopPWalk::new(p);
-    let (mut start, mut piece) = (0, if q.len() <= 256 { q.len() } else { 64 });
-    while start < q.len() {
-        let end = (start + piece).min(q.len());
-        if end < q.len() {
-            q[start..].select_nth_unstable_by_key(end - start - 1, desc);
-        }
-        q[start..end].sort_unstable_by_key(desc);
-        for &v in &q[start..end] {
-            if let Some(tau) = walk.step(v) {
-                return tau;
-            }
-        }
-        start = end;
-        piece *= 2;
-    }
-    walk.end()
+    let first = if q.len() <= 256 { q.len() } else { 64 };
+    let tau = visit_in_order(q, first, desc, |v| walk.step(v));
+    tau.unwrap_or_else(|| walk.end())
 }
 
 /// Length from which [`top_p_walk`] first looks for the values it can leave out.
@@ -1793,6 +1796,19 @@ mod tests {
     /// where the reference's cumulative sum comes within `1e-6` of `p` (a tie the contract
     /// allows), on Zipf rows of several slopes and temperatures, rows with banned tokens
     /// and rows of coarse, tied values; most of them must take this way.
+    /// The smallest `y` of the reference's top-p kept set over the whole row, and the
+    /// reference walk's distance to `p` (for its ties).
+    fn reference_top_p_edge(y: &[f32], ymax: f32, p: f32) -> (f32, f64) {
+        let mut keep = vec![true; y.len()];
+        let margin = crate::reference::stage_top_p(y, ymax, p, &mut keep);
+        let edge = y
+            .iter()
+            .zip(&keep)
+            .filter(|(_, &k)| k)
+            .fold(f32::INFINITY, |m, (&yi, _)| m.min(yi));
+        (edge, margin)
+    }
+
     #[test]
     fn wide_nucleus_matches_the_exact_walk() {
         let mut rng = crate::conformance::Rng::new(0x5851_f42d_4c95_7f2d);
@@ -1814,13 +1830,7 @@ mod tests {
                 cases += 1;
                 let y: Vec<f32> = z.iter().map(|&zi| zi / t).collect();
                 let ymax = y.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut keep = vec![true; v];
-                let margin = crate::reference::stage_top_p(&y, ymax, p, &mut keep);
-                let want = y
-                    .iter()
-                    .zip(&keep)
-                    .filter(|(_, &k)| k)
-                    .fold(f32::INFINITY, |m, (&yi, _)| m.min(yi));
+                let (want, margin) = reference_top_p_edge(&y, ymax, p);
                 let mut s = super::Scratch::default();
                 let Some(got) = super::wide_top_p(&z, t, ymax, p, &mut s) else {
                     continue;
@@ -2051,13 +2061,7 @@ mod tests {
                     ((cums[k] + 1.5e-6) as f32, false),
                     ((cums[k] - 1.5e-6) as f32, false),
                 ] {
-                    let mut keep = vec![true; v];
-                    let margin = crate::reference::stage_top_p(&y, ymax, p, &mut keep);
-                    let want = y
-                        .iter()
-                        .zip(&keep)
-                        .filter(|(_, &k)| k)
-                        .fold(f32::INFINITY, |m, (&yi, _)| m.min(yi));
+                    let (want, margin) = reference_top_p_edge(&y, ymax, p);
                     let mut s = Scratch::default();
                     let zthr = sampled_threshold(&z, first_top_p_list(p), &mut s.tmp).0;
                     let bufs = (&mut s.q, &mut s.walk, &mut s.tmp2);
