@@ -769,8 +769,7 @@ fn top_p_candidates(
     let floor = pl::z_lower_bound(ymax - 16.0, t);
     // how far coarse terms may put the rest's weight from precise ones (relative; 0 when
     // this CPU's kernels make them alike)
-    let coarse = terms.error() - Terms::Precise.error();
-    let rest_error = if coarse > 0.0 {
+    let rest_error = if terms.error() > Terms::Precise.error() {
         (terms.error() + Terms::Precise.error()) * 1.01
     } else {
         0.0
