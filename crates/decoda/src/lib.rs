@@ -2,7 +2,7 @@
 //!
 //! The kernels at the end of an LLM decode step: reproducible per-row token sampling on
 //! the CPU and, with the `wgpu` feature, on GPUs through wgpu (Vulkan, Metal, DX12:
-//! [`wgpu::WgpuSampler`]), and mixture-of-experts dispatch that decides at run time
+//! `wgpu::WgpuSampler`), and mixture-of-experts dispatch that decides at run time
 //! whether to sort tokens by expert.
 //!
 //! A token is a pure function of (logits row, parameters, seed, step, history): it does

@@ -27,7 +27,8 @@ fn fma<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 /// `exp(x)` for `x` in `[-87, 87]` (clamped there; NaN gives `exp(-87)`), relative error
 /// below 3e-7: the bulk term of a top-p normaliser, as plain arithmetic that vectorises (a
 /// degree-6 polynomial, and the power of two built by one shift of the rounding constant's
-/// bits). With `FMA`, fused multiply-adds (see [`fma`]).
+/// bits). With `FMA`, fused multiply-adds (`a.mul_add(b, c)`), only inside code compiled
+/// with FMA enabled.
 #[inline(always)]
 pub fn exp_bulk<const FMA: bool>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -129,7 +130,8 @@ const EXP2_P4_COARSE: [f32; 4] = [0.009_582_902, 0.055_906_42, 0.240_240_98, 0.6
 /// `2^w` within 2.5e-7 (relative), for the top-p normaliser, as plain arithmetic that
 /// vectorises (the baseline variants; the AVX-512 and AVX2 ones use a table, see
 /// [`exp2_sum_collect`]): `w = n + f` with `n` an integer and `|f| <= 1/2`, the degree-5
-/// polynomial [`EXP2_P5`] for `2^f`, and `2^n` built in the exponent bits.
+/// polynomial `EXP2_P5` (fitted by `scripts/fit_exp2_poly.py`) for `2^f`, and `2^n` built
+/// in the exponent bits.
 /// Below -126 it gives `2^-126` (so `-inf` adds nothing that matters), at 128 and above
 /// `+inf`, and NaN for NaN, so a non-finite input shows in the sum.
 #[inline(always)]
