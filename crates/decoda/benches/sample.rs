@@ -1,9 +1,8 @@
 //! Criterion benchmarks of the fast CPU path, one row of V = 131072 per configuration,
 //! next to the memory floor (one streaming max pass over the same row); pieces of it
 //! alone (the top-p normaliser pass, with precise and with coarse terms; the greedy
-//! max-and-index pass, the top-k gathering
-//! pass, the penalties' touched tokens); and batches
-//! of 64 rows on all threads.
+//! max-and-index pass; the top-k gathering pass; the penalties' touched tokens); and
+//! batches of 64 rows on all threads.
 //!
 //! `cargo bench -p decoda --bench sample` (`DECODA_ISA=avx2` or `baseline` for the lower
 //! kernel variants).

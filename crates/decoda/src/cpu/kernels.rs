@@ -585,6 +585,24 @@ impl Terms {
 /// or `+inf` when `z` holds a NaN or `+inf`, or a value far above `m`.
 pub fn exp2_sum_collect(
     z: &[f32],
+    c: (f32, f32),
+    terms: Terms,
+    base: u32,
+    thr: f32,
+    out: &mut Vec<(u32, f32)>,
+) -> f64 {
+    exp2_terms::<true>(z, c, terms, base, thr, out)
+}
+
+/// The sum of [`exp2_sum_collect`] alone: with the same terms, so the two cancel exactly
+/// where they cover the same values (up to the order of the additions).
+pub fn exp2_sum(z: &[f32], c: (f32, f32), terms: Terms) -> f64 {
+    exp2_terms::<false>(z, c, terms, 0, 0.0, &mut Vec::new())
+}
+
+/// [`exp2_sum_collect`] (`COLLECT`) or [`exp2_sum`] on this CPU's kernels.
+fn exp2_terms<const COLLECT: bool>(
+    z: &[f32],
     (c1, c0): (f32, f32),
     terms: Terms,
     base: u32,
@@ -595,61 +613,31 @@ pub fn exp2_sum_collect(
     match (level(), terms) {
         // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
         (Level::Avx512, _) => unsafe {
-            avx512::exp2_sum_collect::<true>(z, c1, c0, base, thr, out)
+            avx512::exp2_sum_collect::<COLLECT>(z, c1, c0, base, thr, out)
         },
         // SAFETY: `level()` detected AVX2 and FMA on this CPU.
         (Level::Avx2, Terms::Precise) => unsafe {
-            avx2::exp2_sum_collect::<true, false>(z, c1, c0, base, thr, out)
+            avx2::exp2_sum_collect::<COLLECT, false>(z, c1, c0, base, thr, out)
         },
         // SAFETY: as above.
         (Level::Avx2, Terms::Coarse) => unsafe {
-            avx2::exp2_sum_collect::<true, true>(z, c1, c0, base, thr, out)
+            avx2::exp2_sum_collect::<COLLECT, true>(z, c1, c0, base, thr, out)
         },
         // SAFETY: SSE2 is part of x86-64.
         (Level::Base, Terms::Precise) => unsafe {
-            sse2::exp2_sum_collect::<true, false>(z, c1, c0, base, thr, out)
+            sse2::exp2_sum_collect::<COLLECT, false>(z, c1, c0, base, thr, out)
         },
         // SAFETY: as above.
         (Level::Base, Terms::Coarse) => unsafe {
-            sse2::exp2_sum_collect::<true, true>(z, c1, c0, base, thr, out)
+            sse2::exp2_sum_collect::<COLLECT, true>(z, c1, c0, base, thr, out)
         },
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = terms;
-        portable::collect_ge(z, base, thr, out);
-        portable::exp2_sum::<false>(z, c1, c0)
-    }
-}
-
-/// The sum of [`exp2_sum_collect`] alone: with the same terms, so the two cancel exactly
-/// where they cover the same values (up to the order of the additions).
-pub fn exp2_sum(z: &[f32], (c1, c0): (f32, f32), terms: Terms) -> f64 {
-    let none = &mut Vec::new();
-    #[cfg(target_arch = "x86_64")]
-    match (level(), terms) {
-        // SAFETY: `level()` detected AVX-512 F/BW/DQ/VL and FMA on this CPU.
-        (Level::Avx512, _) => unsafe { avx512::exp2_sum_collect::<false>(z, c1, c0, 0, 0.0, none) },
-        // SAFETY: `level()` detected AVX2 and FMA on this CPU.
-        (Level::Avx2, Terms::Precise) => unsafe {
-            avx2::exp2_sum_collect::<false, false>(z, c1, c0, 0, 0.0, none)
-        },
-        // SAFETY: as above.
-        (Level::Avx2, Terms::Coarse) => unsafe {
-            avx2::exp2_sum_collect::<false, true>(z, c1, c0, 0, 0.0, none)
-        },
-        // SAFETY: SSE2 is part of x86-64.
-        (Level::Base, Terms::Precise) => unsafe {
-            sse2::exp2_sum_collect::<false, false>(z, c1, c0, 0, 0.0, none)
-        },
-        // SAFETY: as above.
-        (Level::Base, Terms::Coarse) => unsafe {
-            sse2::exp2_sum_collect::<false, true>(z, c1, c0, 0, 0.0, none)
-        },
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (terms, none);
+        if COLLECT {
+            portable::collect_ge(z, base, thr, out);
+        }
         portable::exp2_sum::<false>(z, c1, c0)
     }
 }

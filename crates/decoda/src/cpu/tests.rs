@@ -135,11 +135,6 @@ fn wide_kept_sets_match_the_reference() {
     }
 }
 
-/// The wide nucleus from bucket masses against the reference's stage 7 over the whole
-/// row (every weight the contract's, summed in order): the same smallest kept `y` except
-/// where the reference's cumulative sum comes within `1e-6` of `p` (a tie the contract
-/// allows), on Zipf rows of several slopes and temperatures, rows with banned tokens
-/// and rows of coarse, tied values; most of them must take this way.
 /// The smallest `y` of the reference's top-p kept set over the whole row, and the
 /// reference walk's distance to `p` (for its ties).
 fn reference_top_p_edge(y: &[f32], ymax: f32, p: f32) -> (f32, f64) {
@@ -153,6 +148,11 @@ fn reference_top_p_edge(y: &[f32], ymax: f32, p: f32) -> (f32, f64) {
     (edge, margin)
 }
 
+/// The wide nucleus from bucket masses against the reference's stage 7 over the whole
+/// row (every weight the contract's, summed in order): the same smallest kept `y` except
+/// where the reference's cumulative sum comes within `1e-6` of `p` (a tie the contract
+/// allows), on Zipf rows of several slopes and temperatures, rows with banned tokens
+/// and rows of coarse, tied values; most of them must take this way.
 #[test]
 fn wide_nucleus_matches_the_exact_walk() {
     let mut rng = crate::conformance::Rng::new(0x5851_f42d_4c95_7f2d);
