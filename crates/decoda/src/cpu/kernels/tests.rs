@@ -342,8 +342,9 @@ fn exp2_sum_terms_are_accurate() {
             w += 0.000_913;
         }
         assert!(worst < bound, "{name}: worst relative error {worst}");
-        if name.ends_with(" coarse") {
-            // coarse indeed: a bound that could not fail would test nothing
+        if bound > 2.5e-7 {
+            // coarse indeed: a bound that could not fail would test nothing (the
+            // AVX-512 kernels' coarse terms are their precise ones, bounded as such)
             assert!(worst > 1e-6, "{name}: worst relative error {worst}");
         }
         assert!(!f(&[128.5]).is_finite(), "{name}");
