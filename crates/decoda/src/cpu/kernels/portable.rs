@@ -279,17 +279,17 @@ pub fn mass_ge(z: &[f32], w: &[f32], thr: f32) -> f64 {
 #[inline(always)]
 pub fn count_rank(z: &[f32], v: f32, idx: usize) -> u64 {
     // number of values > v, plus values == v at a smaller index
-    let mut gt = [0u32; LANES];
-    let chunks = z.chunks_exact(LANES);
-    let rem_start = z.len() - chunks.remainder().len();
-    for c in chunks {
-        for j in 0..LANES {
-            gt[j] += u32::from(c[j] > v);
-        }
-    }
-    let mut n: u64 = gt.iter().map(|&g| u64::from(g)).sum();
-    n += z[rem_start..].iter().filter(|&&x| x > v).count() as u64;
-    n + z[..idx].iter().filter(|&&x| x == v).count() as u64
+    count_where(z, |x| x > v) + count_where(&z[..idx], |x| x == v)
+}
+
+/// How many values of `z` pass `f`: sums of 0/1 over contiguous values, which the
+/// compiler turns into vector compares and adds (u32 sums over spans of 2^16, so they
+/// cannot overflow).
+#[inline(always)]
+fn count_where(z: &[f32], f: impl Fn(f32) -> bool) -> u64 {
+    z.chunks(1 << 16)
+        .map(|c| u64::from(c.iter().map(|&x| u32::from(f(x))).sum::<u32>()))
+        .sum()
 }
 
 /// `a · b` with `a`'s elements widened to f32 by `wide`, in eight 16-wide f32 chains
