@@ -1,8 +1,8 @@
 //! Criterion benchmarks of the fast CPU path, one row of V = 131072 per configuration,
 //! next to the memory floor (one streaming max pass over the same row); pieces of it
 //! alone (the top-p normaliser pass, with precise and with coarse terms; the greedy
-//! max-and-index pass; the top-k gathering pass; the penalties' touched tokens); and
-//! batches of 64 rows on all threads.
+//! max-and-index pass; the top-k gathering pass; the logprobs' rank; the penalties'
+//! touched tokens); and batches of 64 rows on all threads.
 //!
 //! `cargo bench -p decoda --bench sample` (`DECODA_ISA=avx2` or `baseline` for the lower
 //! kernel variants).
@@ -72,6 +72,10 @@ fn bench(c: &mut Criterion) {
             out.clear();
             decoda::cpu::kernels::collect_ge_max(std::hint::black_box(&x), 0, thr, &mut out)
         })
+    });
+    // a logprobs request's rank of the drawn token: one counting pass over the row
+    g.bench_function("logprobs_rank", |b| {
+        b.iter(|| decoda::cpu::kernels::count_rank(std::hint::black_box(&x), x[777], 777))
     });
     // full's stages 1-3 bookkeeping: 128 prompt and 128 output tokens
     let params = workload::config("full").expect("known config");
