@@ -8,6 +8,7 @@
 #include <sys/io.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -64,6 +65,9 @@ int main(void) {
   }
   printf("EMU: done: %d commands, %s\n", ran, failed || !ran ? "FAILED" : "all passed");
   fflush(stdout);
+  /* Bochs stops at once: let the serial port send what the console still holds. */
+  tcdrain(1);
+  sleep(2);
   if (ioperm(0x8900, 1, 1) == 0) {
     for (const char *s = "Shutdown"; *s; s++) outb(*s, 0x8900);
   }
