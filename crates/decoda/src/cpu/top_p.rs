@@ -47,11 +47,23 @@ pub(super) fn top_p_scan(
     (q, walk, kept): TopPBufs<'_>,
 ) -> TopPScan {
     let bufs = (&mut *q, &mut *walk, &mut *kept);
-    match top_p_candidates(z, m_ref, zthr, t, p, out, bufs, Terms::Coarse) {
+    let coarse = (Terms::Coarse, rest_error(Terms::Coarse));
+    match top_p_candidates(z, m_ref, zthr, t, p, out, bufs, coarse) {
         TopPScan::Unsure => {
-            top_p_candidates(z, m_ref, zthr, t, p, out, (q, walk, kept), Terms::Precise)
+            let precise = (Terms::Precise, rest_error(Terms::Precise));
+            top_p_candidates(z, m_ref, zthr, t, p, out, (q, walk, kept), precise)
         }
         scan => scan,
+    }
+}
+
+/// How far the weight of many tokens made with `terms` may be from the same made with
+/// the contract's (relative): 0 when this CPU's kernels make them alike.
+pub(super) fn rest_error(terms: Terms) -> f64 {
+    if terms.error() > Terms::Precise.error() {
+        (terms.error() + Terms::Precise.error()) * 1.01
+    } else {
+        0.0
     }
 }
 
@@ -60,9 +72,9 @@ pub(super) fn top_p_scan(
 /// with `z >= zthr` (`zthr <= m_ref`, so the max is gathered); then stage 7 runs on the
 /// candidates, after gathering again from lower thresholds when they miss part of the
 /// nucleus. The candidates get the contract's weights; the other tokens' share of the
-/// normaliser comes from the pass's `terms`. With coarse terms, that share is known within
-/// `Terms::error` of it: when the cut is not clear of `p` by as much,
-/// [`TopPScan::Unsure`].
+/// normaliser comes from the pass's `terms`, known within `rest_error` of it (relative: at
+/// least [`rest_error`] of `terms`; a test passes larger bounds): when the cut is not
+/// clear of `p` by as much, [`TopPScan::Unsure`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn top_p_candidates(
     z: &[f32],
@@ -72,7 +84,7 @@ pub(super) fn top_p_candidates(
     p: f32,
     out: &mut Vec<(u32, f32)>,
     (q, walk, kept): TopPBufs<'_>,
-    terms: Terms,
+    (terms, rest_error): (Terms, f64),
 ) -> TopPScan {
     // terms 2^(z c1 + c0) = exp((z - m_ref) / T)
     let c1 = (std::f64::consts::LOG2_E / f64::from(t)) as f32;
@@ -100,13 +112,6 @@ pub(super) fn top_p_candidates(
     // the bulk's terms against the max: exp((z - zmax) / T)
     let to_max = (-(f64::from(zmax) * f64::from(c1) + f64::from(c0))).exp2();
     let floor = pl::z_lower_bound(ymax - 16.0, t);
-    // how far coarse terms may put the rest's weight from precise ones (relative; 0 when
-    // this CPU's kernels make them alike)
-    let rest_error = if terms.error() > Terms::Precise.error() {
-        (terms.error() + Terms::Precise.error()) * 1.01
-    } else {
-        0.0
-    };
     let mut tries = 0;
     loop {
         // The candidates' share of the bulk, computed the same way, so it cancels (`q`
