@@ -1,7 +1,8 @@
 /* The first process of the emulated machine (scripts/avx512-emu/run.sh): runs each
-   line of /cmds (a program and its arguments, split at spaces) one after the other,
-   prints each exit status and a last line saying whether all of them passed, then
-   asks Bochs to stop (the string "Shutdown" on its I/O port 0x8900). */
+   line of /cmds (a program and its arguments, split at spaces, after any NAME=value
+   words for its environment) one after the other, prints each exit status and a last
+   line saying whether all of them passed, then asks Bochs to stop (the string
+   "Shutdown" on its I/O port 0x8900). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,11 +15,12 @@
 #include <unistd.h>
 
 int main(void) {
-  /* An initramfs packed without root has no /dev/console node: take the console
-     from devtmpfs instead. */
+  /* An initramfs packed without root has no device nodes: devtmpfs gives them, the
+     console when the kernel found none, and /dev/urandom, where static binaries read
+     their random seeds (they cannot look up libc's getrandom). */
+  mkdir("/dev", 0755);
+  mount("devtmpfs", "/dev", "devtmpfs", 0, 0);
   if (fcntl(1, F_GETFD) == -1) {
-    mkdir("/dev", 0755);
-    mount("devtmpfs", "/dev", "devtmpfs", 0, 0);
     int fd = open("/dev/console", O_RDWR);
     if (fd >= 0) {
       dup2(fd, 0);
@@ -43,14 +45,21 @@ int main(void) {
     if (!line[0]) continue;
     char words[4096];
     strcpy(words, line);
-    char *argv[128];
-    int n = 0;
-    for (char *t = strtok(words, " "); t && n < 127; t = strtok(0, " ")) argv[n++] = t;
+    char *argv[128], *env[32];
+    int n = 0, e = 0;
+    for (char *t = strtok(words, " "); t && n < 127; t = strtok(0, " ")) {
+      if (n == 0 && e < 31 && t[0] != '/' && strchr(t, '='))
+        env[e++] = t;
+      else
+        argv[n++] = t;
+    }
     argv[n] = 0;
+    env[e] = 0;
     printf("EMU: run %s\n", line);
     fflush(stdout);
     pid_t p = fork();
     if (p == 0) {
+      for (int i = 0; i < e; i++) putenv(env[i]);
       execv(argv[0], argv);
       perror("exec");
       _exit(127);
