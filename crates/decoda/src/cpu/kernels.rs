@@ -53,48 +53,64 @@ pub fn exp_bulk<const FMA: bool>(x: f32) -> f32 {
     p * f32::from_bits(tm.to_bits() << 23)
 }
 
-/// `2^(j/32)` for `j = 0..32`, rounded to f32: the table of the AVX-512 `2^w`.
+/// `2^(j/8)` for `j = 0..8`, rounded to f32: the table of the AVX2 `2^w`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const EXP2_TABLE: [f32; 32] = [
+const EXP2_TABLE: [f32; 8] = [
     1.0,
-    1.021_897_2,
-    1.044_273_7,
-    1.067_140_5,
     1.090_507_7,
-    1.114_386_8,
-    1.138_788_6,
-    1.163_724_9,
     1.189_207_1,
-    1.215_247_4,
-    1.241_857_8,
-    1.269_051,
     1.296_839_6,
-    1.325_236_7,
-    1.354_255_6,
-    1.383_91,
     std::f32::consts::SQRT_2,
-    1.445_180_8,
-    1.476_826_2,
-    1.509_164_5,
     1.542_210_8,
-    1.575_980_9,
-    1.610_490_3,
-    1.645_755_5,
     1.681_792_9,
-    1.718_619_3,
-    1.756_252_2,
-    1.794_709_1,
     1.834_008_1,
-    1.874_167_7,
-    1.915_206_6,
-    1.957_144_1,
 ];
-/// `2^r ≈ 1 + r (C1 + C2 r)` for `|r| <= 1/64`: the quadratic through the three Chebyshev
-/// nodes, relative error below 6e-8.
+/// `a 2^(j/32)` for `j = 0..32` with `a = 0.24265245296912802`, rounded to f32: the
+/// table of the AVX-512 `2^w`, whose terms are `2^n A[j] ((r + B)^2 + C)` for `w = n + j/32 + r`
+/// rounded down (`0 <= r < 1/32`; [`EXP2_SQ_B`], [`EXP2_SQ_C`]). Fitted by
+/// `scripts/fit_exp2_poly.py` to the whole term as the kernel makes it, the table entry
+/// and the f32 roundings included: within 2.17e-7 of `2^w`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const EXP2_C1: f32 = 0.693_157_3;
+const EXP2_SQ_TABLE: [f32; 32] = [
+    0.242_652_45,
+    0.247_965_84,
+    0.253_395_6,
+    0.258_944_24,
+    0.264_614_37,
+    0.270_408_7,
+    0.276_329_85,
+    0.282_380_7,
+    0.288_564_03,
+    0.294_882_74,
+    0.301_339_83,
+    0.307_938_34,
+    0.314_681_3,
+    0.321_571_92,
+    0.328_613_43,
+    0.335_809_14,
+    0.343_162_4,
+    0.350_676_66,
+    0.358_355_5,
+    0.366_202_44,
+    0.374_221_24,
+    0.382_415_62,
+    0.390_789_42,
+    0.399_346_6,
+    0.408_091_16,
+    0.417_027_18,
+    0.426_158_9,
+    0.435_490_55,
+    0.445_026_55,
+    0.454_771_37,
+    0.464_729_58,
+    0.474_905_82,
+];
+/// `B` of [`EXP2_SQ_TABLE`]'s terms.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const EXP2_C2: f32 = 0.240_228_27;
+const EXP2_SQ_B: f32 = 1.428_223_3;
+/// `C` of [`EXP2_SQ_TABLE`]'s terms.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const EXP2_SQ_C: f32 = 2.081_298_8;
 /// `2^r ≈ 1 + r (Q0 + r (Q1 + r Q2))` for `|r| <= 1/16` (`[Q2, Q1, Q0]`; fitted to the
 /// relative error by `scripts/fit_exp2_poly.py`, below 3e-8 with these f32 values): the
 /// polynomial of the AVX2 `2^w`.
@@ -104,8 +120,9 @@ const EXP2_Q8: [f32; 3] = [0.055_496_834, 0.240_257_62, 0.693_147_24];
 /// 3.5e-6): the AVX2 `2^w` of [`Terms::Coarse`], one multiply-add shorter.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const EXP2_Q8_COARSE: [f32; 2] = [0.240_226_3, 0.693_308_9];
-/// 1.5 * 2^18: adding it to `|w| < 2^17` rounds `w` to a multiple of 1/32 and leaves
-/// `round(32 w)` in the low mantissa bits (its low 5 bits index [`EXP2_TABLE`]).
+/// 1.5 * 2^18: adding it to `|w| < 2^17`, rounding down, rounds `w` down to a multiple of
+/// 1/32 and leaves `floor(32 w)` in the low mantissa bits (its low 5 bits index
+/// [`EXP2_TABLE`]).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MAGIC32: f32 = 393_216.0;
 

@@ -431,7 +431,7 @@ pub unsafe fn exp2_sum_collect<const COLLECT: bool, const COARSE: bool>(
     out: &mut Vec<(u32, f32)>,
 ) -> f64 {
     // k << 20 = n << 23 + j << 20 (mod 2^32)
-    let entry = |j: usize| (EXP2_TABLE[4 * j].to_bits() as i32).wrapping_sub((j as i32) << 20);
+    let entry = |j: usize| (EXP2_TABLE[j].to_bits() as i32).wrapping_sub((j as i32) << 20);
     let table = _mm256_setr_epi32(
         entry(0),
         entry(1),

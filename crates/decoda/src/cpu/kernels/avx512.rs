@@ -1,5 +1,5 @@
 use super::{consecutive_products, m0_times, push_hits, RowKeys};
-use super::{EXP2_C1, EXP2_C2, EXP2_TABLE, MAGIC32};
+use super::{EXP2_SQ_B, EXP2_SQ_C, EXP2_SQ_TABLE, MAGIC32};
 use std::arch::x86_64::*;
 
 /// Pushes the hits of `masks` (bit `b` of `masks[v]` for `z[at + 64 v + b]`) as
@@ -750,23 +750,31 @@ pub unsafe fn exp2_sum_collect<const COLLECT: bool>(
     // SAFETY: the table holds 32 f32, two loads of 16.
     let (tlo, thi) = unsafe {
         (
-            _mm512_loadu_ps(EXP2_TABLE.as_ptr()),
-            _mm512_loadu_ps(EXP2_TABLE.as_ptr().add(16)),
+            _mm512_loadu_ps(EXP2_SQ_TABLE.as_ptr()),
+            _mm512_loadu_ps(EXP2_SQ_TABLE.as_ptr().add(16)),
         )
     };
     let (vc1, vc0, vthr) = (_mm512_set1_ps(c1), _mm512_set1_ps(c0), _mm512_set1_ps(thr));
-    let (a1, a2) = (_mm512_set1_ps(EXP2_C1), _mm512_set1_ps(EXP2_C2));
-    let (one, magic) = (_mm512_set1_ps(1.0), _mm512_set1_ps(MAGIC32));
-    // 2^w = 2^k 2^r with k = w rounded to a multiple of 1/32 (k = n + j/32) and
-    // |r| <= 1/64; `vreduceps` gives r (and 0 for ±inf, so -inf adds 0 and +inf gives
-    // +inf), `k + MAGIC32` puts j in the index bits, `vscalefps` multiplies by 2^n.
+    let (b, c, magic) = (
+        _mm512_set1_ps(EXP2_SQ_B),
+        _mm512_set1_ps(EXP2_SQ_C),
+        _mm512_set1_ps(MAGIC32),
+    );
+    // 2^w = 2^n 2^(j/32) 2^r with w rounded down to a multiple of 1/32 (n + j/32) and
+    // 0 <= r < 1/32, each part from w itself in one operation, all rounding down:
+    // `vreduceps` gives r (and 0 for ±inf, so -inf adds 0 and +inf gives +inf),
+    // `w + MAGIC32` puts j in the index bits, and `vscalefps` multiplies by 2^floor(w)
+    // = 2^n. The quadratic in r is a ((r + B)^2 + C) with `a` in the table: an add and
+    // a multiply-add, neither of which overwrites what is used again.
+    const DOWN: i32 = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
     let term = |x: __m512| {
         let w = _mm512_fmadd_ps(x, vc1, vc0);
-        let r = _mm512_reduce_ps::<{ 5 << 4 }>(w);
-        let k = _mm512_sub_ps(w, r);
-        let t = _mm512_permutex2var_ps(tlo, _mm512_castps_si512(_mm512_add_ps(k, magic)), thi);
-        let p = _mm512_fmadd_ps(_mm512_fmadd_ps(a2, r, a1), r, one);
-        (_mm512_scalef_ps(t, k), p)
+        let r = _mm512_reduce_ps::<{ 5 << 4 | 1 }>(w);
+        let j = _mm512_castps_si512(_mm512_add_round_ps::<DOWN>(w, magic));
+        let t = _mm512_permutex2var_ps(tlo, j, thi);
+        let u = _mm512_add_ps(r, b);
+        let p = _mm512_fmadd_ps(u, u, c);
+        (_mm512_scalef_ps(t, w), p)
     };
     let mut total = _mm512_setzero_pd();
     let flush = |total: __m512d, s: __m512| {

@@ -265,7 +265,7 @@ fn collect_ge_max_matches_the_plain_loops() {
 
 /// Each term of the normaliser within 2.5e-7 of `2^w` (coarse ones within
 /// [`Terms::error`], and the AVX2 and SSE2 ones within 4e-6 and no closer than 1e-6
-/// somewhere),
+/// somewhere), across the range and at the kernels' rounding boundaries,
 /// one value at a time (the padding lanes add `2^-126` each, nothing at these
 /// magnitudes) and sixteen at a time: the dispatched variant, the AVX2 one wherever
 /// the CPU runs it, the SSE2 one and the generic loop.
@@ -340,6 +340,17 @@ fn exp2_sum_terms_are_accurate() {
             worst = worst.max((one - want).abs() / want);
             worst = worst.max((many - want).abs() / want);
             w += 0.000_913;
+        }
+        // at the kernels' rounding boundaries (multiples of 1/32, and so of 1/8 and 1)
+        // and one f32 step to either side, where a table index and an exponent taken
+        // from w in different operations must agree
+        for k in -3200..4064 {
+            let at = k as f32 / 32.0;
+            for w in [at.next_down(), at, at.next_up(), -1e-10, -0.0, 1e-10] {
+                let want = f64::from(w).exp2();
+                worst = worst.max((f(&[w]) - want).abs() / want);
+                worst = worst.max((f(&[w; 16]) / 16.0 - want).abs() / want);
+            }
         }
         assert!(worst < bound, "{name}: worst relative error {worst}");
         if bound > Terms::Precise.error() {
