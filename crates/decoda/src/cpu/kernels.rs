@@ -66,8 +66,8 @@ const EXP2_TABLE: [f32; 8] = [
     1.834_008_1,
 ];
 /// `a 2^(j/32)` for `j = 0..32` with `a = 0.24265245296912802`, rounded to f32: the
-/// table of the AVX-512 `2^w`, whose terms are `2^n A[j] ((r + B)^2 + C)` for `w = n + j/32 + r`
-/// rounded down (`0 <= r < 1/32`; [`EXP2_SQ_B`], [`EXP2_SQ_C`]). Fitted by
+/// table of the AVX-512 `2^w`, whose terms are `2^n A[j] ((r + B)^2 + C)` for
+/// `w = n + j/32 + r` rounded down (`0 <= r < 1/32`; [`EXP2_SQ_B`], [`EXP2_SQ_C`]). Fitted by
 /// `scripts/fit_exp2_poly.py` to the whole term as the kernel makes it, the table entry
 /// and the f32 roundings included: within 2.17e-7 of `2^w`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -122,7 +122,7 @@ const EXP2_Q8: [f32; 3] = [0.055_496_834, 0.240_257_62, 0.693_147_24];
 const EXP2_Q8_COARSE: [f32; 2] = [0.240_226_3, 0.693_308_9];
 /// 1.5 * 2^18: adding it to `|w| < 2^17`, rounding down, rounds `w` down to a multiple of
 /// 1/32 and leaves `floor(32 w)` in the low mantissa bits (its low 5 bits index
-/// [`EXP2_TABLE`]).
+/// [`EXP2_SQ_TABLE`]).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MAGIC32: f32 = 393_216.0;
 

@@ -405,7 +405,7 @@ fn coarse_normaliser_defers_unclear_cuts() {
                 let mut s = Scratch::default();
                 let zthr = sampled_threshold(&z, first_top_p_list(p), &mut s.tmp).0;
                 let bufs = (&mut s.q, &mut s.walk, &mut s.tmp2);
-                let coarse = (Terms::Coarse, rest_error(Terms::Coarse));
+                let coarse = (Terms::Coarse, rest_error(Terms::Coarse.error()));
                 let scan = top_p_candidates(&z, zmax, zthr, t, p, &mut s.cands, bufs, coarse);
                 match scan {
                     TopPScan::Unsure => unsure += 1,
@@ -454,48 +454,42 @@ fn coarse_terms_seldom_defer() {
     // per bound: (sent back, cuts), all rows and those at T >= 1
     let mut tally = [[(0usize, 0usize); 2]; 4];
     let mut rng = crate::conformance::Rng::new(0x00c0_a25e_0def_e225);
+    // (law, V, exponent, repeat): Zipf-like rows, then the peers' law
+    let mut rows = Vec::new();
     for law in 0..2 {
         for v in [32_000usize, 131_072, 151_936] {
             for s in [0.9f32, 1.0, 1.1, 1.2] {
-                if law == 1 && s != 1.1 {
-                    continue;
+                if law == 0 || s == 1.1 {
+                    rows.extend((0..4u64).map(|rep| (law, v, s, rep)));
                 }
-                for rep in 0..4u64 {
-                    let z = if law == 0 {
-                        crate::conformance::zipf_logits(&mut rng, v, s)
-                    } else {
-                        crate::workload::affine_logits(1, v, 77 + rep)
-                    };
-                    let zmax = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    for t in [0.6f32, 0.8, 1.0, 1.3] {
-                        for p in [0.8f32, 0.9, 0.95, 0.99, 0.0, 0.0] {
-                            let p = if p == 0.0 { 0.5 + 0.49 * rng.unit() } else { p };
-                            let mut sc = Scratch::default();
-                            let zthr = sampled_threshold(&z, first_top_p_list(p), &mut sc.tmp).0;
-                            for (b, &bound) in bounds.iter().enumerate() {
-                                let within = (bound + Terms::Precise.error()) * 1.01;
-                                let within = if b == 0 {
-                                    rest_error(Terms::Coarse)
-                                } else {
-                                    within
-                                };
-                                let bufs = (&mut sc.q, &mut sc.walk, &mut sc.tmp2);
-                                let out = &mut sc.cands;
-                                let terms = (Terms::Coarse, within);
-                                let sent_back = match top_p_candidates(
-                                    &z, zmax, zthr, t, p, out, bufs, terms,
-                                ) {
-                                    TopPScan::Unsure => true,
-                                    TopPScan::Done(_, Some(_)) => false,
-                                    _ => continue,
-                                };
-                                for (k, hot) in tally[b].iter_mut().zip([true, t >= 1.0]) {
-                                    if hot {
-                                        k.0 += usize::from(sent_back);
-                                        k.1 += 1;
-                                    }
-                                }
-                            }
+            }
+        }
+    }
+    for (law, v, s, rep) in rows {
+        let z = if law == 0 {
+            crate::conformance::zipf_logits(&mut rng, v, s)
+        } else {
+            crate::workload::affine_logits(1, v, 77 + rep)
+        };
+        let zmax = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for t in [0.6f32, 0.8, 1.0, 1.3] {
+            for p in [0.8f32, 0.9, 0.95, 0.99, 0.0, 0.0] {
+                let p = if p == 0.0 { 0.5 + 0.49 * rng.unit() } else { p };
+                let mut sc = Scratch::default();
+                let zthr = sampled_threshold(&z, first_top_p_list(p), &mut sc.tmp).0;
+                for (&bound, counts) in bounds.iter().zip(&mut tally) {
+                    let bufs = (&mut sc.q, &mut sc.walk, &mut sc.tmp2);
+                    let terms = (Terms::Coarse, rest_error(bound));
+                    let sent_back =
+                        match top_p_candidates(&z, zmax, zthr, t, p, &mut sc.cands, bufs, terms) {
+                            TopPScan::Unsure => true,
+                            TopPScan::Done(_, Some(_)) => false,
+                            _ => continue,
+                        };
+                    for (k, hot) in counts.iter_mut().zip([true, t >= 1.0]) {
+                        if hot {
+                            k.0 += usize::from(sent_back);
+                            k.1 += 1;
                         }
                     }
                 }

@@ -47,21 +47,21 @@ pub(super) fn top_p_scan(
     (q, walk, kept): TopPBufs<'_>,
 ) -> TopPScan {
     let bufs = (&mut *q, &mut *walk, &mut *kept);
-    let coarse = (Terms::Coarse, rest_error(Terms::Coarse));
+    let coarse = (Terms::Coarse, rest_error(Terms::Coarse.error()));
     match top_p_candidates(z, m_ref, zthr, t, p, out, bufs, coarse) {
         TopPScan::Unsure => {
-            let precise = (Terms::Precise, rest_error(Terms::Precise));
+            let precise = (Terms::Precise, rest_error(Terms::Precise.error()));
             top_p_candidates(z, m_ref, zthr, t, p, out, (q, walk, kept), precise)
         }
         scan => scan,
     }
 }
 
-/// How far the weight of many tokens made with `terms` may be from the same made with
-/// the contract's (relative): 0 when this CPU's kernels make them alike.
-pub(super) fn rest_error(terms: Terms) -> f64 {
-    if terms.error() > Terms::Precise.error() {
-        (terms.error() + Terms::Precise.error()) * 1.01
+/// How far the weight of many tokens made with terms each within `error` of `2^w` may be
+/// from the same made with the contract's (relative): 0 when they are the precise terms.
+pub(super) fn rest_error(error: f64) -> f64 {
+    if error > Terms::Precise.error() {
+        (error + Terms::Precise.error()) * 1.01
     } else {
         0.0
     }
@@ -73,8 +73,8 @@ pub(super) fn rest_error(terms: Terms) -> f64 {
 /// candidates, after gathering again from lower thresholds when they miss part of the
 /// nucleus. The candidates get the contract's weights; the other tokens' share of the
 /// normaliser comes from the pass's `terms`, known within `rest_error` of it (relative: at
-/// least [`rest_error`] of `terms`; a test passes larger bounds): when the cut is not
-/// clear of `p` by as much, [`TopPScan::Unsure`].
+/// least [`rest_error`] of `terms`' error; a test passes larger bounds): when the cut is
+/// not clear of `p` by as much, [`TopPScan::Unsure`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn top_p_candidates(
     z: &[f32],
