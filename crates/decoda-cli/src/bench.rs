@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Args;
-use decoda::workload;
+use decoda::testing::workload;
 use indicatif::{ProgressBar, ProgressStyle};
 use rayon::prelude::*;
 use serde_json::json;
@@ -71,9 +71,9 @@ pub struct BenchArgs {
 /// The law of the benchmark rows (`--law`).
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum Law {
-    /// `decoda::workload::logits`.
+    /// `decoda::testing::workload::logits`.
     Zipf,
-    /// `decoda::workload::affine_logits`.
+    /// `decoda::testing::workload::affine_logits`.
     Affine,
 }
 

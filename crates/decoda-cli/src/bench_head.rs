@@ -4,7 +4,8 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use decoda::head::{CpuHead, Head, SlotRequest};
+use decoda::head::{Head, SlotRequest};
+use decoda::CpuHead;
 use decoda::{Backend, Request, SamplingParams, SequenceState};
 use serde_json::json;
 
@@ -45,10 +46,10 @@ pub fn run(
         lines.push(line);
     };
     for &s in slots {
-        let data = decoda::workload::logits(s, v, 7);
+        let data = decoda::testing::workload::logits(s, v, 7);
         for &h in histories {
             // every slot: a history of h tokens (half prompt, half earlier output)
-            let mut rng = decoda::conformance::Rng::new(h as u64 + 1);
+            let mut rng = decoda::testing::Rng::new(h as u64 + 1);
             let reqs: Vec<Request> = (0..s)
                 .map(|k| {
                     let mut st = SequenceState::new(k as u64);

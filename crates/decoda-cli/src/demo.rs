@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use decoda::conformance::{self, random_case, Rng};
 use decoda::reference::explain_row;
+use decoda::testing::{self, random_case, Rng};
 use decoda::{Logits, Request, SamplingParams};
 
 use crate::device::{backend, Device};
@@ -186,12 +186,17 @@ pub struct SelftestArgs {
     /// Random rows for the parity check against the reference.
     #[arg(long, default_value_t = 10_000)]
     parity_rows: usize,
+    /// A shorter run: the head check over 60 steps instead of 300, and the decode shapes
+    /// at the smallest and largest vocabulary only (V = 32,000 and 262,144, B = 1 and 3)
+    /// instead of every real model's at B = 1, 2 and 3.
+    #[arg(long)]
+    quick: bool,
 }
 
 pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
     let be = backend(a.device, 0)?;
     println!("conformance suite on {}", be.name());
-    let report = conformance::run_all(be.as_ref(), |name, r| match r {
+    let report = testing::run_all(be.as_ref(), |name, r| match r {
         Ok(()) => println!("  ok    {name}"),
         Err(e) => println!("  FAIL  {name}: {e}"),
     });
@@ -204,11 +209,12 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
             .map(|h| Box::new(h) as Box<dyn decoda::head::Head>)
             .map_err(|e| e.to_string())
     } else {
-        decoda::head::CpuHead::new(64, 3000)
+        decoda::CpuHead::new(64, 3000)
             .map(|h| Box::new(h) as Box<dyn decoda::head::Head>)
             .map_err(|e| e.to_string())
     };
-    match head.and_then(|mut h| conformance::head::head_sequences(h.as_mut())) {
+    let head_steps = if a.quick { 60 } else { 300 };
+    match head.and_then(|mut h| testing::head::head_sequences(h.as_mut(), head_steps)) {
         Ok(()) => {
             passed += 1;
             println!("  ok    head_sequences");
@@ -220,7 +226,7 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
     }
     // parity with the reference on random rows across vocabulary sizes
     let mut rng = Rng::new(31337);
-    let mut totals = conformance::Parity::default();
+    let mut totals = testing::Parity::default();
     // exactly --parity-rows rows: a few at the large vocabularies, the rest spread over
     // the small ones (the last takes the remainder)
     let large = [32_000usize, 131_072, 262_144];
@@ -246,7 +252,7 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
             continue;
         }
         let cases: Vec<_> = (0..n).map(|_| random_case(&mut rng, v)).collect();
-        match conformance::parity(be.as_ref(), &cases) {
+        match testing::parity(be.as_ref(), &cases) {
             Ok(p) => {
                 passed += 1;
                 totals.rows += p.rows;
@@ -268,8 +274,9 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
         "parity: {} rows, {} identical, {} allowed floating-point ties, max logprob diff {:.2e}",
         totals.rows, totals.same, totals.allowed_ties, totals.max_logprob_diff
     );
-    // real decode shapes: every vocabulary size of real models at B = 1, 2, 3, through
-    // sample and sample_draws (1 and 3 draws), on fresh samplers and a long-lived one
+    // real decode shapes: every vocabulary size of real models at B = 1, 2, 3 (--quick:
+    // the smallest and the largest at B = 1 and 3), through sample and sample_draws (1
+    // and 3 draws), on a long-lived sampler and a fresh one per vocabulary
     let on_gpu = be.name().starts_with("wgpu");
     let make = || -> Result<Box<dyn decoda::Backend>, String> {
         if on_gpu {
@@ -280,12 +287,18 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
             Ok(Box::new(crate::device::cpu(0)?))
         }
     };
-    let shapes = decoda::conformance::shapes::decode_shapes(
+    let (vocabs, batches): (&[usize], &[usize]) = if a.quick {
+        (&[32_000, 262_144], &[1, 3])
+    } else {
+        (decoda::testing::shapes::DECODE_VOCABS, &[1, 2, 3])
+    };
+    let shapes = decoda::testing::shapes::decode_shapes(
         &make,
-        decoda::conformance::shapes::DECODE_VOCABS,
-        &[1, 2, 3],
-        decoda::conformance::shapes::ENTRIES,
+        vocabs,
+        batches,
+        decoda::testing::shapes::ENTRIES,
         4242,
+        !a.quick,
         |case| println!("  ok    shape {case}"),
     );
     match shapes {

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use clap::Args;
 use decoda::head::SlotRequest;
-use decoda::model::{generate, CpuEngine, Engine, Qwen3Moe, Report, Sequence, DEFAULT_SORT_CUTOFF};
+use decoda::model::{generate, Engine, Qwen3Moe, Report, Sequence, DEFAULT_SORT_CUTOFF};
+use decoda::CpuEngine;
 use serde_json::{json, Value};
 
 use crate::device::{check_threads, Device};
@@ -232,7 +233,15 @@ fn engine(
             ))
         }
         Some(s) => {
-            let e = decoda::wgpu::WgpuEngine::new(&s, model, slots, positions, a.host_sampling)
+            let host: Option<Box<dyn decoda::head::Head + Send>> = if a.host_sampling {
+                let v = model.config.vocab_size;
+                Some(Box::new(
+                    decoda::CpuHead::new(slots, v).map_err(|e| e.to_string())?,
+                ))
+            } else {
+                None
+            };
+            let e = decoda::wgpu::WgpuEngine::new(&s, model, slots, positions, host)
                 .map_err(|e| e.to_string())?;
             Ok(Box::new(e))
         }

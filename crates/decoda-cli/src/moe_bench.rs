@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Args;
-use decoda::moe::{synthetic, Dispatch, MoeShape, WeightDtype};
+use decoda::moe::{Dispatch, MoeShape, WeightDtype};
+use decoda::testing::synthetic;
 use decoda::MoeLayer;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;

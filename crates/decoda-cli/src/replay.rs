@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use decoda::head::{CpuHead, FinishReason, Head, SlotRequest};
+use decoda::head::{FinishReason, Head, SlotRequest};
+use decoda::CpuHead;
 use decoda::Request;
 use serde_json::json;
 

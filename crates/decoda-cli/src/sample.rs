@@ -92,8 +92,9 @@ pub fn run_sample(a: SampleArgs) -> Result<ExitCode, String> {
     let batch = read_npy(&a.logits)?;
     let reqs = requests(&a.params, batch.rows)?;
     let be = backend(a.device, a.threads)?;
-    // whole-call validation first: nothing is printed for a bad call
-    decoda::pipeline::validate_call(batch.rows, batch.vocab, &reqs).map_err(|e| e.to_string())?;
+    // Nothing is printed for a bad call: one draw per row is one call, which the library
+    // validates before any work; streamed draws are many calls, so the whole call is
+    // validated here first, once.
     let draws = u64::from(a.draws);
     let results = if draws == 1 {
         Results::Once(
@@ -101,6 +102,8 @@ pub fn run_sample(a: SampleArgs) -> Result<ExitCode, String> {
                 .map_err(|e| e.to_string())?,
         )
     } else {
+        decoda::pipeline::validate_call(batch.rows, batch.vocab, &reqs)
+            .map_err(|e| e.to_string())?;
         Results::Stream(draws)
     };
     let stdout = std::io::stdout();

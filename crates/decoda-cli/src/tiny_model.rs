@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use decoda::model::tiny::TinySpec;
 use decoda::moe::Affine;
+use decoda::testing::tiny::TinySpec;
 
 #[derive(Args)]
 pub struct TinyModelArgs {

@@ -501,18 +501,30 @@ fn moe_bench_bad_arguments_exit_2() {
     }
 }
 
-/// Whether the wgpu device is usable here (an adapter exists), as the library sees it.
+/// Whether the wgpu device is usable here (an adapter exists), as the CLI sees it: one
+/// `decoda sample --device wgpu` of a 4-token row, asked once per test process.
 fn have_wgpu() -> bool {
-    let (code, _, err) = run(&["selftest", "--device", "wgpu", "--parity-rows", "0"]);
-    if code == 2 && err.contains("no device") {
-        assert!(
-            std::env::var("DECODA_REQUIRE_GPU").map_or(true, |v| v != "1"),
-            "DECODA_REQUIRE_GPU=1 but: {err}"
-        );
-        eprintln!("wgpu CLI tests skipped: {err}");
-        return false;
-    }
-    true
+    static HAVE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAVE.get_or_init(|| {
+        let p = f32_npy("probe.npy", &[4], &[0.1, 2.0, 0.3, 1.0]);
+        let (code, _, err) = run(&[
+            "sample",
+            "--logits",
+            p.to_str().unwrap(),
+            "--device",
+            "wgpu",
+        ]);
+        if code == 2 && err.contains("no device") {
+            assert!(
+                std::env::var("DECODA_REQUIRE_GPU").map_or(true, |v| v != "1"),
+                "DECODA_REQUIRE_GPU=1 but: {err}"
+            );
+            eprintln!("wgpu CLI tests skipped: {err}");
+            return false;
+        }
+        assert_eq!(code, 0, "decoda sample --device wgpu: {err}");
+        true
+    })
 }
 
 #[test]
@@ -558,7 +570,14 @@ fn wgpu_selftest_runs_the_rows_asked() {
     if !have_wgpu() {
         return;
     }
-    let (code, out, err) = run(&["selftest", "--device", "wgpu", "--parity-rows", "777"]);
+    // the quick selftest (the full one is the device suites again, which the library's
+    // tests run on every backend; DECODA_TESTS=full runs it here too)
+    let quick = !decoda::testing::full_tier();
+    let mut args = vec!["selftest", "--device", "wgpu", "--parity-rows", "777"];
+    if quick {
+        args.push("--quick");
+    }
+    let (code, out, err) = run(&args);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("parity: 777 rows"), "{out}");
     assert!(
@@ -635,28 +654,36 @@ fn bench_table_columns_line_up() {
     }
 }
 
-/// `decoda sample` from a file at every vocabulary size of real models, batches of 1 to
-/// 64 rows, f32 and f16 files, one and three draws, every logit style and parameter mix
-/// (`--params` per row), on the CPU and on the device: every token is the reference's.
+/// `decoda sample` from a file at vocabulary sizes of real models (every one in the full
+/// tier), batches of 1 to 64 rows, f32 and f16 files, one and three draws, every logit
+/// style and parameter mix (`--params` per row), on the CPU and on the device: every
+/// token is the reference's.
 #[test]
 fn sample_from_file_at_decode_shapes() {
-    use decoda::conformance::shapes::{decode_batch, Batch, Entry, DECODE_BATCHES, DECODE_VOCABS};
-    use decoda::conformance::Rng;
+    use decoda::testing::shapes::{decode_batch, Batch, Entry, DECODE_BATCHES, DECODE_VOCABS};
+    use decoda::testing::Rng;
     let devices: &[&str] = if have_wgpu() {
         &["cpu", "wgpu"]
     } else {
         &["cpu"]
     };
     let mut rng = Rng::new(2025);
+    // quick tier: four vocabularies from 32,000 to 262,144 that between them cover B = 1,
+    // 3 and 64, f32 and f16 files, one and three draws; the full tier takes every one
+    let quick = !decoda::testing::full_tier();
     for (vi, &v) in DECODE_VOCABS.iter().enumerate() {
         let b = DECODE_BATCHES[vi % DECODE_BATCHES.len()];
+        if quick && ![0, 2, 5, 9].contains(&vi) {
+            continue;
+        }
+        let batch_rows = decode_batch(&mut rng, v, b, vi);
         let half = vi % 2 == 1;
         let dtype = if half {
             decoda::DType::F16
         } else {
             decoda::DType::F32
         };
-        let batch = Batch::new(decode_batch(&mut rng, v, b, vi), dtype);
+        let batch = Batch::new(batch_rows, dtype);
         let draws = if vi % 3 == 2 { 3 } else { 1 };
         let want = batch.expected(Entry::Draws(draws));
         let npy = tmp(&format!("shape{vi}.npy"));
@@ -760,7 +787,7 @@ fn no_display_noise_on_stderr() {
 /// on the device alike.
 #[test]
 fn replay_reproduces_a_decode() {
-    use decoda::conformance::Rng;
+    use decoda::testing::Rng;
     use decoda::{Backend, CpuSampler, Logits, Request};
     let (t, s, v) = (25usize, 4usize, 300usize);
     let mut rng = Rng::new(8);

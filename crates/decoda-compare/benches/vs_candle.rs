@@ -7,7 +7,7 @@
 use candle_core::{Device, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 use criterion::{criterion_group, criterion_main, Criterion};
-use decoda::workload;
+use decoda::testing::workload;
 
 fn bench(c: &mut Criterion) {
     let vocab = 131_072;

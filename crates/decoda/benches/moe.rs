@@ -5,7 +5,8 @@
 //! `cargo bench -p decoda --bench moe`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use decoda::moe::{synthetic, Dispatch, MoeShape, WeightDtype};
+use decoda::moe::{Dispatch, MoeShape, WeightDtype};
+use decoda::testing::synthetic;
 
 fn bench(c: &mut Criterion) {
     let shape = MoeShape::QWEN3_30B_A3B_HALF;

@@ -9,7 +9,8 @@
 //! kernel variants).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use decoda::{philox, workload};
+use decoda::philox;
+use decoda::testing::workload;
 
 fn bench(c: &mut Criterion) {
     let vocab = 131_072;

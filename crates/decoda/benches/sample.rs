@@ -9,7 +9,8 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use decoda::cpu::kernels::{exp2_sum, exp2_sum_collect, Terms};
-use decoda::{workload, Backend, CpuSampler, Logits};
+use decoda::testing::workload;
+use decoda::{Backend, CpuSampler, Logits};
 
 fn bench(c: &mut Criterion) {
     let vocab = 131_072;

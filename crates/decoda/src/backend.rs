@@ -1,88 +1,88 @@
 //! The backend trait that every sampler implements.
 
 use crate::error::Result;
-use crate::logits::{Logits, LogitsData};
+use crate::logits::Logits;
 use crate::params::Request;
-use crate::pipeline::RowResult;
+use crate::pipeline::{validate_call, Row, RowResult};
 
 /// A sampler: draws one token per row of a `[B, V]` batch of host logits, each row with
 /// its own parameters and state, returning per row a token or that row's error.
 ///
-/// Every implementation computes the contract stated in the README ("The sampling
-/// contract"): a row's token depends only on its logits, parameters, seed, step and
-/// history.
+/// Every implementation computes the contract (docs/CONTRACT.md): a row's token depends
+/// only on its logits, parameters, seed, step and history.
+///
+/// [`Backend::sample`] and [`Backend::sample_draws`] are the public door: they validate
+/// the call once and hand its rows to [`Backend::sample_rows`] (and
+/// [`Backend::sample_rows_draws`]), which a backend implements on validated inputs.
 pub trait Backend: Send + Sync {
     /// A short name for reports (`cpu`, `reference`, `wgpu:<adapter>`).
     fn name(&self) -> String;
 
     /// Samples every row. Whole-call problems (shapes, parameters, history ids) are an
     /// [`Err`](crate::Error) before any work; a bad row yields its own [`crate::RowError`].
-    fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>>;
+    fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
+        validate_call(logits.rows(), logits.vocab(), requests)?;
+        self.sample_rows(logits, &Row::each(requests))
+    }
 
     /// Draws `draws` tokens per row from the same logits at steps `step, step + 1, ...`
     /// (the history is not extended): `out[r][d]` is row `r`'s result at step
-    /// `step + d`, the same as [`Backend::sample`] would give at that step. The default
-    /// batches the steps into calls of [`Backend::sample`]; device backends run the
-    /// filters once and draw every step in parallel.
+    /// `step + d`, the same as [`Backend::sample`] would give at that step. Validates
+    /// like [`Backend::sample`].
     fn sample_draws(
         &self,
         logits: &Logits<'_>,
         requests: &[Request],
         draws: usize,
     ) -> Result<Vec<Vec<RowResult>>> {
-        draws_by_steps(self, logits, requests, draws)
+        validate_call(logits.rows(), logits.vocab(), requests)?;
+        self.sample_rows_draws(logits, &Row::each(requests), draws)
+    }
+
+    /// The backend's work on a validated call: one result per row, row `i` drawn from
+    /// logits row `rows[i].logits_row()` at step `rows[i].step()`. Rows come only from
+    /// [`Backend::sample`] and the crate's own per-step views, after validation;
+    /// implementations do not validate again.
+    fn sample_rows(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>>;
+
+    /// [`Backend::sample_draws`] on a validated call whose rows read the logits in order.
+    /// The default batches the steps into calls of [`Backend::sample_rows`] over per-step
+    /// views of the rows; device backends run the filters once and draw every step in
+    /// parallel.
+    fn sample_rows_draws(
+        &self,
+        logits: &Logits<'_>,
+        rows: &[Row<'_>],
+        draws: usize,
+    ) -> Result<Vec<Vec<RowResult>>> {
+        draws_by_steps(self, logits, rows, draws)
     }
 }
 
-/// The requests moved `offset` steps on (the history unchanged).
-pub fn at_step(requests: &[Request], offset: u64) -> Vec<Request> {
-    requests
-        .iter()
-        .map(|r| {
-            let mut r = r.clone();
-            r.state.step = r.state.step.wrapping_add(offset);
-            r
-        })
-        .collect()
-}
-
-/// [`Backend::sample_draws`] through [`Backend::sample`]: the rows repeated for several
-/// steps per call (at most about 8192 rows and 16M logits a call).
-pub fn draws_by_steps<B: Backend + ?Sized>(
+/// [`Backend::sample_rows_draws`] through [`Backend::sample_rows`]: the rows repeated
+/// for several steps per call (at most about 8192 rows and 16M logits a call, the most a
+/// device backend gathers), each repetition a view that reads the same logits row at a
+/// later step.
+pub(crate) fn draws_by_steps<B: Backend + ?Sized>(
     backend: &B,
     logits: &Logits<'_>,
-    requests: &[Request],
+    rows: &[Row<'_>],
     draws: usize,
 ) -> Result<Vec<Vec<RowResult>>> {
-    crate::pipeline::validate_call(logits.rows(), logits.vocab(), requests)?;
-    let b = logits.rows();
-    let v = logits.vocab();
+    let b = rows.len();
     let mut out: Vec<Vec<RowResult>> = vec![Vec::with_capacity(draws); b];
     if b == 0 || draws == 0 {
         return Ok(out);
     }
-    // at most ~8192 rows and ~16M logits (64 MiB of f32) per call
+    let v = logits.vocab();
     let steps_per_call = (8192 / b).min((1 << 24) / (b * v).max(1)).clamp(1, draws);
     let mut done = 0;
+    let mut views = Vec::with_capacity(steps_per_call * b);
     while done < draws {
         let n = steps_per_call.min(draws - done);
-        let reqs: Vec<Request> = (0..n)
-            .flat_map(|d| at_step(requests, (done + d) as u64))
-            .collect();
-        let results = match logits.data() {
-            LogitsData::F32(x) => {
-                let rep: Vec<f32> = x.iter().copied().cycle().take(n * b * v).collect();
-                backend.sample(&Logits::f32(&rep, n * b, v)?, &reqs)?
-            }
-            LogitsData::F16(x) => {
-                let rep: Vec<half::f16> = x.iter().copied().cycle().take(n * b * v).collect();
-                backend.sample(&Logits::f16(&rep, n * b, v)?, &reqs)?
-            }
-            LogitsData::Bf16(x) => {
-                let rep: Vec<half::bf16> = x.iter().copied().cycle().take(n * b * v).collect();
-                backend.sample(&Logits::bf16(&rep, n * b, v)?, &reqs)?
-            }
-        };
+        views.clear();
+        views.extend((0..n).flat_map(|d| rows.iter().map(move |r| r.at_step((done + d) as u64))));
+        let results = backend.sample_rows(logits, &views)?;
         for (k, res) in results.into_iter().enumerate() {
             out[k % b].push(res);
         }
@@ -108,11 +108,25 @@ impl<B: Backend + ?Sized> Backend for &B {
     ) -> Result<Vec<Vec<RowResult>>> {
         (**self).sample_draws(logits, requests, draws)
     }
+
+    fn sample_rows(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
+        (**self).sample_rows(logits, rows)
+    }
+
+    fn sample_rows_draws(
+        &self,
+        logits: &Logits<'_>,
+        rows: &[Row<'_>],
+        draws: usize,
+    ) -> Result<Vec<Vec<RowResult>>> {
+        (**self).sample_rows_draws(logits, rows, draws)
+    }
 }
 
-/// A layer of SwiGLU experts on some backend: the MoE contract (README, "MoE dispatch")
+/// A layer of SwiGLU experts on some backend: the MoE contract (docs/CONTRACT.md)
 /// for `x [N, D]` and a routing, sorting the pairs by expert iff `N > sort_cutoff`.
-/// [`crate::moe::SwitchMlp`] is the CPU's; `decoda::wgpu::WgpuMoe` the device's.
+/// [`crate::moe::SwitchMlp`] runs on the CPU (`cpu/moe.rs`); `decoda::wgpu::WgpuMoe` on
+/// the device.
 pub trait MoeLayer: Send + Sync {
     /// A short name for reports (`cpu`, `wgpu:<adapter>`).
     fn name(&self) -> String;

@@ -8,11 +8,12 @@
 //! [`crate::CpuSampler`] draws for (row, parameters, seed, step `n`, history = prompt +
 //! earlier output + the slot's own tokens) — the same token on every backend.
 //!
-//! [`CpuHead`] is the CPU's head; `decoda::wgpu::WgpuHead` keeps the state on the GPU, so
+//! `decoda::cpu::CpuHead` is the CPU's head; `decoda::wgpu::WgpuHead` keeps the state on the GPU, so
 //! that a decode loop writes nothing from the host per token.
 //!
 //! ```
-//! use decoda::head::{CpuHead, Head, SlotRequest};
+//! use decoda::head::{Head, SlotRequest};
+//! use decoda::CpuHead;
 //! use decoda::{Logits, SamplingParams};
 //!
 //! let mut head = CpuHead::new(2, 4)?; // two slots, V = 4
@@ -24,11 +25,9 @@
 //! # Ok::<(), decoda::Error>(())
 //! ```
 
-use crate::backend::Backend;
-use crate::cpu::CpuSampler;
-use crate::error::{Error, Result, RowError};
+use crate::error::{Error, Result};
 use crate::logits::Logits;
-use crate::params::{Request, SamplingParams, SequenceState};
+use crate::params::{SamplingParams, SequenceState};
 use crate::pipeline::RowResult;
 
 /// Most logit-bias entries a slot may hold.
@@ -117,7 +116,7 @@ impl SlotRequest {
     }
 }
 
-fn check_slot_lists(slot: usize, params: &SamplingParams, stops: usize) -> Result<()> {
+pub(crate) fn check_slot_lists(slot: usize, params: &SamplingParams, stops: usize) -> Result<()> {
     if params.logit_bias.len() > MAX_SLOT_BIAS {
         return Err(Error::InvalidParameter {
             row: slot,
@@ -153,7 +152,7 @@ pub struct SlotStep {
     /// The slot the row belonged to.
     pub slot: usize,
     /// The drawn token (with log-probabilities if the slot asked for them), or the row's
-    /// error ([`RowError::Finished`] for a slot that had already finished).
+    /// error ([`crate::RowError::Finished`] for a slot that had already finished).
     pub result: RowResult,
     /// Set when the slot has finished (at this step or before).
     pub finished: Option<FinishReason>,
@@ -223,211 +222,4 @@ pub fn seed_of(request: &SlotRequest) -> Result<u64> {
         Some(s) => Ok(s),
         None => Ok(SequenceState::from_entropy()?.seed),
     }
-}
-
-/// One sequence of a [`CpuHead`].
-#[derive(Debug, Clone)]
-struct Sequence {
-    request: Request,
-    max_tokens: Option<u64>,
-    stop: Vec<u32>,
-    generated: u64,
-    finished: Option<FinishReason>,
-}
-
-/// The CPU's sampling head: each step samples with [`CpuSampler`] and pushes the drawn
-/// tokens into the slots' histories.
-#[derive(Debug)]
-pub struct CpuHead {
-    sampler: CpuSampler,
-    vocab: usize,
-    seqs: Vec<Option<Sequence>>,
-}
-
-impl CpuHead {
-    /// A head of `slots` slots for a vocabulary of `vocab` tokens.
-    pub fn new(slots: usize, vocab: usize) -> Result<Self> {
-        Self::with_sampler(CpuSampler::new(), slots, vocab)
-    }
-
-    /// The same with a given CPU sampler (for its thread pool).
-    pub fn with_sampler(sampler: CpuSampler, slots: usize, vocab: usize) -> Result<Self> {
-        if vocab == 0 {
-            return Err(Error::Shape(
-                "a head needs a vocabulary of at least one token".into(),
-            ));
-        }
-        Ok(Self {
-            sampler,
-            vocab,
-            seqs: vec![None; slots],
-        })
-    }
-
-    /// The request slot `slot` would be sampled with now (parameters and full state).
-    pub fn request(&self, slot: usize) -> Option<&Request> {
-        self.seqs.get(slot)?.as_ref().map(|s| &s.request)
-    }
-}
-
-impl Head for CpuHead {
-    fn name(&self) -> String {
-        "cpu".into()
-    }
-
-    fn slots(&self) -> usize {
-        self.seqs.len()
-    }
-
-    fn vocab(&self) -> usize {
-        self.vocab
-    }
-
-    fn join(&mut self, slot: usize, request: SlotRequest) -> Result<u64> {
-        check_slot(slot, self.seqs.len())?;
-        if self.seqs[slot].is_some() {
-            return Err(Error::Shape(format!(
-                "slot {slot} is taken: leave it first"
-            )));
-        }
-        request.validate(slot, self.vocab)?;
-        let seed = seed_of(&request)?;
-        self.seqs[slot] = Some(Sequence {
-            request: Request {
-                params: request.params,
-                state: SequenceState {
-                    seed,
-                    step: request.step,
-                    prompt: request.prompt,
-                    output: request.output,
-                },
-            },
-            max_tokens: request.max_tokens,
-            stop: request.stop,
-            generated: 0,
-            finished: None,
-        });
-        Ok(seed)
-    }
-
-    fn leave(&mut self, slot: usize) -> Result<()> {
-        check_slot(slot, self.seqs.len())?;
-        self.seqs[slot] = None;
-        Ok(())
-    }
-
-    fn set_params(&mut self, slot: usize, params: SamplingParams) -> Result<()> {
-        check_slot(slot, self.seqs.len())?;
-        params.validate(slot, self.vocab)?;
-        let seq = self.seqs[slot]
-            .as_mut()
-            .ok_or_else(|| Error::Shape(format!("slot {slot} has no sequence")))?;
-        check_slot_lists(slot, &params, seq.stop.len())?;
-        seq.request.params = params;
-        Ok(())
-    }
-
-    fn step(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
-        let joined: Vec<bool> = self.seqs.iter().map(Option::is_some).collect();
-        check_rows(rows, logits.rows(), &joined)?;
-        if logits.vocab() != self.vocab {
-            return Err(Error::Shape(format!(
-                "logits of {} tokens for a head of {}",
-                logits.vocab(),
-                self.vocab
-            )));
-        }
-        // finished slots draw nothing: sample the others as one batch
-        let live: Vec<usize> = (0..rows.len())
-            .filter(|&r| {
-                self.seqs[rows[r]]
-                    .as_ref()
-                    .expect("checked")
-                    .finished
-                    .is_none()
-            })
-            .collect();
-        let mut results: Vec<Option<RowResult>> = vec![None; rows.len()];
-        if !live.is_empty() {
-            let reqs: Vec<Request> = live
-                .iter()
-                .map(|&r| {
-                    self.seqs[rows[r]]
-                        .as_ref()
-                        .expect("checked")
-                        .request
-                        .clone()
-                })
-                .collect();
-            let part = gather_rows(logits, &live)?;
-            let sampled = self.sampler.sample(&part.view()?, &reqs)?;
-            for (&r, res) in live.iter().zip(sampled) {
-                results[r] = Some(res);
-            }
-        }
-        let mut out = Vec::with_capacity(rows.len());
-        for (&s, result) in rows.iter().zip(results) {
-            let seq = self.seqs[s].as_mut().expect("checked");
-            let Some(result) = result else {
-                out.push(SlotStep {
-                    slot: s,
-                    result: Err(RowError::Finished),
-                    finished: seq.finished,
-                });
-                continue;
-            };
-            if let Ok(sample) = &result {
-                seq.request.state.push(sample.token);
-                seq.generated += 1;
-                if seq.stop.contains(&sample.token) {
-                    seq.finished = Some(FinishReason::Stop);
-                } else if seq.max_tokens.is_some_and(|m| seq.generated >= m) {
-                    seq.finished = Some(FinishReason::Length);
-                }
-            }
-            out.push(SlotStep {
-                slot: s,
-                result,
-                finished: seq.finished,
-            });
-        }
-        Ok(out)
-    }
-}
-
-/// Some rows of a batch, copied (the rows of a step whose slots still draw).
-enum Rows<'a> {
-    All(Logits<'a>),
-    F32(Vec<f32>, usize, usize),
-    F16(Vec<half::f16>, usize, usize),
-    Bf16(Vec<half::bf16>, usize, usize),
-}
-
-impl Rows<'_> {
-    fn view(&self) -> Result<Logits<'_>> {
-        match self {
-            Rows::All(l) => Ok(*l),
-            Rows::F32(d, b, v) => Logits::f32(d, *b, *v),
-            Rows::F16(d, b, v) => Logits::f16(d, *b, *v),
-            Rows::Bf16(d, b, v) => Logits::bf16(d, *b, *v),
-        }
-    }
-}
-
-fn gather_rows<'a>(logits: &Logits<'a>, rows: &[usize]) -> Result<Rows<'a>> {
-    use crate::logits::LogitsData;
-    if rows.len() == logits.rows() {
-        return Ok(Rows::All(*logits));
-    }
-    let v = logits.vocab();
-    fn pick<T: Copy>(d: &[T], rows: &[usize], v: usize) -> Vec<T> {
-        rows.iter()
-            .flat_map(|&r| d[r * v..(r + 1) * v].iter().copied())
-            .collect()
-    }
-    Ok(match logits.data() {
-        LogitsData::F32(d) => Rows::F32(pick(d, rows, v), rows.len(), v),
-        LogitsData::F16(d) => Rows::F16(pick(d, rows, v), rows.len(), v),
-        LogitsData::Bf16(d) => Rows::Bf16(pick(d, rows, v), rows.len(), v),
-    })
 }

@@ -7,7 +7,7 @@
 //!
 //! A token is a pure function of (logits row, parameters, seed, step, history): it does
 //! not depend on the batch, the row's position, the thread count or the device. The
-//! contract is stated in the README ("The sampling contract").
+//! contract is stated in docs/CONTRACT.md.
 //!
 //! ```
 //! use decoda::{Backend, CpuSampler, Logits, Request, SamplingParams};
@@ -25,7 +25,6 @@
 #![warn(missing_docs)]
 
 pub mod backend;
-pub mod conformance;
 pub mod cpu;
 pub mod error;
 pub mod fmath;
@@ -37,17 +36,31 @@ pub mod params;
 pub mod philox;
 pub mod pipeline;
 pub mod reference;
+pub mod testing;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
-pub mod workload;
 
 /// The README's Rust examples, compiled and run as doctests.
 #[cfg(all(doctest, feature = "wgpu"))]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+/// The Rust examples of `docs/`, compiled and run as doctests.
+#[cfg(all(doctest, feature = "wgpu"))]
+pub mod docs_doctests {
+    /// docs/DEVICE.md
+    #[doc = include_str!("../../../docs/DEVICE.md")]
+    pub struct Device;
+    /// docs/MOE.md
+    #[doc = include_str!("../../../docs/MOE.md")]
+    pub struct Moe;
+    /// docs/MODEL.md
+    #[doc = include_str!("../../../docs/MODEL.md")]
+    pub struct Model;
+}
+
 pub use backend::{Backend, MoeLayer};
-pub use cpu::CpuSampler;
+pub use cpu::{CpuEngine, CpuHead, CpuSampler};
 pub use error::{Error, Result, RowError};
 pub use logits::{DType, LogitElem, Logits, LogitsData};
 pub use params::{LogprobsMode, Request, SamplingParams, SequenceState};

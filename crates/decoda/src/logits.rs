@@ -176,3 +176,42 @@ impl<'a> Logits<'a> {
         }
     }
 }
+
+/// A copy of some rows of a batch, in a given order (a device backend's rows must be
+/// contiguous in the order it reads them).
+#[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+pub(crate) enum Gathered {
+    /// f32 rows.
+    F32(Vec<f32>, usize, usize),
+    /// f16 rows.
+    F16(Vec<half::f16>, usize, usize),
+    /// bf16 rows.
+    Bf16(Vec<half::bf16>, usize, usize),
+}
+
+#[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
+impl Gathered {
+    /// Rows `rows` of `logits`, in that order.
+    pub(crate) fn new(logits: &Logits<'_>, rows: impl Iterator<Item = usize> + Clone) -> Self {
+        let v = logits.vocab();
+        let n = rows.clone().count();
+        fn pick<T: Copy>(d: &[T], rows: impl Iterator<Item = usize>, v: usize) -> Vec<T> {
+            rows.flat_map(|r| d[r * v..(r + 1) * v].iter().copied())
+                .collect()
+        }
+        match logits.data() {
+            LogitsData::F32(d) => Gathered::F32(pick(d, rows, v), n, v),
+            LogitsData::F16(d) => Gathered::F16(pick(d, rows, v), n, v),
+            LogitsData::Bf16(d) => Gathered::Bf16(pick(d, rows, v), n, v),
+        }
+    }
+
+    /// The copy as a batch.
+    pub(crate) fn view(&self) -> Result<Logits<'_>> {
+        match self {
+            Gathered::F32(d, b, v) => Logits::f32(d, *b, *v),
+            Gathered::F16(d, b, v) => Logits::f16(d, *b, *v),
+            Gathered::Bf16(d, b, v) => Logits::bf16(d, *b, *v),
+        }
+    }
+}

@@ -1,4 +1,4 @@
-//! The contract's semantics that every backend shares (the README's contract: inputs, pipeline, errors, log-probabilities): call
+//! The contract's semantics that every backend shares (docs/CONTRACT.md: inputs, pipeline, errors, log-probabilities): call
 //! validation, stages 1-3 (bias and penalties) as a sparse list of changed logits, the
 //! thresholds of the filters, and the shape of a row's result.
 //!
@@ -65,6 +65,96 @@ pub fn validate_call(rows: usize, vocab: usize, requests: &[Request]) -> Result<
         r.validate(row, vocab)?;
     }
     Ok(())
+}
+
+/// One row of a call that [`validate_call`] accepted, as a backend's inner path takes
+/// it: the request, the step it is drawn at, and the row of the logits it reads. A
+/// per-step view of a request (the draws of [`crate::Backend::sample_draws`]) borrows
+/// the request and sets only its step, so its history is never copied.
+///
+/// Rows are made inside the crate, after validation. It dereferences to its
+/// [`Request`] for the parameters, the seed and the history; its step is
+/// [`Row::step`] (the request's `state.step` plus the view's offset), which is what
+/// every backend draws with.
+#[derive(Debug, Clone, Copy)]
+pub struct Row<'a> {
+    request: &'a Request,
+    step: u64,
+    logits_row: usize,
+}
+
+impl<'a> Row<'a> {
+    /// Row `i` of a validated call reads logits row `i` at its request's own step.
+    pub(crate) fn each(requests: &'a [Request]) -> Vec<Row<'a>> {
+        requests
+            .iter()
+            .enumerate()
+            .map(|(i, request)| Row {
+                request,
+                step: request.state.step,
+                logits_row: i,
+            })
+            .collect()
+    }
+
+    /// One validated request at its own step, reading logits row 0.
+    pub(crate) fn of(request: &'a Request) -> Row<'a> {
+        Row {
+            request,
+            step: request.state.step,
+            logits_row: 0,
+        }
+    }
+
+    /// The same row `offset` steps on.
+    pub(crate) fn at_step(self, offset: u64) -> Row<'a> {
+        Row {
+            step: self.step.wrapping_add(offset),
+            ..self
+        }
+    }
+
+    /// The same request and step reading logits row `logits_row`.
+    pub(crate) fn reading(self, logits_row: usize) -> Row<'a> {
+        Row { logits_row, ..self }
+    }
+
+    /// The request (parameters, seed, history).
+    pub fn request(&self) -> &'a Request {
+        self.request
+    }
+
+    /// The step this row is drawn at.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// The row of the call's logits this row reads.
+    pub fn logits_row(&self) -> usize {
+        self.logits_row
+    }
+}
+
+impl std::ops::Deref for Row<'_> {
+    type Target = Request;
+    fn deref(&self) -> &Request {
+        self.request
+    }
+}
+
+/// [`validate_call`], then the call's rows (row `i` reads logits row `i`).
+pub(crate) fn validated_rows<'a>(
+    rows: usize,
+    vocab: usize,
+    requests: &'a [Request],
+) -> Result<Vec<Row<'a>>> {
+    validate_call(rows, vocab, requests)?;
+    Ok(Row::each(requests))
+}
+
+/// Whether `rows` read the logits in order, row `i` from logits row `i`, one each.
+pub(crate) fn reads_in_order(rows: &[Row<'_>], logits_rows: usize) -> bool {
+    rows.len() == logits_rows && rows.iter().enumerate().all(|(i, r)| r.logits_row == i)
 }
 
 /// Counts the NaN and `+inf` values of a row.

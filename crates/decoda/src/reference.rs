@@ -8,7 +8,7 @@ use crate::error::{Result, RowError};
 use crate::logits::Logits;
 use crate::params::{LogprobsMode, Request};
 use crate::philox::gumbel;
-use crate::pipeline::{self as pl, RowResult, Sample};
+use crate::pipeline::{self as pl, Row, RowResult, Sample};
 
 /// How close a row's decision came to a floating-point tie (the contract's "same result" rule).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -43,15 +43,13 @@ impl Backend for ReferenceSampler {
         "reference".into()
     }
 
-    fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
-        pl::validate_call(logits.rows(), logits.vocab(), requests)?;
-        let mut row = Vec::new();
-        Ok(requests
+    fn sample_rows(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
+        let mut x = Vec::new();
+        Ok(rows
             .iter()
-            .enumerate()
-            .map(|(r, req)| {
-                logits.row_to_f32(r, &mut row);
-                reference_row(&row, req).0
+            .map(|row| {
+                logits.row_to_f32(row.logits_row(), &mut x);
+                reference_row_at(&x, row).0
             })
             .collect())
     }
@@ -75,6 +73,11 @@ fn ulps_between(a: f32, b: f32) -> u32 {
 /// Samples one row (already widened to f32) straight from the contract, and reports how
 /// close the decision was to a floating-point tie.
 pub fn reference_row(x: &[f32], req: &Request) -> (RowResult, TieReport) {
+    reference_row_at(x, &Row::of(req))
+}
+
+/// [`reference_row`] for a row of a validated call, at that row's step.
+fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
     let p = &req.params;
     let v = x.len();
     let mut tie = TieReport {
@@ -142,7 +145,7 @@ pub fn reference_row(x: &[f32], req: &Request) -> (RowResult, TieReport) {
         if !keep[i] {
             continue;
         }
-        let s = y[i] + gumbel(req.state.seed, req.state.step, i as u32);
+        let s = y[i] + gumbel(req.state.seed, req.step(), i as u32);
         match best {
             Some((_, bs)) if s <= bs => runner_up = runner_up.max(s),
             _ => {

@@ -1,6 +1,6 @@
 //! Batch invariance across thread counts (CPU-specific: the thread pool is a CPU notion).
 
-use decoda::conformance::{random_case, Rng};
+use decoda::testing::{random_case, Rng};
 use decoda::{Backend, CpuSampler, Logits};
 
 #[test]

@@ -2,7 +2,7 @@
 //! parameter sets (proptest): identical tokens and logprobs (within 1e-5), except the
 //! floating-point ties that the contract allows, which are counted.
 
-use decoda::conformance::{parity, random_case, Rng};
+use decoda::testing::{parity, random_case, Rng};
 use decoda::CpuSampler;
 use proptest::prelude::*;
 
@@ -39,7 +39,7 @@ fn large_vocab_parity() {
 /// the candidate gathering, its retries from lower thresholds and the whole-row fallback.
 #[test]
 fn top_p_nucleus_sizes_parity() {
-    use decoda::conformance::zipf_logits;
+    use decoda::testing::zipf_logits;
     use decoda::{LogprobsMode, Request, SamplingParams};
     let mut rng = Rng::new(77);
     let v = 50_000;
@@ -70,7 +70,7 @@ fn top_p_nucleus_sizes_parity() {
 /// candidate gathering together): its error and greedy exits against the reference.
 #[test]
 fn top_k_one_pass_edge_rows() {
-    use decoda::conformance::zipf_logits;
+    use decoda::testing::zipf_logits;
     use decoda::{LogprobsMode, Request, SamplingParams};
     let mut rng = Rng::new(5);
     for v in [300usize, 20_000] {
@@ -108,7 +108,7 @@ fn top_k_one_pass_edge_rows() {
 /// the reference (the values edited sit outside the sample and in it).
 #[test]
 fn top_p_one_pass_edge_rows() {
-    use decoda::conformance::zipf_logits;
+    use decoda::testing::zipf_logits;
     use decoda::{LogprobsMode, Request, SamplingParams};
     let mut rng = Rng::new(6);
     let v = 20_000;
@@ -155,7 +155,7 @@ fn top_p_one_pass_edge_rows() {
 /// narrows the candidates and the exact nucleus against the reference.
 #[test]
 fn top_p_only_parity_many_rows() {
-    use decoda::conformance::zipf_logits;
+    use decoda::testing::zipf_logits;
     use decoda::{LogprobsMode, Request, SamplingParams};
     let mut rng = Rng::new(991);
     for batch in 0..12u64 {
@@ -190,7 +190,7 @@ fn top_p_only_parity_many_rows() {
 /// the gated draw, with banned tokens, penalties, min-p and processed logprobs.
 #[test]
 fn wide_top_p_parity() {
-    use decoda::conformance::zipf_logits;
+    use decoda::testing::zipf_logits;
     use decoda::{LogprobsMode, Request, SamplingParams};
     let mut rng = Rng::new(77);
     for v in [32_000usize, 151_936] {
@@ -235,7 +235,7 @@ fn wide_top_p_parity() {
 /// as the reference, with banned tokens and processed logprobs on some rows.
 #[test]
 fn top_p_retry_band_parity() {
-    use decoda::conformance::zipf_logits;
+    use decoda::testing::zipf_logits;
     use decoda::{LogprobsMode, Request, SamplingParams};
     let mut rng = Rng::new(2026);
     let v = 131_072;

@@ -1,4 +1,4 @@
-//! The model suite (`decoda::conformance::model`) on the CPU and, on any wgpu adapter
+//! The model suite (`decoda::testing::model`) on the CPU and, on any wgpu adapter
 //! (lavapipe in CI), on the device: greedy ids equal mlx-lm's for 64 tokens and raw
 //! logits within 1e-4 of the row's scale on f32 checkpoints of three shapes, greedy ids
 //! equal on the checkpoints MLX quantized (4-bit groups of 32 and 64, 8-bit), the same
@@ -8,12 +8,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use decoda::conformance::model::{
+use decoda::model::{Engine, Qwen3Moe};
+use decoda::testing::model::{
     batch_invariant, matches_golden, sort_cutoff_does_not_change_ids, stops_and_lengths,
     tiny_model, Golden,
 };
-use decoda::model::tiny::TinySpec;
-use decoda::model::{CpuEngine, Engine, Qwen3Moe};
+use decoda::testing::tiny::TinySpec;
+use decoda::CpuEngine;
 
 const TOLERANCE: f64 = 1e-4;
 
@@ -107,6 +108,7 @@ fn cpu(model: Arc<Qwen3Moe>, slots: usize, _positions: usize) -> Result<Box<dyn 
 fn golden_suite(
     make: &dyn Fn(Arc<Qwen3Moe>, usize, usize) -> Result<Box<dyn Engine>, String>,
     tag: &str,
+    max_steps: usize,
 ) {
     let t = tmp(tag);
     let cases = goldens(&t);
@@ -114,10 +116,18 @@ fn golden_suite(
         cases.len() >= 6,
         "three f32 shapes and three quantized checkpoints"
     );
-    for g in &cases {
-        for cutoff in [1, usize::MAX] {
-            let worst =
-                matches_golden(make, g, cutoff, TOLERANCE).unwrap_or_else(|e| panic!("{e}"));
+    for (i, g) in cases.iter().enumerate() {
+        // every MoE call sorted, or none: both for every checkpoint in the full tier,
+        // alternating over the checkpoints in the quick one
+        let both = [1, usize::MAX];
+        let cutoffs = if decoda::testing::full_tier() {
+            &both[..]
+        } else {
+            &both[i % 2..i % 2 + 1]
+        };
+        for &cutoff in cutoffs {
+            let worst = matches_golden(make, g, cutoff, TOLERANCE, max_steps)
+                .unwrap_or_else(|e| panic!("{e}"));
             eprintln!(
                 "{tag} {} (sort cutoff {cutoff}): ids equal; logits within {worst:.2e}",
                 g.name
@@ -129,7 +139,7 @@ fn golden_suite(
 
 #[test]
 fn cpu_matches_mlx() {
-    golden_suite(&cpu, "cpu");
+    golden_suite(&cpu, "cpu", usize::MAX);
 }
 
 #[test]
@@ -219,7 +229,7 @@ mod wgpu {
     ) -> Result<Box<dyn Engine>, String> {
         thread_local!(static S: WgpuSampler = sampler());
         S.with(|s| {
-            WgpuEngine::new(s, model, slots, positions, false)
+            WgpuEngine::new(s, model, slots, positions, None)
                 .map(|e| Box::new(e) as Box<dyn Engine>)
                 .map_err(|e| e.to_string())
         })
@@ -231,8 +241,10 @@ mod wgpu {
         positions: usize,
     ) -> Result<Box<dyn Engine>, String> {
         thread_local!(static S: WgpuSampler = sampler());
+        let v = model.config.vocab_size;
+        let host = decoda::CpuHead::new(slots, v).map_err(|e| e.to_string())?;
         S.with(|s| {
-            WgpuEngine::new(s, model, slots, positions, true)
+            WgpuEngine::new(s, model, slots, positions, Some(Box::new(host)))
                 .map(|e| Box::new(e) as Box<dyn Engine>)
                 .map_err(|e| e.to_string())
         })
@@ -243,7 +255,14 @@ mod wgpu {
         if !available() {
             return;
         }
-        golden_suite(&dev, "wgpu");
+        // the device: all 64 tokens in the full tier, the first 33 (and the logits of
+        // steps 0-32) in the quick one
+        let steps = if decoda::testing::full_tier() {
+            usize::MAX
+        } else {
+            33
+        };
+        golden_suite(&dev, "wgpu", steps);
     }
 
     #[test]
@@ -282,7 +301,11 @@ mod wgpu {
         }
         let t = tmp("wgpu-host");
         let dir = tiny_model(&t, 8).unwrap();
-        batch_invariant(&dev_host_sampling, &dir).unwrap_or_else(|e| panic!("{e}"));
+        // batches through the host head (the full tier; the device head's batches are
+        // wgpu_batch_invariant's)
+        if decoda::testing::full_tier() {
+            batch_invariant(&dev_host_sampling, &dir).unwrap_or_else(|e| panic!("{e}"));
+        }
         let model = Arc::new(Qwen3Moe::load(&dir, 16).unwrap());
         let seq = decoda::model::Sequence {
             prompt: vec![256, 50, 60, 70],
@@ -324,7 +347,7 @@ mod wgpu {
             c.start(0, req.clone(), &g.prompt, 0).unwrap();
             d.start(0, req, &g.prompt, 0).unwrap();
             let (lc, ld) = (c.read_logits(1).unwrap(), d.read_logits(1).unwrap());
-            let gap = decoda::conformance::model::relative_gap(&ld, &lc);
+            let gap = decoda::testing::model::relative_gap(&ld, &lc);
             assert!(gap < 1e-5, "{}: device vs CPU logits {gap:.2e}", g.name);
         }
     }

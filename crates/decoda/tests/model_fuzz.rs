@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use decoda::head::SlotRequest;
-use decoda::model::tiny::TinySpec;
-use decoda::model::{generate, CpuEngine, Qwen3Moe, Sequence};
+use decoda::model::{generate, Qwen3Moe, Sequence};
+use decoda::testing::tiny::TinySpec;
+use decoda::CpuEngine;
 use proptest::prelude::*;
 use serde_json::Value;
 

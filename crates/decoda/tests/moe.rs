@@ -1,10 +1,12 @@
 //! MoE dispatch (the contract's section 7): both branches against a naive reference, the
 //! run-time decision, the permutations, and every error path.
 
+use decoda::cpu::grouped_matmul;
 use decoda::moe::{
-    combine, gather, grouped_matmul, route, scatter, stable_argsort, synthetic, Dispatch,
-    ExpertWeights, GateUp, MoeShape, Routing, SwitchMlp, WeightDtype,
+    combine, gather, route, scatter, stable_argsort, Dispatch, ExpertWeights, GateUp, MoeShape,
+    Routing, SwitchMlp, WeightDtype,
 };
+use decoda::testing::synthetic;
 use decoda::{Backend, CpuSampler, Error, Logits, Request, SamplingParams};
 use proptest::prelude::*;
 

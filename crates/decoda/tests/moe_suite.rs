@@ -1,9 +1,9 @@
-//! The MoE suite (`decoda::conformance::moe`) against the CPU's layer, and, with the
+//! The MoE suite (`decoda::testing::moe`) against the CPU's layer, and, with the
 //! `wgpu` feature, against the device's (`WgpuMoe`), which must also build the CPU's
 //! dispatch plan.
 
-use decoda::conformance::moe::{branches_match_reference, routing_matches_cpu, uneven_routings};
 use decoda::moe::SwitchMlp;
+use decoda::testing::moe::{branches_match_reference, routing_matches_cpu, uneven_routings};
 use decoda::MoeLayer;
 
 fn cpu(layer: &SwitchMlp) -> Result<Box<dyn MoeLayer>, String> {
@@ -64,7 +64,8 @@ fn cpu_on_every_instruction_set() {
 #[cfg(feature = "wgpu")]
 mod device {
     use super::*;
-    use decoda::moe::{synthetic, Dispatch, DispatchPlan, MoeShape, WeightDtype};
+    use decoda::moe::{Dispatch, DispatchPlan, MoeShape, WeightDtype};
+    use decoda::testing::synthetic;
     use decoda::wgpu::{WgpuMoe, WgpuSampler};
     use std::sync::OnceLock;
 
@@ -127,7 +128,12 @@ mod device {
         };
         let layer = synthetic::layer(shape, WeightDtype::F32, true, 4, 3).unwrap();
         let dev = WgpuMoe::new(s, &layer).unwrap();
-        for n in [1usize, 5, 300, 2000] {
+        let ns: &[usize] = if decoda::testing::full_tier() {
+            &[1, 5, 300, 2000]
+        } else {
+            &[1, 5, 300]
+        };
+        for &n in ns {
             let (x, routing) = synthetic::inputs(shape, n, n as u64).unwrap();
             for dispatch in [Dispatch::Sorted, Dispatch::Unsorted] {
                 let got = dev.device_plan(&x, &routing, dispatch).unwrap();

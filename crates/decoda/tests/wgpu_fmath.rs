@@ -4,7 +4,7 @@
 //! `decoda::fmath` and `decoda::philox`. Runs on any adapter (CI: lavapipe).
 #![cfg(feature = "wgpu")]
 
-use decoda::conformance::Rng;
+use decoda::testing::Rng;
 use decoda::wgpu::{WgpuSampler, SHADER_FMATH};
 
 const HARNESS: &str = r#"

@@ -10,11 +10,11 @@
 
 use std::sync::OnceLock;
 
-use decoda::conformance::shapes::{
+use decoda::testing::shapes::{
     check, mixed_request, run_entry, styled_logits, Batch, Entry, Tally, DECODE_VOCABS, MIXES,
     STYLES,
 };
-use decoda::conformance::{random_case, Rng};
+use decoda::testing::{random_case, Rng};
 use decoda::wgpu::{DeviceLogits, WgpuSampler};
 use decoda::{DType, LogitsData, Request, RowResult};
 use proptest::prelude::*;
@@ -210,7 +210,11 @@ fn cases() -> u32 {
     std::env::var("DECODA_PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(40)
+        .unwrap_or(if decoda::testing::full_tier() {
+            400
+        } else {
+            40
+        })
 }
 
 proptest! {

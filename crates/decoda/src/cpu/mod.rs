@@ -17,16 +17,28 @@
 //! This file holds the sampler and the stages of a row; `select` the sampled thresholds
 //! and the top-k and min-p gathering, `top_p` stage 7 without top-k, `draw` the Gumbel
 //! draws, `logprobs` the log-probabilities, `kernels` the vector loops under them all.
+//!
+//! The folder is the whole CPU backend: the per-call sampler ([`CpuSampler`]), the
+//! sampling head ([`CpuHead`]), the MoE layer's execution (`moe.rs`: [`SwitchMlp`]'s
+//! forward pass and the expert products), the model's ops ([`CpuModel`], [`CpuEngine`])
+//! and the SIMD kernels under all of them.
+//!
+//! [`SwitchMlp`]: crate::moe::SwitchMlp
 
 pub mod kernels;
 pub mod model;
 
 mod draw;
+mod head;
 mod logprobs;
+mod moe;
 mod select;
 mod top_p;
 
 pub use draw::philox_row_words;
+pub use head::CpuHead;
+pub use model::{CpuEngine, CpuModel};
+pub use moe::grouped_matmul;
 
 use std::cell::RefCell;
 
@@ -36,7 +48,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result, RowError};
 use crate::logits::{Logits, LogitsData};
 use crate::params::{LogprobsMode, Request};
-use crate::pipeline::{self as pl, RowResult, Sample};
+use crate::pipeline::{self as pl, Row, RowResult, Sample};
 use draw::{draw, draw_whole_row, wide_draw};
 use logprobs::{full_logprobs, subset_logprobs};
 use select::{gather_y_at_least, sampled_threshold, select_top, Skip};
@@ -105,33 +117,25 @@ impl Backend for CpuSampler {
         "cpu".into()
     }
 
-    fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
-        pl::validate_call(logits.rows(), logits.vocab(), requests)?;
-        let one = |r: usize, req: &Request| match logits.data() {
+    fn sample_rows(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
+        let one = |row: &Row<'_>| match logits.data() {
             LogitsData::F32(_) => {
-                let x = logits.row_f32(r).expect("f32 batch");
-                with_scratch(|s| sample_row(x, req, s))
+                let x = logits.row_f32(row.logits_row()).expect("f32 batch");
+                with_scratch(|s| sample_row(x, row, s))
             }
             _ => with_scratch(|s| {
                 let mut conv = std::mem::take(&mut s.conv);
-                logits.row_to_f32(r, &mut conv);
-                let out = sample_row(&conv, req, s);
+                logits.row_to_f32(row.logits_row(), &mut conv);
+                let out = sample_row(&conv, row, s);
                 s.conv = conv;
                 out
             }),
         };
-        if requests.len() == 1 {
+        if rows.len() == 1 {
             // One row runs on one thread anyway: skip the hand-off to the pool.
-            return Ok(vec![one(0, &requests[0])]);
+            return Ok(vec![one(&rows[0])]);
         }
-        Ok(self.run(|| {
-            requests
-                .par_iter()
-                .enumerate()
-                .with_min_len(1)
-                .map(|(r, req)| one(r, req))
-                .collect()
-        }))
+        Ok(self.run(|| rows.par_iter().with_min_len(1).map(one).collect()))
     }
 }
 
@@ -162,10 +166,10 @@ fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
 
 /// Samples one row of f32 logits on the fast path (exposed for the benchmarks).
 pub fn sample_row_f32(x: &[f32], req: &Request) -> RowResult {
-    with_scratch(|s| sample_row(x, req, s))
+    with_scratch(|s| sample_row(x, &Row::of(req), s))
 }
 
-fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
+fn sample_row(x: &[f32], req: &Row<'_>, s: &mut Scratch) -> RowResult {
     let mods = pl::sparse_mods(|t| x[t as usize], req);
     let (t, k) = (req.params.temperature, req.params.top_k as usize);
     if mods.is_empty() && k > 0 && k < x.len() && !pl::is_greedy(t, 0.0) {
@@ -215,7 +219,7 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
         && p.logprobs.is_none()
         && !pl::is_greedy(t, 0.0)
     {
-        if let Some(out) = draw_whole_row(x, t, req.state.seed, req.state.step) {
+        if let Some(out) = draw_whole_row(x, t, req.state.seed, req.step()) {
             return out;
         }
     }
@@ -286,7 +290,7 @@ fn sample_row(x: &[f32], req: &Request, s: &mut Scratch) -> RowResult {
 fn top_k_with_mods(
     x: &[f32],
     mods: &[(u32, f32)],
-    req: &Request,
+    req: &Row<'_>,
     s: &mut Scratch,
 ) -> Option<RowResult> {
     let (t, k) = (req.params.temperature, req.params.top_k as usize);
@@ -364,7 +368,7 @@ fn sample_z(
     x: &[f32],
     z: &[f32],
     zmax: f32,
-    req: &Request,
+    req: &Row<'_>,
     s: &mut Scratch,
     ready: Ready,
 ) -> RowResult {
@@ -456,7 +460,7 @@ fn sample_z(
     }
     let token = if unfiltered {
         // `z` is finite and not greedy here, so the one-pass draw gives a token
-        match draw_whole_row(z, t, req.state.seed, req.state.step) {
+        match draw_whole_row(z, t, req.state.seed, req.step()) {
             Some(Ok(sample)) => sample.token,
             Some(Err(e)) => {
                 s.cands = cands;
@@ -465,7 +469,7 @@ fn sample_z(
             None => kernels::first_eq(z, zmax).expect("max exists") as u32,
         }
     } else {
-        let (st, seed) = (req.state.step, req.state.seed);
+        let (st, seed) = (req.step(), req.state.seed);
         // (a kept set whose values are not all `z`'s is not the row's tokens above a value)
         let wide = (!matches!(ready, Ready::TopK(false)))
             .then(|| wide_draw(z, t, &cands, seed, st))

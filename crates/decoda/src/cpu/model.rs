@@ -12,8 +12,9 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::CpuHead;
 use crate::error::{Error, Result};
-use crate::head::{CpuHead, Head, SlotRequest, SlotStep};
+use crate::head::{Head, SlotRequest, SlotStep};
 use crate::logits::Logits;
 use crate::model::generate::Engine;
 use crate::model::qwen3_moe::{forward, Acc, Act, Mlp, NormId, Ops, Qwen3Moe, RopeTable, WeightId};

@@ -14,7 +14,7 @@ use crate::pipeline as pl;
 /// spikes far above the rest (most chunks skipped), lengths off the chunk size.
 #[test]
 fn whole_row_draw_matches_every_token_drawn() {
-    let mut rng = crate::conformance::Rng::new(0x9e37_79b9_7f4a_7c15u64);
+    let mut rng = crate::testing::Rng::new(0x9e37_79b9_7f4a_7c15u64);
     let mut next = move || rng.next_u64();
     for case in 0..300u64 {
         let v = [1usize, 5, 127, 128, 129, 1000, 4099, 32000, 65536][case as usize % 9];
@@ -57,7 +57,7 @@ fn whole_row_draw_matches_every_token_drawn() {
 #[test]
 fn one_pass_draw_edge_rows_match_the_reference() {
     use crate::params::{Request, SamplingParams};
-    let mut rng = crate::conformance::Rng::new(0x51_7cc1_b727_220au64);
+    let mut rng = crate::testing::Rng::new(0x51_7cc1_b727_220au64);
     let mut next = move || rng.next_u64();
     for case in 0..400u64 {
         let v = [1usize, 7, 128, 130, 300, 1024, 5000][case as usize % 7];
@@ -100,7 +100,7 @@ fn one_pass_draw_edge_rows_match_the_reference() {
 #[test]
 fn wide_kept_sets_match_the_reference() {
     use crate::params::{Request, SamplingParams};
-    let mut rng = crate::conformance::Rng::new(0x9e37_79b9_7f4a_7c15u64);
+    let mut rng = crate::testing::Rng::new(0x9e37_79b9_7f4a_7c15u64);
     let mut next = move || rng.next_u64();
     for case in 0..24u64 {
         let v = [65536usize, 131072, 40000][case as usize % 3];
@@ -155,11 +155,11 @@ fn reference_top_p_edge(y: &[f32], ymax: f32, p: f32) -> (f32, f64) {
 /// and rows of coarse, tied values; most of them must take this way.
 #[test]
 fn wide_nucleus_matches_the_exact_walk() {
-    let mut rng = crate::conformance::Rng::new(0x5851_f42d_4c95_7f2d);
+    let mut rng = crate::testing::Rng::new(0x5851_f42d_4c95_7f2d);
     let (mut taken, mut ties, mut cases) = (0, 0, 0);
     for case in 0..48usize {
         let v = [131_072usize, 32_000, 151_936][case % 3];
-        let mut z = crate::conformance::zipf_logits(&mut rng, v, [1.1, 0.9, 1.3][case / 3 % 3]);
+        let mut z = crate::testing::zipf_logits(&mut rng, v, [1.1, 0.9, 1.3][case / 3 % 3]);
         if case % 5 == 1 {
             for i in (0..v).step_by(37) {
                 z[i] = f32::NEG_INFINITY;
@@ -203,13 +203,13 @@ fn wide_nucleus_matches_the_exact_walk() {
 /// guess far off sends rows down a slower route, never to a different token).
 #[test]
 fn sampled_retry_guesses_the_nucleus() {
-    let mut rng = crate::conformance::Rng::new(0x9e37_79b9_7f4a_7c15);
+    let mut rng = crate::testing::Rng::new(0x9e37_79b9_7f4a_7c15);
     let (mut close, mut held, mut rows) = (0, 0, 0);
     for case in 0..27usize {
         let v = [131_072usize, 32_000, 151_936][case % 3];
         let slope = [1.1f32, 0.9, 1.3][case / 3 % 3];
         let t = [0.8f32, 1.0, 0.6][case / 9];
-        let z = crate::conformance::zipf_logits(&mut rng, v, slope);
+        let z = crate::testing::zipf_logits(&mut rng, v, slope);
         let zmax = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let (zthr, _) = sampled_threshold(&z, 512, &mut Vec::new());
         let weight = |zi: f32| f64::from(((zi - zmax) / t).exp());
@@ -259,7 +259,7 @@ fn sampled_retry_guesses_the_nucleus() {
 #[test]
 fn top_k_with_history_at_the_top_matches_the_reference() {
     use crate::params::{Request, SamplingParams};
-    let mut rng = crate::conformance::Rng::new(0x2545_f491_4f6c_dd1du64);
+    let mut rng = crate::testing::Rng::new(0x2545_f491_4f6c_dd1du64);
     let mut next = move || rng.next_u64();
     for case in 0..60u64 {
         let v = [9000usize, 32000, 65536][case as usize % 3];
@@ -308,7 +308,7 @@ fn top_k_with_history_at_the_top_matches_the_reference() {
 /// (where only the exact walk can decide).
 #[test]
 fn pruned_walk_matches_the_sorted_walk() {
-    let mut rng = crate::conformance::Rng::new(0x0bad_cafe_1234_5677u64);
+    let mut rng = crate::testing::Rng::new(0x0bad_cafe_1234_5677u64);
     let mut next = move || rng.next_u64();
     for case in 0..30 {
         let n = [4_097usize, 20_001, 131_072][case % 3];
@@ -367,11 +367,11 @@ fn pruned_walk_matches_the_sorted_walk() {
 /// deferred.
 #[test]
 fn coarse_normaliser_defers_unclear_cuts() {
-    let mut rng = crate::conformance::Rng::new(0x9e37_79b9_7f4a_7c15);
+    let mut rng = crate::testing::Rng::new(0x9e37_79b9_7f4a_7c15);
     let (mut unsure, mut clear, mut ties, mut done) = (0, 0, 0, 0);
     for case in 0..12usize {
         let v = [32_000usize, 131_072][case % 2];
-        let z = crate::conformance::zipf_logits(&mut rng, v, [0.9, 1.0, 1.1][case / 2 % 3]);
+        let z = crate::testing::zipf_logits(&mut rng, v, [0.9, 1.0, 1.1][case / 2 % 3]);
         let t = [1.0f32, 1.6][case / 6];
         let y: Vec<f32> = z.iter().map(|&zi| zi / t).collect();
         let (zmax, ymax) = (
@@ -453,7 +453,7 @@ fn coarse_terms_seldom_defer() {
     let bounds = [Terms::Coarse.error(), 4e-6, 3.3e-5, 6e-5];
     // per bound: (sent back, cuts), all rows and those at T >= 1
     let mut tally = [[(0usize, 0usize); 2]; 4];
-    let mut rng = crate::conformance::Rng::new(0x00c0_a25e_0def_e225);
+    let mut rng = crate::testing::Rng::new(0x00c0_a25e_0def_e225);
     // (law, V, exponent, repeat): Zipf-like rows, then the peers' law
     let mut rows = Vec::new();
     for law in 0..2 {
@@ -467,9 +467,9 @@ fn coarse_terms_seldom_defer() {
     }
     for (law, v, s, rep) in rows {
         let z = if law == 0 {
-            crate::conformance::zipf_logits(&mut rng, v, s)
+            crate::testing::zipf_logits(&mut rng, v, s)
         } else {
-            crate::workload::affine_logits(1, v, 77 + rep)
+            crate::testing::workload::affine_logits(1, v, 77 + rep)
         };
         let zmax = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         for t in [0.6f32, 0.8, 1.0, 1.3] {
@@ -517,7 +517,7 @@ fn coarse_terms_seldom_defer() {
 /// them), ties and all; `p` on a partial sum leaves no margin, and it declines.
 #[test]
 fn peeled_walk_matches_the_sorted_walk() {
-    let mut rng = crate::conformance::Rng::new(0x005e_ed0f_9ee1_u64);
+    let mut rng = crate::testing::Rng::new(0x005e_ed0f_9ee1_u64);
     let mut next = move || rng.next_u64();
     let (mut answered, mut declined) = (0, 0);
     for case in 0..40 {
@@ -571,7 +571,7 @@ fn peeled_walk_matches_the_sorted_walk() {
 /// token by token, over many seeds and steps.
 #[test]
 fn row_draw_above_a_value_matches_the_token_draw() {
-    let mut rng = crate::conformance::Rng::new(0x005e_ed0f_da7a_u64);
+    let mut rng = crate::testing::Rng::new(0x005e_ed0f_da7a_u64);
     let mut next = move || rng.next_u64();
     let (mut live, mut words) = (Vec::new(), Vec::new());
     for case in 0..12 {

@@ -6,8 +6,8 @@ use super::kernels::{self, Terms};
 use super::logprobs::{full_logprobs, subset_logprobs};
 use super::select::{gather_y_at_least, sample_runs, sampled_largest};
 use super::{Scratch, BLOCK, SAMPLE};
-use crate::params::{LogprobsMode, Request};
-use crate::pipeline::{self as pl, RowResult, Sample};
+use crate::params::LogprobsMode;
+use crate::pipeline::{self as pl, Row, RowResult, Sample};
 
 /// Scratch of [`top_p_candidates`]: two f32 buffers and a candidate list.
 type TopPBufs<'a> = (&'a mut Vec<f32>, &'a mut Vec<f32>, &'a mut Vec<(u32, f32)>);
@@ -613,7 +613,7 @@ pub(super) fn sample_wide(
     x: &[f32],
     z: &[f32],
     zmax: f32,
-    req: &Request,
+    req: &Row<'_>,
     s: &mut Scratch,
 ) -> Option<RowResult> {
     let p = &req.params;
@@ -622,7 +622,7 @@ pub(super) fn sample_wide(
     let y_cut = wide_top_p(z, t, ymax, p.top_p, s)?;
     let y_min = y_cut.max(pl::min_p_threshold(ymax, p.min_p));
     let lead = kernels::first_eq(z, zmax)? as u32;
-    let (seed, step) = (req.state.seed, req.state.step);
+    let (seed, step) = (req.state.seed, req.step());
     let token = match gated_draw(z, t, seed, step, y_min, Some((lead, ymax)))? {
         Ok(sample) => sample.token,
         Err(e) => return Some(Err(e)),

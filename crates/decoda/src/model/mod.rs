@@ -1,11 +1,13 @@
 //! A whole decode step: Qwen3-MoE checkpoints (`config.json` and safetensors, Hugging
 //! Face's and MLX's layouts, f32/bf16/f16 and MLX's 4- and 8-bit affine weights), the
-//! forward pass written once over each backend's ops, and the generation loop that feeds
+//! forward pass written once over each backend's ops (the CPU's are
+//! `decoda::cpu::CpuEngine`, the device's `decoda::wgpu::WgpuEngine`), and the generation loop that feeds
 //! the sampling head's tokens back to the model.
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use decoda::model::{generate, CpuEngine, Qwen3Moe, Sequence, DEFAULT_SORT_CUTOFF};
+//! use decoda::model::{generate, Qwen3Moe, Sequence, DEFAULT_SORT_CUTOFF};
+//! use decoda::CpuEngine;
 //! use decoda::head::SlotRequest;
 //! use decoda::SamplingParams;
 //!
@@ -25,9 +27,7 @@ pub mod config;
 pub mod generate;
 pub mod load;
 pub mod qwen3_moe;
-pub mod tiny;
 
-pub use crate::cpu::model::{CpuEngine, CpuModel};
 pub use config::Config;
 pub use generate::{generate, Engine, Report, Sequence, SequenceOutput};
 pub use load::Checkpoint;

@@ -343,82 +343,6 @@ pub fn gather(
     }
 }
 
-/// Largest number of rows given to one matrix product; longer expert segments are split so
-/// that both cores work when many tokens go to one expert.
-const PIECE: usize = 256;
-
-/// Grouped matmul: `out[j] = W[idx[j]] · x_in[j]`, giving `[N*k, out]`.
-///
-/// With `sorted`, `idx` must be non-decreasing (checked in every build: an error, not a
-/// wrong result) and each expert's contiguous rows go through one matrix product (the
-/// `gemm` crate; bf16 weights are widened to f32 once per product). Without it, each row
-/// is one matrix-vector product that reads its expert's weights directly. Rows run in
-/// parallel (rayon) either way.
-pub fn grouped_matmul(
-    x_in: &[f32],
-    idx: &[u32],
-    sorted: bool,
-    weights: &ExpertWeights,
-) -> Result<Vec<f32>> {
-    let inf = weights.in_features;
-    if Some(x_in.len()) != idx.len().checked_mul(inf) {
-        return Err(Error::Shape(format!(
-            "x_in holds {} values, but [rows={}, in={inf}] needs {}",
-            x_in.len(),
-            idx.len(),
-            idx.len().saturating_mul(inf)
-        )));
-    }
-    if let Some(j) = idx.iter().position(|&e| e as usize >= weights.experts) {
-        return Err(Error::InvalidMoe {
-            field: "idx",
-            value: format!("idx[{j}] = {}", idx[j]),
-            expected: "an expert id below E",
-        });
-    }
-    if sorted {
-        if let Some(j) = (1..idx.len()).find(|&j| idx[j] < idx[j - 1]) {
-            return Err(Error::NotSorted {
-                position: j,
-                previous: idx[j - 1],
-                next: idx[j],
-            });
-        }
-    }
-    let mut out = vec![0f32; idx.len() * weights.out_features];
-    grouped_into(x_in, idx, sorted, weights, &mut out);
-    Ok(out)
-}
-
-/// [`grouped_matmul`] on checked inputs, into `out`.
-fn grouped_into(x_in: &[f32], idx: &[u32], sorted: bool, w: &ExpertWeights, out: &mut [f32]) {
-    let (inf, of) = (w.in_features, w.out_features);
-    if !sorted {
-        out.par_chunks_mut(of)
-            .zip(x_in.par_chunks(inf))
-            .zip(idx.par_iter())
-            .for_each(|((y, x), &e)| w.matvec(e as usize, x, y));
-        return;
-    }
-    // Runs of equal ids, split into pieces of at most PIECE rows.
-    let mut jobs = Vec::new();
-    let mut rest = out;
-    let mut s = 0;
-    while s < idx.len() {
-        let e = idx[s];
-        let mut t = s + 1;
-        while t < idx.len() && idx[t] == e && t - s < PIECE {
-            t += 1;
-        }
-        let (dst, tail) = rest.split_at_mut((t - s) * of);
-        jobs.push((e as usize, &x_in[s * inf..t * inf], dst));
-        rest = tail;
-        s = t;
-    }
-    jobs.into_par_iter()
-        .for_each(|(e, lhs, dst)| w.matmul(e, lhs, dst));
-}
-
 /// Scatter: rows of the grouped matmul `out [N*k, width]` back to token order.
 /// Sorted (`inv_order` given): row `i` of the result is `out[inv_order[i]]`; unsorted
 /// (`None`): `out` as is. View the result as `[N, k, width]`.
@@ -544,14 +468,14 @@ pub struct MoeOutput {
 /// with `e = expert_indices[n, s]`, sorting the pairs by expert iff `N > sort_cutoff`.
 #[derive(Debug)]
 pub struct SwitchMlp {
-    gate_up: GateUp,
-    down: ExpertWeights,
-    experts: usize,
-    hidden: usize,
-    intermediate: usize,
-    sort_cutoff: usize,
-    sorted_calls: AtomicU64,
-    unsorted_calls: AtomicU64,
+    pub(crate) gate_up: GateUp,
+    pub(crate) down: ExpertWeights,
+    pub(crate) experts: usize,
+    pub(crate) hidden: usize,
+    pub(crate) intermediate: usize,
+    pub(crate) sort_cutoff: usize,
+    pub(crate) sorted_calls: AtomicU64,
+    pub(crate) unsorted_calls: AtomicU64,
 }
 
 impl SwitchMlp {
@@ -652,168 +576,6 @@ impl SwitchMlp {
             unsorted: self.unsorted_calls.load(Ordering::Relaxed),
         }
     }
-
-    /// `y [N, D]` for activations `x [N, D]` and a routing of the same N, choosing the
-    /// branch from N.
-    pub fn forward(&self, x: &[f32], routing: &Routing) -> Result<MoeOutput> {
-        check_routing(routing)?;
-        self.forward_with(x, routing, self.dispatch_for(routing.tokens))
-    }
-
-    /// [`SwitchMlp::forward`] with the branch forced (benchmarks, tests).
-    pub fn forward_with(
-        &self,
-        x: &[f32],
-        routing: &Routing,
-        dispatch: Dispatch,
-    ) -> Result<MoeOutput> {
-        check_routing(routing)?;
-        let sorted = dispatch == Dispatch::Sorted;
-        let (d, h) = (self.hidden, self.intermediate);
-        if Some(x.len()) != routing.tokens.checked_mul(d) {
-            return Err(Error::Shape(format!(
-                "x holds {} values, but [N={}, D={d}] needs {}",
-                x.len(),
-                routing.tokens,
-                routing.tokens.saturating_mul(d)
-            )));
-        }
-        let plan = DispatchPlan::new(&routing.indices, routing.top_k, self.experts, dispatch)?;
-        if !sorted {
-            // Two parallel phases over the pairs, each running the same one-row products
-            // as the sorted branch's phases: gate/up with SwiGLU, then down. Each pair
-            // reads its token's row and its expert's weights in place, so the plan's sort,
-            // the gathered copy of x and the scatter back are all skipped.
-            let rows = plan.rows();
-            let mut act = vec![0f32; rows * h];
-            act.par_chunks_mut(h)
-                .with_min_len(1)
-                .enumerate()
-                .for_each(|(j, a)| {
-                    let t = plan.token(j);
-                    self.act_row(plan.idx[j] as usize, &x[t * d..(t + 1) * d], a);
-                });
-            let mut out = vec![0f32; rows * d];
-            out.par_chunks_mut(d)
-                .with_min_len(1)
-                .enumerate()
-                .for_each(|(j, o)| {
-                    let e = plan.idx[j] as usize;
-                    self.down.product_rows(e, 0, d, &act[j * h..(j + 1) * h], o);
-                });
-            let y = combine(&out, routing.top_k, d, &routing.weights)?;
-            self.unsorted_calls.fetch_add(1, Ordering::Relaxed);
-            return Ok(MoeOutput { y, dispatch });
-        }
-        // the gathered rows: row j is the activation of token plan.token(j)
-        let mut x_in = vec![0f32; plan.rows() * d];
-        x_in.par_chunks_mut(d)
-            .with_min_len(64)
-            .enumerate()
-            .for_each(|(j, dst)| {
-                let t = plan.token(j);
-                dst.copy_from_slice(&x[t * d..(t + 1) * d]);
-            });
-        let g = Gathered {
-            x_in,
-            idx: plan.idx.clone(),
-            sorted,
-            order: if sorted {
-                plan.order.clone()
-            } else {
-                Vec::new()
-            },
-            inv_order: if sorted {
-                plan.inv_order.clone()
-            } else {
-                Vec::new()
-            },
-        };
-        let rows = g.idx.len();
-        let mut act = vec![0f32; rows * h];
-        match &self.gate_up {
-            GateUp::Fused(w) => {
-                let mut gu = vec![0f32; rows * 2 * h];
-                grouped_into(&g.x_in, &g.idx, sorted, w, &mut gu);
-                act.par_chunks_mut(h)
-                    .with_min_len(16)
-                    .zip(gu.par_chunks(2 * h))
-                    .for_each(|(a, gu)| {
-                        let (gate, up) = gu.split_at(h);
-                        for ((a, &g), &u) in a.iter_mut().zip(gate).zip(up) {
-                            *a = silu(g) * u;
-                        }
-                    });
-            }
-            GateUp::Separate { gate, up } => {
-                let mut gv = vec![0f32; rows * h];
-                grouped_into(&g.x_in, &g.idx, sorted, gate, &mut gv);
-                grouped_into(&g.x_in, &g.idx, sorted, up, &mut act);
-                act.par_chunks_mut(h)
-                    .with_min_len(16)
-                    .zip(gv.par_chunks(h))
-                    .for_each(|(a, gate)| {
-                        for (a, &g) in a.iter_mut().zip(gate) {
-                            *a *= silu(g);
-                        }
-                    });
-            }
-        }
-        let mut out = vec![0f32; rows * d];
-        grouped_into(&act, &g.idx, sorted, &self.down, &mut out);
-        let out = scatter(out, d, sorted.then_some(g.inv_order.as_slice()))?;
-        let y = combine(&out, routing.top_k, d, &routing.weights)?;
-        let counter = if sorted {
-            &self.sorted_calls
-        } else {
-            &self.unsorted_calls
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        Ok(MoeOutput { y, dispatch })
-    }
-}
-
-thread_local! {
-    /// Per-thread buffer of one row's gate and up projections.
-    static GATE_UP: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-impl SwitchMlp {
-    /// `a = silu(gate_e x) * up_e x` for one row `x` and expert `e`.
-    fn act_row(&self, e: usize, x: &[f32], a: &mut [f32]) {
-        let h = self.intermediate;
-        GATE_UP.with(|b| {
-            let gu = &mut *b.borrow_mut();
-            gu.resize(2 * h, 0.0);
-            match &self.gate_up {
-                GateUp::Fused(w) => w.product_rows(e, 0, 2 * h, x, gu),
-                GateUp::Separate { gate, up } => {
-                    let (g, u) = gu.split_at_mut(h);
-                    gate.product_rows(e, 0, h, x, g);
-                    up.product_rows(e, 0, h, x, u);
-                }
-            }
-            let (g, u) = gu.split_at(h);
-            for ((a, &gv), &uv) in a.iter_mut().zip(g).zip(u) {
-                *a = silu(gv) * uv;
-            }
-        });
-    }
-}
-
-impl crate::backend::MoeLayer for SwitchMlp {
-    fn name(&self) -> String {
-        "cpu".into()
-    }
-    fn dims(&self) -> (usize, usize, usize) {
-        (self.experts, self.hidden, self.intermediate)
-    }
-    fn sort_cutoff(&self) -> usize {
-        self.sort_cutoff
-    }
-    fn forward_with(&self, x: &[f32], routing: &Routing, dispatch: Dispatch) -> Result<MoeOutput> {
-        SwitchMlp::forward_with(self, x, routing, dispatch)
-    }
 }
 
 impl SwitchMlp {
@@ -828,7 +590,7 @@ impl SwitchMlp {
 }
 
 /// A [`Routing`] built by hand (its fields are public) must still hang together.
-fn check_routing(r: &Routing) -> Result<()> {
+pub(crate) fn check_routing(r: &Routing) -> Result<()> {
     let want = r.tokens.checked_mul(r.top_k);
     if r.top_k == 0 || want != Some(r.indices.len()) || want != Some(r.weights.len()) {
         return Err(Error::Shape(format!(
@@ -864,79 +626,4 @@ impl MoeShape {
         hidden: 1024,
         intermediate: 384,
     };
-}
-
-/// Synthetic layers and inputs for benchmarks and tests (seeded, deterministic).
-pub mod synthetic {
-    use super::*;
-
-    fn splitmix(mut z: u64) -> u64 {
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// `len` values uniform in `[-scale, scale)`, a pure function of `(seed, index)`.
-    pub fn uniform(len: usize, scale: f32, seed: u64) -> Vec<f32> {
-        let mut v = vec![0f32; len];
-        v.par_chunks_mut(4096).enumerate().for_each(|(c, chunk)| {
-            for (i, x) in chunk.iter_mut().enumerate() {
-                let r = splitmix(seed ^ splitmix((c * 4096 + i) as u64));
-                let u = (r >> 40) as f32 / (1u64 << 24) as f32;
-                *x = (2.0 * u - 1.0) * scale;
-            }
-        });
-        v
-    }
-
-    fn weights(
-        experts: usize,
-        out: usize,
-        inp: usize,
-        dtype: WeightDtype,
-        seed: u64,
-    ) -> Result<ExpertWeights> {
-        let v = uniform(experts * out * inp, 1.0 / (inp as f32).sqrt(), seed);
-        let w = ExpertWeights::from_f32(v, experts, out, inp)?;
-        if dtype == WeightDtype::F32 {
-            Ok(w)
-        } else {
-            w.converted(dtype)
-        }
-    }
-
-    /// A layer of random SwiGLU experts of `shape` (weights uniform in `±1/sqrt(in)`).
-    pub fn layer(
-        shape: MoeShape,
-        dtype: WeightDtype,
-        fused: bool,
-        sort_cutoff: usize,
-        seed: u64,
-    ) -> Result<SwitchMlp> {
-        let MoeShape {
-            experts: e,
-            hidden: d,
-            intermediate: h,
-            ..
-        } = shape;
-        let gate_up = if fused {
-            GateUp::Fused(weights(e, 2 * h, d, dtype, seed)?)
-        } else {
-            GateUp::Separate {
-                gate: weights(e, h, d, dtype, seed)?,
-                up: weights(e, h, d, dtype, seed ^ 1)?,
-            }
-        };
-        SwitchMlp::new(gate_up, weights(e, d, h, dtype, seed ^ 2)?, sort_cutoff)
-    }
-
-    /// Activations `x [tokens, D]` in `[-1, 1)` and a routing from random router logits
-    /// (softmax, top-k, renormalised).
-    pub fn inputs(shape: MoeShape, tokens: usize, seed: u64) -> Result<(Vec<f32>, Routing)> {
-        let x = uniform(tokens * shape.hidden, 1.0, seed ^ 0x5851_F42D);
-        let logits = uniform(tokens * shape.experts, 2.0, seed ^ 0x4C95_7F2D);
-        let routing = route(&logits, shape.experts, shape.top_k, true)?;
-        Ok((x, routing))
-    }
 }

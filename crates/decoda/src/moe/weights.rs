@@ -1,12 +1,9 @@
 //! Expert weights `[E, out, in]` in f32, bf16, f16 or MLX's affine 4/8-bit format, and
 //! the CPU products over them.
 
-use std::cell::RefCell;
-
 use half::{bf16, f16};
 use serde::Serialize;
 
-use crate::cpu::kernels;
 use crate::error::{Error, Result};
 
 use super::quant::{self, Affine};
@@ -117,14 +114,6 @@ fn check_len(name: &str, len: usize, want: usize, dims: String) -> Result<()> {
     }
     Ok(())
 }
-
-thread_local! {
-    /// Per-thread buffer for a block of one expert's rows widened to f32 (sorted branch).
-    static WIDE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Floats of a widened block (256 KiB: well inside a core's L2).
-const WIDE_BLOCK: usize = 64 * 1024;
 
 impl ExpertWeights {
     /// Dense weights after checking that their `len` values make
@@ -361,99 +350,9 @@ impl ExpertWeights {
         &self.data
     }
 
-    fn span(&self, e: usize) -> (usize, usize) {
+    pub(crate) fn span(&self, e: usize) -> (usize, usize) {
         let n = self.out_features * self.in_features;
         (e * n, n)
-    }
-
-    /// `y = W[e] · x` (`x.len() == in`, `y.len() == out`), reading the weights in their
-    /// own format (16-bit widened, affine dequantized, in registers). f32 weights go
-    /// through the `gemm` crate's one-row product, affine ones through the one-row case
-    /// of [`kernels::matmul_affine`] (both measured faster than a dot-product loop).
-    pub(crate) fn matvec(&self, e: usize, x: &[f32], y: &mut [f32]) {
-        let (s, n) = self.span(e);
-        let inf = self.in_features;
-        match &self.data {
-            WeightData::F32(v) => gemm_nt(x, &v[s..s + n], inf, y, self.out_features, 0),
-            WeightData::Bf16(v) => kernels::matvec_bf16(bits16(&v[s..s + n]), x, y),
-            WeightData::F16(v) => kernels::matvec_f16(bits16f(&v[s..s + n]), x, y),
-            WeightData::Affine {
-                q,
-                packed,
-                scales,
-                biases,
-            } => {
-                let (rw, rg) = (q.row_words(inf), q.row_groups(inf));
-                let r0 = e * self.out_features;
-                let r1 = r0 + self.out_features;
-                kernels::matmul_affine(
-                    q.bits,
-                    q.group,
-                    inf,
-                    &packed[r0 * rw..r1 * rw],
-                    &scales[r0 * rg..r1 * rg],
-                    &biases[r0 * rg..r1 * rg],
-                    x,
-                    y,
-                );
-            }
-        }
-    }
-
-    /// `dst [m, out] = lhs [m, in] · W[e]^T`: one matrix product for f32 weights; 16-bit
-    /// weights are widened a block of rows at a time into a per-thread buffer that stays
-    /// in L2, each block one matrix product into its columns of `dst`; affine weights go
-    /// through [`kernels::matmul_affine`], which dequantizes 16 packed words at a time in
-    /// registers and applies them to every row of `lhs`.
-    pub(crate) fn matmul(&self, e: usize, lhs: &[f32], dst: &mut [f32]) {
-        let (s, n) = self.span(e);
-        let (inf, of) = (self.in_features, self.out_features);
-        let mut widen_blocks = |widen: &dyn Fn(usize, usize, &mut [f32])| {
-            WIDE.with(|buf| {
-                let mut buf = buf.borrow_mut();
-                let block = (WIDE_BLOCK / inf).clamp(1, of);
-                buf.resize(block * inf, 0.0);
-                let mut r0 = 0;
-                while r0 < of {
-                    let r1 = (r0 + block).min(of);
-                    let wb = &mut buf[..(r1 - r0) * inf];
-                    widen(r0, r1, wb);
-                    gemm_nt(lhs, wb, inf, dst, of, r0);
-                    r0 = r1;
-                }
-            })
-        };
-        match &self.data {
-            WeightData::F32(v) => gemm_nt(lhs, &v[s..s + n], inf, dst, of, 0),
-            WeightData::Bf16(v) => {
-                let w = bits16(&v[s..s + n]);
-                widen_blocks(&|r0, r1, wb| kernels::widen_bf16(&w[r0 * inf..r1 * inf], wb));
-            }
-            WeightData::F16(v) => {
-                let w = bits16f(&v[s..s + n]);
-                widen_blocks(&|r0, r1, wb| kernels::widen_f16(&w[r0 * inf..r1 * inf], wb));
-            }
-            WeightData::Affine {
-                q,
-                packed,
-                scales,
-                biases,
-            } => {
-                let (rw, rg) = (q.row_words(inf), q.row_groups(inf));
-                let r0 = e * of;
-                let r1 = r0 + of;
-                kernels::matmul_affine(
-                    q.bits,
-                    q.group,
-                    inf,
-                    &packed[r0 * rw..r1 * rw],
-                    &scales[r0 * rg..r1 * rg],
-                    &biases[r0 * rg..r1 * rg],
-                    lhs,
-                    dst,
-                );
-            }
-        }
     }
 }
 
@@ -489,181 +388,15 @@ impl ExpertWeights {
             }
         }
     }
-
-    /// `out [m, r1 - r0] = lhs [m, in] · W[e][r0 .. r1]^T`: the product for a range of
-    /// output rows, so that a caller can split a large matrix across threads. Each output
-    /// depends only on its own row of `lhs` and of the weights, read in the same order
-    /// whatever the range and `m` is 1 (one-row products are what a decode step runs);
-    /// with `m > 1`, f32 and 16-bit weights go through the `gemm` crate.
-    pub(crate) fn product_rows(
-        &self,
-        e: usize,
-        r0: usize,
-        r1: usize,
-        lhs: &[f32],
-        out: &mut [f32],
-    ) {
-        let inf = self.in_features;
-        let (s, _) = self.span(e);
-        let n = r1 - r0;
-        let m = lhs.len() / inf;
-        debug_assert!(r0 <= r1 && r1 <= self.out_features && out.len() == m * n);
-        let at = s + r0 * inf;
-        match &self.data {
-            WeightData::F32(v) => gemm_nt(lhs, &v[at..at + n * inf], inf, out, n, 0),
-            WeightData::Bf16(v) if m == 1 => {
-                kernels::matvec_bf16(bits16(&v[at..at + n * inf]), lhs, out)
-            }
-            WeightData::F16(v) if m == 1 => {
-                kernels::matvec_f16(bits16f(&v[at..at + n * inf]), lhs, out)
-            }
-            WeightData::Bf16(v) => WIDE.with(|buf| {
-                let mut buf = buf.borrow_mut();
-                buf.resize(n * inf, 0.0);
-                kernels::widen_bf16(bits16(&v[at..at + n * inf]), &mut buf);
-                gemm_nt(lhs, &buf, inf, out, n, 0);
-            }),
-            WeightData::F16(v) => WIDE.with(|buf| {
-                let mut buf = buf.borrow_mut();
-                buf.resize(n * inf, 0.0);
-                kernels::widen_f16(bits16f(&v[at..at + n * inf]), &mut buf);
-                gemm_nt(lhs, &buf, inf, out, n, 0);
-            }),
-            WeightData::Affine {
-                q,
-                packed,
-                scales,
-                biases,
-            } => {
-                let (rw, rg) = (q.row_words(inf), q.row_groups(inf));
-                let a = e * self.out_features + r0;
-                let b = a + n;
-                kernels::matmul_affine(
-                    q.bits,
-                    q.group,
-                    inf,
-                    &packed[a * rw..b * rw],
-                    &scales[a * rg..b * rg],
-                    &biases[a * rg..b * rg],
-                    lhs,
-                    out,
-                );
-            }
-        }
-    }
 }
 
 fn dims(e: usize, o: usize, i: usize) -> String {
     format!("[E={e}, out={o}, in={i}]")
 }
 
-fn bits16(v: &[bf16]) -> &[u16] {
-    use half::slice::HalfFloatSliceExt;
-    v.reinterpret_cast()
-}
-
-fn bits16f(v: &[f16]) -> &[u16] {
-    use half::slice::HalfFloatSliceExt;
-    v.reinterpret_cast()
-}
-
-/// Columns `col .. col + n` of `dst [m, width]` (row-major) get `lhs [m, k] · w^T` where
-/// `w` is `[n, k]`, all row-major, with the `gemm` crate.
-pub(crate) fn gemm_nt(lhs: &[f32], w: &[f32], k: usize, dst: &mut [f32], width: usize, col: usize) {
-    let m = lhs.len() / k;
-    let n = w.len() / k;
-    assert!(lhs.len() == m * k && w.len() == n * k && dst.len() == m * width && col + n <= width);
-    if m == 0 || n == 0 {
-        return;
-    }
-    // SAFETY: lhs and w hold exactly m*k and n*k values and dst m*width (asserted above).
-    // The strides address only inside them: lhs (i, kk) at i*k + kk; rhs = w^T, (kk, j) at
-    // j*k + kk; dst (i, j) at col + i*width + j <= (m-1)*width + width - 1. dst is a `&mut`
-    // and so aliases neither input.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr().add(col),
-            1,
-            width as isize,
-            false,
-            lhs.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Products over every format equal the reference (dequantize, then f32) within f32
-    /// rounding: rows that fill 16-word blocks and rows that do not, every group size.
-    #[test]
-    fn products_match_the_dequantized_reference() {
-        let formats = [(4, 32), (4, 64), (4, 128), (8, 32), (8, 64), (8, 128)];
-        for (bits, group) in formats {
-            let q = Affine::new(bits, group).unwrap();
-            for inf in [group, 3 * group, 1024 + group] {
-                let (e, of) = (2, 5);
-                let v: Vec<f32> = (0..e * of * inf)
-                    .map(|i| ((i * 7919 % 1009) as f32 / 1009.0 - 0.5) * 0.3)
-                    .collect();
-                let w = ExpertWeights::from_f32(v, e, of, inf)
-                    .unwrap()
-                    .quantized(q)
-                    .unwrap();
-                let x: Vec<f32> = (0..3 * inf)
-                    .map(|i| ((i * 31 % 17) as f32 - 8.0) * 0.1)
-                    .collect();
-                for ex in 0..e {
-                    let r = w.expert_f32(ex);
-                    let want: Vec<f64> = (0..3)
-                        .flat_map(|t| {
-                            let r = &r;
-                            let x = &x;
-                            (0..of).map(move |o| {
-                                (0..inf)
-                                    .map(|i| f64::from(r[o * inf + i]) * f64::from(x[t * inf + i]))
-                                    .sum::<f64>()
-                            })
-                        })
-                        .collect();
-                    let scale: f64 = want.iter().fold(0f64, |m, v| m.max(v.abs()));
-                    let mut y = vec![0f32; of];
-                    w.matvec(ex, &x[..inf], &mut y);
-                    for (o, &yv) in y.iter().enumerate() {
-                        assert!(
-                            (f64::from(yv) - want[o]).abs() <= 1e-5 * scale,
-                            "q{bits}g{group} in={inf}: matvec {yv} vs {}",
-                            want[o]
-                        );
-                    }
-                    let mut d = vec![0f32; 3 * of];
-                    w.matmul(ex, &x, &mut d);
-                    for (k, &dv) in d.iter().enumerate() {
-                        assert!(
-                            (f64::from(dv) - want[k]).abs() <= 1e-5 * scale,
-                            "q{bits}g{group} in={inf}: matmul {dv} vs {}",
-                            want[k]
-                        );
-                    }
-                }
-            }
-        }
-    }
 
     #[test]
     fn affine_inputs_are_checked() {

@@ -4,10 +4,12 @@
 
 use crate::error::{Error, Result};
 use crate::params::Request;
+use crate::pipeline as pl;
 
+use super::device::make_buffer;
 use super::head::WgpuHead;
 use super::kernels::{StepStamps, STAGES};
-use super::sampler::{make_buffer, DeviceLogits, DeviceOutputs, WgpuSampler};
+use super::sampler::{DeviceLogits, DeviceOutputs, WgpuSampler};
 
 /// Host and device time of one step or call, in microseconds.
 #[doc(hidden)]
@@ -156,12 +158,13 @@ impl WgpuSampler {
         iters: usize,
     ) -> Result<Vec<f64>> {
         self.need_timestamps()?;
+        let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
         let st = Stamps::new(&self.device, 2);
         let period = f64::from(self.queue.get_timestamp_period());
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters {
             let mut enc = self.encoder();
-            self.record_inner(&mut enc, logits, requests, out, StepStamps::Step(&st.qs), 0)?;
+            self.record_inner(&mut enc, logits, &rows, out, StepStamps::Step(&st.qs), 0)?;
             st.copy(&mut enc);
             self.queue.submit([enc.finish()]);
             times.push(st.read(&self.device, period)?);
@@ -182,17 +185,11 @@ impl WgpuSampler {
         out: &DeviceOutputs,
     ) -> Result<Vec<(&'static str, f64)>> {
         self.need_timestamps()?;
+        let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
         let names: Vec<&'static str> = STAGES.into_iter().filter(|&n| n != "draw_many").collect();
         let st = Stamps::new(&self.device, 2 * names.len() as u32);
         let mut enc = self.encoder();
-        self.record_inner(
-            &mut enc,
-            logits,
-            requests,
-            out,
-            StepStamps::Stages(&st.qs),
-            0,
-        )?;
+        self.record_inner(&mut enc, logits, &rows, out, StepStamps::Stages(&st.qs), 0)?;
         st.copy(&mut enc);
         self.queue.submit([enc.finish()]);
         let t = st.ticks(&self.device)?;
@@ -226,6 +223,7 @@ impl WgpuSampler {
         if logits.is_empty() || n < 2 {
             return Ok(Vec::new());
         }
+        let rows = pl::validated_rows(logits[0].rows, logits[0].vocab, requests)?;
         use wgpu::BufferUsages as U;
         let sets: Vec<wgpu::QuerySet> = (0..n)
             .map(|_| {
@@ -254,7 +252,7 @@ impl WgpuSampler {
             self.record_inner(
                 &mut enc,
                 &logits[i % logits.len()],
-                requests,
+                &rows,
                 out,
                 StepStamps::Step(qs),
                 0,
@@ -292,7 +290,7 @@ impl WgpuSampler {
             self.record_inner(
                 &mut enc,
                 logits,
-                requests,
+                &pl::validated_rows(logits.rows, logits.vocab, requests)?,
                 out,
                 stamps
                     .as_ref()

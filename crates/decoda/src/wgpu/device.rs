@@ -2,8 +2,7 @@
 
 use crate::error::{Error, Result};
 
-use super::kernels::STORAGE_BUFFERS;
-use super::layout::{WG, WORKGROUP_BYTES};
+use super::layout::{STORAGE_BUFFERS, WG, WORKGROUP_BYTES};
 use super::{WgpuOptions, ADAPTER_ENV, SUBGROUPS_ENV};
 
 /// One adapter the sampler can run on.
@@ -241,4 +240,54 @@ pub(crate) fn build_pipelines<const N: usize>(
         return Err(Error::Device(format!("{failed}: {e}")));
     }
     Ok((layout, pipes))
+}
+
+/// A working buffer, grown on demand and reused.
+pub(crate) struct Grow {
+    pub buf: wgpu::Buffer,
+    usage: wgpu::BufferUsages,
+    label: &'static str,
+}
+
+impl Grow {
+    pub(crate) fn new(
+        device: &wgpu::Device,
+        label: &'static str,
+        usage: wgpu::BufferUsages,
+    ) -> Self {
+        Self {
+            buf: make_buffer(device, label, 256, usage),
+            usage,
+            label,
+        }
+    }
+
+    /// Makes the buffer at least `bytes` long; true when it was replaced.
+    pub fn ensure(&mut self, device: &wgpu::Device, bytes: u64) -> bool {
+        if self.buf.size() >= bytes {
+            return false;
+        }
+        let size = bytes.max(self.buf.size() * 2).next_multiple_of(256);
+        self.buf = make_buffer(device, self.label, size, self.usage);
+        true
+    }
+}
+
+pub(crate) fn make_buffer(
+    device: &wgpu::Device,
+    label: &str,
+    size: u64,
+    usage: wgpu::BufferUsages,
+) -> wgpu::Buffer {
+    device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage,
+        mapped_at_creation: false,
+    })
+}
+
+/// The error of a call that finds a lock poisoned by an earlier panic.
+pub(crate) fn poisoned() -> Error {
+    Error::Device("a previous call panicked while holding the sampler".into())
 }

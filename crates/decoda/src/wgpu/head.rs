@@ -26,11 +26,12 @@ use crate::head::{self, FinishReason, Head, SlotRequest, SlotStep, MAX_SLOT_BIAS
 use crate::logits::Logits;
 use crate::params::SamplingParams;
 
+use super::device::make_buffer;
 use super::host::{checked, parse_logprobs, row_status};
 use super::kernels::{self, Kernels, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
 use super::sampler::{
-    bind_group_raw, dtype_code, make_buffer, push_history, slot_params, DeviceLogits, WgpuSampler,
+    bind_group_raw, dtype_code, push_history, slot_params, DeviceLogits, WgpuSampler,
 };
 use super::staging::StagePool;
 

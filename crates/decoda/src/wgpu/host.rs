@@ -3,13 +3,15 @@
 
 use crate::backend::Backend;
 use crate::error::{Error, Result, RowError};
+use crate::logits::Gathered;
 use crate::logits::{Logits, LogitsData};
-use crate::params::{Request, MAX_LOGPROBS};
-use crate::pipeline::{self as pl, RowResult, Sample, TokenLogprobs, TopLogprob};
+use crate::params::{Request, SamplingParams, MAX_LOGPROBS};
+use crate::pipeline::{self as pl, Row, RowResult, Sample, TokenLogprobs, TopLogprob};
 
+use super::device::{make_buffer, poisoned};
 use super::kernels::StepStamps;
 use super::layout::*;
-use super::sampler::{make_buffer, poisoned, DeviceLogits, DeviceOutputs, WgpuSampler};
+use super::sampler::{DeviceLogits, DeviceOutputs, WgpuSampler};
 
 /// Rows per piece when [`Backend::sample`] splits a large host batch.
 const HOST_PIECE_ROWS: usize = 1024;
@@ -37,7 +39,11 @@ impl WgpuSampler {
         self.queue.submit([enc.finish()]);
         let words = self.map_words(&out.readback, bytes)?;
         let vocab = out.vocab.load(std::sync::atomic::Ordering::Relaxed);
-        Ok(parse_results(&words, requests, vocab))
+        Ok(parse_results(
+            &words,
+            requests.iter().map(|r| &r.params),
+            vocab,
+        ))
     }
 
     pub(crate) fn map_words(&self, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u32>> {
@@ -66,12 +72,7 @@ impl WgpuSampler {
     /// (with `draws` > 0, the many-draws kernel too), copies the results into the readback
     /// buffer in the same encoder, submits once and maps them. Returns the words: tokens
     /// `[B]`, results `[B, 46]`, then (draws) `[B, draws]` tokens.
-    fn host_call(
-        &self,
-        logits: &Logits<'_>,
-        requests: &[Request],
-        draws: usize,
-    ) -> Result<Vec<u32>> {
+    fn host_call(&self, logits: &Logits<'_>, rows: &[Row<'_>], draws: usize) -> Result<Vec<u32>> {
         let _call = self.host_call.lock().map_err(|_| poisoned())?;
         let b = logits.rows();
         let res_words = b * (RES_WORDS + draws);
@@ -100,7 +101,7 @@ impl WgpuSampler {
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
             let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-            self.record_inner(&mut enc, &view, requests, &out, StepStamps::None, draws)?;
+            self.record_inner(&mut enc, &view, rows, &out, StepStamps::None, draws)?;
             let bytes = copy_results(&mut enc, &out, b, res_words);
             self.queue.submit([enc.finish()]);
             if let Some(e) = pollster::block_on(scope.pop()) {
@@ -174,33 +175,45 @@ impl Backend for WgpuSampler {
         format!("wgpu:{}", self.info.name)
     }
 
-    fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
-        pl::validate_call(logits.rows(), logits.vocab(), requests)?;
+    fn sample_rows(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
+        if !pl::reads_in_order(rows, logits.rows()) {
+            // per-step views of rows: the device reads its rows contiguously
+            let copy = Gathered::new(logits, rows.iter().map(|r| r.logits_row()));
+            let in_order: Vec<Row<'_>> =
+                rows.iter().enumerate().map(|(i, r)| r.reading(i)).collect();
+            return self.sample_rows(&copy.view()?, &in_order);
+        }
         let piece = self.rows_per_call(logits, HOST_PIECE_ROWS)?;
-        let mut results = Vec::with_capacity(requests.len());
+        let mut results = Vec::with_capacity(rows.len());
         for start in (0..logits.rows()).step_by(piece) {
             let end = (start + piece).min(logits.rows());
-            let reqs = &requests[start..end];
-            let words = self.host_call(&logits.slice_rows(start, end)?, reqs, 0)?;
-            results.extend(parse_results(&words, reqs, logits.vocab()));
+            let part: Vec<Row<'_>> = rows[start..end]
+                .iter()
+                .enumerate()
+                .map(|(i, r)| r.reading(i))
+                .collect();
+            let words = self.host_call(&logits.slice_rows(start, end)?, &part, 0)?;
+            let params = part.iter().map(|r| &r.params);
+            results.extend(parse_results(&words, params, logits.vocab()));
         }
         Ok(results)
     }
 
     /// The filters run once per row, then the Gumbel-max over the kept set runs once per
     /// draw at its own step, spread over as many invocations as the row needs. Rows
-    /// asking for logprobs go through `sample`.
-    fn sample_draws(
+    /// asking for logprobs go through per-step calls.
+    fn sample_rows_draws(
         &self,
         logits: &Logits<'_>,
-        requests: &[Request],
+        rows: &[Row<'_>],
         draws: usize,
     ) -> Result<Vec<Vec<RowResult>>> {
-        pl::validate_call(logits.rows(), logits.vocab(), requests)?;
-        if requests.iter().any(|r| r.params.logprobs.is_some()) {
-            return crate::backend::draws_by_steps(self, logits, requests, draws);
+        if rows.iter().any(|r| r.params.logprobs.is_some())
+            || !pl::reads_in_order(rows, logits.rows())
+        {
+            return crate::backend::draws_by_steps(self, logits, rows, draws);
         }
-        let mut out: Vec<Vec<RowResult>> = vec![Vec::with_capacity(draws); requests.len()];
+        let mut out: Vec<Vec<RowResult>> = vec![Vec::with_capacity(draws); rows.len()];
         if draws == 0 {
             return Ok(out);
         }
@@ -211,6 +224,7 @@ impl Backend for WgpuSampler {
         // draws one call can dispatch: a workgroup holds 256 / lanes draws of a row
         let lanes = super::kernels::draw_lanes(v);
         let max_draws = MAX_GRID * (DRAW_WG / lanes);
+        let mut views = Vec::with_capacity(piece);
         for start in (0..logits.rows()).step_by(piece) {
             let end = (start + piece).min(logits.rows());
             let b = end - start;
@@ -219,8 +233,14 @@ impl Backend for WgpuSampler {
             let mut done = 0;
             while done < draws {
                 let n = per_call.min(draws - done);
-                let reqs = crate::backend::at_step(&requests[start..end], done as u64);
-                let words = self.host_call(&sub, &reqs, n)?;
+                views.clear();
+                views.extend(
+                    rows[start..end]
+                        .iter()
+                        .enumerate()
+                        .map(|(i, r)| r.reading(i).at_step(done as u64)),
+                );
+                let words = self.host_call(&sub, &views, n)?;
                 let (res, tokens) = words[b..].split_at(b * RES_WORDS);
                 for r in 0..b {
                     let row = &tokens[r * n..(r + 1) * n];
@@ -292,21 +312,22 @@ pub(crate) fn parse_logprobs(w: &[u32]) -> TokenLogprobs {
 
 /// Per-row results from words laid out by [`copy_results`] (tokens, then `[B, 46]`
 /// results). Tokens must be below `vocab`.
-pub(crate) fn parse_results(words: &[u32], requests: &[Request], vocab: usize) -> Vec<RowResult> {
-    let b = requests.len();
+pub(crate) fn parse_results<'a>(
+    words: &[u32],
+    params: impl ExactSizeIterator<Item = &'a SamplingParams>,
+    vocab: usize,
+) -> Vec<RowResult> {
+    let b = params.len();
     let (tokens, res) = words.split_at(b);
-    requests
-        .iter()
+    params
         .enumerate()
-        .map(|(r, req)| {
+        .map(|(r, p)| {
             let w = &res[r * RES_WORDS..(r + 1) * RES_WORDS];
             match row_status(w[0], w[1]) {
                 None => checked(
                     tokens[r],
                     vocab,
-                    req.params
-                        .logprobs
-                        .map(|_| parse_logprobs(&w[2..2 + LP_WORDS])),
+                    p.logprobs.map(|_| parse_logprobs(&w[2..2 + LP_WORDS])),
                 ),
                 Some(e) => Err(e),
             }

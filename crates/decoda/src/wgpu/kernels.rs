@@ -3,11 +3,8 @@
 
 use crate::error::Result;
 
+use super::device::{make_buffer, Grow};
 use super::layout::*;
-use super::sampler::{make_buffer, Grow};
-
-/// Storage buffers one kernel binds.
-pub(crate) const STORAGE_BUFFERS: u32 = 10;
 
 /// The compute pipelines, one per entry point of `step.wgsl`.
 pub(crate) struct Kernels {

@@ -110,6 +110,9 @@ pub(crate) struct SlotU {
     pub pen_slot: u32,
 }
 
+/// Storage buffers one kernel binds.
+pub(crate) const STORAGE_BUFFERS: u32 = 10;
+
 #[cfg(test)]
 mod tests {
     //! The layouts above against the WGSL, through naga's reflection of the module.

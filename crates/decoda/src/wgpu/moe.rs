@@ -14,7 +14,8 @@ use crate::moe::{
     WeightDtype,
 };
 
-use super::sampler::{make_buffer, poisoned, Grow, WgpuSampler};
+use super::device::{make_buffer, poisoned, Grow};
+use super::sampler::WgpuSampler;
 use super::staging::StagePool;
 
 /// The WGSL of the MoE kernels (without the shared arithmetic).
@@ -117,7 +118,7 @@ pub struct WgpuMoe {
     device: wgpu::Device,
     queue: wgpu::Queue,
     name: String,
-    pipes: Pipes,
+    pipes: std::sync::Arc<Pipes>,
     weights: wgpu::Buffer,
     base: MoeParams,
     experts: usize,
@@ -251,7 +252,7 @@ impl WgpuMoe {
             down_b: db,
             ..Default::default()
         };
-        let pipes = build(&device, &sampler.info)?;
+        let pipes = sampler.shared_pipelines("moe", || build(&device, &sampler.info))?;
         use wgpu::BufferUsages as U;
         let st = U::STORAGE | U::COPY_DST | U::COPY_SRC;
         Ok(Self {

@@ -6,9 +6,9 @@ use std::sync::Mutex;
 use crate::error::{Error, Result};
 use crate::logits::DType;
 use crate::params::{LogprobsMode, Request, MAX_LOGPROBS};
-use crate::pipeline as pl;
+use crate::pipeline::{self as pl, Row};
 
-use super::device;
+use super::device::{self, make_buffer, poisoned, Grow};
 use super::kernels::{self, Kernels, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
 use super::staging::StagePool;
@@ -124,51 +124,6 @@ impl DeviceOutputs {
     }
 }
 
-/// A working buffer, grown on demand and reused.
-pub(crate) struct Grow {
-    pub buf: wgpu::Buffer,
-    usage: wgpu::BufferUsages,
-    label: &'static str,
-}
-
-impl Grow {
-    pub(crate) fn new(
-        device: &wgpu::Device,
-        label: &'static str,
-        usage: wgpu::BufferUsages,
-    ) -> Self {
-        Self {
-            buf: make_buffer(device, label, 256, usage),
-            usage,
-            label,
-        }
-    }
-
-    /// Makes the buffer at least `bytes` long; true when it was replaced.
-    pub fn ensure(&mut self, device: &wgpu::Device, bytes: u64) -> bool {
-        if self.buf.size() >= bytes {
-            return false;
-        }
-        let size = bytes.max(self.buf.size() * 2).next_multiple_of(256);
-        self.buf = make_buffer(device, self.label, size, self.usage);
-        true
-    }
-}
-
-pub(crate) fn make_buffer(
-    device: &wgpu::Device,
-    label: &str,
-    size: u64,
-    usage: wgpu::BufferUsages,
-) -> wgpu::Buffer {
-    device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size,
-        usage,
-        mapped_at_creation: false,
-    })
-}
-
 /// The per-call working buffers, the cached bind group and the host API's buffers.
 pub(crate) struct Scratch {
     bufs: StepBuffers,
@@ -216,7 +171,14 @@ pub struct WgpuSampler {
     created: AtomicU64,
     pub(crate) timestamps: bool,
     subgroups: bool,
+    /// Pipelines of the other shaders (MoE, model) built once per device and shared by
+    /// every layer or model made from this sampler, by shader name.
+    shared_pipelines: SharedPipelines,
 }
+
+/// Pipelines built once per device, by key, of any type.
+type SharedPipelines =
+    Mutex<std::collections::HashMap<&'static str, std::sync::Arc<dyn std::any::Any + Send + Sync>>>;
 
 impl std::fmt::Debug for WgpuSampler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -288,6 +250,7 @@ impl WgpuSampler {
             created: AtomicU64::new(0),
             timestamps,
             subgroups,
+            shared_pipelines: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -390,7 +353,8 @@ impl WgpuSampler {
         requests: &[Request],
         out: &DeviceOutputs,
     ) -> Result<()> {
-        self.record_inner(encoder, logits, requests, out, StepStamps::None, 0)
+        let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
+        self.record_inner(encoder, logits, &rows, out, StepStamps::None, 0)
     }
 
     fn check_device_logits(&self, l: &DeviceLogits<'_>, out: &DeviceOutputs) -> Result<()> {
@@ -415,23 +379,43 @@ impl WgpuSampler {
         l.check(&self.device)
     }
 
+    /// The pipelines under `key`, built by `build` the first time this sampler's device
+    /// needs them and shared from then on (every MoE layer of a model, say, runs the
+    /// same compiled shader).
+    pub(crate) fn shared_pipelines<T: Send + Sync + 'static>(
+        &self,
+        key: &'static str,
+        build: impl FnOnce() -> Result<T>,
+    ) -> Result<std::sync::Arc<T>> {
+        let mut cache = self.shared_pipelines.lock().map_err(|_| poisoned())?;
+        if let Some(p) = cache.get(key) {
+            return std::sync::Arc::clone(p)
+                .downcast::<T>()
+                .map_err(|_| Error::Device(format!("pipelines {key}: another type")));
+        }
+        let p = std::sync::Arc::new(build()?);
+        cache.insert(key, p.clone());
+        Ok(p)
+    }
+
     /// The grid of a call of `b` rows of `v` logits.
     pub(crate) fn shape(&self, v: usize, b: usize) -> (usize, usize) {
         kernels::split(v, b, self.target_wg, self.min_chunk.load(Ordering::Relaxed))
     }
 
-    /// Records a call; with `draws > 0`, also the many-draws kernel, whose tokens go to
+    /// Records a validated call whose rows read the view's rows in order; with
+    /// `draws > 0`, also the many-draws kernel, whose tokens go to
     /// `out.results` after the rows' results (`[B, draws]`).
     pub(crate) fn record_inner(
         &self,
         encoder: &mut wgpu::CommandEncoder,
         logits: &DeviceLogits<'_>,
-        requests: &[Request],
+        rows: &[Row<'_>],
         out: &DeviceOutputs,
         stamps: StepStamps<'_>,
         draws: usize,
     ) -> Result<()> {
-        pl::validate_call(logits.rows, logits.vocab, requests)?;
+        debug_assert!(pl::reads_in_order(rows, logits.rows));
         self.check_device_logits(logits, out)?;
         let b = logits.rows;
         if out.res_words < b * (RES_WORDS + draws) {
@@ -461,7 +445,7 @@ impl WgpuSampler {
         host.rmap.clear();
         host.lists.clear();
         let mut pens = 0usize;
-        for (r, req) in requests.iter().enumerate() {
+        for (r, req) in rows.iter().enumerate() {
             let touch = req.params.modifies_logits(&req.state);
             let pen_slot = if touch {
                 pens += 1;
@@ -486,8 +470,8 @@ impl WgpuSampler {
             sp.hist_off = hist_off;
             sp.hist_len = hist_len;
             host.state.extend([
-                req.state.step as u32,
-                (req.state.step >> 32) as u32,
+                req.step() as u32,
+                (req.step() >> 32) as u32,
                 0,
                 0,
                 0,
@@ -649,10 +633,6 @@ pub(crate) fn dtype_code(d: DType) -> u32 {
         DType::F16 => 1,
         DType::Bf16 => 2,
     }
-}
-
-pub(crate) fn poisoned() -> Error {
-    Error::Device("a previous call panicked while holding the sampler".into())
 }
 
 /// The device's view of a slot's parameters; its logit bias is appended to `lists` as

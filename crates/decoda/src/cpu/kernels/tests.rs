@@ -873,7 +873,7 @@ fn chunk_max_matches_every_variant() {
 /// constants).
 #[test]
 fn gumbel_reach_variants_agree() {
-    let mut rng = crate::conformance::Rng::new(17);
+    let mut rng = crate::testing::Rng::new(17);
     let key = crate::philox::seed_key(5);
     for case in 0..200u32 {
         let n = [128usize, 128, 77, 1][case as usize % 4];
@@ -1115,14 +1115,14 @@ fn exp_shifted_is_the_contract_weight_for_every_bit_pattern() {
 /// filters written out (ranges at the ends, single buckets, lengths off the chunk size).
 #[test]
 fn bucket_masses_and_gathering() {
-    let mut rng = crate::conformance::Rng::new(0x3c6e_f372_fe94_f82b);
+    let mut rng = crate::testing::Rng::new(0x3c6e_f372_fe94_f82b);
     for (v, t) in [
         (131_072usize, 0.8f32),
         (1000, 1.0),
         (70_001, 2.5),
         (37, 0.3),
     ] {
-        let mut z = crate::conformance::zipf_logits(&mut rng, v.max(2), 1.1);
+        let mut z = crate::testing::zipf_logits(&mut rng, v.max(2), 1.1);
         z.truncate(v);
         z[v / 3] = f32::NEG_INFINITY;
         let ymax = z.iter().map(|&zi| zi / t).fold(f32::NEG_INFINITY, f32::max);

@@ -4,27 +4,28 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::head::{CpuHead, Head, SlotRequest, SlotStep};
+use crate::head::{Head, SlotRequest, SlotStep};
 use crate::logits::{DType, Logits};
 use crate::model::generate::Engine;
 use crate::model::qwen3_moe::Qwen3Moe;
 use crate::moe::Dispatch;
 
+use super::super::device::make_buffer;
 use super::super::head::WgpuHead;
-use super::super::sampler::{make_buffer, DeviceLogits, WgpuSampler};
+use super::super::sampler::{DeviceLogits, WgpuSampler};
 use super::{Tokens, WgpuModel};
 
 /// The model and a sampling head on one device: the generation loop's [`Engine`].
 pub struct WgpuEngine {
     model: WgpuModel,
     head: WgpuHead,
-    /// `--host-sampling`: the logits go to the host each step and a CPU head samples them.
+    /// `--host-sampling`: the logits go to the host each step and a host head samples them.
     host: Option<HostSampling>,
     pending: Vec<Vec<SlotStep>>,
 }
 
 struct HostSampling {
-    head: CpuHead,
+    head: Box<dyn Head + Send>,
     read: wgpu::Buffer,
 }
 
@@ -38,31 +39,40 @@ impl std::fmt::Debug for WgpuEngine {
 
 impl WgpuEngine {
     /// `model` on `sampler`'s device with `slots` slots of `positions` positions each.
-    /// With `host_sampling`, each step copies the logits to the host and samples them
-    /// there (the comparison the benchmarks make).
+    /// With `host_head` (for example `decoda::CpuHead::new(slots, vocab)`), each step
+    /// copies the logits to the host and that head samples them there (the comparison the
+    /// benchmarks make); it needs `slots` slots of the model's vocabulary.
     pub fn new(
         sampler: &WgpuSampler,
         model: Arc<Qwen3Moe>,
         slots: usize,
         positions: usize,
-        host_sampling: bool,
+        host_head: Option<Box<dyn Head + Send>>,
     ) -> Result<Self> {
         let v = model.config.vocab_size;
         let mut m = WgpuModel::new(sampler, model, slots, positions)?;
         let head = WgpuHead::new(sampler, slots, v)?;
         m.head_tokens = Some(head.tokens().clone());
-        let host = if host_sampling {
-            Some(HostSampling {
-                head: CpuHead::new(slots, v)?,
-                read: make_buffer(
-                    &m.device,
-                    "decoda logits readback",
-                    (slots * v * 4) as u64,
-                    wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                ),
-            })
-        } else {
-            None
+        let host = match host_head {
+            Some(head) => {
+                if head.slots() < slots || head.vocab() != v {
+                    return Err(Error::Shape(format!(
+                        "a host head of {} slots of {} tokens for {slots} slots of {v}",
+                        head.slots(),
+                        head.vocab()
+                    )));
+                }
+                Some(HostSampling {
+                    head,
+                    read: make_buffer(
+                        &m.device,
+                        "decoda logits readback",
+                        (slots * v * 4) as u64,
+                        wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    ),
+                })
+            }
+            None => None,
         };
         Ok(Self {
             model: m,

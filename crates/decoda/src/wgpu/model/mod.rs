@@ -24,8 +24,9 @@ use crate::error::{Error, Result};
 use crate::model::qwen3_moe::{Act, Mlp, NormId, Qwen3Moe, RopeTable, WeightId};
 use crate::moe::{Dispatch, Router};
 
+use super::device::make_buffer;
 use super::moe::{MoeRouting, WgpuMoe};
-use super::sampler::{make_buffer, WgpuSampler};
+use super::sampler::WgpuSampler;
 
 pub use engine::WgpuEngine;
 use plan::{Plan, PlanKey, Tokens};
@@ -193,7 +194,9 @@ impl WgpuModel {
                 "a model needs at least one slot and one position".into(),
             ));
         }
-        let (layout, pipes) = build_pipes(&device)?;
+        // compiled once per device, shared by every model made from this sampler
+        let shared = sampler.shared_pipelines("model", || build_pipes(&device))?;
+        let (layout, pipes) = (shared.0.clone(), shared.1.clone());
         let mut mats = HashMap::new();
         for id in model.weight_ids() {
             let name = format!("{id:?}");

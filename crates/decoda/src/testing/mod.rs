@@ -16,6 +16,17 @@ pub mod head;
 pub mod model;
 pub mod moe;
 pub mod shapes;
+pub mod synthetic;
+pub mod tiny;
+pub mod workload;
+
+/// Whether the deeper test tier runs (`DECODA_TESTS=full`; docs/TESTING.md): long
+/// property runs, the large parity runs, fresh objects for every cell of a sweep. The
+/// quick tier (`cargo test` alone) runs every check on every backend, with less
+/// repetition.
+pub fn full_tier() -> bool {
+    std::env::var("DECODA_TESTS").is_ok_and(|v| v == "full")
+}
 
 /// A check of the suite.
 pub type Check = fn(&dyn Backend) -> Result<(), String>;
@@ -98,7 +109,7 @@ macro_rules! conformance_suite {
             fn $name() {
                 match $make {
                     Some(backend) => {
-                        if let Err(e) = $crate::conformance::$name(&backend) {
+                        if let Err(e) = $crate::testing::$name(&backend) {
                             panic!("{}: {e}", stringify!($name));
                         }
                     }
@@ -1076,7 +1087,15 @@ pub fn draws_match_single_steps(b: &dyn Backend) -> Result<(), String> {
             format!("{} rows back", many.len())
         })?;
         for d in 0..draws {
-            let at = crate::backend::at_step(&reqs, d as u64);
+            // the requests moved d steps on, as a user would write them
+            let at: Vec<Request> = reqs
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    r.state.step = r.state.step.wrapping_add(d as u64);
+                    r
+                })
+                .collect();
             let one = b.sample(&l, &at).map_err(|e| e.to_string())?;
             for (r, want) in one.iter().enumerate() {
                 expect(many[r].len() == draws && &many[r][d] == want, || {

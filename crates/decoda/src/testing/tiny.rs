@@ -14,8 +14,8 @@ use safetensors::Dtype;
 use serde_json::json;
 
 use crate::error::{Error, Result};
-use crate::moe::synthetic::uniform;
 use crate::moe::{quant, Affine};
+use crate::testing::synthetic::uniform;
 
 /// The shape and format of a random checkpoint.
 #[derive(Clone, Debug, PartialEq)]

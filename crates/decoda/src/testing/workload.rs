@@ -1,8 +1,8 @@
 //! Synthetic workloads shared by the benchmarks (criterion and `decoda bench`): Zipf-like
 //! logits (two laws) and the named parameter configurations.
 
-use crate::conformance::{zipf_logits, Rng};
 use crate::params::{LogprobsMode, Request, SamplingParams};
+use crate::testing::{zipf_logits, Rng};
 
 /// The benchmark configurations, in table order.
 pub const CONFIGS: &[&str] = &[

@@ -1,0 +1,181 @@
+//! The CPU's sampling head: each step samples the live slots' rows with the CPU sampler
+//! and pushes the drawn tokens into the slots' histories. The head's semantics (slots,
+//! requests, finishing) are `crate::head`'s.
+
+use super::CpuSampler;
+use crate::error::{Error, Result, RowError};
+use crate::head::{
+    check_rows, check_slot, check_slot_lists, seed_of, FinishReason, Head, SlotRequest, SlotStep,
+};
+use crate::logits::Logits;
+use crate::params::{Request, SamplingParams, SequenceState};
+use crate::pipeline::{Row, RowResult};
+use crate::Backend;
+
+/// One sequence of a [`CpuHead`].
+#[derive(Debug, Clone)]
+struct Sequence {
+    request: Request,
+    max_tokens: Option<u64>,
+    stop: Vec<u32>,
+    generated: u64,
+    finished: Option<FinishReason>,
+}
+
+/// The CPU's sampling head: each step samples with [`CpuSampler`] and pushes the drawn
+/// tokens into the slots' histories.
+#[derive(Debug)]
+pub struct CpuHead {
+    sampler: CpuSampler,
+    vocab: usize,
+    seqs: Vec<Option<Sequence>>,
+}
+
+impl CpuHead {
+    /// A head of `slots` slots for a vocabulary of `vocab` tokens.
+    pub fn new(slots: usize, vocab: usize) -> Result<Self> {
+        Self::with_sampler(CpuSampler::new(), slots, vocab)
+    }
+
+    /// The same with a given CPU sampler (for its thread pool).
+    pub fn with_sampler(sampler: CpuSampler, slots: usize, vocab: usize) -> Result<Self> {
+        if vocab == 0 {
+            return Err(Error::Shape(
+                "a head needs a vocabulary of at least one token".into(),
+            ));
+        }
+        Ok(Self {
+            sampler,
+            vocab,
+            seqs: vec![None; slots],
+        })
+    }
+
+    /// The request slot `slot` would be sampled with now (parameters and full state).
+    pub fn request(&self, slot: usize) -> Option<&Request> {
+        self.seqs.get(slot)?.as_ref().map(|s| &s.request)
+    }
+}
+
+impl Head for CpuHead {
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn slots(&self) -> usize {
+        self.seqs.len()
+    }
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    fn join(&mut self, slot: usize, request: SlotRequest) -> Result<u64> {
+        check_slot(slot, self.seqs.len())?;
+        if self.seqs[slot].is_some() {
+            return Err(Error::Shape(format!(
+                "slot {slot} is taken: leave it first"
+            )));
+        }
+        request.validate(slot, self.vocab)?;
+        let seed = seed_of(&request)?;
+        self.seqs[slot] = Some(Sequence {
+            request: Request {
+                params: request.params,
+                state: SequenceState {
+                    seed,
+                    step: request.step,
+                    prompt: request.prompt,
+                    output: request.output,
+                },
+            },
+            max_tokens: request.max_tokens,
+            stop: request.stop,
+            generated: 0,
+            finished: None,
+        });
+        Ok(seed)
+    }
+
+    fn leave(&mut self, slot: usize) -> Result<()> {
+        check_slot(slot, self.seqs.len())?;
+        self.seqs[slot] = None;
+        Ok(())
+    }
+
+    fn set_params(&mut self, slot: usize, params: SamplingParams) -> Result<()> {
+        check_slot(slot, self.seqs.len())?;
+        params.validate(slot, self.vocab)?;
+        let seq = self.seqs[slot]
+            .as_mut()
+            .ok_or_else(|| Error::Shape(format!("slot {slot} has no sequence")))?;
+        check_slot_lists(slot, &params, seq.stop.len())?;
+        seq.request.params = params;
+        Ok(())
+    }
+
+    fn step(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
+        let joined: Vec<bool> = self.seqs.iter().map(Option::is_some).collect();
+        check_rows(rows, logits.rows(), &joined)?;
+        if logits.vocab() != self.vocab {
+            return Err(Error::Shape(format!(
+                "logits of {} tokens for a head of {}",
+                logits.vocab(),
+                self.vocab
+            )));
+        }
+        // finished slots draw nothing: sample the others as one batch
+        let live: Vec<usize> = (0..rows.len())
+            .filter(|&r| {
+                self.seqs[rows[r]]
+                    .as_ref()
+                    .expect("checked")
+                    .finished
+                    .is_none()
+            })
+            .collect();
+        let mut results: Vec<Option<RowResult>> = vec![None; rows.len()];
+        if !live.is_empty() {
+            // each live slot's request (validated when it joined) reads its row in place:
+            // no copy of the logits, none of the histories
+            let views: Vec<Row<'_>> = live
+                .iter()
+                .map(|&r| {
+                    let seq = self.seqs[rows[r]].as_ref().expect("checked");
+                    Row::of(&seq.request).reading(r)
+                })
+                .collect();
+            let sampled = self.sampler.sample_rows(logits, &views)?;
+            for (&r, res) in live.iter().zip(sampled) {
+                results[r] = Some(res);
+            }
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        for (&s, result) in rows.iter().zip(results) {
+            let seq = self.seqs[s].as_mut().expect("checked");
+            let Some(result) = result else {
+                out.push(SlotStep {
+                    slot: s,
+                    result: Err(RowError::Finished),
+                    finished: seq.finished,
+                });
+                continue;
+            };
+            if let Ok(sample) = &result {
+                seq.request.state.push(sample.token);
+                seq.generated += 1;
+                if seq.stop.contains(&sample.token) {
+                    seq.finished = Some(FinishReason::Stop);
+                } else if seq.max_tokens.is_some_and(|m| seq.generated >= m) {
+                    seq.finished = Some(FinishReason::Length);
+                }
+            }
+            out.push(SlotStep {
+                slot: s,
+                result,
+                finished: seq.finished,
+            });
+        }
+        Ok(out)
+    }
+}
