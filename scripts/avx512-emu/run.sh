@@ -125,7 +125,8 @@ EOF
 echo c > debugger.rc
 rm -f serial.txt
 echo "== booting in Bochs ($(wc -l < rd/cmds) test commands; the console follows)"
-timeout "${DECODA_EMU_TIMEOUT:-2400}" bochs -q -f bochsrc -rc debugger.rc < /dev/null > bochs.out 2>&1 &
+# (in the C locale: Bochs 2.7 aborts with "buffer overflow detected" under LANG=C.UTF-8)
+LANG=C LC_ALL=C timeout "${DECODA_EMU_TIMEOUT:-2400}" bochs -q -f bochsrc -rc debugger.rc < /dev/null > bochs.out 2>&1 &
 pid=$!
 # the guest's console as it comes (only the lines of the tests and of init.c)
 tail -n +1 -F serial.txt 2>/dev/null | grep --line-buffered -a -E '^(EMU:|test |thread |  left|assertion|test result)' &
