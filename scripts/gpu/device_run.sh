@@ -5,9 +5,11 @@
 #   .gl/                        the Vulkan loader packages (`apt-get download libvulkan1 ...`)
 #   .gpu/decoda.xz              the release CLI: cargo build --release -p decoda-cli;
 #                               strip and `xz -9` a copy of target/release/decoda
+#   .gpu/decoda-old.xz          (optional) the same of the build to compare against:
+#                               then step 1b times it on the same grid, same call
 #   scripts/gpu-peers/.whl/     scripts/gpu-peers/fetch_wheels.sh, then prebuild.sh: FlashInfer
 #                               and its sampling modules built for sm_90a
-# It writes into $OUT: decoda.jsonl, peers.jsonl (+ the kit's peers_table.txt and
+# It writes into $OUT: decoda.jsonl (decoda-old.jsonl), peers.jsonl (+ the kit's peers_table.txt and
 # jit_build.log), peers.log, selftest.log, cpu.txt; the machine's facts go to stdout.
 # Each step has its own time limit, so one that hangs leaves the others.
 set -u
@@ -40,6 +42,17 @@ timeout 200 "$D" bench --device wgpu --law affine --vocab 131072 \
   --config greedy,temp,topk50,topp09,topk50_topp09,minp01,full --time-ms 120 --json \
   > "$OUT/decoda.jsonl" 2> /tmp/decoda.err
 echo "rc=$? $(wc -l < "$OUT/decoda.jsonl") cells"; tail -2 /tmp/decoda.err
+
+# 1b. the old build, same grid, same call (old vs new side by side).
+if [ -f .gpu/decoda-old.xz ]; then
+  step decoda-old bench
+  xz -dc .gpu/decoda-old.xz > /tmp/decoda-old && chmod +x /tmp/decoda-old
+  timeout 200 /tmp/decoda-old bench --device wgpu --law affine --vocab 131072 \
+    --rows 1,8,32,128,256,512,1024 --dtype f32,bf16 \
+    --config greedy,temp,topk50,topp09,topk50_topp09,minp01,full --time-ms 120 --json \
+    > "$OUT/decoda-old.jsonl" 2> /tmp/decoda-old.err
+  echo "rc=$? $(wc -l < "$OUT/decoda-old.jsonl") cells"; tail -2 /tmp/decoda-old.err
+fi
 
 # 2. PyTorch and FlashInfer on the same GPU, in the same call.
 step peers

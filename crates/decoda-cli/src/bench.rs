@@ -421,9 +421,13 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
                             stages.insert((*stage).into(), json!(round2(t[t.len() / 2])));
                         }
                     }
+                    // the call's structure: known from the parameters before it runs
+                    let shape = g.call_structure(vocab, &reqs).map_err(|e| e.to_string())?;
                     let line = json!({
                         "impl": "decoda", "device": g.adapter(), "config": config,
                         "vocab": vocab, "rows": rows, "dtype": name, "law": a.law.name(),
+                        "dispatches": shape.dispatches, "kernels": shape.stages,
+                        "row_reads": shape.row_reads,
                         "stages_us": stages,
                         "timer": timer, "median_us": round2(stream.median),
                         "p10_us": round2(stream.p10), "p90_us": round2(stream.p90),

@@ -392,11 +392,20 @@ fn bench_device_json_fields() {
             let v = l[key].as_f64().unwrap_or(-1.0);
             assert!(v > 0.0, "{key} = {v} in {l}");
         }
+        // the structure: min-p without log-probabilities is probe, scan, settle_finish,
+        // reading the row once and its sample at most twice
+        assert_eq!(l["dispatches"], 3, "{l}");
+        assert_eq!(
+            l["kernels"],
+            serde_json::json!(["probe", "scan", "settle_finish"]),
+            "{l}"
+        );
+        assert_eq!(l["row_reads"], 1.125, "{l}");
         // the profile: every stage of the step, in order, when there are timestamps
         if l["timer"] == "gpu" {
             let stages = l["stages_us"].as_object().expect("stages_us");
             let names: Vec<&str> = stages.keys().map(String::as_str).collect();
-            let mut want = vec!["finish", "lp", "probe", "scan", "settle"];
+            let mut want = vec!["probe", "scan", "settle_finish"];
             want.sort_unstable();
             assert_eq!(names, want, "{l}");
             assert!(stages

@@ -440,3 +440,128 @@ fn recorded_calls_keep_their_parameters() {
         b.free_staging_buffers()
     );
 }
+
+/// The passes a call records follow its parameters: greedy and temperature rows take
+/// two dispatches, filtered rows (or per-call penalties, whose history the probe
+/// scatters) three, log-probabilities five; each reads the row once on its common path.
+#[test]
+fn calls_record_the_passes_their_rows_need() {
+    let Some(b) = sampler() else { return };
+    let v = 32_768;
+    let with = |f: &dyn Fn(&mut SamplingParams)| {
+        let mut p = SamplingParams::default();
+        f(&mut p);
+        b.call_structure(v, &[Request::new(p, 1)]).unwrap()
+    };
+    let greedy = with(&|p| p.temperature = 0.0);
+    assert_eq!(greedy.stages, ["scan", "settle_finish"]);
+    assert_eq!(greedy.row_reads, 1.0);
+    assert_eq!(with(&|_| {}).dispatches, 2);
+    // a greedy row's filters do nothing, so they cost no probe
+    assert_eq!(
+        with(&|p| {
+            p.temperature = 0.0;
+            p.top_k = 50;
+        })
+        .dispatches,
+        2
+    );
+    for f in [
+        (|p: &mut SamplingParams| p.top_k = 50) as fn(&mut SamplingParams),
+        |p| p.top_p = 0.9,
+        |p| p.min_p = 0.1,
+        |p| {
+            p.logit_bias.insert(3, 1.0);
+        },
+    ] {
+        let s = with(&f);
+        assert_eq!(s.stages, ["probe", "scan", "settle_finish"]);
+        assert_eq!(s.row_reads, 1.125);
+    }
+    // a penalty over a history: the probe scatters it; over none, nothing to do
+    let mut q = Request::new(
+        SamplingParams {
+            presence_penalty: 0.5,
+            ..Default::default()
+        },
+        1,
+    );
+    assert_eq!(b.call_structure(v, &[q.clone()]).unwrap().dispatches, 2);
+    q.state.output = vec![7, 9];
+    assert_eq!(b.call_structure(v, &[q]).unwrap().dispatches, 3);
+    let lp = with(&|p| {
+        p.top_k = 50;
+        p.logprobs = Some(2);
+    });
+    assert_eq!(lp.stages, ["probe", "scan", "settle", "lp", "finish"]);
+    assert_eq!(lp.row_reads, 2.125);
+    // one row with log-probabilities takes the whole call through the five passes
+    let mixed = b
+        .call_structure(
+            v,
+            &[
+                Request::new(SamplingParams::greedy(), 1),
+                Request::new(
+                    SamplingParams {
+                        logprobs: Some(0),
+                        ..Default::default()
+                    },
+                    2,
+                ),
+            ],
+        )
+        .unwrap();
+    assert_eq!(mixed.dispatches, 5);
+}
+
+/// Rows whose candidates cannot settle them take the full-row path. Without
+/// log-probabilities their draw runs in `settle_finish`'s single workgroup; with them,
+/// in lp's split pass. Both draw the CPU's token, alone (B = 1) and in a batch, at every
+/// step tried.
+#[test]
+fn full_row_path_draws_the_cpu_token_in_every_plan() {
+    let Some(b) = sampler() else { return };
+    let v = 32_768;
+    let mut rng = Rng::new(0x5eed_f011);
+    let mut cases = Vec::new();
+    for k in 0..24u64 {
+        // a flat row (scale 1): top-k beyond the list, a wide nucleus, a low min-p, and
+        // those with a penalty and a bias
+        let row: Vec<f32> = (0..v).map(|_| rng.normal()).collect();
+        let mut p = SamplingParams::default();
+        match k % 4 {
+            0 => p.top_k = 3_000,
+            1 => p.top_p = 0.995,
+            2 => p.min_p = 0.01,
+            _ => {
+                p.top_k = 2_500;
+                p.top_p = 0.99;
+                p.presence_penalty = 1.0;
+                p.logit_bias.insert((k * 977 % v as u64) as u32, 2.0);
+            }
+        }
+        let mut q = Request::new(p, 0xabc0 + k);
+        q.state.step = k * 3;
+        q.state.output = (0..40)
+            .map(|i| ((k * 31 + i * 17) % v as u64) as u32)
+            .collect();
+        cases.push((row, q));
+    }
+    let mut count = Count::default();
+    for logprobs in [None, Some(3)] {
+        let mut cs = cases.clone();
+        for c in &mut cs {
+            c.1.params.logprobs = logprobs;
+        }
+        for one in cs.iter().take(8) {
+            run_cases(b, &mut count, vec![one.clone()], DType::F32);
+        }
+        run_cases(b, &mut count, cs, DType::F32);
+    }
+    assert!(count.mismatches.is_empty(), "{:#?}", count.mismatches);
+    assert_eq!(count.rows, 2 * (8 + 24));
+    assert!(
+        count.same + count.ties == count.rows && count.ties <= 2,
+        "{count:?}"
+    );
+}

@@ -8,7 +8,7 @@ use crate::pipeline as pl;
 
 use super::device::make_buffer;
 use super::head::WgpuHead;
-use super::kernels::{StepStamps, STAGES};
+use super::kernels::StepStamps;
 use super::sampler::{DeviceLogits, DeviceOutputs, WgpuSampler};
 
 /// Host and device time of one step or call, in microseconds.
@@ -21,6 +21,18 @@ pub struct StepTime {
     /// The step's compute pass on the device (timestamp queries), or the wall time from
     /// submit to done when the adapter has none.
     pub device_us: f64,
+}
+
+/// What a call records ([`WgpuSampler::call_structure`]).
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallStructure {
+    /// Compute dispatches per call.
+    pub dispatches: usize,
+    /// Their kernels, in order.
+    pub stages: &'static [&'static str],
+    /// Reads of each row's logits on the common path.
+    pub row_reads: f64,
 }
 
 /// A timestamp query set and the buffers to read it.
@@ -174,7 +186,9 @@ impl WgpuSampler {
 
     /// A profile of one call: each stage of the step in a compute pass of its own, with
     /// timestamps around each; the stages' names and device times in microseconds, in
-    /// order (`probe, scan, settle, lp, finish`). The passes' boundaries add little to a
+    /// order (the call's plan: `scan, settle_finish` for rows without filters or
+    /// log-probabilities, `probe` before them for filtered rows, `probe, scan, settle, lp,
+    /// finish` with log-probabilities). The passes' boundaries add little to a
     /// call's time, since the stages are dependent dispatches anyway.
     /// [`Error::Device`] when the adapter has no timestamps.
     #[doc(hidden)]
@@ -186,7 +200,7 @@ impl WgpuSampler {
     ) -> Result<Vec<(&'static str, f64)>> {
         self.need_timestamps()?;
         let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
-        let names: Vec<&'static str> = STAGES.into_iter().filter(|&n| n != "draw_many").collect();
+        let names = WgpuSampler::plan_for(&rows, logits.vocab, 0).stages(false);
         let st = Stamps::new(&self.device, 2 * names.len() as u32);
         let mut enc = self.encoder();
         self.record_inner(&mut enc, logits, &rows, out, StepStamps::Stages(&st.qs), 0)?;
@@ -195,7 +209,8 @@ impl WgpuSampler {
         let t = st.ticks(&self.device)?;
         let period = f64::from(self.queue.get_timestamp_period());
         Ok(names
-            .into_iter()
+            .iter()
+            .copied()
             .enumerate()
             .map(|(i, n)| {
                 (
@@ -204,6 +219,23 @@ impl WgpuSampler {
                 )
             })
             .collect())
+    }
+
+    /// The structure of a call of these requests on rows of `vocab` logits: the
+    /// compute dispatches it records, their names in order, and the reads of a row's
+    /// logits on the common path (see `Plan::row_reads`; a row on the full-row path
+    /// reads more). Known before the call runs: the plan follows the parameters only.
+    #[doc(hidden)]
+    pub fn call_structure(&self, vocab: usize, requests: &[Request]) -> Result<CallStructure> {
+        let rows = pl::validated_rows(requests.len(), vocab, requests)?;
+        let plan = WgpuSampler::plan_for(&rows, vocab, 0);
+        let stages = plan.stages(false);
+        let logprobs = requests.iter().any(|r| r.params.logprobs.is_some());
+        Ok(CallStructure {
+            dispatches: stages.len(),
+            stages,
+            row_reads: plan.row_reads(logprobs),
+        })
     }
 
     /// Calls issued back to back, as a serving loop issues them: `n` calls, call `i` on

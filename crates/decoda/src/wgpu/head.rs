@@ -28,10 +28,10 @@ use crate::params::SamplingParams;
 
 use super::device::make_buffer;
 use super::host::{checked, parse_logprobs, row_status};
-use super::kernels::{self, Kernels, Sizes, StepBuffers, StepShape, StepStamps};
+use super::kernels::{self, Kernels, Plan, RowNeeds, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
 use super::sampler::{
-    bind_group_raw, dtype_code, push_history, slot_params, DeviceLogits, WgpuSampler,
+    bind_group_raw, dtype_code, push_history, row_flags, slot_params, DeviceLogits, WgpuSampler,
 };
 use super::staging::StagePool;
 
@@ -242,6 +242,15 @@ impl WgpuHead {
         }
         let v = self.vocab;
         let (splits, chunk) = kernels::split(v, b, self.target_wg, 4096);
+        // the passes, from the rows' parameters (the head keeps the penalty areas up to
+        // date itself, so nothing is scattered)
+        let plan = Plan::of(
+            rows.iter()
+                .filter_map(|&s| self.host[s].as_ref())
+                .map(|h| RowNeeds::of(row_flags(&h.params, v), h.params.temperature)),
+            false,
+            false,
+        );
         // the buffers were sized for every slot at construction (one row has the most
         // splits), so a step never reallocates the slots' state
         let sizes = Sizes {
@@ -261,7 +270,7 @@ impl WgpuHead {
             chunk: chunk as u32,
             bm_words: v.div_ceil(32) as u32,
             cap: CAP as u32,
-            mode: M_HEAD,
+            mode: M_HEAD | plan.mode(),
             draws: 0,
             draw_lanes: 1,
             part_base: sizes.part_base() as u32,
@@ -304,6 +313,7 @@ impl WgpuHead {
                 rows: b,
                 splits,
                 draw_groups: 0,
+                plan,
             },
             timestamps.map_or(StepStamps::None, StepStamps::Step),
         );

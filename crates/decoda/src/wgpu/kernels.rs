@@ -1,12 +1,12 @@
 //! The step kernels' host side: pipelines, the buffers they bind, and the fixed dispatch
-//! sequence of one step (`step.wgsl`).
+//! sequence of one step (`step/`, a WGSL file per pass).
 
 use crate::error::Result;
 
 use super::device::{make_buffer, Grow};
 use super::layout::*;
 
-/// The compute pipelines, one per entry point of `step.wgsl`.
+/// The compute pipelines, one per entry point of `step/`.
 pub(crate) struct Kernels {
     pub layout: wgpu::BindGroupLayout,
     pub join: wgpu::ComputePipeline,
@@ -16,6 +16,7 @@ pub(crate) struct Kernels {
     pub settle: wgpu::ComputePipeline,
     pub lp: wgpu::ComputePipeline,
     pub finish: wgpu::ComputePipeline,
+    pub settle_finish: wgpu::ComputePipeline,
     pub draw_many: wgpu::ComputePipeline,
 }
 
@@ -25,26 +26,28 @@ impl Kernels {
     pub fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Self> {
         use super::device::{build_pipelines, Bind::*};
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
-        let (layout, [join, wipe, probe, scan, settle, lp, finish, draw_many]) = build_pipelines(
-            device,
-            "decoda step.wgsl",
-            super::shader_source(subgroups),
-            // call, logits, sparams, sstate, rmap, pen, lists, work, ctr, tokens, results
-            &[
-                Uniform, Read, Read, Write, Read, Write, Read, Write, Write, Write, Write,
-            ],
-            [
-                "join",
-                "wipe",
-                "probe",
-                "scan",
-                "settle",
-                "lp",
-                "finish",
-                "draw_many",
-            ],
-            &format!("{}: building the shaders failed", info.name),
-        )?;
+        let (layout, [join, wipe, probe, scan, settle, lp, finish, settle_finish, draw_many]) =
+            build_pipelines(
+                device,
+                "decoda step",
+                super::shader_source(subgroups),
+                // call, logits, sparams, sstate, rmap, pen, lists, work, ctr, tokens, results
+                &[
+                    Uniform, Read, Read, Write, Read, Write, Read, Write, Write, Write, Write,
+                ],
+                [
+                    "join",
+                    "wipe",
+                    "probe",
+                    "scan",
+                    "settle",
+                    "lp",
+                    "finish",
+                    "settle_finish",
+                    "draw_many",
+                ],
+                &format!("{}: building the shaders failed", info.name),
+            )?;
         Ok(Self {
             join,
             wipe,
@@ -53,12 +56,13 @@ impl Kernels {
             settle,
             lp,
             finish,
+            settle_finish,
             draw_many,
             layout,
         })
     }
 
-    /// Records one step: probe, scan, settle, [draw_many], lp, finish, in one compute
+    /// Records one step, the passes of `shape.plan` ([`Plan::stages`]) in one compute
     /// pass, with timestamps around it ([`StepStamps::Step`]); or, to profile it, each
     /// stage in a pass of its own with timestamps around each ([`StepStamps::Stages`]).
     pub fn record_step(
@@ -70,13 +74,19 @@ impl Kernels {
     ) {
         let (b, w) = (shape.rows as u32, shape.splits as u32);
         // the stages in order, as (pipeline, grid x, grid y); no allocation per call
+        let full = shape.plan == Plan::Full;
         let stages = [
-            Some((&self.probe, b, 1)),
+            (shape.plan != Plan::Light).then_some((&self.probe, b, 1)),
             Some((&self.scan, w, b)),
-            Some((&self.settle, b, 1)),
-            (shape.draw_groups > 0).then_some((&self.draw_many, shape.draw_groups as u32, b)),
-            Some((&self.lp, w, b)),
-            Some((&self.finish, b, 1)),
+            full.then_some((&self.settle, b, 1)),
+            (full && shape.draw_groups > 0).then_some((
+                &self.draw_many,
+                shape.draw_groups as u32,
+                b,
+            )),
+            full.then_some((&self.lp, w, b)),
+            full.then_some((&self.finish, b, 1)),
+            (!full).then_some((&self.settle_finish, b, 1)),
         ];
         let stages = stages.into_iter().flatten();
         fn pass_with<'e>(
@@ -125,12 +135,96 @@ pub(crate) enum StepStamps<'a> {
     /// Before and after the step's compute pass: queries 0 and 1 of the set.
     Step(&'a wgpu::QuerySet),
     /// Before and after each stage, recorded in a pass of its own: queries `2i` and
-    /// `2i + 1` for the `i`-th stage of [`STAGES`] (`draw_many` only with draws).
+    /// `2i + 1` for the `i`-th stage of the call's [`Plan::stages`].
     Stages(&'a wgpu::QuerySet),
 }
 
-/// The stages of a step in order (`draw_many` runs only for calls with draws).
-pub(crate) const STAGES: [&str; 6] = ["probe", "scan", "settle", "draw_many", "lp", "finish"];
+/// Which passes a call records. The host chooses it from the rows' parameters, never
+/// from the logits, so a call's dispatches are known before it runs; the results are
+/// the same whichever plan runs (the conformance suites run every plan against the
+/// reference: rows with log-probabilities take `Full`, rows without take the others).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// No row has filters, log-probabilities, a history to scatter or draws: `scan`,
+    /// then `settle_finish` (2 dispatches, 1 read of each row).
+    Light,
+    /// No row wants log-probabilities or draws: `probe`, `scan`, `settle_finish` (3);
+    /// a row on the full-row path is drawn by its `settle_finish` workgroup.
+    Lean,
+    /// `probe`, `scan`, `settle`, [`draw_many`], `lp`, `finish` (5, or 6 with draws).
+    Full,
+}
+
+/// A row's part in choosing the [`Plan`]: its `SlotU.flags` and temperature.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RowNeeds {
+    /// Top-k, top-p or min-p at a temperature that samples.
+    pub filtered: bool,
+    /// Log-probabilities asked for.
+    pub logprobs: bool,
+}
+
+impl RowNeeds {
+    /// From a row's flags and temperature (a row below the greedy cut-off is greedy
+    /// whatever its filters, as the kernels' `cold` says).
+    pub fn of(flags: u32, temperature: f32) -> Self {
+        Self {
+            filtered: flags & (F_TOP_K | F_TOP_P | F_MIN_P) != 0 && temperature >= 1e-5,
+            logprobs: flags & F_LOGPROBS != 0,
+        }
+    }
+}
+
+impl Plan {
+    /// The plan for rows with these needs; `scatter`: per-call rows write their history
+    /// into the penalty areas first (the probe does); `draws`: many draws per row.
+    pub fn of(rows: impl IntoIterator<Item = RowNeeds>, scatter: bool, draws: bool) -> Self {
+        let (mut filtered, mut logprobs) = (false, false);
+        for r in rows {
+            filtered |= r.filtered;
+            logprobs |= r.logprobs;
+        }
+        if logprobs || draws {
+            Plan::Full
+        } else if filtered || scatter {
+            Plan::Lean
+        } else {
+            Plan::Light
+        }
+    }
+
+    /// The names of the stages it records, in order (`draw_many` with `draws`).
+    pub fn stages(self, draws: bool) -> &'static [&'static str] {
+        match (self, draws) {
+            (Plan::Light, _) => &["scan", "settle_finish"],
+            (Plan::Lean, _) => &["probe", "scan", "settle_finish"],
+            (Plan::Full, false) => &["probe", "scan", "settle", "lp", "finish"],
+            (Plan::Full, true) => &["probe", "scan", "settle", "draw_many", "lp", "finish"],
+        }
+    }
+
+    /// `Call.mode` bits of the plan.
+    pub fn mode(self) -> u32 {
+        if self == Plan::Light {
+            M_LIGHT
+        } else {
+            0
+        }
+    }
+
+    /// Reads of a row's logits on the common path: the scan's one, the probe's sample
+    /// (1/16 of the row, read at most twice), and lp's for a row with `logprobs` under
+    /// `Full`. A row whose candidates cannot settle it (the full-row path) reads more.
+    pub fn row_reads(self, logprobs: bool) -> f64 {
+        let probe = if self == Plan::Light { 0.0 } else { 2.0 / 16.0 };
+        let lp = if self == Plan::Full && logprobs {
+            1.0
+        } else {
+            0.0
+        };
+        1.0 + probe + lp
+    }
+}
 
 /// The grid of one step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,6 +233,8 @@ pub(crate) struct StepShape {
     pub splits: usize,
     /// Workgroups of `draw_many` (0: none).
     pub draw_groups: usize,
+    /// The passes recorded.
+    pub plan: Plan,
 }
 
 /// How a row of `v` logits is cut among workgroups for a batch of `b` rows: enough

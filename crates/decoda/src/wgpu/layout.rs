@@ -1,5 +1,5 @@
 //! Data shared between the launcher and the WGSL kernels: the uniform and storage
-//! structs (mirrored by `struct Call` and `struct SlotP` in `step.wgsl`),
+//! structs (mirrored by `struct Call` and `struct SlotP` in `step/common.wgsl`),
 //! the row flags, the sizes of the per-row scratch areas, and the workgroup memory the
 //! kernels declare. The tests at the bottom read the shaders with naga and check every
 //! one of these against what the WGSL says.
@@ -48,6 +48,8 @@ pub(crate) const F_MIN_P: u32 = 32;
 pub(crate) const M_HEAD: u32 = 1;
 /// `Call.mode`: per-call rows scatter their history in `probe` and clear it in `finish`.
 pub(crate) const M_SCATTER: u32 = 2;
+/// `Call.mode`: no probe ran (no row of the call has filters); `scan` reads no row state.
+pub(crate) const M_LIGHT: u32 = 4;
 
 /// Status codes the kernels write per row (first result word).
 pub(crate) const STATUS_OK: u32 = 0;
@@ -281,6 +283,7 @@ mod tests {
             ("F_MIN_P", u64::from(F_MIN_P)),
             ("M_HEAD", u64::from(M_HEAD)),
             ("M_SCATTER", u64::from(M_SCATTER)),
+            ("M_LIGHT", u64::from(M_LIGHT)),
             ("OUT_NON_FINITE", u64::from(STATUS_NON_FINITE)),
             ("OUT_NO_CANDIDATE", u64::from(STATUS_NO_CANDIDATE)),
             ("OUT_NO_WINNER", u64::from(STATUS_NO_WINNER)),

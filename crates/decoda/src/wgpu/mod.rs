@@ -10,14 +10,15 @@
 //!   into [`DeviceOutputs`]. It submits nothing, reads nothing back, and after the first
 //!   calls of a given size allocates nothing.
 //!
-//! Every call runs the same fixed sequence of dispatches whatever the data (see
-//! `sample.wgsl`): the top-k value and the top-p cut are exact radix selects (three
-//! passes each), so there are no retry rounds. The noise, the top-p weights and the
+//! Every call runs a fixed sequence of dispatches chosen from its rows' parameters,
+//! never from the data (see `step/` and `kernels::Plan`): two for rows without filters
+//! or log-probabilities, three with filters, five with log-probabilities. The top-k
+//! value and the top-p cut are exact radix selects, so there are no retry rounds. The noise, the top-p weights and the
 //! division by the temperature use the same arithmetic as the CPU (`fmath.wgsl`, the
 //! device's copy of [`crate::fmath`], with a correctly rounded division).
 //!
 //! The module is split by job: `device` (adapters and devices), `kernels` (the step
-//! kernels' pipelines, buffers and dispatch sequence, beside `step.wgsl`), `layout` (the
+//! kernels' pipelines, buffers and dispatch sequence, beside `step/`, one WGSL file per pass), `layout` (the
 //! structs and sizes shared with the WGSL, checked against it by tests), `sampler` (the
 //! per-call device API: recording a call), `head` (the sampling head: slots whose state
 //! lives on the device), `staging` (per-call parameters on their way to the device),
@@ -46,15 +47,27 @@ mod moe;
 mod sampler;
 mod staging;
 
-pub use bench::StepTime;
+pub use bench::{CallStructure, StepTime};
 pub use device::{list_adapters, AdapterSummary, WORKGROUPS_ENV};
 pub use head::{StepId, StepResults, WgpuHead};
 pub use model::{model_shader_source, WgpuEngine, WgpuModel, SHADER_MODEL};
 pub use moe::{moe_shader_source, MoeRouting, WgpuMoe, SHADER_MOE};
 pub use sampler::{DeviceLogits, DeviceOutputs, WgpuSampler};
 
-/// The WGSL of the sampler's kernels, without the shared arithmetic and the reductions.
-pub const SHADER_MAIN: &str = include_str!("step.wgsl");
+/// The WGSL of the sampler's kernels, without the shared arithmetic and the reductions:
+/// the files of `step/`, one per pass, in the order they are concatenated (`common`
+/// holds the layout, the bindings and the helpers every pass uses).
+pub const SHADER_MAIN: &str = concat!(
+    include_str!("step/common.wgsl"),
+    include_str!("step/scatter.wgsl"),
+    include_str!("step/probe.wgsl"),
+    include_str!("step/scan.wgsl"),
+    include_str!("step/settle_list.wgsl"),
+    include_str!("step/settle.wgsl"),
+    include_str!("step/lp.wgsl"),
+    include_str!("step/finish.wgsl"),
+    include_str!("step/draw_many.wgsl"),
+);
 /// The arithmetic that decides tokens (ln, exp, correctly rounded division, Philox),
 /// shared with the CPU ([`crate::fmath`], [`crate::philox`]).
 pub const SHADER_FMATH: &str = include_str!("fmath.wgsl");

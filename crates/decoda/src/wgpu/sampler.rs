@@ -9,7 +9,7 @@ use crate::params::{LogprobsMode, Request, MAX_LOGPROBS};
 use crate::pipeline::{self as pl, Row};
 
 use super::device::{self, make_buffer, poisoned, Grow};
-use super::kernels::{self, Kernels, Sizes, StepBuffers, StepShape, StepStamps};
+use super::kernels::{self, Kernels, Plan, RowNeeds, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
 use super::staging::StagePool;
 use super::WgpuOptions;
@@ -403,6 +403,22 @@ impl WgpuSampler {
         kernels::split(v, b, self.target_wg, self.min_chunk.load(Ordering::Relaxed))
     }
 
+    /// The passes a call of these rows records (`draws`: many draws per row).
+    pub(crate) fn plan_for(rows: &[Row<'_>], vocab: usize, draws: usize) -> Plan {
+        let scatter = rows.iter().any(|r| {
+            let q = r.request();
+            q.params.modifies_logits(&q.state)
+        });
+        Plan::of(
+            rows.iter().map(|r| {
+                let p = &r.request().params;
+                RowNeeds::of(row_flags(p, vocab), p.temperature)
+            }),
+            scatter,
+            draws > 0,
+        )
+    }
+
     /// Records a validated call whose rows read the view's rows in order; with
     /// `draws > 0`, also the many-draws kernel, whose tokens go to
     /// `out.results` after the rows' results (`[B, draws]`).
@@ -482,6 +498,7 @@ impl WgpuSampler {
             host.rmap.push(r as u32);
         }
         let (splits, chunk) = self.shape(v, b);
+        let plan = Self::plan_for(rows, v, draws);
         let sizes = Sizes {
             rows: b,
             splits,
@@ -508,7 +525,7 @@ impl WgpuSampler {
             chunk: chunk as u32,
             bm_words: v.div_ceil(32) as u32,
             cap: CAP as u32,
-            mode: if pens > 0 { M_SCATTER } else { 0 },
+            mode: if pens > 0 { M_SCATTER } else { 0 } | plan.mode(),
             draws: draws as u32,
             draw_lanes: lanes as u32,
             part_base: sizes.part_base() as u32,
@@ -572,6 +589,7 @@ impl WgpuSampler {
                 rows: b,
                 splits,
                 draw_groups: if draws > 0 { draw_groups } else { 0 },
+                plan,
             },
             stamps,
         );
@@ -645,24 +663,9 @@ pub(crate) fn slot_params(
     pen_slot: usize,
     lists: &mut Vec<u32>,
 ) -> Result<SlotU> {
-    let mut flags = 0;
+    let mut flags = row_flags(p, vocab);
     if touch {
         flags |= F_TOUCH;
-    }
-    if p.logprobs.is_some() {
-        flags |= F_LOGPROBS;
-    }
-    if p.logprobs_mode == LogprobsMode::Processed {
-        flags |= F_PROCESSED;
-    }
-    if p.top_p < 1.0 {
-        flags |= F_TOP_P;
-    }
-    if p.top_k > 0 && (p.top_k as usize) < vocab {
-        flags |= F_TOP_K;
-    }
-    if p.min_p > 0.0 {
-        flags |= F_MIN_P;
     }
     let bias_off = to_u32(lists.len(), "logit biases")?;
     for (&t, &b) in &p.logit_bias {
@@ -690,6 +693,27 @@ pub(crate) fn slot_params(
         max_hi: u32::MAX,
         pen_slot: pen_slot as u32,
     })
+}
+
+/// A row's flags (`F_*`) but `F_TOUCH`, from its parameters.
+pub(crate) fn row_flags(p: &crate::params::SamplingParams, vocab: usize) -> u32 {
+    let mut flags = 0;
+    if p.logprobs.is_some() {
+        flags |= F_LOGPROBS;
+    }
+    if p.logprobs_mode == LogprobsMode::Processed {
+        flags |= F_PROCESSED;
+    }
+    if p.top_p < 1.0 {
+        flags |= F_TOP_P;
+    }
+    if p.top_k > 0 && (p.top_k as usize) < vocab {
+        flags |= F_TOP_K;
+    }
+    if p.min_p > 0.0 {
+        flags |= F_MIN_P;
+    }
+    flags
 }
 
 /// Appends a history for the scatter kernels (prompt tokens as they are, output tokens

@@ -1,0 +1,526 @@
+// decoda's device sampler: one decode step of the sampling contract (README, "The
+// sampling contract") for B rows, each row sampled for a slot whose parameters, seed,
+// step and history live on the device. The launcher records these passes, one file of
+// step/ each, choosing which from the rows' parameters, never from the data (`Plan` in
+// kernels.rs): all five when a row wants log-probabilities (or many draws); probe, scan
+// and settle_finish (settle, a full-row draw by the same workgroup, finish) when none
+// does; scan and settle_finish alone when no row has filters or a history to scatter.
+//
+//   probe  (1 x B)  per-call rows first scatter their history into their slot's bitmaps
+//                   and counts; then a 1/16 sample of the row gives the threshold above
+//                   which the scan keeps candidates, and the reference of the top-p mass
+//   scan   (W x B)  read 1 of the row: z (bias, penalties from the slot's bitmaps and
+//                   counts), max, argmax and non-finite counts, the Gumbel draw of rows
+//                   without filters, the candidates, and the exact top-p mass of the row
+//   settle (1 x B)  the row's status; sorts the candidates and applies top-k, top-p and
+//                   min-p to them, draws, and computes processed log-probabilities; a row
+//                   whose candidates cannot settle it takes the exact full-row path here
+//                   (radix selects over the whole row by this one workgroup)
+//   lp     (W x B)  read 2, only for rows that need it: raw (or unfiltered) log-sum-exp,
+//                   rank and top-n, and the draw of full-row-path rows
+//   finish (1 x B)  results; with a head, advances the slot (step, count, presence,
+//                   stop conditions); per-call rows clear their history again
+//
+// (`draw_many` may follow settle: many draws of the same rows at consecutive steps.)
+// The arithmetic that decides tokens is in fmath.wgsl; the workgroup reductions in
+// reduce_wg.wgsl or reduce_sg.wgsl, appended by the launcher.
+//
+// Candidates: the tokens whose y is at least a threshold kappa chosen from the sample
+// (so that about 512, 1,024 for top-p alone, or twice top-k, tokens pass), or, for
+// min-p, at least m0 + ln(min_p) with m0 the sample's max. The list is complete above
+// its threshold, so top-k, top-p and min-p, whose kept sets are all tokens above a
+// value of y, are exact on it whenever their boundary lies above the threshold;
+// otherwise (or when more tokens pass than the list holds) the row takes the full-row
+// path. Top-p masses are exp(y - R) in 96-bit fixed point (units of 2^-72) against a
+// reference R = m0 + 20 taken from the sample: integer sums, so they do not depend on
+// the order, the split of the row or the batch.
+
+const WG: u32 = 256u;
+const DRAW_WG: u32 = 256u;  // invocations of a draw_many workgroup
+const BINS: u32 = 2048u;
+const HW: u32 = 6144u;      // radix histogram words per row (full-row path)
+const ST: u32 = 64u;        // state words per row
+const PW: u32 = 64u;        // partial words per (row, split)
+const NTOP: u32 = 20u;      // most top log-probabilities a row may ask for
+const LPW: u32 = 44u;       // log-probability words per row
+const RESW: u32 = 46u;      // result words per row: status, count, then LPW
+const SSW: u32 = 8u;        // slot state words
+const NEG_INF_BITS: u32 = 0xff800000u;
+const TWO_M40: f32 = 9.094947017729282e-13; // 2^-40
+const GUMBEL_MAX: f32 = 17.0;               // above every Gumbel value the noise can take
+const R_HEADROOM: f32 = 20.0;               // R = m0 + 20: the top-p mass reference
+const LIST_TARGET: u32 = 512u;              // candidates the threshold aims at
+
+// out_res status codes
+const OUT_NON_FINITE: u32 = 1u;
+const OUT_NO_CANDIDATE: u32 = 2u;
+const OUT_NO_WINNER: u32 = 3u;
+const OUT_FINISHED: u32 = 4u;
+const NO_TOKEN: u32 = 0xffffffffu;
+
+// state word offsets (per row)
+const S_STATUS: u32 = 0u;    // 0 sample, 1 greedy, 2 non-finite, 3 no candidate, 4 no winner, 5 finished slot
+const S_COUNT: u32 = 1u;
+const S_ZMAX: u32 = 2u;
+const S_YMAX: u32 = 3u;
+const S_XMAX: u32 = 4u;
+const S_KAPPA: u32 = 5u;     // cmp_key of the candidate threshold on y (0: every token)
+const S_GTHR: u32 = 6u;      // min-p gathering threshold on y (-inf: none)
+const S_R: u32 = 7u;         // top-p mass reference (0 bits: none)
+const S_NEED: u32 = 8u;      // N_* flags
+const S_TOKEN: u32 = 9u;
+const S_PATH: u32 = 10u;     // P_* : how the row is drawn
+const S_NS: u32 = 11u;       // list path: kept tokens (a prefix of the sorted list)
+const S_TAU_K: u32 = 12u;    // full-row path thresholds (`member`)
+const S_TAU_MIN: u32 = 13u;
+const S_P_CUT: u32 = 14u;
+const S_TAU_Q: u32 = 15u;
+const S_SUM: u32 = 16u;      // full-row path: top-p normaliser in 2^-40 units, as f32
+const S_LSE: u32 = 17u;
+const S_VMAX: u32 = 18u;
+const S_LP: u32 = 19u;       // 1: the lp pass computes this row's log-probabilities
+const S_LP_DONE: u32 = 20u;  // 1: settle wrote them
+const S_K_LEVEL: u32 = 21u;  // full-row radix selects
+const S_K_PREFIX: u32 = 22u;
+const S_K_REM: u32 = 23u;
+const S_P_LEVEL: u32 = 24u;
+const S_P_PREFIX: u32 = 25u;
+const S_ABOVE_LO: u32 = 26u;
+const S_ABOVE_HI: u32 = 27u;
+const S_TARGET: u32 = 28u;
+const S_SLOT: u32 = 29u;
+const S_M0: u32 = 30u;
+
+// S_NEED flags
+const N_LIST: u32 = 1u;
+const N_SIGMA: u32 = 2u;
+
+// S_PATH values
+const P_DONE: u32 = 0u;      // token known after settle (greedy, unfiltered, list path)
+const P_FULL: u32 = 1u;      // drawn over the whole row in lp, with `member`
+const P_NONE: u32 = 2u;      // no token (row error)
+
+// slot flags (SlotP.flags)
+const F_TOUCH: u32 = 1u;
+const F_LOGPROBS: u32 = 2u;
+const F_PROCESSED: u32 = 4u;
+const F_TOP_P: u32 = 8u;
+const F_TOP_K: u32 = 16u;
+const F_MIN_P: u32 = 32u;
+
+// Call.mode bits
+const M_HEAD: u32 = 1u;      // advance the slot state in finish
+const M_SCATTER: u32 = 2u;   // per-call rows: scatter the history in probe, clear it in finish
+const M_LIGHT: u32 = 4u;     // no probe ran: no row has filters, so scan needs no row state
+
+struct Call {
+    rows: u32,
+    vocab: u32,
+    stride: u32,      // elements between rows
+    dtype: u32,       // 0 f32, 1 f16, 2 bf16
+    base: u32,        // element offset of row 0
+    splits: u32,      // workgroups per row in scan and lp
+    chunk: u32,       // logits per split, a multiple of 4
+    bm_words: u32,    // bitmap words per slot
+    cap: u32,         // candidates per row (a power of two)
+    mode: u32,        // M_* bits
+    draws: u32,       // draw_many only
+    draw_lanes: u32,  // draw_many: invocations sharing one draw (a power of two)
+    part_base: u32,   // work offset of the (row, split) partials
+    cand_base: u32,   // work offset of the candidate lists
+    zero: u32,        // always 0 (fp, in fmath.wgsl)
+    pad: u32,
+}
+
+struct SlotP {
+    temperature: f32,
+    top_k: u32,
+    top_p: f32,
+    ln_min_p: f32,
+    rep: f32,
+    freq: f32,
+    pres: f32,
+    flags: u32,
+    seed_lo: u32,
+    seed_hi: u32,
+    n_lp: u32,
+    bias_off: u32,    // lists offset of (token, bias bits) pairs, sorted by token
+    bias_len: u32,
+    stop_off: u32,    // lists offset of stop token ids
+    stop_len: u32,
+    hist_off: u32,    // lists offset of the history to scatter: token | 1 << 31 for outputs
+    hist_len: u32,
+    max_lo: u32,      // max_tokens (0xffffffff both: none)
+    max_hi: u32,
+    pen_slot: u32,    // which penalty area (per-call rows with a history get their own)
+}
+
+@group(0) @binding(0) var<uniform> call: Call;
+@group(0) @binding(1) var<storage, read> logits: array<u32>;
+@group(0) @binding(2) var<storage, read> sparams: array<SlotP>;
+@group(0) @binding(3) var<storage, read_write> sstate: array<u32>;
+@group(0) @binding(4) var<storage, read> rmap: array<u32>;
+@group(0) @binding(5) var<storage, read_write> pen: array<atomic<u32>>;
+@group(0) @binding(6) var<storage, read> lists: array<u32>;
+@group(0) @binding(7) var<storage, read_write> work: array<u32>;
+@group(0) @binding(8) var<storage, read_write> ctr: array<atomic<u32>>;
+@group(0) @binding(9) var<storage, read_write> out_tokens: array<u32>;
+@group(0) @binding(10) var<storage, read_write> out_res: array<u32>;
+
+var<workgroup> ra: array<u32, 256>;
+var<workgroup> rb: array<u32, 256>;
+var<workgroup> wtot: vec2<u32>;
+var<workgroup> wflag: u32;
+var<workgroup> wsum: vec3<u32>;
+var<workgroup> hk: array<atomic<u32>, 2048>;
+
+fn opaque_zero() -> u32 {
+    return call.zero;
+}
+
+// ---------------------------------------------------------------------------------
+// Keys, loads, small helpers.
+
+// Order-preserving key: a < b (floats, no NaN) iff key(a) < key(b).
+fn key_of(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    if ((b & 0x80000000u) != 0u) {
+        return ~b;
+    }
+    return b | 0x80000000u;
+}
+
+// The key of a value for comparisons: as key_of, but -0 and +0 compare equal, as floats
+// do. Comparing keys keeps -inf out of float comparisons (fast math may assume it away).
+fn cmp_key(v: f32) -> u32 {
+    if (bitcast<u32>(v) == 0x80000000u) {
+        return 0x80000000u;
+    }
+    return key_of(v);
+}
+
+fn from_key(k: u32) -> f32 {
+    if ((k & 0x80000000u) != 0u) {
+        return bitcast<f32>(k & 0x7fffffffu);
+    }
+    return bitcast<f32>(~k);
+}
+
+// NaN or +inf.
+fn is_bad(v: f32) -> bool {
+    let b = bitcast<u32>(v) & 0x7fffffffu;
+    return b > 0x7f800000u || bitcast<u32>(v) == 0x7f800000u;
+}
+
+fn is_neg_inf(v: f32) -> bool {
+    return bitcast<u32>(v) == NEG_INF_BITS;
+}
+
+fn not_finite(v: f32) -> bool {
+    return (bitcast<u32>(v) & 0x7f800000u) == 0x7f800000u;
+}
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(NEG_INF_BITS);
+}
+
+// exp(a - b) for a finite b; 0 when a is -inf (kept out of the arithmetic).
+fn exp_diff(a: f32, b: f32) -> f32 {
+    if (is_neg_inf(a)) {
+        return 0.0;
+    }
+    return exp_f32(a - b);
+}
+
+fn f16_to_f32(h: u32) -> f32 {
+    let s = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 31u) {
+        return bitcast<f32>(s | 0x7f800000u | (m << 13u));
+    }
+    if (e == 0u) {
+        let v = f32(m) * 5.9604645e-8;
+        if (s != 0u) {
+            return -v;
+        }
+        return v;
+    }
+    return bitcast<f32>(s | ((e + 112u) << 23u) | (m << 13u));
+}
+
+fn load_x(row: u32, i: u32) -> f32 {
+    let e = call.base + row * call.stride + i;
+    if (call.dtype == 0u) {
+        return bitcast<f32>(logits[e]);
+    }
+    let w = logits[e >> 1u];
+    let h = (w >> ((e & 1u) * 16u)) & 0xffffu;
+    if (call.dtype == 1u) {
+        return f16_to_f32(h);
+    }
+    return bitcast<f32>(h << 16u);
+}
+
+// Words of one slot's penalty area: seen bitmap, bias bitmap, output counts.
+fn pen_base(pen_slot: u32) -> u32 {
+    return pen_slot * (2u * call.bm_words + call.vocab);
+}
+
+// The bias of token i from the slot's sorted (token, bias) list.
+fn bias_of(sp: SlotP, i: u32) -> f32 {
+    var lo = 0u;
+    var hi = sp.bias_len;
+    loop {
+        if (lo >= hi) {
+            break;
+        }
+        let mid = (lo + hi) / 2u;
+        let t = lists[sp.bias_off + 2u * mid];
+        if (t == i) {
+            return bitcast<f32>(lists[sp.bias_off + 2u * mid + 1u]);
+        }
+        if (t < i) {
+            lo = mid + 1u;
+        } else {
+            hi = mid;
+        }
+    }
+    return 0.0;
+}
+
+// z of token i (stages 1-3): the logit with its bias, repetition, frequency and presence
+// penalties, read from the slot's bitmaps and counts.
+fn z_of(slot: u32, sp: SlotP, i: u32, x: f32) -> f32 {
+    if ((sp.flags & F_TOUCH) == 0u) {
+        return x;
+    }
+    let pb = pen_base(sparams[slot].pen_slot);
+    let w = i >> 5u;
+    let bit = 1u << (i & 31u);
+    let seen = (atomicLoad(&pen[pb + w]) & bit) != 0u;
+    let biased = (atomicLoad(&pen[pb + call.bm_words + w]) & bit) != 0u;
+    if (!seen && !biased) {
+        return x;
+    }
+    var z = x;
+    if (biased) {
+        let b = bias_of(sp, i);
+        if (is_neg_inf(b)) {
+            z = neg_inf();
+        } else if (!is_neg_inf(x)) {
+            z = x + b;
+        }
+    }
+    // -inf stays -inf through the penalties (and is kept out of the arithmetic)
+    if (seen && !is_neg_inf(z)) {
+        if (z > 0.0) {
+            z = div_rn(z, sp.rep);
+        } else {
+            z = z * sp.rep;
+        }
+        let c = atomicLoad(&pen[pb + 2u * call.bm_words + i]);
+        if (c > 0u) {
+            z = fp(z - fp(sp.freq * f32(c))) - sp.pres;
+        }
+    }
+    return z;
+}
+
+fn sget(row: u32, w: u32) -> u32 {
+    return work[row * ST + w];
+}
+
+fn sgetf(row: u32, w: u32) -> f32 {
+    return bitcast<f32>(work[row * ST + w]);
+}
+
+fn sset(row: u32, w: u32, v: u32) {
+    work[row * ST + w] = v;
+}
+
+fn ssetf(row: u32, w: u32, v: f32) {
+    work[row * ST + w] = bitcast<u32>(v);
+}
+
+fn part(row: u32, split: u32) -> u32 {
+    return call.part_base + (row * call.splits + split) * PW;
+}
+
+fn cand(row: u32) -> u32 {
+    return call.cand_base + row * call.cap * 2u;
+}
+
+// Radix histogram words of a row (full-row path), in `ctr` after the counters.
+fn hbase(row: u32) -> u32 {
+    return 2u * call.rows + row * HW;
+}
+
+fn add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    let lo = a.x + b.x;
+    var carry = 0u;
+    if (lo < a.x) {
+        carry = 1u;
+    }
+    return vec2<u32>(lo, a.y + b.y + carry);
+}
+
+fn sub64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
+    var borrow = 0u;
+    if (a.x < b.x) {
+        borrow = 1u;
+    }
+    return vec2<u32>(a.x - b.x, a.y - b.y - borrow);
+}
+
+fn val64(a: vec2<u32>) -> f32 {
+    return f32(a.y) * 4294967296.0 + f32(a.x);
+}
+
+fn add96(a: vec3<u32>, b: vec3<u32>) -> vec3<u32> {
+    let lo = add64(vec2<u32>(a.x, 0u), vec2<u32>(b.x, 0u));
+    let hi = add64(vec2<u32>(a.y, a.z), vec2<u32>(b.y, b.z));
+    return vec3<u32>(lo.x, add64(hi, vec2<u32>(lo.y, 0u)));
+}
+
+fn sub96(a: vec3<u32>, b: vec3<u32>) -> vec3<u32> {
+    let lo = sub64(vec2<u32>(a.x, 0u), vec2<u32>(b.x, 0u));
+    // lo.y is 0 or 0xffffffff (a borrow)
+    var hi = sub64(vec2<u32>(a.y, a.z), vec2<u32>(b.y, b.z));
+    if (lo.y != 0u) {
+        hi = sub64(hi, vec2<u32>(1u, 0u));
+    }
+    return vec3<u32>(lo.x, hi);
+}
+
+fn val96(a: vec3<u32>) -> f32 {
+    return fp(fp(f32(a.z) * 18446744073709551616.0) + fp(f32(a.y) * 4294967296.0)) + f32(a.x);
+}
+
+// a > b
+fn gt96(a: vec3<u32>, b: vec3<u32>) -> bool {
+    if (a.z != b.z) {
+        return a.z > b.z;
+    }
+    if (a.y != b.y) {
+        return a.y > b.y;
+    }
+    return a.x > b.x;
+}
+
+// A weight in [0, 1] in 64-bit fixed point, units of 2^-40 (truncated).
+fn fixed40(e: f32) -> vec2<u32> {
+    let f = e * 256.0;
+    let hi = u32(f);
+    return vec2<u32>(u32((f - f32(hi)) * 4294967296.0), hi);
+}
+
+// A weight in [0, 1] in 96-bit fixed point, units of 2^-72 (truncated), from its bits.
+fn fixed72(e: f32) -> vec3<u32> {
+    let b = bitcast<u32>(e);
+    let ex = (b >> 23u) & 0xffu;
+    if (ex == 0u || (b & 0x80000000u) != 0u) {
+        return vec3<u32>(0u, 0u, 0u);
+    }
+    let m = (b & 0x7fffffu) | 0x800000u;
+    // e * 2^72 = m * 2^(ex - 127 - 23 + 72)
+    let s = i32(ex) - 78;
+    if (s <= -24) {
+        return vec3<u32>(0u, 0u, 0u);
+    }
+    if (s < 0) {
+        return vec3<u32>(m >> u32(-s), 0u, 0u);
+    }
+    let us = u32(s);
+    if (us < 32u) {
+        var hi = 0u;
+        if (us > 0u) {
+            hi = m >> (32u - us);
+        }
+        return vec3<u32>(m << us, hi, 0u);
+    }
+    let t = us - 32u;
+    var hi2 = 0u;
+    if (t > 0u) {
+        hi2 = m >> (32u - t);
+    }
+    return vec3<u32>(0u, m << t, hi2);
+}
+
+// ---------------------------------------------------------------------------------
+// Workgroup helpers (call from uniform control flow).
+
+// `on` of invocation 0, known to the whole workgroup as a uniform value: lets a
+// workgroup skip a kernel's work (barriers included) for a row that has nothing to do.
+fn wg_flag(lid: u32, on: bool) -> bool {
+    if (lid == 0u) {
+        wflag = select(0u, 1u, on);
+    }
+    return workgroupUniformLoad(&wflag) != 0u;
+}
+
+// `v` of invocation 0 as a uniform value.
+fn wg_uniform(lid: u32, v: u32) -> u32 {
+    if (lid == 0u) {
+        wflag = v;
+    }
+    return workgroupUniformLoad(&wflag);
+}
+
+// wg_argmax, wg_sum_max, wg_sum_u32 and wg_sum64 come from reduce_wg.wgsl
+// (workgroup memory) or reduce_sg.wgsl (subgroup operations), appended by the launcher.
+
+fn wg_sum96(lid: u32, v: vec3<u32>) -> vec3<u32> {
+    let a = wg_sum64(lid, vec2<u32>(v.x, 0u));
+    let b = wg_sum64(lid, vec2<u32>(v.y, v.z));
+    return vec3<u32>(a.x, add64(b, vec2<u32>(a.y, 0u)));
+}
+
+// Inclusive prefix sum over the workgroup, in thread order; also leaves the total in wtot.
+fn wg_scan64(lid: u32, v: vec2<u32>) -> vec2<u32> {
+    ra[lid] = v.x;
+    rb[lid] = v.y;
+    workgroupBarrier();
+    for (var s = 1u; s < WG; s = s << 1u) {
+        var cur = vec2<u32>(ra[lid], rb[lid]);
+        if (lid >= s) {
+            cur = add64(cur, vec2<u32>(ra[lid - s], rb[lid - s]));
+        }
+        workgroupBarrier();
+        ra[lid] = cur.x;
+        rb[lid] = cur.y;
+        workgroupBarrier();
+    }
+    let r = vec2<u32>(ra[lid], rb[lid]);
+    if (lid == WG - 1u) {
+        wtot = r;
+    }
+    workgroupBarrier();
+    return r;
+}
+
+// Philox word of token i of a slot at a step (stream 0).
+fn noise_word(i: u32, seed: vec2<u32>, step_lo: u32, step_hi: u32) -> u32 {
+    let w = philox(vec4<u32>(i / 4u, step_lo, step_hi, 0u), seed);
+    return w[i % 4u];
+}
+
+// An upper bound of the Gumbel noise of word x, from the exponent of 1 - u alone:
+// -ln(-ln u) <= -ln(1 - u) <= (24 - floor(log2 n)) ln 2 where 1 - u = n 2^-24; with a
+// margin for the rounding of the computed noise.
+fn gumbel_bound(x: u32) -> f32 {
+    let n = 16777215u - 2u * (x >> 9u);
+    let lg = 31u - countLeadingZeros(n);
+    return f32(24u - lg) * 0.6931472 + 0.01;
+}
+
+// The slot's step as two words.
+fn step_of(slot: u32) -> vec2<u32> {
+    return vec2<u32>(sstate[slot * SSW], sstate[slot * SSW + 1u]);
+}
+
+// Whether the row's temperature makes it greedy before the data is seen (T < 1e-5).
+fn cold(sp: SlotP) -> bool {
+    return sp.temperature < 1e-5;
+}
+

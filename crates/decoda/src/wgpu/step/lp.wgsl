@@ -1,0 +1,177 @@
+// ---------------------------------------------------------------------------------
+// lp: read 2 (rows with raw or unfiltered log-probabilities, and full-row draws).
+
+// Stage-10 membership and y of token i of a sampling row (the full-row path's filters,
+// or none).
+struct Member {
+    inside: bool,
+    y: f32,
+}
+
+fn member(row: u32, z: f32, t: f32) -> Member {
+    if (is_neg_inf(z)) {
+        return Member(false, neg_inf());
+    }
+    let y = div_rn(z, t);
+    let yk = cmp_key(y);
+    if (yk < cmp_key(sgetf(row, S_TAU_K)) || yk < cmp_key(sgetf(row, S_TAU_MIN))) {
+        return Member(false, y);
+    }
+    if (sget(row, S_P_CUT) != 0u) {
+        let q = div_rn(exp_f32(y - sgetf(row, S_YMAX)), sgetf(row, S_SUM) * TWO_M40);
+        if (cmp_key(q) < cmp_key(sgetf(row, S_TAU_Q))) {
+            return Member(false, y);
+        }
+    }
+    return Member(true, y);
+}
+
+// The value log-probabilities are taken of (-inf outside the kept set).
+fn lp_value(row: u32, slot: u32, sp: SlotP, i: u32, status: u32) -> f32 {
+    let x = load_x(row, i);
+    if ((sp.flags & F_PROCESSED) == 0u) {
+        return x;
+    }
+    let z = z_of(slot, sp, i, x);
+    if (status == 1u) {
+        return z;
+    }
+    let mb = member(row, z, sp.temperature);
+    if (!mb.inside) {
+        return neg_inf();
+    }
+    return mb.y;
+}
+
+fn vmax_of(row: u32, sp: SlotP, status: u32) -> f32 {
+    if ((sp.flags & F_PROCESSED) == 0u) {
+        return sgetf(row, S_XMAX);
+    }
+    if (status == 1u) {
+        return sgetf(row, S_ZMAX);
+    }
+    return sgetf(row, S_YMAX);
+}
+
+fn before_in_rank(v: f32, i: u32, w: f32, j: u32) -> bool {
+    return v > w || (v == w && i < j);
+}
+
+@compute @workgroup_size(256)
+fn lp(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    let split = wid.x;
+    let row = wid.y;
+    if (!wg_flag(lid, sget(row, S_LP) != 0u)) {
+        return;
+    }
+    let slot = rmap[row];
+    let sp = sparams[slot];
+    let t = sp.temperature;
+    let status = sget(row, S_STATUS);
+    let full = sget(row, S_PATH) == P_FULL;
+    let want_lp = (sp.flags & F_LOGPROBS) != 0u;
+    let token = sget(row, S_TOKEN);
+    let vmax = vmax_of(row, sp, status);
+    var vc = 0.0;
+    if (want_lp && !full) {
+        vc = lp_value(row, slot, sp, token, status);
+    }
+    let n = min(sp.n_lp, NTOP);
+    let stp = step_of(slot);
+    let seed = vec2<u32>(sp.seed_lo, sp.seed_hi);
+    var tv: array<f32, 20>;
+    var ti: array<u32, 20>;
+    var cnt = 0u;
+    var before = 0u;
+    var acc = vec2<u32>(0u, 0u);
+    var bk = 0u;
+    var bi = NO_TOKEN;
+    let start = split * call.chunk;
+    let end = min(call.vocab, start + call.chunk);
+    let g0 = start / 4u;
+    let g1 = (end + 3u) / 4u;
+    for (var g = g0 + lid; g < g1; g = g + WG) {
+        var words = vec4<u32>(0u, 0u, 0u, 0u);
+        var have = false;
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let i = g * 4u + j;
+            if (i >= end) {
+                break;
+            }
+            if (full) {
+                let mb = member(row, z_of(slot, sp, i, load_x(row, i)), t);
+                if (mb.inside) {
+                    if (!have) {
+                        words = philox(vec4<u32>(g, stp.x, stp.y, 0u), seed);
+                        have = true;
+                    }
+                    let sk = cmp_key(mb.y + gumbel(words[j]));
+                    if (sk > bk || (sk == bk && i < bi)) {
+                        bk = sk;
+                        bi = i;
+                    }
+                }
+            }
+            if (!want_lp) {
+                continue;
+            }
+            let v = lp_value(row, slot, sp, i, status);
+            if (is_neg_inf(v)) {
+                continue;
+            }
+            acc = add64(acc, fixed40(exp_f32(v - vmax)));
+            if (!full && before_in_rank(v, i, vc, token)) {
+                before = before + 1u;
+            }
+            if (n == 0u) {
+                continue;
+            }
+            if (cnt == n && !before_in_rank(v, i, tv[n - 1u], ti[n - 1u])) {
+                continue;
+            }
+            var p = min(cnt, n - 1u);
+            loop {
+                if (p == 0u || !before_in_rank(v, i, tv[p - 1u], ti[p - 1u])) {
+                    break;
+                }
+                tv[p] = tv[p - 1u];
+                ti[p] = ti[p - 1u];
+                p = p - 1u;
+            }
+            tv[p] = v;
+            ti[p] = i;
+            cnt = min(cnt + 1u, n);
+        }
+    }
+    let dr = wg_argmax(lid, bk, bi);
+    let lse = wg_sum64(lid, acc);
+    let total_before = wg_sum_u32(lid, before);
+    let pb = part(row, split);
+    var h = 0u;
+    for (var r = 0u; r < NTOP; r = r + 1u) {
+        var k = 0u;
+        var idx = 0xffffffffu;
+        if (h < cnt) {
+            k = key_of(tv[h]);
+            idx = ti[h];
+        }
+        let w = wg_argmax(lid, k, idx);
+        if (h < cnt && w.x == k && w.y == idx) {
+            h = h + 1u;
+        }
+        if (lid == 0u) {
+            work[pb + 24u + 2u * r] = w.x;
+            work[pb + 25u + 2u * r] = w.y;
+        }
+    }
+    if (lid == 0u) {
+        work[pb + 16u] = lse.x;
+        work[pb + 17u] = lse.y;
+        work[pb + 18u] = total_before;
+        work[pb + 19u] = dr.x;
+        work[pb + 20u] = dr.y;
+    }
+}
+

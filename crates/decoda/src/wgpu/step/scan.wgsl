@@ -1,0 +1,127 @@
+// ---------------------------------------------------------------------------------
+// scan: read 1.
+
+@compute @workgroup_size(256)
+fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    let split = wid.x;
+    let row = wid.y;
+    let slot = rmap[row];
+    let sp = sparams[slot];
+    let t = sp.temperature;
+    let isc = cold(sp);
+    // without a probe (M_LIGHT: no row of the call has filters) the row needs no list
+    // and no top-p mass, whatever an earlier call left in its state
+    var need = 0u;
+    if ((call.mode & M_LIGHT) == 0u) {
+        need = sget(row, S_NEED);
+    }
+    let kappa = sget(row, S_KAPPA);
+    let gkey = cmp_key(sgetf(row, S_GTHR));
+    let minp = (sp.flags & F_MIN_P) != 0u && !is_neg_inf(sgetf(row, S_GTHR));
+    let r_ref = sgetf(row, S_R);
+    let rkey = cmp_key(r_ref);
+    let unf = !isc && (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P)) == 0u;
+    let stp = step_of(slot);
+    let seed = vec2<u32>(sp.seed_lo, sp.seed_hi);
+    let lst = cand(row);
+    var zk = 0u;
+    var zi = NO_TOKEN;
+    var xk = 0u;
+    var bad_x = 0u;
+    var bad_z = 0u;
+    var bk = 0u;
+    var bi = NO_TOKEN;
+    var sig = vec3<u32>(0u, 0u, 0u);
+    var over = 0u;
+    let start = split * call.chunk;
+    let end = min(call.vocab, start + call.chunk);
+    let g0 = start / 4u;
+    let g1 = (end + 3u) / 4u;
+    for (var g = g0 + lid; g < g1; g = g + WG) {
+        var words = vec4<u32>(0u, 0u, 0u, 0u);
+        var have = false;
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let i = g * 4u + j;
+            if (i >= end) {
+                break;
+            }
+            let x = load_x(row, i);
+            if (is_bad(x)) {
+                bad_x = bad_x + 1u;
+            } else {
+                xk = max(xk, key_of(x));
+            }
+            let z = z_of(slot, sp, i, x);
+            if (is_bad(z)) {
+                bad_z = bad_z + 1u;
+                continue;
+            }
+            let kz = cmp_key(z);
+            if (kz > zk || (kz == zk && i < zi)) {
+                zk = kz;
+                zi = i;
+            }
+            if (is_neg_inf(z) || isc) {
+                continue;
+            }
+            let y = div_rn(z, t);
+            let yk = cmp_key(y);
+            if ((need & N_LIST) != 0u && (yk >= kappa || (minp && yk >= gkey))) {
+                let at = atomicAdd(&ctr[2u * row], 1u);
+                if (at < call.cap) {
+                    work[lst + 2u * at] = i;
+                    work[lst + 2u * at + 1u] = bitcast<u32>(y);
+                }
+            }
+            if ((need & N_SIGMA) != 0u) {
+                if (yk > rkey) {
+                    over = 1u;
+                } else {
+                    sig = add96(sig, fixed72(exp_f32(y - r_ref)));
+                }
+            }
+            if (unf) {
+                // tokens that cannot beat this invocation's best skip the noise
+                if (bi != NO_TOKEN && cmp_key(y + GUMBEL_MAX) < bk) {
+                    continue;
+                }
+                if (!have) {
+                    words = philox(vec4<u32>(g, stp.x, stp.y, 0u), seed);
+                    have = true;
+                }
+                let w = words[j];
+                if (bi != NO_TOKEN && cmp_key(y + gumbel_bound(w)) < bk) {
+                    continue;
+                }
+                let sk = cmp_key(y + gumbel(w));
+                if (sk > bk || (sk == bk && i < bi)) {
+                    bk = sk;
+                    bi = i;
+                }
+            }
+        }
+    }
+    let a = wg_sum_max(lid, bad_x, xk);
+    let bz = wg_sum_u32(lid, bad_z);
+    let zm = wg_argmax(lid, zk, zi);
+    let dr = wg_argmax(lid, bk, bi);
+    let s96 = wg_sum96(lid, sig);
+    let ov = wg_sum_u32(lid, over);
+    if (lid == 0u) {
+        let pb = part(row, split);
+        work[pb + 0u] = a.x;
+        work[pb + 1u] = bz;
+        work[pb + 2u] = a.y;
+        work[pb + 3u] = zm.x;
+        work[pb + 4u] = zm.y;
+        work[pb + 5u] = dr.x;
+        work[pb + 6u] = dr.y;
+        work[pb + 7u] = s96.x;
+        work[pb + 8u] = s96.y;
+        work[pb + 9u] = s96.z;
+        work[pb + 10u] = ov;
+    }
+}
+

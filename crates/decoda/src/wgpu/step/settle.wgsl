@@ -1,0 +1,391 @@
+// ---------------------------------------------------------------------------------
+// The full-row path: exact radix selects over the whole row, by one workgroup (the old
+// multi-pass algorithm: top-k's k-th value by counts, then top-p's cut by masses in
+// 2^-40 units against ymax, three 11/11/10-bit levels each). The draw then runs in lp
+// with `member`.
+
+fn digit_shift(level: u32) -> u32 {
+    if (level == 0u) {
+        return 21u;
+    }
+    if (level == 1u) {
+        return 10u;
+    }
+    return 0u;
+}
+
+fn digit_mask(level: u32) -> u32 {
+    if (level == 2u) {
+        return 0x3ffu;
+    }
+    return 0x7ffu;
+}
+
+fn digit_width(level: u32) -> u32 {
+    if (level == 2u) {
+        return 10u;
+    }
+    return 11u;
+}
+
+// Whether a key lies in the bin chosen by the previous levels.
+fn in_prefix(key: u32, level: u32, prefix: u32) -> bool {
+    if (level == 0u) {
+        return true;
+    }
+    if (level == 1u) {
+        return (key >> 21u) == prefix;
+    }
+    return (key >> 10u) == prefix;
+}
+
+fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) {
+    let t = sp.temperature;
+    let hb = hbase(row);
+    if (lid == 0u) {
+        sset(row, S_K_PREFIX, 0u);
+        sset(row, S_K_REM, sp.top_k);
+        sset(row, S_P_PREFIX, 0u);
+        sset(row, S_P_LEVEL, 1u);
+        sset(row, S_ABOVE_LO, 0u);
+        sset(row, S_ABOVE_HI, 0u);
+    }
+    storageBarrier();
+    if (wg_flag(lid, (sp.flags & F_TOP_K) != 0u)) {
+        for (var level = 0u; level < 3u; level = level + 1u) {
+            let prefix = sget(row, S_K_PREFIX);
+            let sh = digit_shift(level);
+            let mask = digit_mask(level);
+            for (var i = lid; i < call.vocab; i = i + WG) {
+                let key = key_of(z_of(slot, sp, i, load_x(row, i)));
+                if (in_prefix(key, level, prefix)) {
+                    atomicAdd(&ctr[hb + ((key >> sh) & mask)], 1u);
+                }
+            }
+            storageBarrier();
+            var cnts: array<u32, 8>;
+            var mine = 0u;
+            for (var j = 0u; j < 8u; j = j + 1u) {
+                let b = BINS - 1u - (lid * 8u + j);
+                let c = atomicLoad(&ctr[hb + b]);
+                cnts[j] = c;
+                mine = mine + c;
+                if (c != 0u) {
+                    atomicStore(&ctr[hb + b], 0u);
+                }
+            }
+            let incl = wg_scan64(lid, vec2<u32>(mine, 0u)).x;
+            let before = incl - mine;
+            let rem = sget(row, S_K_REM);
+            if (before < rem && rem <= incl) {
+                var cum = before;
+                var bin = 0u;
+                var left = rem;
+                for (var j = 0u; j < 8u; j = j + 1u) {
+                    if (rem <= cum + cnts[j]) {
+                        bin = BINS - 1u - (lid * 8u + j);
+                        left = rem - cum;
+                        break;
+                    }
+                    cum = cum + cnts[j];
+                }
+                let np = (prefix << digit_width(level)) | bin;
+                sset(row, S_K_PREFIX, np);
+                sset(row, S_K_REM, left);
+                if (level == 2u) {
+                    ssetf(row, S_TAU_K, div_rn(from_key(np), t));
+                }
+            }
+            storageBarrier();
+        }
+    }
+    if (wg_flag(lid, (sp.flags & F_TOP_P) != 0u)) {
+        let tau_k = sgetf(row, S_TAU_K);
+        var sum_f = 0.0;
+        var goal = 0.0;
+        for (var level = 0u; level < 3u; level = level + 1u) {
+            if (!wg_flag(lid, sget(row, S_P_LEVEL) != 0u)) {
+                break;
+            }
+            let prefix = sget(row, S_P_PREFIX);
+            let sh = digit_shift(level);
+            let mask = digit_mask(level);
+            for (var i = lid; i < call.vocab; i = i + WG) {
+                let z = z_of(slot, sp, i, load_x(row, i));
+                if (is_neg_inf(z)) {
+                    continue;
+                }
+                let key = key_of(z);
+                if (!in_prefix(key, level, prefix)) {
+                    continue;
+                }
+                let y = div_rn(z, t);
+                if (cmp_key(y) < cmp_key(tau_k)) {
+                    continue;
+                }
+                let fx = fixed40(exp_f32(y - ymax));
+                if ((fx.x | fx.y) == 0u) {
+                    continue;
+                }
+                let d = (key >> sh) & mask;
+                let old = atomicAdd(&ctr[hb + BINS + d], fx.x);
+                var add_hi = fx.y;
+                if (old + fx.x < old) {
+                    add_hi = add_hi + 1u;
+                }
+                if (add_hi != 0u) {
+                    atomicAdd(&ctr[hb + 2u * BINS + d], add_hi);
+                }
+            }
+            storageBarrier();
+            var m: array<vec2<u32>, 8>;
+            var mine = vec2<u32>(0u, 0u);
+            for (var j = 0u; j < 8u; j = j + 1u) {
+                let b = BINS - 1u - (lid * 8u + j);
+                let lo = atomicLoad(&ctr[hb + BINS + b]);
+                let hi = atomicLoad(&ctr[hb + 2u * BINS + b]);
+                m[j] = vec2<u32>(lo, hi);
+                mine = add64(mine, m[j]);
+                if ((lo | hi) != 0u) {
+                    atomicStore(&ctr[hb + BINS + b], 0u);
+                    atomicStore(&ctr[hb + 2u * BINS + b], 0u);
+                }
+            }
+            let incl = wg_scan64(lid, mine);
+            let total = wtot;
+            if (level == 0u) {
+                sum_f = val64(total);
+                goal = sp.top_p * sum_f;
+            }
+            let above = vec2<u32>(sget(row, S_ABOVE_LO), sget(row, S_ABOVE_HI));
+            let before = sub64(incl, mine);
+            let reach_incl = val64(add64(above, incl)) >= goal;
+            let reach_before = val64(add64(above, before)) >= goal;
+            if (reach_incl && !reach_before) {
+                var cum = add64(above, before);
+                var bin = 0u;
+                for (var j = 0u; j < 8u; j = j + 1u) {
+                    let nxt = add64(cum, m[j]);
+                    if (val64(nxt) >= goal) {
+                        bin = BINS - 1u - (lid * 8u + j);
+                        break;
+                    }
+                    cum = nxt;
+                }
+                let np = (prefix << digit_width(level)) | bin;
+                sset(row, S_P_PREFIX, np);
+                sset(row, S_ABOVE_LO, cum.x);
+                sset(row, S_ABOVE_HI, cum.y);
+                if (level == 2u) {
+                    let theta = from_key(np);
+                    let e = exp_f32(div_rn(theta, t) - ymax);
+                    ssetf(row, S_SUM, sum_f);
+                    ssetf(row, S_TAU_Q, div_rn(e, sum_f * TWO_M40));
+                    sset(row, S_P_CUT, 1u);
+                }
+            }
+            if (lid == WG - 1u && !reach_incl) {
+                // the sum never reaches p (rounding): every token of K stays
+                sset(row, S_P_LEVEL, 0u);
+            }
+            storageBarrier();
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn settle(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    settle_row(lid, wid.x);
+}
+
+// A call without log-probabilities or draws: settle, the draw of a full-row-path row by
+// this workgroup, and finish, in one dispatch (no lp pass; see `Plan` in kernels.rs).
+@compute @workgroup_size(256)
+fn settle_finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    let row = wid.x;
+    settle_row(lid, row);
+    storageBarrier();
+    if (wg_flag(lid, sget(row, S_PATH) == P_FULL)) {
+        full_draw(lid, row);
+    }
+    storageBarrier();
+    finish_row(lid, row);
+}
+
+// The draw of a full-row-path row over the whole row by one workgroup: the same winner
+// as lp's per-split draws (the largest key, then the smallest id, over the same noise).
+// Leaves the token (or status 4 when nothing is drawn) for finish, and no lp pass.
+fn full_draw(lid: u32, row: u32) {
+    let slot = rmap[row];
+    let sp = sparams[slot];
+    let t = sp.temperature;
+    let stp = step_of(slot);
+    let seed = vec2<u32>(sp.seed_lo, sp.seed_hi);
+    var bk = 0u;
+    var bi = NO_TOKEN;
+    let g1 = (call.vocab + 3u) / 4u;
+    for (var g = lid; g < g1; g = g + WG) {
+        var words = vec4<u32>(0u, 0u, 0u, 0u);
+        var have = false;
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let i = g * 4u + j;
+            if (i >= call.vocab) {
+                break;
+            }
+            let mb = member(row, z_of(slot, sp, i, load_x(row, i)), t);
+            if (mb.inside) {
+                if (!have) {
+                    words = philox(vec4<u32>(g, stp.x, stp.y, 0u), seed);
+                    have = true;
+                }
+                let sk = cmp_key(mb.y + gumbel(words[j]));
+                if (sk > bk || (sk == bk && i < bi)) {
+                    bk = sk;
+                    bi = i;
+                }
+            }
+        }
+    }
+    let dr = wg_argmax(lid, bk, bi);
+    if (lid == 0u) {
+        if (dr.y == NO_TOKEN) {
+            // the kept set is never empty, so this is a defect: a row error
+            sset(row, S_STATUS, 4u);
+            sset(row, S_TOKEN, 0u);
+        } else {
+            sset(row, S_TOKEN, dr.y);
+        }
+        sset(row, S_LP, 0u);
+    }
+}
+
+// settle of one row by this workgroup.
+fn settle_row(lid: u32, row: u32) {
+    let slot = rmap[row];
+    let sp = sparams[slot];
+    let t = sp.temperature;
+    var bad_x = 0u;
+    var bad_z = 0u;
+    var xk = 0u;
+    var zk = 0u;
+    var zi = NO_TOKEN;
+    var bk = 0u;
+    var bi = NO_TOKEN;
+    var sig = vec3<u32>(0u, 0u, 0u);
+    var ov = 0u;
+    for (var s = lid; s < call.splits; s = s + WG) {
+        let pb = part(row, s);
+        bad_x = bad_x + work[pb];
+        bad_z = bad_z + work[pb + 1u];
+        xk = max(xk, work[pb + 2u]);
+        let k = work[pb + 3u];
+        let i = work[pb + 4u];
+        if (k > zk || (k == zk && i < zi)) {
+            zk = k;
+            zi = i;
+        }
+        let dk = work[pb + 5u];
+        let di = work[pb + 6u];
+        if (dk > bk || (dk == bk && di < bi)) {
+            bk = dk;
+            bi = di;
+        }
+        sig = add96(sig, vec3<u32>(work[pb + 7u], work[pb + 8u], work[pb + 9u]));
+        ov = ov + work[pb + 10u];
+    }
+    let a = wg_sum_max(lid, bad_x, xk);
+    let bz = wg_sum_u32(lid, bad_z);
+    let zm = wg_argmax(lid, zk, zi);
+    let dr = wg_argmax(lid, bk, bi);
+    let s96 = wg_sum96(lid, sig);
+    let ovt = wg_sum_u32(lid, ov);
+    let fin = (call.mode & M_HEAD) != 0u && sstate[slot * SSW + 4u] != 0u;
+    let zmax = from_key(zm.x);
+    var status = 0u;
+    var count = 0u;
+    var ymax = neg_inf();
+    if (fin) {
+        status = 5u;
+    } else if (a.x > 0u) {
+        status = 2u;
+        count = a.x;
+    } else if (bz > 0u) {
+        status = 2u;
+        count = bz;
+    } else if (zm.x <= key_of(neg_inf())) {
+        status = 3u;
+    } else if (cold(sp)) {
+        status = 1u;
+    } else {
+        ymax = div_rn(zmax, t);
+        if (not_finite(ymax)) {
+            status = 1u;
+            ymax = neg_inf();
+        }
+    }
+    let st = wg_uniform(lid, status);
+    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P)) != 0u;
+    if (lid == 0u) {
+        sset(row, S_STATUS, status);
+        sset(row, S_COUNT, count);
+        ssetf(row, S_ZMAX, zmax);
+        ssetf(row, S_YMAX, ymax);
+        ssetf(row, S_XMAX, from_key(a.y));
+        ssetf(row, S_TAU_K, neg_inf());
+        var tau_min = neg_inf();
+        if ((sp.flags & F_MIN_P) != 0u && !is_neg_inf(ymax)) {
+            tau_min = ymax + sp.ln_min_p;
+        }
+        ssetf(row, S_TAU_MIN, tau_min);
+        sset(row, S_P_CUT, 0u);
+        ssetf(row, S_TAU_Q, -1.0);
+        ssetf(row, S_SUM, 0.0);
+        sset(row, S_NS, 0u);
+        sset(row, S_LP_DONE, 0u);
+        sset(row, S_PATH, P_NONE);
+        sset(row, S_TOKEN, 0u);
+        if (status == 1u) {
+            sset(row, S_TOKEN, zm.y);
+            sset(row, S_PATH, P_DONE);
+        } else if (status == 0u && !filt) {
+            if (dr.y == NO_TOKEN) {
+                sset(row, S_STATUS, 4u);
+            } else {
+                sset(row, S_TOKEN, dr.y);
+                sset(row, S_PATH, P_DONE);
+            }
+        }
+    }
+    storageBarrier();
+    if (wg_flag(lid, st == 0u && filt)) {
+        let n_all = wg_uniform(lid, atomicLoad(&ctr[2u * row]));
+        let need = sget(row, S_NEED);
+        let p_alone = (sp.flags & F_TOP_P) != 0u && (sp.flags & F_TOP_K) == 0u;
+        let ok_list = wg_flag(
+            lid,
+            (need & N_LIST) != 0u && n_all <= call.cap && ovt == 0u
+                && !(p_alone && (need & N_SIGMA) == 0u)
+        );
+        var done = false;
+        if (ok_list) {
+            done = settle_list(lid, row, slot, sp, n_all, ymax, s96);
+        }
+        if (!wg_flag(lid, done)) {
+            full_row(lid, row, slot, sp, ymax);
+            if (lid == 0u) {
+                sset(row, S_PATH, P_FULL);
+            }
+        }
+    }
+    storageBarrier();
+    if (lid == 0u) {
+        let s2 = sget(row, S_STATUS);
+        let want = (sp.flags & F_LOGPROBS) != 0u && s2 <= 1u && sget(row, S_LP_DONE) == 0u;
+        sset(row, S_LP, select(0u, 1u, want || sget(row, S_PATH) == P_FULL));
+    }
+}
+

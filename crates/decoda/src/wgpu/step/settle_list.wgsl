@@ -1,0 +1,229 @@
+// ---------------------------------------------------------------------------------
+// settle: status, filters on the candidates (or the full row), the draw.
+
+// Candidate j of the row's list: (token, y).
+fn entry(row: u32, j: u32) -> vec2<u32> {
+    let b = cand(row) + 2u * j;
+    return vec2<u32>(work[b], work[b + 1u]);
+}
+
+// Whether candidate a comes before b: larger y first, then the smaller id.
+fn before_entry(a: vec2<u32>, b: vec2<u32>) -> bool {
+    let ka = cmp_key(bitcast<f32>(a.y));
+    let kb = cmp_key(bitcast<f32>(b.y));
+    return ka > kb || (ka == kb && a.x < b.x);
+}
+
+// Sorts the first n candidates of the row (bitonic, in place; n <= cap, uniform).
+fn sort_list(lid: u32, row: u32, n: u32) {
+    var np = 1u;
+    while (np < n) {
+        np = np << 1u;
+    }
+    let b = cand(row);
+    // padding sorts last: id NO_TOKEN, y -inf
+    for (var j = n + lid; j < np; j = j + WG) {
+        work[b + 2u * j] = NO_TOKEN;
+        work[b + 2u * j + 1u] = NEG_INF_BITS;
+    }
+    storageBarrier();
+    for (var k = 2u; k <= np; k = k << 1u) {
+        for (var jj = k >> 1u; jj > 0u; jj = jj >> 1u) {
+            for (var t = lid; t < np; t = t + WG) {
+                let l = t ^ jj;
+                if (l > t) {
+                    let a = entry(row, t);
+                    let c = entry(row, l);
+                    let first = (t & k) == 0u;
+                    if (first == before_entry(c, a)) {
+                        work[b + 2u * t] = c.x;
+                        work[b + 2u * t + 1u] = c.y;
+                        work[b + 2u * l] = a.x;
+                        work[b + 2u * l + 1u] = a.y;
+                    }
+                }
+            }
+            storageBarrier();
+        }
+    }
+}
+
+// Candidates among the first n whose y key is at least `key` (uniform).
+fn count_at_least(lid: u32, row: u32, n: u32, key: u32) -> u32 {
+    var c = 0u;
+    for (var j = lid; j < n; j = j + WG) {
+        if (cmp_key(bitcast<f32>(entry(row, j).y)) >= key) {
+            c = c + 1u;
+        }
+    }
+    return wg_uniform(lid, wg_sum_u32(lid, c));
+}
+
+// Inclusive prefix sum of 96-bit values in thread order; the total in the .w of the
+// returned pair's second member is not kept: callers add up tiles themselves.
+fn wg_scan96(lid: u32, v: vec3<u32>) -> vec3<u32> {
+    let lo = wg_scan64(lid, vec2<u32>(v.x, 0u));
+    let hi = wg_scan64(lid, vec2<u32>(v.y, v.z));
+    return vec3<u32>(lo.x, add64(hi, vec2<u32>(lo.y, 0u)));
+}
+
+// The list path of a filtered row: true when the candidates settle it (then the token is
+// in S_TOKEN, and the kept set is the first S_NS candidates).
+fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>) -> bool {
+    sort_list(lid, row, n);
+    let tk = wg_flag(lid, (sp.flags & F_TOP_K) != 0u);
+    let tp = wg_flag(lid, (sp.flags & F_TOP_P) != 0u);
+    let mp = wg_flag(lid, (sp.flags & F_MIN_P) != 0u);
+    let top_k = wg_uniform(lid, sp.top_k);
+    let kappa = wg_uniform(lid, sget(row, S_KAPPA));
+    let complete = kappa == 0u;
+    // top-k: the k-th largest y, if the list holds k tokens
+    var n_k = n;
+    var k_ok = false;
+    if (tk && top_k <= n) {
+        let tau = wg_uniform(lid, cmp_key(bitcast<f32>(entry(row, top_k - 1u).y)));
+        n_k = count_at_least(lid, row, n, tau);
+        k_ok = true;
+    }
+    // min-p: y >= ymax + ln(min_p); the list holds every y >= m0 + ln(min_p) <= that
+    var n_m = n;
+    var m_ok = false;
+    if (mp) {
+        n_m = count_at_least(lid, row, n, wg_uniform(lid, cmp_key(ymax + sp.ln_min_p)));
+        m_ok = !is_neg_inf(sgetf(row, S_GTHR));
+    }
+    // top-p over K: walk the candidates in order until their mass reaches p of K's
+    var n_p = n_k;
+    var p_ok = false;
+    var p_covers = false;
+    if (tp && (!tk || k_ok)) {
+        var r_ref = sgetf(row, S_R);
+        var total = s96;
+        if (tk) {
+            // K lies in the list: its mass, against ymax
+            r_ref = ymax;
+            var part_sum = vec3<u32>(0u, 0u, 0u);
+            for (var j = lid; j < n_k; j = j + WG) {
+                part_sum = add96(part_sum, fixed72(exp_f32(bitcast<f32>(entry(row, j).y) - r_ref)));
+            }
+            total = wg_sum96(lid, part_sum);
+        }
+        let goal = sp.top_p * val96(total);
+        var above = vec3<u32>(0u, 0u, 0u);
+        var m = NO_TOKEN;
+        for (var tile = 0u; tile < n_k; tile = tile + WG) {
+            let j = tile + lid;
+            var e = vec3<u32>(0u, 0u, 0u);
+            if (j < n_k) {
+                e = fixed72(exp_f32(bitcast<f32>(entry(row, j).y) - r_ref));
+            }
+            let incl = wg_scan96(lid, e);
+            if (lid == 0u) {
+                wflag = NO_TOKEN;
+            }
+            if (lid == WG - 1u) {
+                wsum = incl;
+            }
+            workgroupBarrier();
+            let reach = val96(add96(above, incl)) >= goal;
+            let reach_before = val96(add96(above, sub96(incl, e))) >= goal;
+            if (j < n_k && reach && !reach_before) {
+                wflag = j;
+            }
+            m = workgroupUniformLoad(&wflag);
+            if (m != NO_TOKEN) {
+                break;
+            }
+            above = add96(above, wsum);
+            workgroupBarrier();
+        }
+        if (m != NO_TOKEN) {
+            let em = fixed72(exp_f32(bitcast<f32>(entry(row, m).y) - r_ref));
+            var c = 0u;
+            for (var j = lid; j < n_k; j = j + WG) {
+                let e = fixed72(exp_f32(bitcast<f32>(entry(row, j).y) - r_ref));
+                if (!gt96(em, e)) {
+                    c = c + 1u;
+                }
+            }
+            n_p = wg_uniform(lid, wg_sum_u32(lid, c));
+            if (tk || complete) {
+                p_ok = true;
+            } else {
+                // every token left out has y below the threshold: its mass is at most
+                // that of the largest y under it, which must be below the cut's
+                let eb = fixed72(exp_f32(from_key(kappa - 1u) - r_ref));
+                p_ok = gt96(em, eb);
+            }
+            p_covers = p_ok;
+        } else if (tk || complete) {
+            // the sum never reaches p (rounding): every token of K stays
+            p_ok = true;
+            n_p = n_k;
+        }
+    }
+    let covered = (tk && k_ok) || p_covers || (mp && m_ok) || complete;
+    let valid = wg_flag(lid, (!tp || p_ok) && covered);
+    if (!valid) {
+        return false;
+    }
+    let n_s = min(min(n_k, n_p), n_m);
+    // the draw: Gumbel-max over the kept prefix
+    let stp = step_of(slot);
+    let seed = vec2<u32>(sp.seed_lo, sp.seed_hi);
+    var bk = 0u;
+    var bi = NO_TOKEN;
+    for (var j = lid; j < n_s; j = j + WG) {
+        let en = entry(row, j);
+        let sk = cmp_key(bitcast<f32>(en.y) + gumbel(noise_word(en.x, seed, stp.x, stp.y)));
+        if (sk > bk || (sk == bk && en.x < bi)) {
+            bk = sk;
+            bi = en.x;
+        }
+    }
+    let w = wg_argmax(lid, bk, bi);
+    // processed log-probabilities over the kept set (the list holds all of it)
+    let lp_on = (sp.flags & F_LOGPROBS) != 0u && (sp.flags & F_PROCESSED) != 0u;
+    var lse = 0.0;
+    var pos = NO_TOKEN;
+    if (wg_flag(lid, lp_on)) {
+        var acc = vec2<u32>(0u, 0u);
+        var at = NO_TOKEN;
+        for (var j = lid; j < n_s; j = j + WG) {
+            let en = entry(row, j);
+            acc = add64(acc, fixed40(exp_diff(bitcast<f32>(en.y), ymax)));
+            if (en.x == w.y) {
+                at = j;
+            }
+        }
+        let total = val64(wg_sum64(lid, acc)) * TWO_M40;
+        lse = ln_f32(max(total, 1.0));
+        pos = wg_argmax(lid, 0u, at).y;
+    }
+    if (lid == 0u) {
+        sset(row, S_NS, n_s);
+        if (w.y == NO_TOKEN) {
+            sset(row, S_STATUS, 4u);
+            sset(row, S_PATH, P_NONE);
+        } else {
+            sset(row, S_TOKEN, w.y);
+            sset(row, S_PATH, P_DONE);
+        }
+        if (lp_on && w.y != NO_TOKEN) {
+            let ob = row * RESW + 2u;
+            let n = min(min(sp.n_lp, NTOP), n_s);
+            for (var j = 0u; j < n; j = j + 1u) {
+                let en = entry(row, j);
+                out_res[ob + 3u + 2u * j] = en.x;
+                out_res[ob + 4u + 2u * j] = bitcast<u32>(fp(bitcast<f32>(en.y) - ymax) - lse);
+            }
+            let yc = bitcast<f32>(entry(row, pos).y);
+            out_res[ob] = bitcast<u32>(fp(yc - ymax) - lse);
+            out_res[ob + 1u] = pos + 1u;
+            out_res[ob + 2u] = n;
+            sset(row, S_LP_DONE, 1u);
+        }
+    }
+    return true;
+}
+
