@@ -225,7 +225,7 @@ mod tests {
             std::mem::size_of::<ModelOp>(),
             &fields!(ModelOp; rows, kind, in_w, out_w, dtype, bits, group, row_words, w_off,
                 s_off, b_off, aux_off, src_w, dst_w, src_row0, dst_row0, groups, eps, heads,
-                kv_heads, head_dim, max_pos, map_off, inplace, zero, pad0, pad1, pad2),
+                kv_heads, head_dim, max_pos, map_off, inplace, zero, out_off, pad1, pad2),
         );
         assert_eq!(
             constant(&m, "ROW_LAST"),
@@ -243,7 +243,7 @@ mod tests {
             &fields!(MoeParams; tokens, top_k, experts, hidden, inter, sorted, router,
                 separate, dtype, bits, group, zero, gate_w, gate_s, gate_b, up_w, up_s, up_b,
                 down_w, down_s, down_b, w_idx_in, w_wt, w_order, w_idx, w_inv, w_off, w_act,
-                w_out, pad0, pad1, pad2),
+                w_out, e_lo, e_hi, pad2),
         );
     }
 

@@ -58,8 +58,8 @@ pub(crate) struct MoeParams {
     pub w_off: u32,
     pub w_act: u32,
     pub w_out: u32,
-    pub pad0: u32,
-    pub pad1: u32,
+    pub e_lo: u32,
+    pub e_hi: u32,
     pub pad2: u32,
 }
 
@@ -119,17 +119,19 @@ pub struct WgpuMoe {
     queue: wgpu::Queue,
     name: String,
     pipes: std::sync::Arc<Pipes>,
-    weights: wgpu::Buffer,
-    base: MoeParams,
+    /// The weights in parts of whole experts, each in a buffer of its own with the
+    /// parameters (offsets, expert range) of its dispatches.
+    parts: Vec<(wgpu::Buffer, MoeParams)>,
     experts: usize,
     hidden: usize,
     inter: usize,
     sort_cutoff: usize,
     scratch: Mutex<Scratch>,
     stages: StagePool,
-    calls: Mutex<std::collections::HashMap<CallKey, (wgpu::BindGroup, wgpu::Buffer)>>,
-    /// The call's parameters: copied from a staging buffer by each recorded call just
-    /// before its dispatches, so calls recorded back to back each see their own.
+    calls: Mutex<std::collections::HashMap<CallKey, (Vec<wgpu::BindGroup>, wgpu::Buffer)>>,
+    /// The call's parameters, a block per part: copied from a staging buffer by each
+    /// recorded call just before its dispatches, so calls recorded back to back each see
+    /// their own.
     params_buf: wgpu::Buffer,
 }
 
@@ -144,40 +146,58 @@ impl std::fmt::Debug for WgpuMoe {
     }
 }
 
-/// Appends a matrix's words (weights, then scales and biases for affine ones) to `all`;
-/// returns their offsets.
-fn push_matrix(all: &mut Vec<u32>, w: &ExpertWeights) -> (u32, u32, u32) {
+/// Appends experts `e_lo .. e_hi` of a matrix `[E, out, in]` (weights, then scales and
+/// biases for affine ones) to `all`; returns their offsets.
+fn push_matrix(all: &mut Vec<u32>, w: &ExpertWeights, e_lo: usize, e_hi: usize) -> (u32, u32, u32) {
     let at = |all: &Vec<u32>| all.len() as u32;
+    let (out, inp) = (w.out_features(), w.in_features());
+    let els = |v_len: usize| (e_lo * v_len / w.experts(), e_hi * v_len / w.experts());
     match w.data() {
         WeightData::F32(v) => {
             let o = at(all);
-            all.extend(v.iter().map(|x| x.to_bits()));
+            let (a, b) = els(v.len());
+            all.extend(v[a..b].iter().map(|x| x.to_bits()));
             (o, 0, 0)
         }
         WeightData::Bf16(v) => {
             let o = at(all);
-            push_halves(all, v.iter().map(|x| x.to_bits()));
+            let (a, b) = els(v.len());
+            push_halves(all, v[a..b].iter().map(|x| x.to_bits()));
             (o, 0, 0)
         }
         WeightData::F16(v) => {
             let o = at(all);
-            push_halves(all, v.iter().map(|x| x.to_bits()));
+            let (a, b) = els(v.len());
+            push_halves(all, v[a..b].iter().map(|x| x.to_bits()));
             (o, 0, 0)
         }
         WeightData::Affine {
+            q,
             packed,
             scales,
             biases,
-            ..
         } => {
+            let (rw, g) = (q.row_words(inp), q.row_groups(inp));
+            let (r0, r1) = (e_lo * out, e_hi * out);
             let o = at(all);
-            all.extend_from_slice(packed);
+            all.extend_from_slice(&packed[r0 * rw..r1 * rw]);
             let s = at(all);
-            all.extend(scales.iter().map(|x| x.to_bits()));
+            all.extend(scales[r0 * g..r1 * g].iter().map(|x| x.to_bits()));
             let b = at(all);
-            all.extend(biases.iter().map(|x| x.to_bits()));
+            all.extend(biases[r0 * g..r1 * g].iter().map(|x| x.to_bits()));
             (o, s, b)
         }
+    }
+}
+
+/// Words one expert of a matrix takes on the device (at most: 16-bit values are packed
+/// two to a word over a part's run of experts).
+fn expert_words(w: &ExpertWeights) -> usize {
+    let (out, inp) = (w.out_features(), w.in_features());
+    match w.data() {
+        WeightData::F32(_) => out * inp,
+        WeightData::Bf16(_) | WeightData::F16(_) => (out * inp).div_ceil(2),
+        WeightData::Affine { q, .. } => out * (q.row_words(inp) + 2 * q.row_groups(inp)),
     }
 }
 
@@ -207,26 +227,50 @@ impl WgpuMoe {
                 expected: "one dtype for gate, up and down on the device",
             });
         }
-        let mut all = Vec::new();
-        let (gw, gs, gb) = push_matrix(&mut all, gate);
-        let (uw, us, ub) = match up {
-            Some(u) => push_matrix(&mut all, u),
-            None => (0, 0, 0),
-        };
-        let (dw, ds, db) = push_matrix(&mut all, layer.down());
-        let bytes = (all.len() * 4) as u64;
-        let limit = device.limits().max_storage_buffer_binding_size;
-        if bytes > limit {
+        // parts of whole experts, each within what one binding holds
+        let expert_bytes = 4
+            * (expert_words(gate) + up.map_or(0, expert_words) + expert_words(layer.down()) + 1)
+                as u64;
+        let limit = sampler.weight_part_bytes();
+        let per = (limit / expert_bytes) as usize;
+        if per == 0 {
             return Err(Error::Shape(format!(
-                "the layer's weights take {bytes} bytes; this adapter binds at most {limit}"
+                "one expert's weights take {expert_bytes} bytes; this adapter binds at most {limit}"
             )));
         }
-        use wgpu::util::DeviceExt;
-        let weights = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("decoda moe weights"),
-            contents: bytemuck::cast_slice(&all),
-            usage: wgpu::BufferUsages::STORAGE,
-        });
+        let experts = layer.experts();
+        let mut parts = Vec::new();
+        for e_lo in (0..experts).step_by(per) {
+            let e_hi = (e_lo + per).min(experts);
+            let mut all = Vec::new();
+            let (gw, gs, gb) = push_matrix(&mut all, gate, e_lo, e_hi);
+            let (uw, us, ub) = match up {
+                Some(u) => push_matrix(&mut all, u, e_lo, e_hi),
+                None => (0, 0, 0),
+            };
+            let (dw, ds, db) = push_matrix(&mut all, layer.down(), e_lo, e_hi);
+            use wgpu::util::DeviceExt;
+            let weights = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(&format!("decoda moe weights, experts {e_lo}..{e_hi}")),
+                contents: bytemuck::cast_slice(&all),
+                usage: wgpu::BufferUsages::STORAGE,
+            });
+            let offsets = MoeParams {
+                gate_w: gw,
+                gate_s: gs,
+                gate_b: gb,
+                up_w: uw,
+                up_s: us,
+                up_b: ub,
+                down_w: dw,
+                down_s: ds,
+                down_b: db,
+                e_lo: e_lo as u32,
+                e_hi: e_hi as u32,
+                ..Default::default()
+            };
+            parts.push((weights, offsets));
+        }
         let (code, bits, group) = match dtype {
             WeightDtype::F32 => (0, 0, 1),
             WeightDtype::Bf16 => (1, 0, 1),
@@ -241,17 +285,25 @@ impl WgpuMoe {
             dtype: code,
             bits,
             group,
-            gate_w: gw,
-            gate_s: gs,
-            gate_b: gb,
-            up_w: uw,
-            up_s: us,
-            up_b: ub,
-            down_w: dw,
-            down_s: ds,
-            down_b: db,
             ..Default::default()
         };
+        // each part's parameters: the layer's, with the part's offsets and experts
+        for (_, p) in &mut parts {
+            *p = MoeParams {
+                gate_w: p.gate_w,
+                gate_s: p.gate_s,
+                gate_b: p.gate_b,
+                up_w: p.up_w,
+                up_s: p.up_s,
+                up_b: p.up_b,
+                down_w: p.down_w,
+                down_s: p.down_s,
+                down_b: p.down_b,
+                e_lo: p.e_lo,
+                e_hi: p.e_hi,
+                ..base
+            };
+        }
         let pipes = sampler.shared_pipelines("moe", || build(&device, &sampler.info))?;
         use wgpu::BufferUsages as U;
         let st = U::STORAGE | U::COPY_DST | U::COPY_SRC;
@@ -266,11 +318,10 @@ impl WgpuMoe {
                 y: Grow::new(&device, "decoda moe y", st),
                 read: Grow::new(&device, "decoda moe read", U::MAP_READ | U::COPY_DST),
             }),
-            params_buf: make_params(&device),
+            params_buf: make_params(&device, parts.len()),
             device,
             pipes,
-            weights,
-            base,
+            parts,
             experts: layer.experts(),
             hidden: layer.hidden(),
             inter: layer.intermediate(),
@@ -280,9 +331,12 @@ impl WgpuMoe {
         })
     }
 
+    /// The bind group of part `part`'s dispatches, its parameters at `params.1`.
+    #[allow(clippy::too_many_arguments)]
     fn group(
         &self,
-        params: &wgpu::Buffer,
+        params: (&wgpu::Buffer, u64),
+        part: usize,
         x: &wgpu::Buffer,
         logits: &wgpu::Buffer,
         work: &wgpu::Buffer,
@@ -293,8 +347,15 @@ impl WgpuMoe {
             label: Some("decoda moe"),
             layout: &self.pipes.layout,
             entries: &[
-                entry(0, params),
-                entry(1, &self.weights),
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: params.0,
+                        offset: params.1,
+                        size: std::num::NonZeroU64::new(std::mem::size_of::<MoeParams>() as u64),
+                    }),
+                },
+                entry(1, &self.parts[part].0),
                 entry(2, x),
                 entry(3, logits),
                 entry(4, work),
@@ -313,9 +374,32 @@ impl WgpuMoe {
         }
     }
 
+    /// The call's parameters for each part.
+    fn part_params(&self, n: usize, k: usize, dispatch: Dispatch, router: u32) -> Vec<MoeParams> {
+        let p = self.params(n, k, dispatch, router);
+        self.parts
+            .iter()
+            .map(|(_, q)| MoeParams {
+                gate_w: q.gate_w,
+                gate_s: q.gate_s,
+                gate_b: q.gate_b,
+                up_w: q.up_w,
+                up_s: q.up_s,
+                up_b: q.up_b,
+                down_w: q.down_w,
+                down_s: q.down_s,
+                down_b: q.down_b,
+                e_lo: q.e_lo,
+                e_hi: q.e_hi,
+                ..p
+            })
+            .collect()
+    }
+
+    /// The call's parameters (of the first part).
     fn params(&self, n: usize, k: usize, dispatch: Dispatch, router: u32) -> MoeParams {
         let rows = (n * k) as u32;
-        let mut p = self.base;
+        let mut p = self.parts[0].1;
         p.tokens = n as u32;
         p.top_k = k as u32;
         p.sorted = u32::from(dispatch == Dispatch::Sorted);
@@ -398,6 +482,14 @@ impl WgpuMoe {
         }
         let dispatch = dispatch.unwrap_or_else(|| self.dispatch_for(n));
         let p = self.params(n, k, dispatch, router);
+        let pp = self.part_params(n, k, dispatch, router);
+        // the parameter blocks, one per part, at uniform-offset alignment
+        let mut pbytes = vec![0u8; pp.len() * PARAM_STRIDE as usize];
+        for (i, q) in pp.iter().enumerate() {
+            let at = i * PARAM_STRIDE as usize;
+            pbytes[at..at + std::mem::size_of::<MoeParams>()]
+                .copy_from_slice(bytemuck::bytes_of(q));
+        }
         let work_words = p.w_out as usize + n * k * d;
         let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
         let limit = self.device.limits().max_storage_buffer_binding_size;
@@ -409,7 +501,7 @@ impl WgpuMoe {
         }
         sc.work.ensure(&self.device, (work_words * 4) as u64);
         sc.counts.ensure(&self.device, (self.experts * 4) as u64);
-        let (group, counts) = match routing {
+        let (groups, counts) = match routing {
             // device routing: the parameters and bind group of each (shape, buffers) are
             // made once, so a decode loop writes nothing and creates nothing per call
             MoeRouting::Logits { buffer, .. } => {
@@ -432,36 +524,53 @@ impl WgpuMoe {
                         self.device
                             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                                 label: Some("decoda moe call params"),
-                                contents: bytemuck::bytes_of(&p),
+                                contents: &pbytes,
                                 usage: wgpu::BufferUsages::UNIFORM,
                             });
-                    let group = self.group(&params, x, buffer, &sc.work.buf, &sc.counts.buf, y);
-                    (group, sc.counts.buf.clone())
+                    let groups = (0..self.parts.len())
+                        .map(|i| {
+                            self.group(
+                                (&params, i as u64 * PARAM_STRIDE),
+                                i,
+                                x,
+                                buffer,
+                                &sc.work.buf,
+                                &sc.counts.buf,
+                                y,
+                            )
+                        })
+                        .collect();
+                    (groups, sc.counts.buf.clone())
                 });
                 entry.clone()
             }
             // a host routing: the parameters and the routing through a staging buffer
             MoeRouting::Given(r) => {
-                let mut bytes = bytemuck::bytes_of(&p).to_vec();
+                let mut bytes = pbytes;
                 bytes.extend_from_slice(bytemuck::cast_slice(&r.indices));
                 bytes.extend(r.weights.iter().flat_map(|w| w.to_bits().to_le_bytes()));
                 let (stage, _) = self.stages.take(&self.device, bytes.len() as u64);
                 self.queue.write_buffer(&stage, 0, &bytes);
-                let psize = std::mem::size_of::<MoeParams>() as u64;
+                let psize = self.parts.len() as u64 * PARAM_STRIDE;
                 encoder.copy_buffer_to_buffer(&stage, 0, &self.params_buf, 0, psize);
                 let rbytes = (2 * n * k * 4) as u64;
                 encoder.copy_buffer_to_buffer(&stage, psize, &sc.work.buf, 0, rbytes);
                 self.stages.release_after(encoder, stage);
                 // (no router logits: any read-only buffer)
-                let group = self.group(
-                    &self.params_buf,
-                    x,
-                    &self.weights,
-                    &sc.work.buf,
-                    &sc.counts.buf,
-                    y,
-                );
-                (group, sc.counts.buf.clone())
+                let groups = (0..self.parts.len())
+                    .map(|i| {
+                        self.group(
+                            (&self.params_buf, i as u64 * PARAM_STRIDE),
+                            i,
+                            x,
+                            &self.parts[0].0,
+                            &sc.work.buf,
+                            &sc.counts.buf,
+                            y,
+                        )
+                    })
+                    .collect();
+                (groups, sc.counts.buf.clone())
             }
         };
         let rows = n * k;
@@ -472,21 +581,26 @@ impl WgpuMoe {
             label: Some("decoda moe"),
             timestamp_writes: None,
         });
-        pass.set_bind_group(0, &group, &[]);
-        let mut run = |pipe: &wgpu::ComputePipeline, x: usize, y: usize| {
-            pass.set_pipeline(pipe);
-            pass.dispatch_workgroups(x as u32, y as u32, 1);
-        };
+        let mut run =
+            |group: &wgpu::BindGroup, pipe: &wgpu::ComputePipeline, x: usize, y: usize| {
+                pass.set_bind_group(0, group, &[]);
+                pass.set_pipeline(pipe);
+                pass.dispatch_workgroups(x as u32, y as u32, 1);
+            };
+        let g0 = &groups[0];
         if let MoeRouting::Logits { .. } = routing {
-            run(&self.pipes.route, n.div_ceil(64), 1);
+            run(g0, &self.pipes.route, n.div_ceil(64), 1);
         }
         if dispatch == Dispatch::Sorted {
-            run(&self.pipes.count, rows.div_ceil(256), 1);
-            run(&self.pipes.place, self.experts, 1);
+            run(g0, &self.pipes.count, rows.div_ceil(256), 1);
+            run(g0, &self.pipes.place, self.experts, 1);
         }
-        run(&self.pipes.act, self.inter, rows.div_ceil(4));
-        run(&self.pipes.down, d, rows.div_ceil(4));
-        run(&self.pipes.combine, d.div_ceil(256), n);
+        // the products part by part: each dispatch computes the rows of its experts
+        for g in &groups {
+            run(g, &self.pipes.act, self.inter, rows.div_ceil(4));
+            run(g, &self.pipes.down, d, rows.div_ceil(4));
+        }
+        run(g0, &self.pipes.combine, d.div_ceil(256), n);
         drop(pass);
         drop(sc);
         Ok(dispatch)
@@ -650,11 +764,14 @@ fn entry(binding: u32, buf: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
     }
 }
 
-fn make_params(device: &wgpu::Device) -> wgpu::Buffer {
+/// Bytes between the parameter blocks of a call's parts (uniform offset alignment).
+const PARAM_STRIDE: u64 = 256;
+
+fn make_params(device: &wgpu::Device, parts: usize) -> wgpu::Buffer {
     make_buffer(
         device,
         "decoda moe params",
-        std::mem::size_of::<MoeParams>() as u64,
+        parts as u64 * PARAM_STRIDE,
         wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
     )
 }

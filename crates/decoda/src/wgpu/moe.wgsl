@@ -8,7 +8,9 @@
 //                             expert walking the pairs in order; the plan (order, idx,
 //                             inv_order, offsets) lands in `work`
 //   act        (H, rows/4)     act[j] = silu(gate_e x_t) * up_e x_t for row j (expert
-//                             e = idx[j], token t), weights dequantized in registers
+//                             e = idx[j], token t), weights dequantized in registers;
+//                             a layer in parts (whole experts a buffer) runs act and
+//                             down once per part, each for the rows of its experts
 //   down       (D, rows/4)     out[j] = down_e act[j]
 //   combine    (D/256, N)     y[n] = sum_s w[n, s] out[row of pair (n, s)], in slot order
 //
@@ -48,8 +50,8 @@ struct Params {
     w_off: u32,         // plan: offsets [E + 1]
     w_act: u32,         // act [rows, H]
     w_out: u32,         // out [rows, D]
-    pad0: u32,
-    pad1: u32,
+    e_lo: u32,          // the experts of this dispatch's weights (a layer in parts)
+    e_hi: u32,
     pad2: u32,
 }
 
@@ -278,6 +280,21 @@ fn silu(g: f32) -> f32 {
 
 var<workgroup> red_g: array<f32, 64>;
 var<workgroup> red_u: array<f32, 64>;
+var<workgroup> w_expert: u32;
+
+// A layer in parts (whole experts a buffer): whether this dispatch's weights hold only
+// some experts (then each row checks that its expert is one of them).
+fn in_parts() -> bool {
+    return prm.e_lo != 0u || prm.e_hi != prm.experts;
+}
+
+// Row j's expert as a value uniform across the workgroup.
+fn uniform_expert(j: u32, lid: u32) -> u32 {
+    if (lid == 0u) {
+        w_expert = row_expert(j);
+    }
+    return workgroupUniformLoad(&w_expert);
+}
 
 // Input i of a row: x (src 0) or the activations in `work` (src 1).
 fn xin(src: u32, base: u32, i: u32) -> f32 {
@@ -339,7 +356,14 @@ fn act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) l
         if (j >= rows) {
             break;
         }
-        let e = row_expert(j);
+        var e = row_expert(j);
+        if (in_parts()) {
+            let eu = uniform_expert(j, lid);
+            if (eu < prm.e_lo || eu >= prm.e_hi) {
+                continue;
+            }
+            e = eu - prm.e_lo;
+        }
         let xb = row_token(j) * d;
         if (prm.separate != 0u) {
             red_g[lid] = row_dot(prm.gate_w, prm.gate_s, prm.gate_b, h, d, e, o, 0u, xb, lid);
@@ -367,7 +391,14 @@ fn down(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (j >= rows) {
             break;
         }
-        let e = row_expert(j);
+        var e = row_expert(j);
+        if (in_parts()) {
+            let eu = uniform_expert(j, lid);
+            if (eu < prm.e_lo || eu >= prm.e_hi) {
+                continue;
+            }
+            e = eu - prm.e_lo;
+        }
         red_g[lid] = row_dot(prm.down_w, prm.down_s, prm.down_b, d, h, e, o, 1u, prm.w_act + j * h, lid);
         red_u[lid] = 0.0;
         reduce_pair(lid);

@@ -165,6 +165,8 @@ pub struct WgpuSampler {
     /// Held for a whole host call (upload, record, submit, read back).
     pub(crate) host_call: Mutex<()>,
     min_chunk: AtomicUsize,
+    /// Most bytes of weights one binding holds (`set_weight_part_bytes`).
+    weight_part: AtomicU64,
     /// Workgroups a step aims to keep busy (rows times splits).
     pub(crate) target_wg: usize,
     /// Device objects (buffers, bind groups) `record` has created: flat after warm-up.
@@ -246,12 +248,32 @@ impl WgpuSampler {
             stages: StagePool::new(),
             host_call: Mutex::new(()),
             min_chunk: AtomicUsize::new(4096),
+            weight_part: AtomicU64::new(u64::MAX),
             target_wg,
             created: AtomicU64::new(0),
             timestamps,
             subgroups,
             shared_pipelines: Mutex::new(std::collections::HashMap::new()),
         })
+    }
+
+    /// Bytes of weights one binding holds at most: what the adapter binds at once (and
+    /// holds in one buffer), or less after [`WgpuSampler::set_weight_part_bytes`]. A
+    /// model's matrix or an MoE layer larger than this is split into parts of whole rows
+    /// (whole experts), each in a buffer of its own, and dispatched part by part.
+    pub fn weight_part_bytes(&self) -> u64 {
+        let l = self.device.limits();
+        l.max_storage_buffer_binding_size
+            .min(l.max_buffer_size)
+            .min(self.weight_part.load(Ordering::Relaxed))
+            & !3
+    }
+
+    /// Caps the bytes of weights per binding for the layers and models made from this
+    /// sampler afterwards (at least 4 KiB). Results do not depend on it: tests use it to
+    /// split small models as real ones are split on adapters that bind little.
+    pub fn set_weight_part_bytes(&self, bytes: u64) {
+        self.weight_part.store(bytes.max(4096), Ordering::Relaxed);
     }
 
     /// The adapter's name and backend, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)`.

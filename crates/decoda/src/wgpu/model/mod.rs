@@ -69,7 +69,7 @@ pub(crate) struct ModelOp {
     pub map_off: u32,
     pub inplace: u32,
     pub zero: u32,
-    pub pad0: u32,
+    pub out_off: u32,
     pub pad1: u32,
     pub pad2: u32,
 }
@@ -198,6 +198,8 @@ impl WgpuModel {
         let shared = sampler.shared_pipelines("model", || build_pipes(&device))?;
         let (layout, pipes) = (shared.0.clone(), shared.1.clone());
         let mut mats = HashMap::new();
+        // a matrix larger than one binding goes up in parts of whole rows
+        let part = sampler.weight_part_bytes();
         for id in model.weight_ids() {
             let name = format!("{id:?}");
             let m = match id {
@@ -206,14 +208,15 @@ impl WgpuModel {
                     &device,
                     &name,
                     &[model.weight(id)?, model.weight(WeightId::Up(l))?],
+                    part,
                 )?,
                 WeightId::Up(_) => continue,
                 WeightId::LmHead if model.lm_head.is_none() => continue,
-                _ => upload(&device, &name, &[model.weight(id)?])?,
+                _ => upload(&device, &name, &[model.weight(id)?], part)?,
             };
             mats.insert(id, m);
         }
-        let embed = upload(&device, "embed_tokens", &[&model.embed])?;
+        let embed = upload(&device, "embed_tokens", &[&model.embed], part)?;
         if model.lm_head.is_none() {
             mats.insert(WeightId::LmHead, embed.clone());
         }

@@ -5,9 +5,10 @@
 // `ctl[0 .. slots]`, advanced on the device at the end of the call, so a decode step
 // needs nothing from the host.
 //
-//   embed      (rows)              x[r] = embedding row of token aux[src(r)]
+//   embed      (rows)              x[r] = embedding row of token aux[src(r)] (of this part)
 //   rms        (rows * groups)     dst[r] = src[r] * w / sqrt(mean(src[r]^2) + eps), per group
-//   linear     (out)               dst[r][o] (=|+=) W[o] . src[r]; swiglu: silu(W[o].x) * W[I+o].x
+//   linear     (out)               dst[r][off+o] (=|+=) W[o] . src[r]; swiglu: silu(W[o].x) * W[I+o].x
+//                                  (a matrix in parts: one dispatch a part, W its rows)
 //   rope_store (rows)              rotate q (dst, in place) and k (src); k, v (scr) into the cache
 //   attend     (rows * heads)      a[r][h] = softmax(q . k_t * scale) . v_t over t <= pos(r)
 //   add        (rows * width / 256) dst += src
@@ -43,7 +44,7 @@ struct Op {
     map_off: u32,    // word offset of the row map in ctl (4 words per row)
     inplace: u32,    // rms: read dst instead of src
     zero: u32,       // always 0 (fp)
-    pad0: u32,
+    out_off: u32,    // linear: first dst column of this part's rows; embed: first token
     pad1: u32,
     pad2: u32,
 }
@@ -126,8 +127,12 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         return;
     }
     let tok = aux[ctl[op.map_off + 4u * r + 2u]];
+    // an embedding in parts: this dispatch holds tokens out_off .. out_off + out_w
+    if (tok < op.out_off || tok - op.out_off >= op.out_w) {
+        return;
+    }
     for (var i = lid; i < op.in_w; i = i + WG) {
-        dst[r * op.dst_w + i] = elem(tok, i);
+        dst[r * op.dst_w + i] = elem(tok - op.out_off, i);
     }
 }
 
@@ -266,7 +271,7 @@ fn linear(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
             workgroupBarrier();
         }
         if (lid < nr) {
-            let at = (op.dst_row0 + r0 + lid) * op.dst_w + o;
+            let at = (op.dst_row0 + r0 + lid) * op.dst_w + op.out_off + o;
             let v = red4[0][lid];
             if (op.kind == 0u) {
                 dst[at] = v;

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::model::qwen3_moe::{forward, Acc, Act, NormId, Ops, WeightId};
 use crate::moe::Dispatch;
 
+use super::weights::Part;
 use super::{grid_of, Mat, ModelOp, Pipe, WgpuModel, OP_STRIDE};
 
 /// Where a call's tokens come from.
@@ -198,17 +199,41 @@ impl Recorder<'_> {
         a.width(&self.m.model.config) as u32
     }
 
-    fn mat_op(mat: &Mat) -> ModelOp {
+    /// The parameters of one part of a matrix: its format, offsets, rows (`out_w`) and
+    /// where they land (`out_off`).
+    fn mat_op(mat: &Mat, part: &Part) -> ModelOp {
         ModelOp {
             dtype: mat.dtype,
             bits: mat.bits,
             group: mat.group,
             row_words: mat.row_words,
-            w_off: mat.w_off,
-            s_off: mat.s_off,
-            b_off: mat.b_off,
+            w_off: part.w_off,
+            s_off: part.s_off,
+            b_off: part.b_off,
             in_w: mat.inp as u32,
+            out_w: part.rows as u32,
+            out_off: part.first as u32,
             ..Default::default()
+        }
+    }
+
+    /// One `linear` dispatch per part of `mat`: `op` with each part's matrix fields.
+    fn push_linear(&mut self, mat: &Mat, op: ModelOp, binds: &Binds) {
+        for part in &mat.parts {
+            let op = ModelOp {
+                rows: op.rows,
+                kind: op.kind,
+                src_w: op.src_w,
+                dst_w: op.dst_w,
+                src_row0: op.src_row0,
+                dst_row0: op.dst_row0,
+                ..Self::mat_op(mat, part)
+            };
+            let binds = Binds {
+                wts: Some(part.buf.clone()),
+                ..binds.clone()
+            };
+            self.push(Pipe::Linear, op, binds, part.rows);
         }
     }
 
@@ -245,19 +270,22 @@ impl Ops for Recorder<'_> {
                 .clone()
                 .ok_or_else(|| Error::Model("decode without a head".into()))?,
         };
-        let op = ModelOp {
-            rows: self.key.rows as u32,
-            dst_w: self.width(Act::X),
-            map_off: self.key.map_off as u32,
-            ..Self::mat_op(e)
-        };
-        let binds = Binds {
-            wts: Some(e.buf.clone()),
-            aux: Some(tokens),
-            dst: self.act(Act::X),
-            ..Default::default()
-        };
-        self.push(Pipe::Embed, op, binds, self.key.rows);
+        // an embedding in parts: each dispatch writes the rows whose token it holds
+        for part in &e.parts {
+            let op = ModelOp {
+                rows: self.key.rows as u32,
+                dst_w: self.width(Act::X),
+                map_off: self.key.map_off as u32,
+                ..Self::mat_op(e, part)
+            };
+            let binds = Binds {
+                wts: Some(part.buf.clone()),
+                aux: Some(tokens.clone()),
+                dst: self.act(Act::X),
+                ..Default::default()
+            };
+            self.push(Pipe::Embed, op, binds, self.key.rows);
+        }
         Ok(())
     }
 
@@ -292,39 +320,34 @@ impl Ops for Recorder<'_> {
                 Acc::Store => 0,
                 Acc::Add => 1,
             },
-            out_w: mat.out as u32,
             src_w: self.width(src),
             dst_w: self.width(dst),
-            ..Self::mat_op(&mat)
+            ..Default::default()
         };
         let binds = Binds {
-            wts: Some(mat.buf.clone()),
             src: self.act(src),
             dst: self.act(dst),
             ..Default::default()
         };
-        self.push(Pipe::Linear, op, binds, mat.out);
+        self.push_linear(&mat, op, &binds);
         Ok(())
     }
 
     fn swiglu(&mut self, src: Act, dst: Act, gate: WeightId, _up: WeightId) -> Result<()> {
         let mat = self.mat(gate)?.clone();
-        let inter = mat.out / 2;
         let op = ModelOp {
             rows: self.key.rows as u32,
             kind: 2,
-            out_w: inter as u32,
             src_w: self.width(src),
             dst_w: self.width(dst),
-            ..Self::mat_op(&mat)
+            ..Default::default()
         };
         let binds = Binds {
-            wts: Some(mat.buf.clone()),
             src: self.act(src),
             dst: self.act(dst),
             ..Default::default()
         };
-        self.push(Pipe::Linear, op, binds, inter);
+        self.push_linear(&mat, op, &binds);
         Ok(())
     }
 
@@ -397,20 +420,18 @@ impl Ops for Recorder<'_> {
         let op = ModelOp {
             rows: count as u32,
             kind: 0,
-            out_w: mat.out as u32,
             src_w: self.width(Act::H),
             dst_w: mat.out as u32,
             src_row0: src_row as u32,
             dst_row0: dst_row as u32,
-            ..Self::mat_op(&mat)
+            ..Default::default()
         };
         let binds = Binds {
-            wts: Some(mat.buf.clone()),
             src: self.act(Act::H),
             dst: Some(self.m.logits.clone()),
             ..Default::default()
         };
-        self.push(Pipe::Linear, op, binds, mat.out);
+        self.push_linear(&mat, op, &binds);
         Ok(())
     }
 }

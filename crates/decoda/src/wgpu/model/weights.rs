@@ -6,87 +6,132 @@ use crate::error::{Error, Result};
 use crate::moe::weights::WeightData;
 use crate::moe::ExpertWeights;
 
-/// A matrix on the device.
+/// A matrix on the device, in one or more parts of whole rows.
 #[derive(Debug, Clone)]
 pub(super) struct Mat {
-    pub(super) buf: wgpu::Buffer,
     pub(super) dtype: u32,
     pub(super) bits: u32,
     pub(super) group: u32,
     pub(super) row_words: u32,
+    /// Output rows (for a gate-and-up pair: the intermediate width, each part holding
+    /// its gate rows and then the same up rows).
+    pub(super) out: usize,
+    pub(super) inp: usize,
+    pub(super) parts: Vec<Part>,
+}
+
+/// Rows `first .. first + rows` of a matrix in a buffer of their own: the codes or
+/// values from word `w_off`, then the scales and biases.
+#[derive(Debug, Clone)]
+pub(super) struct Part {
+    pub(super) buf: wgpu::Buffer,
+    pub(super) first: usize,
+    pub(super) rows: usize,
     pub(super) w_off: u32,
     pub(super) s_off: u32,
     pub(super) b_off: u32,
-    pub(super) out: usize,
-    pub(super) inp: usize,
 }
 
-/// Uploads one or more `[1, out, in]` matrices of one format as rows of one matrix
-/// (`swiglu` reads gate rows `0 .. I` and up rows `I .. 2I`).
-pub(super) fn upload(device: &wgpu::Device, name: &str, parts: &[&ExpertWeights]) -> Result<Mat> {
+/// Uploads a `[1, out, in]` matrix, or with two parts a gate-and-up pair of the same
+/// shape (`swiglu` reads gate row `o` at part row `o` and up row `o` at part row
+/// `rows + o`), in parts of at most `limit` bytes, each of whole rows.
+pub(super) fn upload(
+    device: &wgpu::Device,
+    name: &str,
+    parts: &[&ExpertWeights],
+    limit: u64,
+) -> Result<Mat> {
     let first = parts[0];
     let inp = first.in_features();
-    let mut main: Vec<u32> = Vec::new();
-    let mut scales: Vec<u32> = Vec::new();
-    let mut biases: Vec<u32> = Vec::new();
-    let (mut dtype, mut bits, mut group, mut row_words) = (0, 0, 1, inp as u32);
-    let mut out = 0;
+    let out = first.out_features();
     for w in parts {
-        if w.experts() != 1 || w.in_features() != inp || w.dtype() != first.dtype() {
+        if w.experts() != 1
+            || w.in_features() != inp
+            || w.out_features() != out
+            || w.dtype() != first.dtype()
+        {
             return Err(Error::Model(format!(
                 "{name}: parts of different shapes or formats"
             )));
         }
-        out += w.out_features();
-        match w.data() {
-            WeightData::F32(v) => main.extend(v.iter().map(|x| x.to_bits())),
-            WeightData::Bf16(v) => {
-                dtype = 1;
-                row_words = inp.div_ceil(2) as u32;
-                push_rows(&mut main, v.iter().map(|x| x.to_bits()), inp);
-            }
-            WeightData::F16(v) => {
-                dtype = 2;
-                row_words = inp.div_ceil(2) as u32;
-                push_rows(&mut main, v.iter().map(|x| x.to_bits()), inp);
-            }
-            WeightData::Affine {
-                q,
-                packed,
-                scales: s,
-                biases: b,
-            } => {
-                (dtype, bits, group) = (3, q.bits, q.group as u32);
-                row_words = q.row_words(inp) as u32;
-                main.extend_from_slice(packed);
-                scales.extend(s.iter().map(|x| x.to_bits()));
-                biases.extend(b.iter().map(|x| x.to_bits()));
-            }
-        }
     }
-    let w_off = 0u32;
-    let s_off = main.len() as u32;
-    let b_off = s_off + scales.len() as u32;
-    main.extend(scales);
-    main.extend(biases);
-    let bytes = (main.len() * 4) as u64;
-    let limit = device.limits().max_storage_buffer_binding_size;
-    if bytes > limit {
+    let (dtype, bits, group, row_words, side) = match first.data() {
+        WeightData::F32(_) => (0, 0, 1, inp, 0),
+        WeightData::Bf16(_) => (1, 0, 1, inp.div_ceil(2), 0),
+        WeightData::F16(_) => (2, 0, 1, inp.div_ceil(2), 0),
+        WeightData::Affine { q, .. } => (
+            3,
+            q.bits,
+            q.group as u32,
+            q.row_words(inp),
+            2 * q.row_groups(inp),
+        ),
+    };
+    // bytes of one row of the part (of each matrix of a pair)
+    let row_bytes = ((row_words + side) * 4 * parts.len()) as u64;
+    let per = (limit / row_bytes) as usize;
+    if per == 0 {
         return Err(Error::Model(format!(
-            "{name} takes {bytes} bytes on the device; this adapter binds at most {limit}"
+            "{name}: one row takes {row_bytes} bytes on the device; this adapter binds at \
+             most {limit}"
         )));
     }
+    let mut out_parts = Vec::new();
+    for lo in (0..out).step_by(per) {
+        let hi = (lo + per).min(out);
+        let mut main: Vec<u32> = Vec::new();
+        let mut scales: Vec<u32> = Vec::new();
+        let mut biases: Vec<u32> = Vec::new();
+        for w in parts {
+            match w.data() {
+                WeightData::F32(v) => {
+                    main.extend(v[lo * inp..hi * inp].iter().map(|x| x.to_bits()))
+                }
+                WeightData::Bf16(v) => push_rows(
+                    &mut main,
+                    v[lo * inp..hi * inp].iter().map(|x| x.to_bits()),
+                    inp,
+                ),
+                WeightData::F16(v) => push_rows(
+                    &mut main,
+                    v[lo * inp..hi * inp].iter().map(|x| x.to_bits()),
+                    inp,
+                ),
+                WeightData::Affine {
+                    packed,
+                    scales: sc,
+                    biases: bi,
+                    ..
+                } => {
+                    main.extend_from_slice(&packed[lo * row_words..hi * row_words]);
+                    let g = side / 2;
+                    scales.extend(sc[lo * g..hi * g].iter().map(|x| x.to_bits()));
+                    biases.extend(bi[lo * g..hi * g].iter().map(|x| x.to_bits()));
+                }
+            }
+        }
+        let s_off = main.len() as u32;
+        let b_off = s_off + scales.len() as u32;
+        main.extend(scales);
+        main.extend(biases);
+        let label = format!("{name} rows {lo}..{hi}");
+        out_parts.push(Part {
+            buf: init_buffer(device, &label, &main, wgpu::BufferUsages::STORAGE),
+            first: lo,
+            rows: hi - lo,
+            w_off: 0,
+            s_off,
+            b_off,
+        });
+    }
     Ok(Mat {
-        buf: init_buffer(device, name, &main, wgpu::BufferUsages::STORAGE),
         dtype,
         bits,
         group,
-        row_words,
-        w_off,
-        s_off,
-        b_off,
+        row_words: row_words as u32,
         out,
         inp,
+        parts: out_parts,
     })
 }
 
