@@ -323,6 +323,9 @@ fn print_report(
             "prefill_tokens": r.prefill_tokens,
             "decode_tokens": r.decode_tokens,
             "decode_tok_s": r.decode_tok_s(),
+            "decode_steps": r.decode_steps,
+            "host_us_per_step": (r.host_us_per_step * 10.0).round() / 10.0,
+            "dispatches_per_step": r.step_dispatches,
             "moe": moe,
         });
         if a.prompts.is_some() {

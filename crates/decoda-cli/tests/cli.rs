@@ -1119,14 +1119,26 @@ fn generate_on_wgpu_matches_the_cpu() {
         ]);
         assert_eq!(code, 0, "{err}");
         let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        // the loop's structure: steps, host time per step, the device's dispatches
+        assert!(v["decode_steps"].as_u64().is_some_and(|n| n >= 24), "{v}");
+        assert!(
+            v["host_us_per_step"].as_f64().is_some_and(|t| t > 0.0),
+            "{v}"
+        );
         (
             v["tokens"].clone(),
             v["device"].as_str().unwrap().to_string(),
+            v["dispatches_per_step"].clone(),
         )
     };
-    let (c, cn) = ids("cpu");
-    let (g, gn) = ids("wgpu");
+    let (c, cn, cd) = ids("cpu");
+    let (g, gn, gd) = ids("wgpu");
     assert_eq!(cn, "cpu");
     assert!(gn.starts_with("wgpu"), "{gn}");
     assert_eq!(c, g);
+    // the CPU records no dispatches; the tiny model's decode step on the device is the
+    // head's 2 (greedy) and the forward's 48 for its three layers (norms, projections,
+    // rope, attention, adds; the MoE layers' router, routing, products and combine)
+    assert_eq!(cd, serde_json::Value::Null);
+    assert_eq!(gd, 50);
 }

@@ -54,6 +54,16 @@ pub trait Engine {
     fn ahead(&self) -> usize {
         1
     }
+    /// Waits for the oldest step still in flight (not for every one) and returns the
+    /// results in, as [`Engine::poll`]; by default waits for all ([`Engine::wait`]).
+    fn wait_oldest(&mut self) -> Result<Vec<Vec<SlotStep>>> {
+        self.wait()
+    }
+    /// Compute dispatches the last decode step recorded (sampling and the forward), for
+    /// engines that record them (a device); `None` elsewhere.
+    fn step_dispatches(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A sequence to generate.
@@ -97,6 +107,14 @@ pub struct Report {
     pub moe_prefill: Option<Dispatch>,
     /// The branch the MoE layers took in decode (the first step's first MoE layer).
     pub moe_decode: Option<Dispatch>,
+    /// Decode steps run.
+    pub decode_steps: usize,
+    /// Mean host time of a decode step's call into the engine (recording and submitting
+    /// it; the waits for results are not in it), in microseconds.
+    pub host_us_per_step: f64,
+    /// Compute dispatches of the first decode step that ran the model (a device engine's;
+    /// `None` on the CPU).
+    pub step_dispatches: Option<usize>,
 }
 
 impl Report {
@@ -149,7 +167,11 @@ pub fn generate<E: Engine + ?Sized>(
         decode_tokens: 0,
         moe_prefill: None,
         moe_decode: None,
+        decode_steps: 0,
+        host_us_per_step: 0.0,
+        step_dispatches: None,
     };
+    let mut host_s = 0.0f64;
     let t0 = Instant::now();
     for (i, s) in seqs.iter().enumerate() {
         let branches = engine.start(i, s.request.clone(), &s.prompt, i)?;
@@ -210,13 +232,19 @@ pub fn generate<E: Engine + ?Sized>(
             .copied()
             .filter(|&i| !done[i] && sampled[i] < limits[i])
             .collect();
+        let t = Instant::now();
         let branches = engine.step(&sample, &forward)?;
+        host_s += t.elapsed().as_secs_f64();
+        report.decode_steps += 1;
         if report.moe_decode.is_none() && !forward.is_empty() {
             report.moe_decode = branches.first().copied();
+            report.step_dispatches = engine.step_dispatches();
         }
         in_flight += 1;
+        // at most `ahead` steps in flight: wait for the oldest only, so the device always
+        // has the next steps queued behind it
         let got = if in_flight >= engine.ahead() {
-            engine.wait()?
+            engine.wait_oldest()?
         } else {
             engine.poll()?
         };
@@ -245,6 +273,7 @@ pub fn generate<E: Engine + ?Sized>(
     }
     report.decode_ms = t1.elapsed().as_secs_f64() * 1e3;
     report.decode_tokens = drawn;
+    report.host_us_per_step = host_s * 1e6 / report.decode_steps.max(1) as f64;
     for (i, out) in report.outputs.iter_mut().enumerate() {
         if out.finish.is_none() && out.error.is_none() && out.tokens.len() >= limits[i] {
             out.finish = Some(FinishReason::Length);

@@ -92,11 +92,19 @@ pub struct WgpuHead {
     host: Vec<Option<HostSlot>>,
     bytes_written: u64,
     upload: Option<wgpu::Buffer>,
+    /// Compute dispatches of the last recorded step.
+    last_dispatches: usize,
 }
 
 impl WgpuHead {
     pub(crate) fn device(&self) -> &wgpu::Device {
         &self.device
+    }
+
+    /// Compute dispatches the last recorded step ran: 2 when no slot of the step has
+    /// filters or log-probabilities, 3 with filters, 5 with log-probabilities.
+    pub fn step_dispatches(&self) -> usize {
+        self.last_dispatches
     }
     pub(crate) fn queue(&self) -> &wgpu::Queue {
         &self.queue
@@ -188,6 +196,7 @@ impl WgpuHead {
             host: vec![None; slots],
             bytes_written: 0,
             upload: None,
+            last_dispatches: 0,
         })
     }
 
@@ -306,6 +315,7 @@ impl WgpuHead {
             self.bind = Some((logits.buffer.clone(), self.bufs.generation, group));
         }
         let group = &self.bind.as_ref().expect("set above").2;
+        self.last_dispatches = plan.stages(false).len();
         self.kernels.record_step(
             encoder,
             group,

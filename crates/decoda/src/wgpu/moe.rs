@@ -365,6 +365,16 @@ impl WgpuMoe {
         })
     }
 
+    /// Compute dispatches a call records: the routing when it is on the device, the
+    /// plan's two when sorted, the gate/up and down products once per part of the
+    /// weights, and the combine.
+    pub fn dispatches(&self, device_routing: bool, dispatch: Dispatch) -> usize {
+        usize::from(device_routing)
+            + if dispatch == Dispatch::Sorted { 2 } else { 0 }
+            + 2 * self.parts.len()
+            + 1
+    }
+
     /// The branch a call with `tokens` tokens takes: sorted iff `tokens > sort_cutoff`.
     pub fn dispatch_for(&self, tokens: usize) -> Dispatch {
         if tokens > self.sort_cutoff {

@@ -22,6 +22,10 @@ pub struct WgpuEngine {
     /// `--host-sampling`: the logits go to the host each step and a host head samples them.
     host: Option<HostSampling>,
     pending: Vec<Vec<SlotStep>>,
+    /// The submissions of the decode steps in flight, oldest first.
+    in_flight: std::collections::VecDeque<wgpu::SubmissionIndex>,
+    /// Compute dispatches of the last decode step (the head's and the forward's).
+    last_dispatches: usize,
 }
 
 struct HostSampling {
@@ -79,6 +83,8 @@ impl WgpuEngine {
             head,
             host,
             pending: Vec::new(),
+            in_flight: std::collections::VecDeque::new(),
+            last_dispatches: 0,
         })
     }
 
@@ -235,6 +241,7 @@ impl Engine for WgpuEngine {
             offset: 0,
         };
         self.head.record_step(&mut enc, &view, sample)?;
+        self.last_dispatches = self.head.step_dispatches();
         let mut b = Vec::new();
         if !forward.is_empty() {
             let map: Vec<(usize, usize)> = forward
@@ -242,15 +249,20 @@ impl Engine for WgpuEngine {
                 .map(|s| (*s, sample.iter().position(|x| x == s).unwrap_or(0)))
                 .collect();
             b = self.model.record_decode(&mut enc, &map, Tokens::Head)?;
+            self.last_dispatches += self.model.last_dispatches;
         }
-        self.model.queue.submit([enc.finish()]);
+        let index = self.model.queue.submit([enc.finish()]);
+        self.in_flight.push_back(index);
         Ok(b)
     }
 
     fn poll(&mut self) -> Result<Vec<Vec<SlotStep>>> {
         let mut out = std::mem::take(&mut self.pending);
         if self.host.is_none() {
-            out.extend(self.head.poll()?.into_iter().map(|s| s.rows));
+            let done = self.head.poll()?;
+            // the head returns steps oldest first: theirs are the oldest submissions
+            self.in_flight.drain(..done.len().min(self.in_flight.len()));
+            out.extend(done.into_iter().map(|s| s.rows));
         }
         Ok(out)
     }
@@ -260,7 +272,28 @@ impl Engine for WgpuEngine {
         if self.host.is_none() {
             out.extend(self.head.wait()?.into_iter().map(|s| s.rows));
         }
+        self.in_flight.clear();
         Ok(out)
+    }
+
+    fn wait_oldest(&mut self) -> Result<Vec<Vec<SlotStep>>> {
+        let oldest = match self.in_flight.front() {
+            Some(i) if self.host.is_none() => i.clone(),
+            _ => return self.wait(),
+        };
+        self.model
+            .device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(oldest),
+                timeout: None,
+            })
+            .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
+        // the oldest step's results, and any later ones already in
+        self.poll()
+    }
+
+    fn step_dispatches(&self) -> Option<usize> {
+        Some(self.last_dispatches)
     }
 
     fn leave(&mut self, slot: usize) -> Result<()> {

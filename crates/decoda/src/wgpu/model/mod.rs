@@ -129,6 +129,8 @@ pub struct WgpuModel {
     /// Host copies of what the device holds: each slot's position, the decode row map.
     positions: Vec<usize>,
     decode_map: Vec<u32>,
+    /// Compute dispatches the last recorded call ran (its kernels and its MoE layers').
+    last_dispatches: usize,
 }
 
 impl std::fmt::Debug for WgpuModel {
@@ -341,6 +343,7 @@ impl WgpuModel {
             head_tokens: None,
             positions: vec![0; slots],
             decode_map: Vec::new(),
+            last_dispatches: 0,
             device,
             model,
         })
@@ -476,7 +479,9 @@ impl WgpuModel {
         }
         let plan = &self.plans[&key];
         let cfg = &self.model.config;
+        let mut dispatches = 0;
         for seg in &plan.segments {
+            dispatches += seg.kernels.len();
             if !seg.kernels.is_empty() {
                 let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some("decoda model"),
@@ -492,7 +497,7 @@ impl WgpuModel {
                 let moe = self.moe[layer].as_ref().ok_or_else(|| {
                     Error::Model(format!("layer {layer} has no experts on the device"))
                 })?;
-                moe.record(
+                let branch = moe.record(
                     enc,
                     &self.acts[&Act::H],
                     n,
@@ -506,8 +511,10 @@ impl WgpuModel {
                     &self.acts[&Act::M],
                     None,
                 )?;
+                dispatches += moe.dispatches(true, branch);
             }
         }
+        self.last_dispatches = dispatches;
         Ok(plan.branches.clone())
     }
 }
