@@ -4,8 +4,8 @@
 
 #![cfg(feature = "wgpu")]
 
-/// Both variants of the sampler's module (workgroup-memory and subgroup reductions), the
-/// MoE dispatch and the model's ops.
+/// The variants of the sampler's module (workgroup-memory and subgroup reductions, 64-bit
+/// Philox products), the MoE dispatch and the model's ops.
 fn shaders() -> Vec<(&'static str, String)> {
     vec![
         ("moe", decoda::wgpu::moe_shader_source()),
@@ -18,20 +18,26 @@ fn shaders() -> Vec<(&'static str, String)> {
             "sample (subgroup reductions)",
             decoda::wgpu::shader_source(true),
         ),
+        (
+            "sample (subgroups, 64-bit Philox products)",
+            decoda::wgpu::shader_source_with(true, true),
+        ),
     ]
 }
 
 fn parse(name: &str, src: &str) -> (naga::Module, naga::valid::ModuleInfo) {
     let module = naga::front::wgsl::parse_str(src)
         .unwrap_or_else(|e| panic!("{name}: WGSL parse error:\n{}", e.emit_to_string(src)));
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), {
+        let mut c = naga::valid::Capabilities::empty();
         if src.contains("subgroupMax") {
-            naga::valid::Capabilities::SUBGROUP
-        } else {
-            naga::valid::Capabilities::empty()
-        },
-    )
+            c |= naga::valid::Capabilities::SUBGROUP;
+        }
+        if src.contains("u64(") {
+            c |= naga::valid::Capabilities::SHADER_INT64;
+        }
+        c
+    })
     .validate(&module)
     .unwrap_or_else(|e| panic!("{name}: validation error:\n{}", e.emit_to_string(src)));
     (module, info)

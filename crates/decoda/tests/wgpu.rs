@@ -14,10 +14,17 @@ use decoda::wgpu::{DeviceLogits, WgpuOptions, WgpuSampler};
 use decoda::{Backend, CpuSampler, DType, Error, Logits, Request, RowResult, SamplingParams};
 
 fn open(min_chunk: usize, subgroups: Option<bool>) -> Option<WgpuSampler> {
-    let options = WgpuOptions {
-        subgroups,
-        ..Default::default()
-    };
+    open_with(
+        min_chunk,
+        WgpuOptions {
+            subgroups,
+            ..Default::default()
+        },
+    )
+}
+
+fn open_with(min_chunk: usize, options: WgpuOptions) -> Option<WgpuSampler> {
+    let subgroups = options.subgroups;
     match WgpuSampler::with_options(options) {
         Ok(s) => {
             eprintln!(
@@ -50,6 +57,23 @@ fn sampler() -> Option<&'static WgpuSampler> {
     S.get_or_init(|| open(4096, Some(false))).as_ref()
 }
 
+/// The default sampler's reductions, with Philox's products from 16-bit ones even where
+/// the adapter has 64-bit integers (which the others use: lavapipe has them).
+fn int32_sampler() -> Option<&'static WgpuSampler> {
+    static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
+    S.get_or_init(|| {
+        open_with(
+            4096,
+            WgpuOptions {
+                subgroups: Some(false),
+                int64: Some(false),
+                ..Default::default()
+            },
+        )
+    })
+    .as_ref()
+}
+
 /// The same with subgroup reductions wherever the adapter has them (lavapipe does).
 fn subgroup_sampler() -> Option<&'static WgpuSampler> {
     static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
@@ -73,6 +97,45 @@ mod conformance_split {
 
 mod conformance_subgroups {
     decoda::conformance_suite!(crate::subgroup_sampler());
+}
+
+mod conformance_int32 {
+    decoda::conformance_suite!(crate::int32_sampler());
+}
+
+/// Philox with 64-bit products (where the adapter has `SHADER_INT64`) and with 16-bit
+/// ones draw the same bits: every token and log-probability of mixed rows, per call and
+/// through many draws per row.
+#[test]
+fn philox_in_64_bit_integers_gives_the_same_bits() {
+    let (Some(a), Some(b)) = (sampler(), int32_sampler()) else {
+        return;
+    };
+    assert!(!b.uses_int64());
+    if a.adapter().contains("llvmpipe") {
+        assert!(a.uses_int64(), "lavapipe has 64-bit integers");
+    }
+    if !a.uses_int64() {
+        eprintln!(
+            "{}: no SHADER_INT64, both run the 16-bit products",
+            a.adapter()
+        );
+    }
+    let mut rng = Rng::new(0x64b1);
+    for v in [1usize, 1000, 32_768, 151_936] {
+        let cases: Vec<(Vec<f32>, Request)> = (0..24).map(|_| random_case(&mut rng, v)).collect();
+        let flat: Vec<f32> = cases.iter().flat_map(|c| c.0.iter().copied()).collect();
+        let reqs: Vec<Request> = cases.iter().map(|c| c.1.clone()).collect();
+        let l = Logits::f32(&flat, reqs.len(), v).unwrap();
+        let (x, y) = (a.sample(&l, &reqs).unwrap(), b.sample(&l, &reqs).unwrap());
+        assert_eq!(x, y, "V = {v}");
+        let one = Logits::f32(&cases[0].0, 1, v).unwrap();
+        let (x, y) = (
+            a.sample_draws(&one, &reqs[..1], 64).unwrap(),
+            b.sample_draws(&one, &reqs[..1], 64).unwrap(),
+        );
+        assert_eq!(x, y, "V = {v}, 64 draws");
+    }
 }
 
 #[derive(Default, Debug)]

@@ -111,6 +111,9 @@ pub(crate) fn open(options: WgpuOptions) -> Result<Opened> {
     if want_subgroups && chosen.features().contains(wgpu::Features::SUBGROUP) {
         features |= wgpu::Features::SUBGROUP;
     }
+    if options.int64 != Some(false) && chosen.features().contains(wgpu::Features::SHADER_INT64) {
+        features |= wgpu::Features::SHADER_INT64;
+    }
     let (device, queue) = pollster::block_on(chosen.request_device(&wgpu::DeviceDescriptor {
         label: Some("decoda"),
         required_features: features,

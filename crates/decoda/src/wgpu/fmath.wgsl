@@ -155,20 +155,8 @@ fn exp_f32(x_in: f32) -> f32 {
     return v;
 }
 
-fn mulhilo(a: u32, b: u32) -> vec2<u32> {
-    let al = a & 0xffffu;
-    let ah = a >> 16u;
-    let bl = b & 0xffffu;
-    let bh = b >> 16u;
-    let ll = al * bl;
-    let lh = al * bh;
-    let hl = ah * bl;
-    let hh = ah * bh;
-    let mid = (ll >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
-    let hi = hh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u);
-    return vec2<u32>(hi, a * b);
-}
-
+// (`mulhilo`: mulhi32.wgsl or, on devices with 64-bit integers, mulhi64.wgsl, appended
+// by the launcher)
 fn philox(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
     var c = counter;
     var k = key;

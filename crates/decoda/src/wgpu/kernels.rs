@@ -21,16 +21,18 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    /// Compiles the module (with subgroup reductions when the device has the feature)
+    /// Compiles the module (with subgroup reductions when the device has the feature,
+    /// and Philox's products in 64-bit integers when it has `SHADER_INT64`)
     /// and builds every pipeline; a shader error is [`Error::Device`].
     pub fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Self> {
         use super::device::{build_pipelines, Bind::*};
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
+        let int64 = device.features().contains(wgpu::Features::SHADER_INT64);
         let (layout, [join, wipe, probe, scan, settle, lp, finish, settle_finish, draw_many]) =
             build_pipelines(
                 device,
                 "decoda step",
-                super::shader_source(subgroups),
+                super::shader_source_with(subgroups, int64),
                 // call, logits, sparams, sstate, rmap, pen, lists, work, ctr, tokens, results
                 &[
                     Uniform, Read, Read, Write, Read, Write, Read, Write, Write, Write, Write,

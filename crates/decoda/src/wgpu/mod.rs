@@ -69,8 +69,13 @@ pub const SHADER_MAIN: &str = concat!(
     include_str!("step/draw_many.wgsl"),
 );
 /// The arithmetic that decides tokens (ln, exp, correctly rounded division, Philox),
-/// shared with the CPU ([`crate::fmath`], [`crate::philox`]).
-pub const SHADER_FMATH: &str = include_str!("fmath.wgsl");
+/// shared with the CPU ([`crate::fmath`], [`crate::philox`]), with Philox's products
+/// built from 16-bit ones (any adapter).
+pub const SHADER_FMATH: &str = concat!(include_str!("fmath.wgsl"), include_str!("mulhi32.wgsl"));
+/// The same with Philox's products in 64-bit integers (adapters with `SHADER_INT64`):
+/// the same bits in fewer operations.
+pub const SHADER_FMATH_INT64: &str =
+    concat!(include_str!("fmath.wgsl"), include_str!("mulhi64.wgsl"));
 /// Workgroup reductions through workgroup memory (the portable path).
 pub const REDUCE_WG: &str = include_str!("reduce_wg.wgsl");
 /// Workgroup reductions with subgroup operations (device feature `SUBGROUP`).
@@ -82,10 +87,21 @@ pub const REDUCE_SG: &str = include_str!("reduce_sg.wgsl");
 /// `Lanes` with the invocation index only). Both are validated and translated for every
 /// platform by the `shaders` test.
 pub fn shader_source(subgroups: bool) -> String {
+    shader_source_with(subgroups, false)
+}
+
+/// [`shader_source`], with Philox's products in 64-bit integers when `int64` (devices
+/// with `Features::SHADER_INT64`; [`SHADER_FMATH_INT64`]).
+pub fn shader_source_with(subgroups: bool, int64: bool) -> String {
     // (naga, which wgpu compiles WGSL with, enables subgroup operations through the
     // device's SUBGROUP feature and rejects the `enable subgroups;` directive)
     let reduce = if subgroups { REDUCE_SG } else { REDUCE_WG };
-    format!("{SHADER_MAIN}\n{SHADER_FMATH}\n{reduce}")
+    let fmath = if int64 {
+        SHADER_FMATH_INT64
+    } else {
+        SHADER_FMATH
+    };
+    format!("{SHADER_MAIN}\n{fmath}\n{reduce}")
 }
 
 /// How to build a [`WgpuSampler`]; `Default` = subgroups by adapter kind, any adapter.
@@ -99,6 +115,10 @@ pub struct WgpuOptions {
     pub subgroups: Option<bool>,
     /// Accept only a hardware adapter (no software one such as lavapipe).
     pub hardware_only: bool,
+    /// Philox's products in 64-bit integers: `None` (default) or `Some(true)` whenever
+    /// the adapter has `SHADER_INT64`; `Some(false)` never (the 16-bit construction).
+    /// Results are the same bits either way.
+    pub int64: Option<bool>,
 }
 
 /// Environment variable: a substring of the adapter name to use (`llvmpipe`, `H100`, ...).

@@ -286,6 +286,14 @@ impl WgpuSampler {
         device::is_software(&self.info)
     }
 
+    /// Whether Philox's products use 64-bit integers (the device was created with
+    /// `SHADER_INT64`, see [`WgpuOptions::int64`]); the bits are the same either way.
+    pub fn uses_int64(&self) -> bool {
+        self.device
+            .features()
+            .contains(wgpu::Features::SHADER_INT64)
+    }
+
     /// Whether the reductions use subgroup operations (the adapter has them and they were
     /// chosen, see [`WgpuOptions::subgroups`]).
     pub fn uses_subgroups(&self) -> bool {
