@@ -12,22 +12,30 @@ use decoda::testing::tiny::TinySpec;
 pub struct TinyModelArgs {
     /// Directory to write (created if needed).
     dir: PathBuf,
+    /// A real model's shape with random weights: `qwen3-30b-a3b` (hidden 2048, 128
+    /// experts top-8 with moe_intermediate 768, 32 query and 4 key/value heads of 128,
+    /// vocabulary 151,936, no dense layer, untied; 48 layers unless --layers says, at
+    /// q4g64 unless --quantize or a --dtype says). One layer at q4g64 takes 779 MB.
+    #[arg(long, conflicts_with_all = ["hidden", "heads", "kv_heads", "head_dim", "vocab",
+        "experts", "top_k", "moe_intermediate", "intermediate", "dense_layers", "tie",
+        "no_norm_topk"])]
+    preset: Option<String>,
     /// Quantize every linear and the embeddings as MLX does: q4g32, q4g64 or q8g64 (MLX's
     /// stacked layout; the router at 8 bits).
     #[arg(long)]
     quantize: Option<String>,
-    /// Weight dtype (and of scales and biases): f32, bf16 or f16.
-    #[arg(long, default_value = "f32")]
-    dtype: String,
+    /// Weight dtype (and of scales and biases): f32, bf16 or f16 [default: f32].
+    #[arg(long)]
+    dtype: Option<String>,
     /// Seed of every value.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// hidden_size.
     #[arg(long, default_value_t = 64)]
     hidden: usize,
-    /// num_hidden_layers.
-    #[arg(long, default_value_t = 3)]
-    layers: usize,
+    /// num_hidden_layers [default: 3; 48 with --preset qwen3-30b-a3b].
+    #[arg(long)]
+    layers: Option<usize>,
     /// num_attention_heads.
     #[arg(long, default_value_t = 4)]
     heads: usize,
@@ -69,8 +77,24 @@ pub struct TinyModelArgs {
     shards: usize,
 }
 
-pub fn run(a: TinyModelArgs) -> Result<ExitCode, String> {
-    let quantize = match a.quantize.as_deref() {
+pub fn run(mut a: TinyModelArgs) -> Result<ExitCode, String> {
+    let mut layers = a.layers.unwrap_or(3);
+    let mut quantize_default = None;
+    match a.preset.as_deref() {
+        None => {}
+        Some("qwen3-30b-a3b") => {
+            (a.hidden, a.heads, a.kv_heads, a.head_dim) = (2048, 32, 4, 128);
+            (a.vocab, a.experts, a.top_k) = (151_936, 128, 8);
+            (a.moe_intermediate, a.intermediate) = (768, 6144);
+            a.dense_layers = String::new();
+            layers = a.layers.unwrap_or(48);
+            if a.dtype.is_none() {
+                quantize_default = Some("q4g64".to_string());
+            }
+        }
+        Some(p) => return Err(format!("--preset {p}: expected qwen3-30b-a3b")),
+    }
+    let quantize = match a.quantize.as_deref().or(quantize_default.as_deref()) {
         None => None,
         Some(s) => Some(Affine::parse(s).ok_or_else(|| {
             format!(
@@ -90,7 +114,7 @@ pub fn run(a: TinyModelArgs) -> Result<ExitCode, String> {
         .collect::<Result<Vec<_>, _>>()?;
     let spec = TinySpec {
         hidden: a.hidden,
-        layers: a.layers,
+        layers,
         heads: a.heads,
         kv_heads: a.kv_heads,
         head_dim: a.head_dim,
@@ -102,7 +126,7 @@ pub fn run(a: TinyModelArgs) -> Result<ExitCode, String> {
         dense_layers,
         tie: a.tie,
         norm_topk: !a.no_norm_topk,
-        dtype: a.dtype,
+        dtype: a.dtype.unwrap_or_else(|| "f32".into()),
         quantize,
         mlx_layout: a.mlx_layout,
         shards: a.shards,

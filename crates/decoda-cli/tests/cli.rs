@@ -1092,6 +1092,23 @@ fn generate_bad_input_exits_2_naming_the_problem() {
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("q5g7"), "{err}");
+    // a real shape by name; its dimensions are not flags beside it
+    let (code, _, err) = run(&["tiny-model", tmp("p").to_str().unwrap(), "--preset", "gpt5"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("gpt5") && err.contains("qwen3-30b-a3b"),
+        "{err}"
+    );
+    let (code, _, err) = run(&[
+        "tiny-model",
+        tmp("p2").to_str().unwrap(),
+        "--preset",
+        "qwen3-30b-a3b",
+        "--hidden",
+        "64",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--hidden"), "{err}");
 }
 
 /// The device runs the same greedy decode as the CPU (lavapipe in CI).

@@ -1,6 +1,29 @@
 // ---------------------------------------------------------------------------------
 // scan: read 1.
 
+// A bound on z below which no token of a filtered row can be a candidate: y = RN(z / t)
+// never decreases as z grows (t > 0), so a z at or below a value whose own y is under
+// `thr` (a cmp_key threshold on y) gives a y under it too. The value is a few ulps under
+// thr * t, certified with the exact division; 0 (no token skips) when that fails.
+fn z_floor(thr: u32, t: f32) -> u32 {
+    if (thr <= key_of(neg_inf())) {
+        return 0u;
+    }
+    let c = from_key(thr) * t;
+    if (not_finite(c)) {
+        return 0u;
+    }
+    let ck = cmp_key(c);
+    if (ck < key_of(neg_inf()) + 8u) {
+        return 0u;
+    }
+    let zk = ck - 4u;
+    if (cmp_key(div_rn(from_key(zk), t)) < thr) {
+        return zk;
+    }
+    return 0u;
+}
+
 @compute @workgroup_size(256)
 fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
@@ -26,6 +49,16 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let stp = step_of(slot);
     let seed = vec2<u32>(sp.seed_lo, sp.seed_hi);
     let lst = cand(row);
+    // filtered rows without a top-p mass to sum need y only where it may reach a
+    // candidate threshold: below zlo (a cmp_key of z) the division is skipped
+    var zlo = 0u;
+    if ((need & N_LIST) != 0u && (need & N_SIGMA) == 0u && !isc) {
+        var thr = kappa;
+        if (minp) {
+            thr = min(thr, gkey);
+        }
+        zlo = z_floor(thr, t);
+    }
     var zk = 0u;
     var zi = NO_TOKEN;
     var xk = 0u;
@@ -63,7 +96,7 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
                 zk = kz;
                 zi = i;
             }
-            if (is_neg_inf(z) || isc) {
+            if (is_neg_inf(z) || isc || kz <= zlo) {
                 continue;
             }
             let y = div_rn(z, t);
