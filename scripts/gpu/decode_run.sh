@@ -5,17 +5,8 @@
 # GPU and on the machine's CPU, device against host sampling, B = 1 and 32. Needs
 # .gl/ and .gpu/decoda.xz as device_run.sh does. Writes into $OUT: moe.jsonl, gen.jsonl.
 set -u
-OUT=${OUT:-/tmp/decoda-gpu}
-mkdir -p "$OUT"
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -f "$icd" ] && export VK_DRIVER_FILES=$icd
-export XDG_RUNTIME_DIR=/tmp/xdg
-mkdir -p -m 700 "$XDG_RUNTIME_DIR"
-D=/tmp/decoda
-[ -x "$D" ] || { xz -dc .gpu/decoda.xz > "$D" && chmod +x "$D"; }
-step() { echo "== $(date -u +%T) $*"; }
+# shellcheck source=scripts/gpu/setup.sh
+source scripts/gpu/setup.sh
 LAYERS=${LAYERS:-4}
 
 # 1. the MoE layer (E 128, k 8, D 2048, H 768): device time per call by token count

@@ -13,17 +13,8 @@
 # jit_build.log), peers.log, selftest.log, cpu.txt; the machine's facts go to stdout.
 # Each step has its own time limit, so one that hangs leaves the others.
 set -u
-OUT=${OUT:-/tmp/decoda-gpu}
-mkdir -p "$OUT"
-for f in .gl/*.deb; do dpkg -x "$f" /; done
-ldconfig
-icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-[ -f "$icd" ] && export VK_DRIVER_FILES=$icd
-export XDG_RUNTIME_DIR=/tmp/xdg PYTHONUNBUFFERED=1
-mkdir -p -m 700 "$XDG_RUNTIME_DIR"
-D=/tmp/decoda
-xz -dc .gpu/decoda.xz > "$D" && chmod +x "$D"
-step() { echo "== $(date -u +%T) $*"; }
+# shellcheck source=scripts/gpu/setup.sh
+source scripts/gpu/setup.sh
 
 step machine
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv

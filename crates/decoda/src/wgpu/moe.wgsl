@@ -282,18 +282,19 @@ var<workgroup> red_g: array<f32, 64>;
 var<workgroup> red_u: array<f32, 64>;
 var<workgroup> w_expert: u32;
 
-// A layer in parts (whole experts a buffer): whether this dispatch's weights hold only
-// some experts (then each row checks that its expert is one of them).
-fn in_parts() -> bool {
-    return prm.e_lo != 0u || prm.e_hi != prm.experts;
-}
-
-// Row j's expert as a value uniform across the workgroup.
-fn uniform_expert(j: u32, lid: u32) -> u32 {
+// Row j's expert among this dispatch's weights: a layer in parts (whole experts a
+// buffer) runs the products once per part, each for the rows whose expert it holds;
+// NO_EXPERT for the others. Uniform across the workgroup (one value for all of it).
+const NO_EXPERT: u32 = 0xffffffffu;
+fn part_expert(j: u32, lid: u32) -> u32 {
     if (lid == 0u) {
         w_expert = row_expert(j);
     }
-    return workgroupUniformLoad(&w_expert);
+    let e = workgroupUniformLoad(&w_expert);
+    if (e < prm.e_lo || e >= prm.e_hi) {
+        return NO_EXPERT;
+    }
+    return e - prm.e_lo;
 }
 
 // Input i of a row: x (src 0) or the activations in `work` (src 1).
@@ -356,13 +357,9 @@ fn act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) l
         if (j >= rows) {
             break;
         }
-        var e = row_expert(j);
-        if (in_parts()) {
-            let eu = uniform_expert(j, lid);
-            if (eu < prm.e_lo || eu >= prm.e_hi) {
-                continue;
-            }
-            e = eu - prm.e_lo;
+        let e = part_expert(j, lid);
+        if (e == NO_EXPERT) {
+            continue;
         }
         let xb = row_token(j) * d;
         if (prm.separate != 0u) {
@@ -391,13 +388,9 @@ fn down(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (j >= rows) {
             break;
         }
-        var e = row_expert(j);
-        if (in_parts()) {
-            let eu = uniform_expert(j, lid);
-            if (eu < prm.e_lo || eu >= prm.e_hi) {
-                continue;
-            }
-            e = eu - prm.e_lo;
+        let e = part_expert(j, lid);
+        if (e == NO_EXPERT) {
+            continue;
         }
         red_g[lid] = row_dot(prm.down_w, prm.down_s, prm.down_b, d, h, e, o, 1u, prm.w_act + j * h, lid);
         red_u[lid] = 0.0;

@@ -57,6 +57,34 @@ fn before_in_rank(v: f32, i: u32, w: f32, j: u32) -> bool {
     return v > w || (v == w && i < j);
 }
 
+// The full-row draw over tokens 4g .. min(4g + 4, end) of a row on the full-row path
+// (its kept set: `member`): `best` (key, id) updated, ties to the smaller id. Philox runs
+// once for the group, and only when one of its tokens is kept.
+fn draw_group(row: u32, slot: u32, sp: SlotP, g: u32, end: u32, stp: vec2<u32>,
+              best: vec2<u32>) -> vec2<u32> {
+    var b = best;
+    var words = vec4<u32>(0u, 0u, 0u, 0u);
+    var have = false;
+    for (var j = 0u; j < 4u; j = j + 1u) {
+        let i = g * 4u + j;
+        if (i >= end) {
+            break;
+        }
+        let mb = member(row, z_of(slot, sp, i, load_x(row, i)), sp.temperature);
+        if (mb.inside) {
+            if (!have) {
+                words = philox(vec4<u32>(g, stp.x, stp.y, 0u), vec2<u32>(sp.seed_lo, sp.seed_hi));
+                have = true;
+            }
+            let sk = cmp_key(mb.y + gumbel(words[j]));
+            if (sk > b.x || (sk == b.x && i < b.y)) {
+                b = vec2<u32>(sk, i);
+            }
+        }
+    }
+    return b;
+}
+
 @compute @workgroup_size(256)
 fn lp(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
@@ -68,7 +96,6 @@ fn lp(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     }
     let slot = rmap[row];
     let sp = sparams[slot];
-    let t = sp.temperature;
     let status = sget(row, S_STATUS);
     let full = sget(row, S_PATH) == P_FULL;
     let want_lp = (sp.flags & F_LOGPROBS) != 0u;
@@ -80,42 +107,27 @@ fn lp(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     }
     let n = min(sp.n_lp, NTOP);
     let stp = step_of(slot);
-    let seed = vec2<u32>(sp.seed_lo, sp.seed_hi);
     var tv: array<f32, 20>;
     var ti: array<u32, 20>;
     var cnt = 0u;
     var before = 0u;
     var acc = vec2<u32>(0u, 0u);
-    var bk = 0u;
-    var bi = NO_TOKEN;
     let start = split * call.chunk;
     let end = min(call.vocab, start + call.chunk);
     let g0 = start / 4u;
     let g1 = (end + 3u) / 4u;
+    var best = vec2<u32>(0u, NO_TOKEN);
     for (var g = g0 + lid; g < g1; g = g + WG) {
-        var words = vec4<u32>(0u, 0u, 0u, 0u);
-        var have = false;
+        if (full) {
+            best = draw_group(row, slot, sp, g, end, stp, best);
+        }
+        if (!want_lp) {
+            continue;
+        }
         for (var j = 0u; j < 4u; j = j + 1u) {
             let i = g * 4u + j;
             if (i >= end) {
                 break;
-            }
-            if (full) {
-                let mb = member(row, z_of(slot, sp, i, load_x(row, i)), t);
-                if (mb.inside) {
-                    if (!have) {
-                        words = philox(vec4<u32>(g, stp.x, stp.y, 0u), seed);
-                        have = true;
-                    }
-                    let sk = cmp_key(mb.y + gumbel(words[j]));
-                    if (sk > bk || (sk == bk && i < bi)) {
-                        bk = sk;
-                        bi = i;
-                    }
-                }
-            }
-            if (!want_lp) {
-                continue;
             }
             let v = lp_value(row, slot, sp, i, status);
             if (is_neg_inf(v)) {
@@ -145,7 +157,7 @@ fn lp(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
             cnt = min(cnt + 1u, n);
         }
     }
-    let dr = wg_argmax(lid, bk, bi);
+    let dr = wg_argmax(lid, best.x, best.y);
     let lse = wg_sum64(lid, acc);
     let total_before = wg_sum_u32(lid, before);
     let pb = part(row, split);

@@ -222,35 +222,13 @@ fn settle_finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
 fn full_draw(lid: u32, row: u32) {
     let slot = rmap[row];
     let sp = sparams[slot];
-    let t = sp.temperature;
     let stp = step_of(slot);
-    let seed = vec2<u32>(sp.seed_lo, sp.seed_hi);
-    var bk = 0u;
-    var bi = NO_TOKEN;
+    var best = vec2<u32>(0u, NO_TOKEN);
     let g1 = (call.vocab + 3u) / 4u;
     for (var g = lid; g < g1; g = g + WG) {
-        var words = vec4<u32>(0u, 0u, 0u, 0u);
-        var have = false;
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            let i = g * 4u + j;
-            if (i >= call.vocab) {
-                break;
-            }
-            let mb = member(row, z_of(slot, sp, i, load_x(row, i)), t);
-            if (mb.inside) {
-                if (!have) {
-                    words = philox(vec4<u32>(g, stp.x, stp.y, 0u), seed);
-                    have = true;
-                }
-                let sk = cmp_key(mb.y + gumbel(words[j]));
-                if (sk > bk || (sk == bk && i < bi)) {
-                    bk = sk;
-                    bi = i;
-                }
-            }
-        }
+        best = draw_group(row, slot, sp, g, call.vocab, stp, best);
     }
-    let dr = wg_argmax(lid, bk, bi);
+    let dr = wg_argmax(lid, best.x, best.y);
     if (lid == 0u) {
         if (dr.y == NO_TOKEN) {
             // the kept set is never empty, so this is a defect: a row error
