@@ -58,6 +58,7 @@ pub fn run(
                     Request {
                         params: params(),
                         state: st,
+                        allowed: None,
                     }
                 })
                 .collect();

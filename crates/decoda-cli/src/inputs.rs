@@ -196,6 +196,63 @@ pub struct ParamArgs {
     /// Per-row parameters: a JSON array with one object per row (overrides the flags).
     #[arg(long)]
     pub params: Option<std::path::PathBuf>,
+    /// Allowed-token masks: an int32 or uint32 .npy of shape [B, ceil(V/32)] (or
+    /// [ceil(V/32)] for every row), bit i % 32 of word i / 32 set for an allowed token i.
+    #[arg(long)]
+    pub mask: Option<std::path::PathBuf>,
+}
+
+/// Reads `--mask`: one mask per row, from an int32 or uint32 .npy of shape `[W]` (every
+/// row) or `[rows, W]`. Its width is checked against the vocabulary by the sampler.
+pub fn read_mask(path: &Path, rows: usize) -> Result<Vec<Vec<u32>>, String> {
+    let shown = path.display();
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot open {shown}: {e}"))?;
+    let npy = npyz::NpyFile::new(std::io::BufReader::new(file))
+        .map_err(|e| format!("{shown} is not a valid .npy file: {e}"))?;
+    if npy.order() != npyz::Order::C {
+        return Err(format!("{shown}: save the mask in C order"));
+    }
+    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    let (b, w) = match shape.as_slice() {
+        [w] => (1, *w),
+        [b, w] => (*b, *w),
+        other => {
+            return Err(format!(
+                "{shown}: a mask of shape {other:?}; expected [W] or [B, W]"
+            ))
+        }
+    };
+    if b != 1 && b != rows {
+        return Err(format!(
+            "{shown}: masks for {b} rows; the logits have {rows}"
+        ));
+    }
+    let file_len = std::fs::metadata(path)
+        .map_err(|e| format!("cannot read {shown}: {e}"))?
+        .len();
+    if (b * w * 4) as u64 > file_len {
+        return Err(format!(
+            "{shown}: the header's shape {shape:?} needs more data than the file's {file_len} bytes"
+        ));
+    }
+    let dtype = npy.dtype().descr().trim_matches('\'').to_string();
+    let words: Vec<u32> = match dtype.trim_start_matches(['<', '=', '|']) {
+        "i4" => npy
+            .into_vec::<i32>()
+            .map_err(|e| format!("{shown}: {e}"))?
+            .into_iter()
+            .map(|x| x as u32)
+            .collect(),
+        "u4" => npy.into_vec::<u32>().map_err(|e| format!("{shown}: {e}"))?,
+        _ => {
+            return Err(format!(
+                "{shown}: a mask must be int32 or uint32, not {dtype}"
+            ))
+        }
+    };
+    Ok((0..rows)
+        .map(|r| words[(r % b) * w..(r % b + 1) * w].to_vec())
+        .collect())
 }
 
 fn parse_ids(field: &str, s: &str) -> Result<Vec<u32>, String> {
@@ -244,6 +301,7 @@ pub const KEYS: &[&str] = &[
     "output",
     "logprobs",
     "logprobs_mode",
+    "allowed",
 ];
 
 fn entropy_seed() -> Result<u64, String> {
@@ -252,8 +310,18 @@ fn entropy_seed() -> Result<u64, String> {
         .map_err(|e| e.to_string())
 }
 
-/// The requests for `rows` rows.
+/// The requests for `rows` rows, with `--mask`'s masks when it is given.
 pub fn requests(a: &ParamArgs, rows: usize) -> Result<Vec<Request>, String> {
+    let mut reqs = unmasked_requests(a, rows)?;
+    if let Some(path) = &a.mask {
+        for (q, m) in reqs.iter_mut().zip(read_mask(path, rows)?) {
+            q.allowed = Some(m);
+        }
+    }
+    Ok(reqs)
+}
+
+fn unmasked_requests(a: &ParamArgs, rows: usize) -> Result<Vec<Request>, String> {
     if let Some(path) = &a.params {
         let shown = path.display();
         let text =
@@ -316,6 +384,7 @@ pub fn requests(a: &ParamArgs, rows: usize) -> Result<Vec<Request>, String> {
                     prompt: prompt.clone(),
                     output: output.clone(),
                 },
+                allowed: None,
             })
         })
         .collect()

@@ -1159,3 +1159,86 @@ fn generate_on_wgpu_matches_the_cpu() {
     assert_eq!(cd, serde_json::Value::Null);
     assert_eq!(gd, 50);
 }
+
+/// `sample --mask`: int32 masks [B, W] (or one [W] for every row), the same masks as a
+/// `--params` key, and the errors: a wrong width names the row and `allowed`, a wrong
+/// element type or row count names the file.
+#[test]
+fn sample_with_token_masks() {
+    let v: usize = 100;
+    let w = v.div_ceil(32);
+    let vals: Vec<f32> = (0..2 * v).map(|i| (i % v) as f32 * 0.1).collect();
+    let logits = f32_npy("mask-logits.npy", &[2, v], &vals);
+    // row 0 may draw 3 or 40 only; row 1 only 97 (the smallest logit is 0: token 0 would
+    // never win greedy, 97 is below the unmasked winner 99)
+    let mut words = vec![0i32; 2 * w];
+    words[0] |= 1 << 3;
+    words[1] |= 1 << (40 - 32);
+    words[w + 3] |= 1 << (97 - 96);
+    let bytes: Vec<u8> = words.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mask = tmp("mask.npy");
+    write_npy(&mask, "<i4", &[2, w], &bytes);
+    let base = [
+        "sample",
+        "--logits",
+        logits.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ];
+    let tokens = |extra: &[&str]| -> Vec<u64> {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        args.push("--json");
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["tokens"][0].as_u64().unwrap())
+            .collect()
+    };
+    let m = mask.to_str().unwrap();
+    assert_eq!(tokens(&["--temperature", "0", "--mask", m]), [40, 97]);
+    for seed in 0..20 {
+        let s = seed.to_string();
+        let t = tokens(&["--mask", m, "--seed", &s]);
+        assert!((t[0] == 3 || t[0] == 40) && t[1] == 97, "{t:?}");
+    }
+    // the same masks through --params
+    let row = |ws: &[i32]| -> String {
+        let u: Vec<String> = ws.iter().map(|&x| (x as u32).to_string()).collect();
+        format!(
+            "{{\"temperature\": 0, \"seed\": 1, \"allowed\": [{}]}}",
+            u.join(", ")
+        )
+    };
+    let params = tmp("mask-params.json");
+    std::fs::write(
+        &params,
+        format!("[{}, {}]", row(&words[..w]), row(&words[w..])),
+    )
+    .unwrap();
+    assert_eq!(tokens(&["--params", params.to_str().unwrap()]), [40, 97]);
+    // errors
+    let bad = tmp("mask-wide.npy");
+    write_npy(&bad, "<i4", &[2, w + 1], &vec![0u8; 8 * (w + 1)]);
+    let mut args = base.to_vec();
+    args.extend_from_slice(&["--mask", bad.to_str().unwrap()]);
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("row 0") && err.contains("allowed"), "{err}");
+    let three = tmp("mask-three.npy");
+    write_npy(&three, "<i4", &[3, w], &vec![0u8; 12 * w]);
+    args[6] = three.to_str().unwrap();
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("3 rows"), "{err}");
+    let float = tmp("mask-f4.npy");
+    write_npy(&float, "<f4", &[w], &vec![0u8; 4 * w]);
+    args[6] = float.to_str().unwrap();
+    let (code, _, err) = run(&args);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("int32"), "{err}");
+}

@@ -1,7 +1,7 @@
 //! The backend trait that every sampler implements.
 
 use crate::error::Result;
-use crate::logits::Logits;
+use crate::logits::{Gathered, Logits};
 use crate::params::Request;
 use crate::pipeline::{validate_call, Row, RowResult};
 
@@ -12,8 +12,9 @@ use crate::pipeline::{validate_call, Row, RowResult};
 /// only on its logits, parameters, seed, step and history.
 ///
 /// [`Backend::sample`] and [`Backend::sample_draws`] are the public door: they validate
-/// the call once and hand its rows to [`Backend::sample_rows`] (and
-/// [`Backend::sample_rows_draws`]), which a backend implements on validated inputs.
+/// the call once, apply the rows' token masks ([`Request::allowed`]: disallowed logits
+/// become `-inf` on a copy of the batch) and hand its rows to [`Backend::sample_rows`]
+/// (and [`Backend::sample_rows_draws`]), which a backend implements on validated inputs.
 pub trait Backend: Send + Sync {
     /// A short name for reports (`cpu`, `reference`, `wgpu:<adapter>`).
     fn name(&self) -> String;
@@ -22,7 +23,11 @@ pub trait Backend: Send + Sync {
     /// [`Err`](crate::Error) before any work; a bad row yields its own [`crate::RowError`].
     fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
         validate_call(logits.rows(), logits.vocab(), requests)?;
-        self.sample_rows(logits, &Row::each(requests))
+        // stage 0, the token masks: on a copy of the batch, once for every backend
+        match Gathered::masked(logits, requests) {
+            Some(copy) => self.sample_rows(&copy.view()?, &Row::each(requests)),
+            None => self.sample_rows(logits, &Row::each(requests)),
+        }
     }
 
     /// Draws `draws` tokens per row from the same logits at steps `step, step + 1, ...`
@@ -36,7 +41,10 @@ pub trait Backend: Send + Sync {
         draws: usize,
     ) -> Result<Vec<Vec<RowResult>>> {
         validate_call(logits.rows(), logits.vocab(), requests)?;
-        self.sample_rows_draws(logits, &Row::each(requests), draws)
+        match Gathered::masked(logits, requests) {
+            Some(copy) => self.sample_rows_draws(&copy.view()?, &Row::each(requests), draws),
+            None => self.sample_rows_draws(logits, &Row::each(requests), draws),
+        }
     }
 
     /// The backend's work on a validated call: one result per row, row `i` drawn from

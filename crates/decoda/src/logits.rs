@@ -3,6 +3,7 @@
 use half::{bf16, f16};
 
 use crate::error::{Error, Result};
+use crate::params::Request;
 
 /// A logit element type the samplers accept.
 pub trait LogitElem: Copy + Send + Sync + 'static {
@@ -179,7 +180,6 @@ impl<'a> Logits<'a> {
 
 /// A copy of some rows of a batch, in a given order (a device backend's rows must be
 /// contiguous in the order it reads them).
-#[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
 pub(crate) enum Gathered {
     /// f32 rows.
     F32(Vec<f32>, usize, usize),
@@ -189,7 +189,6 @@ pub(crate) enum Gathered {
     Bf16(Vec<half::bf16>, usize, usize),
 }
 
-#[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
 impl Gathered {
     /// Rows `rows` of `logits`, in that order.
     pub(crate) fn new(logits: &Logits<'_>, rows: impl Iterator<Item = usize> + Clone) -> Self {
@@ -204,6 +203,34 @@ impl Gathered {
             LogitsData::F16(d) => Gathered::F16(pick(d, rows, v), n, v),
             LogitsData::Bf16(d) => Gathered::Bf16(pick(d, rows, v), n, v),
         }
+    }
+
+    /// The batch with each row's disallowed tokens ([`Request::allowed`]) at `-inf`, in
+    /// the batch's own element type (stage 0 of the contract, for every backend that
+    /// takes host logits); `None` when no row has a mask. Requests are validated.
+    pub(crate) fn masked(logits: &Logits<'_>, requests: &[Request]) -> Option<Self> {
+        if requests.iter().all(|r| r.allowed.is_none()) {
+            return None;
+        }
+        let v = logits.vocab();
+        let mut g = Gathered::new(logits, 0..logits.rows());
+        fn ban<T: Copy>(d: &mut [T], requests: &[Request], v: usize, neg_inf: T) {
+            for (r, q) in requests.iter().enumerate() {
+                if q.allowed.is_some() {
+                    for (i, x) in d[r * v..(r + 1) * v].iter_mut().enumerate() {
+                        if !q.allows(i) {
+                            *x = neg_inf;
+                        }
+                    }
+                }
+            }
+        }
+        match &mut g {
+            Gathered::F32(d, ..) => ban(d, requests, v, f32::NEG_INFINITY),
+            Gathered::F16(d, ..) => ban(d, requests, v, f16::NEG_INFINITY),
+            Gathered::Bf16(d, ..) => ban(d, requests, v, bf16::NEG_INFINITY),
+        }
+        Some(g)
     }
 
     /// The copy as a batch.

@@ -274,6 +274,13 @@ pub struct Request {
     /// The row's sequence state.
     #[serde(flatten)]
     pub state: SequenceState,
+    /// The tokens this step may draw (structured output): `ceil(V / 32)` words, bit
+    /// `i % 32` of word `i / 32` set for an allowed token `i` (the layout of xgrammar's and
+    /// llguidance's token bitmasks); bits of ids `>= V` are ignored. `None` allows every
+    /// token. A disallowed token's logit is `-inf` for every stage, log-probabilities
+    /// included (docs/CONTRACT.md, stage 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<Vec<u32>>,
 }
 
 impl Request {
@@ -282,12 +289,49 @@ impl Request {
         Self {
             params,
             state: SequenceState::new(seed),
+            allowed: None,
         }
     }
 
-    /// Validates the parameters and the history of row `row` for vocabulary `vocab`.
+    /// Validates the parameters, the history and the token mask of row `row` for
+    /// vocabulary `vocab`.
     pub fn validate(&self, row: usize, vocab: usize) -> Result<()> {
         self.params.validate(row, vocab)?;
-        self.state.validate(row, vocab)
+        self.state.validate(row, vocab)?;
+        if let Some(m) = &self.allowed {
+            if m.len() != vocab.div_ceil(32) {
+                return Err(Error::InvalidParameter {
+                    row,
+                    field: "allowed",
+                    value: format!("a mask of {} words for V = {vocab}", m.len()),
+                    expected: "ceil(V / 32) words, one bit per token",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A row of logits with the disallowed tokens at `-inf` (a copy), or the row itself
+    /// without a mask.
+    pub fn mask_row<'x>(&self, x: &'x [f32]) -> std::borrow::Cow<'x, [f32]> {
+        match self.allowed {
+            None => std::borrow::Cow::Borrowed(x),
+            Some(_) => (0..x.len())
+                .map(|i| {
+                    if self.allows(i) {
+                        x[i]
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether token `i` is allowed by the row's mask (always, without one).
+    pub fn allows(&self, i: usize) -> bool {
+        self.allowed
+            .as_ref()
+            .is_none_or(|m| m[i / 32] >> (i % 32) & 1 == 1)
     }
 }

@@ -78,6 +78,8 @@ pub fn reference_row(x: &[f32], req: &Request) -> (RowResult, TieReport) {
 
 /// [`reference_row`] for a row of a validated call, at that row's step.
 fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
+    // Stage 0: the token mask (a disallowed token's logit is -inf).
+    let x = &*req.mask_row(x);
     let p = &req.params;
     let v = x.len();
     let mut tie = TieReport {
@@ -299,17 +301,22 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
     let v = x.len();
     let result = reference_row(x, req).0;
     let mut stages = Vec::new();
-    let all = vec![true; v];
+    let x = &*req.mask_row(x);
     if pl::count_non_finite(x) > 0 {
         return Explanation { stages, result };
     }
-    stages.push(view(
-        "input",
-        "softmax of the logits as given".into(),
-        x,
-        &all,
-        v,
-    ));
+    let allowed: Vec<bool> = (0..v).map(|i| req.allows(i)).collect();
+    let (name, note) = match &req.allowed {
+        Some(_) => {
+            let n = allowed.iter().filter(|&&a| a).count();
+            (
+                "mask",
+                format!("softmax of the logits, {n} of {v} tokens allowed by the mask"),
+            )
+        }
+        None => ("input", "softmax of the logits as given".into()),
+    };
+    stages.push(view(name, note, x, &allowed, v));
     let mut z = x.to_vec();
     let mods = pl::sparse_mods(|t| x[t as usize], req);
     let touched = mods.len();

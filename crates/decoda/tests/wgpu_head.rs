@@ -76,7 +76,11 @@ fn steps_write_nothing_from_the_host() {
         .unwrap();
         let mut st = SequenceState::new(slot as u64 + 10);
         st.prompt = prompt;
-        states.push(Request { params, state: st });
+        states.push(Request {
+            params,
+            state: st,
+            allowed: None,
+        });
     }
     // one set of logits on the device for every step
     let data: Vec<f32> = (0..slots * v).map(|_| 3.0 * rng.normal()).collect();

@@ -88,6 +88,7 @@ impl Head for CpuHead {
                     prompt: request.prompt,
                     output: request.output,
                 },
+                allowed: None,
             },
             max_tokens: request.max_tokens,
             stop: request.stop,

@@ -166,7 +166,8 @@ fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
 
 /// Samples one row of f32 logits on the fast path (exposed for the benchmarks).
 pub fn sample_row_f32(x: &[f32], req: &Request) -> RowResult {
-    with_scratch(|s| sample_row(x, &Row::of(req), s))
+    let x = req.mask_row(x);
+    with_scratch(|s| sample_row(&x, &Row::of(req), s))
 }
 
 fn sample_row(x: &[f32], req: &Row<'_>, s: &mut Scratch) -> RowResult {

@@ -35,6 +35,7 @@ pub type Check = fn(&dyn Backend) -> Result<(), String>;
 pub const CHECKS: &[(&str, Check)] = &[
     ("greedy_ties_to_smallest_id", greedy_ties_to_smallest_id),
     ("stage_bias", stage_bias),
+    ("stage_token_mask", stage_token_mask),
     ("stage_repetition", stage_repetition),
     ("stage_frequency_presence", stage_frequency_presence),
     (
@@ -95,7 +96,8 @@ pub fn run_all(
 macro_rules! conformance_suite {
     ($make:expr) => {
         $crate::conformance_suite!(@each $make;
-            greedy_ties_to_smallest_id, stage_bias, stage_repetition, stage_frequency_presence,
+            greedy_ties_to_smallest_id, stage_bias, stage_token_mask, stage_repetition,
+            stage_frequency_presence,
             sentinels_leave_result_unchanged, top_k_keeps_ties, top_p_keeps_ties,
             min_p_one_keeps_only_the_max, temperature_floor, vocab_of_one,
             row_errors_stay_in_their_row, invalid_parameters_name_field_value_row,
@@ -304,6 +306,141 @@ pub fn stage_bias(b: &dyn Backend) -> Result<(), String> {
         expect(t != 1 && t != 3, || format!("banned token {t} drawn"))?;
     }
     Ok(())
+}
+
+/// Stage 0, the token mask ([`Request::allowed`]), at a real vocabulary with a width that
+/// is not a multiple of 32: a masked row draws what the same row with its disallowed
+/// logits at `-inf` draws (token and log-probabilities, raw and processed) under every
+/// filter, penalty and bias, and never a disallowed token; bits past V are ignored; a
+/// disallowed NaN is out of the row, not an error; a mask that allows one token draws
+/// it; one that allows none is that row's `NoCandidate` and nothing else's; a mask of
+/// the wrong width is an error naming the row and the field; draws honour the mask.
+pub fn stage_token_mask(b: &dyn Backend) -> Result<(), String> {
+    let v: usize = 32_003;
+    let w = v.div_ceil(32);
+    let mut rng = Rng::new(0x3a5c);
+    let x: Vec<f32> = (0..v).map(|_| 2.0 * rng.normal()).collect();
+    // about one token in eight allowed, the row's top token among the disallowed ones
+    let mut mask = vec![0u32; w];
+    for (i, m) in (0..v).map(|i| (i, rng.below(8) == 0)) {
+        if m {
+            mask[i / 32] |= 1 << (i % 32);
+        }
+    }
+    let top = (0..v).max_by(|&i, &j| x[i].total_cmp(&x[j])).unwrap_or(0);
+    mask[top / 32] &= !(1 << (top % 32));
+    let banned: Vec<f32> = (0..v)
+        .map(|i| {
+            if mask[i / 32] >> (i % 32) & 1 == 1 {
+                x[i]
+            } else {
+                f32::NEG_INFINITY
+            }
+        })
+        .collect();
+    let t8 = SamplingParams {
+        temperature: 0.8,
+        ..SamplingParams::default()
+    };
+    let mut mixed = SamplingParams {
+        top_k: 40,
+        top_p: 0.8,
+        repetition_penalty: 1.3,
+        presence_penalty: 0.5,
+        ..t8.clone()
+    };
+    mixed.logit_bias.insert(top as u32, 5.0);
+    mixed.logit_bias.insert(7, 1.0);
+    let configs = [
+        SamplingParams::greedy(),
+        t8.clone(),
+        SamplingParams {
+            top_k: 50,
+            ..t8.clone()
+        },
+        SamplingParams {
+            top_p: 0.9,
+            ..t8.clone()
+        },
+        SamplingParams {
+            min_p: 0.1,
+            ..t8.clone()
+        },
+        mixed,
+    ];
+    for (c, params) in configs.iter().enumerate() {
+        for (mode, n) in [(LogprobsMode::Raw, 5), (LogprobsMode::Processed, 3)] {
+            let mut q = Request::new(
+                SamplingParams {
+                    logprobs: Some(n),
+                    logprobs_mode: mode,
+                    ..params.clone()
+                },
+                40 + c as u64,
+            );
+            q.state.output = vec![top as u32, 7, 9];
+            let want = sample1(b, &banned, &q)?;
+            q.allowed = Some(mask.clone());
+            let got = sample1(b, &x, &q)?;
+            expect(got == want, || {
+                format!("config {c} {mode:?}: masked {got:?}, -inf logits {want:?}")
+            })?;
+            let t = got.map_err(|e| format!("config {c}: row error {e}"))?.token as usize;
+            expect(mask[t / 32] >> (t % 32) & 1 == 1, || {
+                format!("config {c}: disallowed token {t} drawn")
+            })?;
+        }
+    }
+    // bits past V are ignored; a disallowed NaN is out of the row
+    let mut q = Request::new(SamplingParams::default(), 5);
+    q.allowed = Some(mask.clone());
+    let want = sample1(b, &x, &q)?;
+    let mut wide = mask.clone();
+    wide[w - 1] |= !0 << (v % 32);
+    q.allowed = Some(wide);
+    let mut nan = x.clone();
+    nan[top] = f32::NAN;
+    expect(sample1(b, &nan, &q)? == want, || {
+        "bits past V or a disallowed NaN changed the draw".into()
+    })?;
+    // one allowed token (the row's smallest) is drawn; none allowed is a row error
+    let low = (0..v).min_by(|&i, &j| x[i].total_cmp(&x[j])).unwrap_or(0);
+    let mut one = vec![0u32; w];
+    one[low / 32] = 1 << (low % 32);
+    let mut reqs = vec![Request::new(SamplingParams::default(), 1); 3];
+    reqs[0].allowed = Some(one);
+    reqs[1].allowed = Some(vec![0; w]);
+    let rows: Vec<f32> = x.iter().chain(&x).chain(&x).copied().collect();
+    let l = Logits::f32(&rows, 3, v).map_err(|e| e.to_string())?;
+    let out = b.sample(&l, &reqs).map_err(|e| e.to_string())?;
+    expect(matches!(&out[0], Ok(s) if s.token as usize == low), || {
+        format!("the one allowed token {low}: {:?}", out[0])
+    })?;
+    expect(out[1] == Err(RowError::NoCandidate), || {
+        format!("an all-zero mask: {:?}", out[1])
+    })?;
+    expect(out[2].is_ok(), || format!("the unmasked row: {:?}", out[2]))?;
+    // draws at consecutive steps honour the mask too
+    let l1 = Logits::f32(&x, 1, v).map_err(|e| e.to_string())?;
+    let draws = b
+        .sample_draws(&l1, &reqs[..1], 8)
+        .map_err(|e| e.to_string())?;
+    expect(
+        draws[0]
+            .iter()
+            .all(|d| matches!(d, Ok(s) if s.token as usize == low)),
+        || format!("draws of a one-token mask: {:?}", draws[0]),
+    )?;
+    // a mask of the wrong width names the row and the field
+    reqs[2].allowed = Some(vec![!0; w + 1]);
+    match b.sample(&l, &reqs) {
+        Err(Error::InvalidParameter {
+            row: 2,
+            field: "allowed",
+            ..
+        }) => Ok(()),
+        other => Err(format!("a mask of {} words for V = {v}: {other:?}", w + 1)),
+    }
 }
 
 /// Repetition divides positive and multiplies negative logits of seen tokens (once each).

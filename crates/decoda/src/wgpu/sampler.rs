@@ -375,7 +375,9 @@ impl WgpuSampler {
     /// the order they run.
     ///
     /// Whole-call problems (shapes, parameters, history ids, a buffer too small) are an
-    /// error here, before anything is recorded.
+    /// error here, before anything is recorded. Token masks ([`Request::allowed`]) are
+    /// taken by the host API ([`Backend::sample`](crate::Backend::sample)) only, for now:
+    /// a request with one is an error here.
     pub fn record(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -384,6 +386,14 @@ impl WgpuSampler {
         out: &DeviceOutputs,
     ) -> Result<()> {
         let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
+        if let Some(row) = requests.iter().position(|r| r.allowed.is_some()) {
+            return Err(Error::InvalidParameter {
+                row,
+                field: "allowed",
+                value: "a token mask".into(),
+                expected: "none on the device API yet (the host API, Backend::sample, takes masks)",
+            });
+        }
         self.record_inner(encoder, logits, &rows, out, StepStamps::None, 0)
     }
 
