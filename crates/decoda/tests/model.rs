@@ -110,6 +110,16 @@ fn golden_suite(
     tag: &str,
     max_steps: usize,
 ) {
+    golden_cases(make, tag, max_steps, &[]);
+}
+
+/// [`golden_suite`] over the goldens named in `only` (all when empty).
+fn golden_cases(
+    make: &dyn Fn(Arc<Qwen3Moe>, usize, usize) -> Result<Box<dyn Engine>, String>,
+    tag: &str,
+    max_steps: usize,
+    only: &[&str],
+) {
     let t = tmp(tag);
     let cases = goldens(&t);
     assert!(
@@ -117,6 +127,9 @@ fn golden_suite(
         "three f32 shapes and three quantized checkpoints"
     );
     for (i, g) in cases.iter().enumerate() {
+        if !only.is_empty() && !only.contains(&g.name.as_str()) {
+            continue;
+        }
         // every MoE call sorted, or none: both for every checkpoint in the full tier,
         // alternating over the checkpoints in the quick one
         let both = [1, usize::MAX];
@@ -265,11 +278,12 @@ mod wgpu {
         golden_suite(&dev, "wgpu", steps);
     }
 
-    /// Weights in parts of at most 128 KiB, as a real checkpoint's are on adapters that
-    /// bind less than its matrices (lavapipe binds 128 MiB; Qwen3-30B-A3B's LM head is
-    /// 194 MB at 4 bits): the embedding and LM head by rows of the vocabulary, the dense
-    /// MLPs by rows, the MoE layers by whole experts, each part a dispatch of its own.
-    /// The ids stay the committed mlx-lm ones.
+    /// Weights in parts as small as the model allows (the smallest power of two that
+    /// holds one expert), as a real checkpoint's are on adapters that bind less than its
+    /// matrices (lavapipe binds 128 MiB; Qwen3-30B-A3B's LM head is 194 MB at 4 bits):
+    /// the embedding and LM head by rows of the vocabulary, the dense MLPs by rows, the
+    /// MoE layers by whole experts, each part a dispatch of its own. The ids stay the
+    /// committed mlx-lm ones.
     #[test]
     fn wgpu_weights_in_parts_match_mlx() {
         if !available() {
@@ -280,18 +294,35 @@ mod wgpu {
             slots: usize,
             positions: usize,
         ) -> Result<Box<dyn Engine>, String> {
-            thread_local!(static S: WgpuSampler = {
-                let s = sampler();
-                s.set_weight_part_bytes(128 << 10);
-                s
-            });
+            thread_local!(static S: WgpuSampler = sampler());
             S.with(|s| {
-                WgpuEngine::new(s, model, slots, positions, None)
-                    .map(|e| Box::new(e) as Box<dyn Engine>)
-                    .map_err(|e| e.to_string())
+                let mut bytes = 4096u64;
+                loop {
+                    s.set_weight_part_bytes(bytes);
+                    match WgpuEngine::new(s, model.clone(), slots, positions, None) {
+                        Ok(e) => return Ok(Box::new(e) as Box<dyn Engine>),
+                        Err(e) if e.to_string().contains("binds at most") && bytes < 1 << 30 => {
+                            bytes *= 2
+                        }
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
             })
         }
-        golden_suite(&parts, "wgpu-parts", 12);
+        // the quick tier: f32 (default: an MoE layer in parts of experts, a dense layer
+        // in row parts), 4-bit affine rows and experts (mlx_q4g64), the embedding and
+        // LM head of a 1,000-token vocabulary in row parts (mqa_sharded); the full tier:
+        // every golden
+        if decoda::testing::full_tier() {
+            golden_suite(&parts, "wgpu-parts", 33);
+        } else {
+            golden_cases(
+                &parts,
+                "wgpu-parts",
+                6,
+                &["default", "mlx_q4g64", "mqa_sharded"],
+            );
+        }
     }
 
     #[test]
