@@ -492,14 +492,18 @@ impl WgpuMoe {
         }
         let dispatch = dispatch.unwrap_or_else(|| self.dispatch_for(n));
         let p = self.params(n, k, dispatch, router);
-        let pp = self.part_params(n, k, dispatch, router);
-        // the parameter blocks, one per part, at uniform-offset alignment
-        let mut pbytes = vec![0u8; pp.len() * PARAM_STRIDE as usize];
-        for (i, q) in pp.iter().enumerate() {
-            let at = i * PARAM_STRIDE as usize;
-            pbytes[at..at + std::mem::size_of::<MoeParams>()]
-                .copy_from_slice(bytemuck::bytes_of(q));
-        }
+        // the parameter blocks, one per part, at uniform-offset alignment (made only when
+        // a call's parameters are new: a kept call makes nothing)
+        let param_bytes = || {
+            let pp = self.part_params(n, k, dispatch, router);
+            let mut bytes = vec![0u8; pp.len() * PARAM_STRIDE as usize];
+            for (i, q) in pp.iter().enumerate() {
+                let at = i * PARAM_STRIDE as usize;
+                bytes[at..at + std::mem::size_of::<MoeParams>()]
+                    .copy_from_slice(bytemuck::bytes_of(q));
+            }
+            bytes
+        };
         let work_words = p.w_out as usize + n * k * d;
         let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
         let limit = self.device.limits().max_storage_buffer_binding_size;
@@ -534,7 +538,7 @@ impl WgpuMoe {
                         self.device
                             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                                 label: Some("decoda moe call params"),
-                                contents: &pbytes,
+                                contents: &param_bytes(),
                                 usage: wgpu::BufferUsages::UNIFORM,
                             });
                     let groups = (0..self.parts.len())
@@ -556,7 +560,7 @@ impl WgpuMoe {
             }
             // a host routing: the parameters and the routing through a staging buffer
             MoeRouting::Given(r) => {
-                let mut bytes = pbytes;
+                let mut bytes = param_bytes();
                 bytes.extend_from_slice(bytemuck::cast_slice(&r.indices));
                 bytes.extend(r.weights.iter().flat_map(|w| w.to_bits().to_le_bytes()));
                 let (stage, _) = self.stages.take(&self.device, bytes.len() as u64);
