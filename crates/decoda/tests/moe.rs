@@ -6,95 +6,14 @@ use decoda::moe::{
     combine, gather, route, scatter, stable_argsort, Dispatch, ExpertWeights, GateUp, MoeShape,
     Routing, SwitchMlp, WeightDtype,
 };
+use decoda::testing::moe::{dense, reference, rel_err, Dense, BOUND};
 use decoda::testing::synthetic;
 use decoda::{Backend, CpuSampler, Error, Logits, Request, SamplingParams};
 use proptest::prelude::*;
 
-/// Relative error bound of both branches against the reference, f32 and bf16 weights alike
-/// (bf16 weights are widened exactly, so the reference uses the same values and only the
-/// f32 accumulation differs).
-const BOUND: f64 = 1e-5;
 /// Bound of a bf16 layer against the f32 weights it was rounded from (bf16 keeps 8
 /// significant bits: about 2e-3 per weight, partly averaging out over a dot product).
 const BF16_VS_F32_BOUND: f64 = 2e-2;
-
-/// The layer's experts as plain f64 matrices: `(gate [H][D], up [H][D], down [D][H])` each.
-struct Dense {
-    gate: Vec<Vec<f64>>,
-    up: Vec<Vec<f64>>,
-    down: Vec<Vec<f64>>,
-    d: usize,
-    h: usize,
-}
-
-fn dense(gate_up: &GateUp, down: &ExpertWeights) -> Dense {
-    let (d, h) = (down.out_features(), down.in_features());
-    let e = down.experts();
-    let f64s = |v: Vec<f32>| v.into_iter().map(f64::from).collect::<Vec<f64>>();
-    let mut out = Dense {
-        gate: vec![],
-        up: vec![],
-        down: vec![],
-        d,
-        h,
-    };
-    for ex in 0..e {
-        match gate_up {
-            GateUp::Fused(w) => {
-                let m = f64s(w.expert_f32(ex));
-                out.gate.push(m[..h * d].to_vec());
-                out.up.push(m[h * d..].to_vec());
-            }
-            GateUp::Separate { gate, up } => {
-                out.gate.push(f64s(gate.expert_f32(ex)));
-                out.up.push(f64s(up.expert_f32(ex)));
-            }
-        }
-        out.down.push(f64s(down.expert_f32(ex)));
-    }
-    out
-}
-
-/// `y[n] = Σ_s w[n,s] * down_e(silu(gate_e x[n]) * up_e x[n])`, written directly in f64.
-fn reference(m: &Dense, x: &[f32], r: &Routing) -> Vec<f64> {
-    let (d, h) = (m.d, m.h);
-    let mut y = vec![0f64; r.tokens * d];
-    for n in 0..r.tokens {
-        let xn: Vec<f64> = x[n * d..(n + 1) * d]
-            .iter()
-            .map(|&v| f64::from(v))
-            .collect();
-        for s in 0..r.top_k {
-            let e = r.indices[n * r.top_k + s] as usize;
-            let w = f64::from(r.weights[n * r.top_k + s]);
-            let mut act = vec![0f64; h];
-            for (i, a) in act.iter_mut().enumerate() {
-                let g: f64 = (0..d).map(|j| m.gate[e][i * d + j] * xn[j]).sum();
-                let u: f64 = (0..d).map(|j| m.up[e][i * d + j] * xn[j]).sum();
-                *a = g / (1.0 + (-g).exp()) * u;
-            }
-            for o in 0..d {
-                let v: f64 = (0..h).map(|i| m.down[e][o * h + i] * act[i]).sum();
-                y[n * d + o] += w * v;
-            }
-        }
-    }
-    y
-}
-
-/// Largest per-token relative error `max|y - r| / max|r|`.
-fn rel_err(y: &[f32], r: &[f64], d: usize) -> f64 {
-    y.chunks(d)
-        .zip(r.chunks(d))
-        .map(|(a, b)| {
-            let scale = b.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
-            a.iter()
-                .zip(b)
-                .fold(0f64, |m, (a, b)| m.max((f64::from(*a) - b).abs()))
-                / scale
-        })
-        .fold(0f64, f64::max)
-}
 
 fn weights(e: usize, out: usize, inp: usize, dtype: WeightDtype, seed: u64) -> ExpertWeights {
     let v = synthetic::uniform(e * out * inp, 1.0 / (inp as f32).sqrt(), seed);
@@ -129,10 +48,10 @@ fn case(e: usize, d: usize, h: usize, dtype: WeightDtype, fused: bool, cutoff: u
         }
     };
     let down = weights(e, d, h, dtype, 4);
-    let dense = dense(&gate_up, &down);
+    let layer = SwitchMlp::new(gate_up, down, cutoff).unwrap();
     Case {
-        layer: SwitchMlp::new(gate_up, down, cutoff).unwrap(),
-        dense,
+        dense: dense(&layer),
+        layer,
     }
 }
 

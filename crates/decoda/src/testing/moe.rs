@@ -28,8 +28,9 @@ pub fn dtypes() -> Vec<WeightDtype> {
 /// reference uses the same weight values; only the order of the f32 sums differs).
 pub const BOUND: f64 = 1e-5;
 
-/// The layer's experts as f64 matrices `(gate [H][D], up [H][D], down [D][H])` per expert.
-struct Dense {
+/// The layer's experts as f64 matrices `(gate [H][D], up [H][D], down [D][H])` per expert
+/// ([`dense`]), for [`reference()`].
+pub struct Dense {
     gate: Vec<Vec<f64>>,
     up: Vec<Vec<f64>>,
     down: Vec<Vec<f64>>,
@@ -37,7 +38,8 @@ struct Dense {
     h: usize,
 }
 
-fn dense(layer: &SwitchMlp) -> Dense {
+/// A layer's experts widened to f64 (16-bit and affine weights widen exactly).
+pub fn dense(layer: &SwitchMlp) -> Dense {
     let down = layer.down();
     let (d, h) = (down.out_features(), down.in_features());
     let f64s = |v: Vec<f32>| v.into_iter().map(f64::from).collect::<Vec<f64>>();
@@ -66,7 +68,7 @@ fn dense(layer: &SwitchMlp) -> Dense {
 }
 
 /// `y[n] = Σ_s w[n,s] · down_e(silu(gate_e x[n]) * up_e x[n])` in f64.
-fn reference(m: &Dense, x: &[f32], r: &Routing) -> Vec<f64> {
+pub fn reference(m: &Dense, x: &[f32], r: &Routing) -> Vec<f64> {
     let (d, h) = (m.d, m.h);
     let mut y = vec![0f64; r.tokens * d];
     for n in 0..r.tokens {
