@@ -238,6 +238,22 @@ impl WgpuMoe {
                 "one expert's weights take {expert_bytes} bytes; this adapter binds at most {limit}"
             )));
         }
+        let (code, bits, group) = match dtype {
+            WeightDtype::F32 => (0, 0, 1),
+            WeightDtype::Bf16 => (1, 0, 1),
+            WeightDtype::F16 => (2, 0, 1),
+            WeightDtype::Affine(q) => (3, q.bits, q.group as u32),
+        };
+        let base = MoeParams {
+            experts: layer.experts() as u32,
+            hidden: layer.hidden() as u32,
+            inter: layer.intermediate() as u32,
+            separate: u32::from(up.is_some()),
+            dtype: code,
+            bits,
+            group,
+            ..Default::default()
+        };
         let experts = layer.experts();
         let mut parts = Vec::new();
         for e_lo in (0..experts).step_by(per) {
@@ -267,42 +283,9 @@ impl WgpuMoe {
                 down_b: db,
                 e_lo: e_lo as u32,
                 e_hi: e_hi as u32,
-                ..Default::default()
-            };
-            parts.push((weights, offsets));
-        }
-        let (code, bits, group) = match dtype {
-            WeightDtype::F32 => (0, 0, 1),
-            WeightDtype::Bf16 => (1, 0, 1),
-            WeightDtype::F16 => (2, 0, 1),
-            WeightDtype::Affine(q) => (3, q.bits, q.group as u32),
-        };
-        let base = MoeParams {
-            experts: layer.experts() as u32,
-            hidden: layer.hidden() as u32,
-            inter: layer.intermediate() as u32,
-            separate: u32::from(up.is_some()),
-            dtype: code,
-            bits,
-            group,
-            ..Default::default()
-        };
-        // each part's parameters: the layer's, with the part's offsets and experts
-        for (_, p) in &mut parts {
-            *p = MoeParams {
-                gate_w: p.gate_w,
-                gate_s: p.gate_s,
-                gate_b: p.gate_b,
-                up_w: p.up_w,
-                up_s: p.up_s,
-                up_b: p.up_b,
-                down_w: p.down_w,
-                down_s: p.down_s,
-                down_b: p.down_b,
-                e_lo: p.e_lo,
-                e_hi: p.e_hi,
                 ..base
             };
+            parts.push((weights, offsets));
         }
         let pipes = sampler.shared_pipelines("moe", || build(&device, &sampler.info))?;
         use wgpu::BufferUsages as U;
@@ -386,30 +369,27 @@ impl WgpuMoe {
 
     /// The call's parameters for each part.
     fn part_params(&self, n: usize, k: usize, dispatch: Dispatch, router: u32) -> Vec<MoeParams> {
-        let p = self.params(n, k, dispatch, router);
-        self.parts
-            .iter()
-            .map(|(_, q)| MoeParams {
-                gate_w: q.gate_w,
-                gate_s: q.gate_s,
-                gate_b: q.gate_b,
-                up_w: q.up_w,
-                up_s: q.up_s,
-                up_b: q.up_b,
-                down_w: q.down_w,
-                down_s: q.down_s,
-                down_b: q.down_b,
-                e_lo: q.e_lo,
-                e_hi: q.e_hi,
-                ..p
-            })
+        (0..self.parts.len())
+            .map(|i| self.params_of(i, n, k, dispatch, router))
             .collect()
     }
 
     /// The call's parameters (of the first part).
     fn params(&self, n: usize, k: usize, dispatch: Dispatch, router: u32) -> MoeParams {
+        self.params_of(0, n, k, dispatch, router)
+    }
+
+    /// The call's parameters for part `part` (its weights' offsets and experts).
+    fn params_of(
+        &self,
+        part: usize,
+        n: usize,
+        k: usize,
+        dispatch: Dispatch,
+        router: u32,
+    ) -> MoeParams {
         let rows = (n * k) as u32;
-        let mut p = self.parts[0].1;
+        let mut p = self.parts[part].1;
         p.tokens = n as u32;
         p.top_k = k as u32;
         p.sorted = u32::from(dispatch == Dispatch::Sorted);
