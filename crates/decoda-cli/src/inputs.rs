@@ -151,6 +151,37 @@ pub struct SamplingFlags {
     /// Which logprobs: raw or processed.
     #[arg(long, default_value = "raw")]
     pub logprobs_mode: LogprobsMode,
+    /// DRY penalty multiplier (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub dry_multiplier: f32,
+    /// DRY base (>= 1): the penalty grows as base^(length - allowed length).
+    #[arg(long, default_value_t = 1.75, allow_negative_numbers = true)]
+    pub dry_base: f32,
+    /// DRY: repeats up to this many tokens go unpenalised.
+    #[arg(long, default_value_t = 2)]
+    pub dry_allowed_length: u32,
+    /// DRY: how many of the last tokens it scans (-1 = all, 0 = off).
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub dry_penalty_last_n: i32,
+    /// DRY sequence breakers as token ids: sequences separated by ';', ids by ','
+    /// ("13;25,26"). `generate` also takes text breakers (--dry-breaker).
+    #[arg(long)]
+    pub dry_sequence_breakers: Option<String>,
+    /// Top-n-sigma: keep tokens within n standard deviations of the top (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub top_n_sigma: f32,
+    /// Locally typical sampling mass (1 = off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    pub typical_p: f32,
+    /// XTC: the chance per step that the top choices are excluded (0 = off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub xtc_probability: f32,
+    /// XTC: the probability that makes a token a top choice.
+    #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
+    pub xtc_threshold: f32,
+    /// Report the kept distribution: its N most likely tokens (0..=1024) and its size.
+    #[arg(long)]
+    pub kept: Option<u32>,
 }
 
 impl SamplingFlags {
@@ -172,8 +203,39 @@ impl SamplingFlags {
                 .unwrap_or_default(),
             logprobs: self.logprobs,
             logprobs_mode: self.logprobs_mode,
+            dry_multiplier: self.dry_multiplier,
+            dry_base: self.dry_base,
+            dry_allowed_length: self.dry_allowed_length,
+            dry_penalty_last_n: self.dry_penalty_last_n,
+            dry_sequence_breakers: self
+                .dry_sequence_breakers
+                .as_deref()
+                .map(parse_breakers)
+                .transpose()?
+                .unwrap_or_default(),
+            top_n_sigma: self.top_n_sigma,
+            typical_p: self.typical_p,
+            xtc_probability: self.xtc_probability,
+            xtc_threshold: self.xtc_threshold,
+            kept: self.kept,
         })
     }
+}
+
+/// Parses DRY sequence breakers, "13;25,26": sequences of token ids.
+pub fn parse_breakers(s: &str) -> Result<Vec<Vec<u32>>, String> {
+    s.split(';')
+        .filter(|seq| !seq.trim().is_empty())
+        .map(|seq| {
+            seq.split(',')
+                .map(|id| {
+                    id.trim().parse::<u32>().map_err(|_| {
+                        format!("--dry-sequence-breakers: {id:?} is not a token id (\"13;25,26\")")
+                    })
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Parameters for every row, as flags, or per row from a JSON file.

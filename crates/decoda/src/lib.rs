@@ -64,5 +64,5 @@ pub use cpu::{CpuEngine, CpuHead, CpuSampler};
 pub use error::{Error, Result, RowError};
 pub use logits::{DType, LogitElem, Logits, LogitsData};
 pub use params::{LogprobsMode, Request, SamplingParams, SequenceState};
-pub use pipeline::{RowResult, Sample, TokenLogprobs, TopLogprob};
+pub use pipeline::{Kept, KeptToken, RowResult, Sample, TokenLogprobs, TopLogprob};
 pub use reference::ReferenceSampler;

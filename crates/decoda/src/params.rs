@@ -33,6 +33,15 @@ impl std::str::FromStr for LogprobsMode {
 /// Largest number of top log-probabilities a row may ask for.
 pub const MAX_LOGPROBS: u32 = 20;
 
+/// Longest DRY sequence breaker, in tokens (llama.cpp's limit on a breaker's tail, plus its head).
+pub const MAX_BREAKER_LEN: usize = 20;
+
+/// Most DRY sequence breakers a row may list.
+pub const MAX_BREAKERS: usize = 256;
+
+/// Largest kept distribution a row may ask for ([`SamplingParams::kept`]).
+pub const MAX_KEPT: u32 = 1024;
+
 /// Temperatures below this are treated as greedy (as vLLM does).
 pub const GREEDY_TEMPERATURE: f32 = 1e-5;
 
@@ -62,6 +71,29 @@ pub struct SamplingParams {
     pub logprobs: Option<u32>,
     /// Which log-probabilities to report.
     pub logprobs_mode: LogprobsMode,
+    /// DRY ("don't repeat yourself"): the penalty's scale; `0` is off. Finite, `>= 0`.
+    pub dry_multiplier: f32,
+    /// DRY: the penalty grows as `dry_base^(length - dry_allowed_length)`. Finite, `>= 1`.
+    pub dry_base: f32,
+    /// DRY: repeats up to this length go unpenalised.
+    pub dry_allowed_length: u32,
+    /// DRY: how many of the history's last tokens it scans: `-1` the whole history, `0` off.
+    pub dry_penalty_last_n: i32,
+    /// DRY: token-id sequences that end a repeat (a newline, a quote...); none by default.
+    pub dry_sequence_breakers: Vec<Vec<u32>>,
+    /// Top-n-σ: keep tokens within `n` standard deviations of the largest scaled logit;
+    /// `0` is off. Finite, `>= 0`.
+    pub top_n_sigma: f32,
+    /// Locally typical sampling: keep the tokens closest to the entropy whose mass
+    /// exceeds `typical_p`; `1` is off. `0 < typical_p <= 1`.
+    pub typical_p: f32,
+    /// XTC (exclude top choices): the chance, per step, that XTC applies; `0` is off.
+    pub xtc_probability: f32,
+    /// XTC: tokens with probability at least this are top choices (`> 0.5` does nothing).
+    pub xtc_threshold: f32,
+    /// Report the kept distribution: at most this many (`<= 1024`) of its most likely
+    /// tokens with their probabilities, and its size.
+    pub kept: Option<u32>,
 }
 
 impl Default for SamplingParams {
@@ -77,6 +109,16 @@ impl Default for SamplingParams {
             logit_bias: BTreeMap::new(),
             logprobs: None,
             logprobs_mode: LogprobsMode::Raw,
+            dry_multiplier: 0.0,
+            dry_base: 1.75,
+            dry_allowed_length: 2,
+            dry_penalty_last_n: -1,
+            dry_sequence_breakers: Vec::new(),
+            top_n_sigma: 0.0,
+            typical_p: 1.0,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.1,
+            kept: None,
         }
     }
 }
@@ -95,9 +137,39 @@ impl SamplingParams {
         self.temperature < GREEDY_TEMPERATURE
     }
 
-    /// Whether any of bias, repetition, frequency or presence changes a logit of this row.
+    /// Whether DRY is on (it may still change no logit of a given history).
+    pub fn dry_on(&self) -> bool {
+        self.dry_multiplier != 0.0 && self.dry_penalty_last_n != 0
+    }
+
+    /// Whether XTC can apply (its coin still decides each step).
+    pub fn xtc_on(&self) -> bool {
+        self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5
+    }
+
+    /// Whether the row uses a stage the device kernels do not run yet (DRY, top-n-σ,
+    /// typical-p, XTC) or asks for its kept distribution; the field named is the first such.
+    pub fn beyond_device(&self) -> Option<&'static str> {
+        if self.dry_on() {
+            Some("dry_multiplier")
+        } else if self.top_n_sigma > 0.0 {
+            Some("top_n_sigma")
+        } else if self.typical_p < 1.0 {
+            Some("typical_p")
+        } else if self.xtc_on() {
+            Some("xtc_probability")
+        } else if self.kept.is_some() {
+            Some("kept")
+        } else {
+            None
+        }
+    }
+
+    /// Whether any of bias, repetition, frequency, presence or DRY changes a logit of this row.
     pub fn modifies_logits(&self, state: &SequenceState) -> bool {
-        !self.logit_bias.is_empty()
+        (self.dry_on()
+            && state.prompt.len() + state.output.len() > self.dry_allowed_length as usize)
+            || !self.logit_bias.is_empty()
             || (self.repetition_penalty != 1.0
                 && !(state.prompt.is_empty() && state.output.is_empty()))
             || ((self.frequency_penalty != 0.0 || self.presence_penalty != 0.0)
@@ -156,7 +228,83 @@ impl SamplingParams {
                 return bad("logprobs", n.to_string(), "an integer in 0..=20");
             }
         }
+        if let Some(n) = self.kept {
+            if n > MAX_KEPT {
+                return bad("kept", n.to_string(), "an integer in 0..=1024");
+            }
+        }
+        let m = self.dry_multiplier;
+        if !(m.is_finite() && m >= 0.0) {
+            return bad("dry_multiplier", m.to_string(), "a finite value >= 0");
+        }
+        let b = self.dry_base;
+        if !(b.is_finite() && b >= 1.0) {
+            return bad("dry_base", b.to_string(), "a finite value >= 1");
+        }
+        if self.dry_penalty_last_n < -1 {
+            return bad(
+                "dry_penalty_last_n",
+                self.dry_penalty_last_n.to_string(),
+                "-1 (the whole history), 0 (off) or a count > 0",
+            );
+        }
+        for (i, seq) in self.dry_sequence_breakers.iter().enumerate() {
+            if seq.is_empty() || seq.len() > MAX_BREAKER_LEN {
+                return bad(
+                    "dry_sequence_breakers",
+                    format!("breaker {i} of {} tokens", seq.len()),
+                    "sequences of 1 to 20 token ids",
+                );
+            }
+            if let Some(&id) = seq.iter().find(|&&id| id as usize >= vocab) {
+                return Err(Error::TokenOutOfRange {
+                    row,
+                    field: "dry_sequence_breakers",
+                    id: id.into(),
+                    vocab,
+                });
+            }
+        }
+        if self.dry_sequence_breakers.len() > MAX_BREAKERS {
+            return bad(
+                "dry_sequence_breakers",
+                format!("{} sequences", self.dry_sequence_breakers.len()),
+                "at most 256 sequences",
+            );
+        }
+        let n = self.top_n_sigma;
+        if !(n.is_finite() && n >= 0.0) {
+            return bad("top_n_sigma", n.to_string(), "a finite value >= 0");
+        }
+        let p = self.typical_p;
+        if !(p > 0.0 && p <= 1.0) {
+            return bad("typical_p", p.to_string(), "0 < typical_p <= 1");
+        }
+        for (field, v) in [
+            ("xtc_probability", self.xtc_probability),
+            ("xtc_threshold", self.xtc_threshold),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(field, v.to_string(), "a value in [0, 1]");
+            }
+        }
         Ok(())
+    }
+}
+
+/// An error naming the first parameter of row `row` that the device kernels do not run
+/// yet ([`SamplingParams::beyond_device`]): the device API and the device head refuse
+/// it; the per-call host API draws such rows on the CPU.
+pub fn on_device_only(p: &SamplingParams, row: usize) -> Result<()> {
+    match p.beyond_device() {
+        None => Ok(()),
+        Some(field) => Err(Error::InvalidParameter {
+            row,
+            field,
+            value: "set".into(),
+            expected: "off on the device API and the device head for now (Backend::sample \
+                       and CpuHead take it)",
+        }),
     }
 }
 

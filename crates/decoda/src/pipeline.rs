@@ -31,6 +31,24 @@ pub struct TokenLogprobs {
     pub top: Vec<TopLogprob>,
 }
 
+/// A token of the kept distribution and its probability after the whole pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct KeptToken {
+    /// Token id.
+    pub id: u32,
+    /// Its probability over the kept set (`softmax(y)` over S; 1 for a greedy row's token).
+    pub p: f32,
+}
+
+/// The kept set S a token was drawn from ([`crate::SamplingParams::kept`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Kept {
+    /// How many tokens S holds (tokens of probability 0 included).
+    pub size: u32,
+    /// Its `n` most likely tokens, most likely first (ties: smaller id first).
+    pub top: Vec<KeptToken>,
+}
+
 /// A drawn token.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Sample {
@@ -39,6 +57,20 @@ pub struct Sample {
     /// Log-probabilities, when the row asked for them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<TokenLogprobs>,
+    /// The kept distribution, when the row asked for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<Kept>,
+}
+
+impl Sample {
+    /// A token without log-probabilities or kept distribution.
+    pub fn token(token: u32, logprobs: Option<TokenLogprobs>) -> Self {
+        Self {
+            token,
+            logprobs,
+            kept: None,
+        }
+    }
 }
 
 /// The result of one row: a token, or that row's error.
@@ -174,6 +206,8 @@ pub struct Touch {
     pub seen: bool,
     /// Occurrences in the output, with a frequency or presence penalty other than 0.
     pub count: u32,
+    /// The DRY penalty subtracted last ([`dry_penalties`]); `0` for none.
+    pub dry: f32,
 }
 
 impl Touch {
@@ -190,8 +224,146 @@ impl Touch {
         if self.count > 0 {
             z = z - p.frequency_penalty * self.count as f32 - p.presence_penalty;
         }
+        if self.dry != 0.0 {
+            z -= self.dry;
+        }
         z
     }
+}
+
+/// Stage 3a, DRY, as the sorted list of `(token, penalty)` it subtracts: llama.cpp's DRY
+/// sampler (docs/CONTRACT.md) over the last `dry_penalty_last_n` tokens of the row's
+/// history (prompt, then output). Empty when DRY is off or finds no repeat to extend.
+///
+/// Repeat lengths come from the Z-algorithm run backwards over the window (linear in its
+/// length), clamped by the last sequence breaker; the reference computes them by their
+/// definition instead.
+pub fn dry_penalties(
+    p: &crate::params::SamplingParams,
+    prompt: &[u32],
+    output: &[u32],
+) -> Vec<(u32, f32)> {
+    if !p.dry_on() {
+        return Vec::new();
+    }
+    let len = prompt.len() + output.len();
+    let n = match p.dry_penalty_last_n {
+        -1 => len,
+        k => len.min(k as usize),
+    };
+    let allowed = p.dry_allowed_length as usize;
+    if n <= allowed {
+        return Vec::new();
+    }
+    // rat(i): the i-th token from the end of the history (0 = the last one)
+    let rat = |i: usize| {
+        let at = len - 1 - i;
+        if at < prompt.len() {
+            prompt[at]
+        } else {
+            output[at - prompt.len()]
+        }
+    };
+    let rep_limit = dry_repeat_limit(p, n, &rat);
+    if rep_limit < allowed {
+        return Vec::new();
+    }
+    // z[k]: how many tokens before distance k match the last ones (the suffix ending
+    // k tokens back that equals a suffix of the history), clamped to the limit
+    let mut z = vec![0usize; n];
+    let (mut lt, mut rt) = (0usize, 0usize);
+    for k in 1..n {
+        if k > rt {
+            let mut m = 0;
+            while m + k < n && rat(m) == rat(m + k) {
+                m += 1;
+            }
+            z[k] = m.min(rep_limit);
+            if m > 0 {
+                lt = k;
+                rt = k + m - 1;
+            }
+        } else {
+            let pair = k - lt;
+            let right = rt - k + 1;
+            if z[pair] < right {
+                z[k] = z[pair].min(rep_limit);
+            } else {
+                let mut i = rt + 1;
+                while i < n && rat(i) == rat(i - k) {
+                    i += 1;
+                }
+                z[k] = (i - k).min(rep_limit);
+                lt = k;
+                rt = i - 1;
+            }
+        }
+    }
+    // the token after each repeat would extend it: its longest such repeat
+    let mut longest: Vec<(u32, usize)> = (1..n)
+        .filter(|&k| z[k] >= allowed)
+        .map(|k| (rat(k - 1), z[k]))
+        .collect();
+    longest.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    longest.dedup_by_key(|e| e.0);
+    longest
+        .into_iter()
+        .filter(|&(t, _)| {
+            !p.dry_sequence_breakers
+                .iter()
+                .any(|b| b.len() == 1 && b[0] == t)
+        })
+        .map(|(t, m)| (t, dry_penalty(p, m - allowed)))
+        .collect()
+}
+
+/// DRY's limit on a repeat's length: the distance from the end of the window's last
+/// sequence breaker (the longest breaker ending there), or the window's length.
+pub(crate) fn dry_repeat_limit(
+    p: &crate::params::SamplingParams,
+    n: usize,
+    rat: &impl Fn(usize) -> u32,
+) -> usize {
+    for i in 0..n {
+        let head = rat(i);
+        let mut longest: Option<usize> = None;
+        for b in &p.dry_sequence_breakers {
+            let tail = b.len() - 1;
+            if b[0] != head || tail > i || longest.is_some_and(|l| tail <= l) {
+                continue;
+            }
+            if (0..tail).all(|o| b[1 + o] == rat(i - o - 1)) {
+                longest = Some(tail);
+            }
+        }
+        if let Some(l) = longest {
+            return i - l;
+        }
+    }
+    n
+}
+
+/// DRY's penalty for a repeat `excess` tokens past the allowed length:
+/// `multiplier * base^e` with `e = min(excess, floor(88.7228391 / ln(base)))` (no clamp
+/// when `base <= 1.000001`), the power by repeated squaring in f64, rounded once to f32.
+pub fn dry_penalty(p: &crate::params::SamplingParams, excess: usize) -> f32 {
+    let base = f64::from(p.dry_base);
+    let mut e = excess as u64;
+    if p.dry_base > 1.000_001 {
+        let max_exp = (88.722_839_1_f64 / base.ln()) as u64;
+        if max_exp > 0 {
+            e = e.min(max_exp);
+        }
+    }
+    let (mut acc, mut sq) = (1.0f64, base);
+    while e > 0 {
+        if e & 1 == 1 {
+            acc *= sq;
+        }
+        sq *= sq;
+        e >>= 1;
+    }
+    (f64::from(p.dry_multiplier) * acc) as f32
 }
 
 /// The distinct ids of a history in increasing order, with their output counts: the
@@ -301,10 +473,30 @@ pub fn touches_into(req: &Request, out: &mut Vec<(u32, Touch)>) {
                 bias: None,
                 seen,
                 count,
+                dry: 0.0,
             };
             out.push((id, touch));
         })
     });
+    let dry = dry_penalties(p, &s.prompt, &s.output);
+    if !dry.is_empty() {
+        let history = out.len();
+        for (t, pen) in dry {
+            match out[start..history].binary_search_by_key(&t, |e| e.0) {
+                Ok(i) => out[start + i].1.dry = pen,
+                Err(_) => out.push((
+                    t,
+                    Touch {
+                        dry: pen,
+                        ..Touch::default()
+                    },
+                )),
+            }
+        }
+        if out.len() > history && history > start {
+            out[start..].sort_unstable_by_key(|e| e.0);
+        }
+    }
     if p.logit_bias.is_empty() {
         return;
     }
@@ -446,6 +638,115 @@ impl TopPWalk {
     /// Smallest distance of the cumulative sum to `p` seen so far.
     pub fn margin(&self) -> f64 {
         self.margin
+    }
+}
+
+/// Stage 5a, top-n-σ: the threshold `ymax - n * σ` (f64) over the finite values `ys`,
+/// `σ` their population standard deviation (mean, then mean squared deviation, in f64).
+pub fn top_n_sigma_threshold(ys: &[f32], ymax: f32, n: f32) -> f64 {
+    let finite = || {
+        ys.iter()
+            .filter(|y| **y > f32::NEG_INFINITY)
+            .map(|&y| f64::from(y))
+    };
+    let count = finite().count();
+    if count == 0 {
+        return f64::NEG_INFINITY;
+    }
+    let mean = finite().sum::<f64>() / count as f64;
+    let var = finite().map(|y| (y - mean) * (y - mean)).sum::<f64>() / count as f64;
+    f64::from(ymax) - f64::from(n) * var.sqrt()
+}
+
+/// A candidate's probability over a set of total weight `sum`: `weight / sum` in f64
+/// (the probabilities of stages 6a and 8a and of the kept distribution's walks).
+#[inline]
+pub fn prob64(w: f32, sum: f64) -> f64 {
+    f64::from(w) / sum
+}
+
+/// Stage 6a, typical-p, over candidates of probabilities `q` (f64, summing to 1): the
+/// entropy `H = -Σ q ln q` (a token of `q = 0` adds nothing) and the largest score kept,
+/// `s*`. A token's score is `|-ln q - H|` ([`typical_score`]); walking by increasing
+/// score, `m` is the fewest tokens whose `q` sum (f64) exceeds `p`, and `s*` the m-th
+/// score; `+inf` (keep all) if the sum never exceeds `p`. Also returns the walk's
+/// smallest distance to `p` (for counting ties).
+pub fn typical_cut(q: &[f64], p: f32) -> (f64, f64, f64) {
+    let h: f64 = -q
+        .iter()
+        .filter(|&&v| v > 0.0)
+        .map(|&v| v * v.ln())
+        .sum::<f64>();
+    let mut order: Vec<(f64, f64)> = q.iter().map(|&v| (typical_score(v, h), v)).collect();
+    order.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let p = f64::from(p);
+    let (mut cum, mut margin) = (0.0f64, f64::INFINITY);
+    for (score, v) in order {
+        let before = cum;
+        cum += v;
+        margin = margin.min((cum - p).abs()).min((before - p).abs());
+        if cum > p {
+            return (h, score, margin);
+        }
+    }
+    (h, f64::INFINITY, margin)
+}
+
+/// A token's typical-p score, `|-ln q - H|` (`+inf` for `q = 0`).
+#[inline]
+pub fn typical_score(q: f64, h: f64) -> f64 {
+    if q > 0.0 {
+        (-q.ln() - h).abs()
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// Stage 8a's coin for a row at a step: `u` (as the draw's) from Philox word 0 of
+/// counter `(0, step & 0xffffffff, step >> 32, 1)`, stream 1.
+pub fn xtc_coin(seed: u64, step: u64) -> f32 {
+    let c = [0, step as u32, (step >> 32) as u32, 1];
+    crate::philox::uniform(crate::philox::philox4x32_10(c, crate::philox::seed_key(seed))[0])
+}
+
+/// Whether XTC removes anything from a row at this step: it is on
+/// ([`crate::SamplingParams::xtc_on`]) and its coin is at most `xtc_probability`.
+pub fn xtc_fires(p: &crate::params::SamplingParams, seed: u64, step: u64) -> bool {
+    p.xtc_on() && xtc_coin(seed, step) <= p.xtc_probability
+}
+
+/// Stage 8a over the kept set `(y, q)` (q in f64 over the set): with at least two
+/// tokens of `q >= threshold`, the smallest `y` among them; tokens above it are removed
+/// (so the least likely top choice stays, with its ties). `None` when nothing is removed.
+pub fn xtc_cut(set: impl Iterator<Item = (f32, f64)>, threshold: f32) -> Option<f32> {
+    let t = f64::from(threshold);
+    let (mut count, mut low) = (0usize, f32::INFINITY);
+    for (y, q) in set {
+        if q >= t {
+            count += 1;
+            low = low.min(y);
+        }
+    }
+    (count >= 2).then_some(low)
+}
+
+/// The kept distribution of a set `(id, y)`: its size and its `n` most likely tokens
+/// (ties: smaller id first) with `softmax(y)` over the set, in f64 rounded to f32.
+pub fn kept_of(set: &[(u32, f32)], n: u32) -> Kept {
+    let vmax = set.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = set.iter().map(|c| f64::from(c.1 - vmax).exp()).sum();
+    let mut sorted = set.to_vec();
+    sorted.sort_by(rank_order);
+    Kept {
+        size: set.len() as u32,
+        top: sorted
+            .iter()
+            .take(n as usize)
+            .map(|&(id, y)| KeptToken {
+                id,
+                p: (f64::from(y - vmax).exp() / sum) as f32,
+            })
+            .collect(),
     }
 }
 

@@ -114,10 +114,12 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
             LogprobsMode::Raw => full_logprobs(x, token, n),
             LogprobsMode::Processed => full_logprobs(&z, token, n),
         });
+        let kept = p.kept.map(|n| pl::kept_of(&[(token, 0.0)], n));
         return (
             Ok(Sample {
                 token,
                 logprobs: lp,
+                kept,
             }),
             tie,
         );
@@ -126,19 +128,36 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
     // Stage 5: temperature.
     let y: Vec<f32> = z.iter().map(|&zi| zi / t).collect();
     let ymax = zmax / t;
-    let mut keep = vec![true; v];
+    // S never holds a token at -inf.
+    let mut keep: Vec<bool> = y.iter().map(|&a| a > f32::NEG_INFINITY).collect();
 
+    // Stage 5a: top-n-sigma.
+    if p.top_n_sigma > 0.0 {
+        stage_top_n_sigma(&y, ymax, p.top_n_sigma, &mut keep);
+    }
     // Stage 6: top-k.
     let k = p.top_k as usize;
     if k > 0 && k < v {
         stage_top_k(&y, k, &mut keep);
     }
-    // Stage 7: top-p over K.
+    // Stage 6a: typical-p over K.
+    if p.typical_p < 1.0 {
+        let m = stage_typical(&y, p.typical_p, &mut keep);
+        tie.top_p_margin = tie.top_p_margin.min(m);
+    }
+    // From here on, ymax is the largest kept value (typical-p may have removed the top).
+    let ymax = kept_max(&y, &keep);
+    // Stage 7: top-p.
     if p.top_p < 1.0 {
-        tie.top_p_margin = stage_top_p(&y, ymax, p.top_p, &mut keep);
+        let m = stage_top_p(&y, ymax, p.top_p, &mut keep);
+        tie.top_p_margin = tie.top_p_margin.min(m);
     }
     // Stage 8: min-p.
     stage_min_p(&y, ymax, p.min_p, &mut keep);
+    // Stage 8a: XTC.
+    if pl::xtc_fires(p, req.state.seed, req.step()) {
+        stage_xtc(&y, p.xtc_threshold, &mut keep);
+    }
 
     // Stage 10: the Gumbel draw over S.
     let mut best: Option<(u32, f32)> = None;
@@ -163,20 +182,20 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
         tie.s_gap_ulps = ulps_between(s_best, runner_up);
     }
 
+    let set: Vec<(u32, f32)> = (0..v)
+        .filter(|&i| keep[i])
+        .map(|i| (i as u32, y[i]))
+        .collect();
     let lp = p.logprobs.map(|n| match p.logprobs_mode {
         LogprobsMode::Raw => full_logprobs(x, token, n),
-        LogprobsMode::Processed => {
-            let kept: Vec<(u32, f32)> = (0..v)
-                .filter(|&i| keep[i])
-                .map(|i| (i as u32, y[i]))
-                .collect();
-            subset_logprobs(&kept, token, n)
-        }
+        LogprobsMode::Processed => subset_logprobs(&set, token, n),
     });
+    let kept = p.kept.map(|n| pl::kept_of(&set, n));
     (
         Ok(Sample {
             token,
             logprobs: lp,
+            kept,
         }),
         tie,
     )
@@ -211,6 +230,56 @@ pub(crate) fn stage_top_p(y: &[f32], ymax: f32, p: f32, keep: &mut [bool]) -> f6
         *kp = *kp && qi >= tau;
     }
     margin
+}
+
+/// The largest value still kept (`-inf` for none).
+fn kept_max(y: &[f32], keep: &[bool]) -> f32 {
+    (0..y.len())
+        .filter(|&i| keep[i])
+        .map(|i| y[i])
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Stage 5a: keeps `y >= ymax - n * σ` over the finite values (f64); returns the threshold.
+fn stage_top_n_sigma(y: &[f32], ymax: f32, n: f32, keep: &mut [bool]) -> f64 {
+    let tau = pl::top_n_sigma_threshold(y, ymax, n);
+    for (kp, &yi) in keep.iter_mut().zip(y) {
+        *kp = *kp && f64::from(yi) >= tau;
+    }
+    tau
+}
+
+/// Stage 6a over the kept tokens: keeps those whose typical score is at most the cut's;
+/// returns the walk's distance to `p`.
+fn stage_typical(y: &[f32], p: f32, keep: &mut [bool]) -> f64 {
+    let ids: Vec<usize> = (0..y.len()).filter(|&i| keep[i]).collect();
+    let ymax = kept_max(y, keep);
+    let w: Vec<f32> = ids.iter().map(|&i| pl::weight(y[i], ymax)).collect();
+    let sum: f64 = w.iter().map(|&e| f64::from(e)).sum();
+    let q: Vec<f64> = w.iter().map(|&e| pl::prob64(e, sum)).collect();
+    let (h, cut, margin) = pl::typical_cut(&q, p);
+    for (&i, &qi) in ids.iter().zip(&q) {
+        keep[i] = pl::typical_score(qi, h) <= cut;
+    }
+    margin
+}
+
+/// Stage 8a over the kept tokens (its coin already came up).
+fn stage_xtc(y: &[f32], threshold: f32, keep: &mut [bool]) {
+    let ids: Vec<usize> = (0..y.len()).filter(|&i| keep[i]).collect();
+    if ids.len() < 2 {
+        return;
+    }
+    let ymax = kept_max(y, keep);
+    let sum: f64 = ids.iter().map(|&i| f64::from(pl::weight(y[i], ymax))).sum();
+    let set = ids
+        .iter()
+        .map(|&i| (y[i], pl::prob64(pl::weight(y[i], ymax), sum)));
+    if let Some(low) = pl::xtc_cut(set, threshold) {
+        for &i in &ids {
+            keep[i] = y[i] <= low;
+        }
+    }
 }
 
 /// Stage 8: keeps `y >= ymax + ln(min_p)` (nothing removed when `min_p = 0`).

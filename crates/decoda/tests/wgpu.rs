@@ -628,3 +628,59 @@ fn full_row_path_draws_the_cpu_token_in_every_plan() {
         "{count:?}"
     );
 }
+
+/// Rows using the later stages (DRY, top-n-σ, typical-p, XTC, the kept distribution) in a
+/// batch with plain rows, at a real vocabulary: the host API draws them (on the CPU for
+/// now) and the plain rows on the device, each row the reference's; the device API
+/// refuses them, naming the row and the field.
+#[test]
+fn later_stages_on_the_host_api_and_refused_by_the_device_api() {
+    let Some(b) = sampler() else { return };
+    let v = 32_000usize;
+    let mut rng = Rng::new(17);
+    let mut data = Vec::new();
+    let mut reqs = Vec::new();
+    for r in 0..6 {
+        let (x, mut req) = decoda::testing::stages::random_staged_case(&mut rng, v);
+        if r % 2 == 0 {
+            req.params.typical_p = 0.8;
+            req.params.kept = Some(16);
+        }
+        data.extend(x);
+        reqs.push(req);
+    }
+    let logits = Logits::f32(&data, reqs.len(), v).unwrap();
+    let got = b.sample(&logits, &reqs).unwrap();
+    for (r, (g, req)) in got.iter().zip(&reqs).enumerate() {
+        let (want, tie) = decoda::reference::reference_row(&data[r * v..(r + 1) * v], req);
+        assert!(
+            !matches!(
+                decoda::testing::classify(g, &want, &tie),
+                decoda::testing::Verdict::Mismatch
+            ),
+            "row {r}: {g:?} vs {want:?}"
+        );
+    }
+    let buf = b.upload_logits(&logits);
+    let out = b.outputs(reqs.len()).unwrap();
+    let view = DeviceLogits {
+        buffer: &buf,
+        dtype: DType::F32,
+        rows: reqs.len(),
+        vocab: v,
+        row_stride: v,
+        offset: 0,
+    };
+    let mut enc = b
+        .device()
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    match b.record(&mut enc, &view, &reqs, &out) {
+        Err(Error::InvalidParameter { row: 0, field, .. }) => {
+            assert!(
+                field == "typical_p" || field == "dry_multiplier" || field == "top_n_sigma",
+                "{field}"
+            )
+        }
+        other => panic!("expected the device API to refuse row 0, got {other:?}"),
+    }
+}

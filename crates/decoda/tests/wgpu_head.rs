@@ -207,3 +207,36 @@ fn stops_and_rejoin() {
     assert!(err.to_string().contains("slot 1"), "{err}");
     assert!(head.step(&logits, &[0, 0]).is_err());
 }
+
+/// The device head refuses the stages its kernels do not run yet, at join and at
+/// set_params, naming the slot and the field; the slot stays usable.
+#[test]
+fn later_stages_refused_by_the_device_head() {
+    let Some(s) = sampler() else { return };
+    let mut head = WgpuHead::new(&s, 2, 1000).unwrap();
+    let dry = SamplingParams {
+        dry_multiplier: 0.8,
+        ..SamplingParams::default()
+    };
+    match head.join(1, SlotRequest::new(dry.clone()).seed(3)) {
+        Err(decoda::Error::InvalidParameter { row: 1, field, .. }) => {
+            assert_eq!(field, "dry_multiplier")
+        }
+        other => panic!("expected a refusal naming slot 1, got {other:?}"),
+    }
+    head.join(1, SlotRequest::new(SamplingParams::default()).seed(3))
+        .unwrap();
+    let xtc = SamplingParams {
+        xtc_probability: 0.5,
+        ..SamplingParams::default()
+    };
+    match head.set_params(1, xtc) {
+        Err(decoda::Error::InvalidParameter { row: 1, field, .. }) => {
+            assert_eq!(field, "xtc_probability")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let x = vec![0.5f32; 1000];
+    let steps = head.step(&Logits::f32(&x, 1, 1000).unwrap(), &[1]).unwrap();
+    assert!(steps[0].result.is_ok(), "{:?}", steps[0]);
+}

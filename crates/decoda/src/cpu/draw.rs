@@ -215,6 +215,7 @@ pub(super) fn gated_draw(
     Some(Ok(Sample {
         token: best.0,
         logprobs: None,
+        kept: None,
     }))
 }
 

@@ -29,6 +29,7 @@ pub mod kernels;
 pub mod model;
 
 mod draw;
+mod general;
 mod head;
 mod logprobs;
 mod moe;
@@ -171,6 +172,9 @@ pub fn sample_row_f32(x: &[f32], req: &Request) -> RowResult {
 }
 
 fn sample_row(x: &[f32], req: &Row<'_>, s: &mut Scratch) -> RowResult {
+    if general::wanted(req) {
+        return general::sample_general(x, req);
+    }
     let mods = pl::sparse_mods(|t| x[t as usize], req);
     let (t, k) = (req.params.temperature, req.params.top_k as usize);
     if mods.is_empty() && k > 0 && k < x.len() && !pl::is_greedy(t, 0.0) {
@@ -391,6 +395,7 @@ fn sample_z(
         return Ok(Sample {
             token,
             logprobs: lp,
+            kept: None,
         });
     }
     let ymax = zmax / t;
@@ -493,6 +498,7 @@ fn sample_z(
     Ok(Sample {
         token,
         logprobs: lp,
+        kept: None,
     })
 }
 

@@ -640,6 +640,7 @@ pub(super) fn sample_wide(
     Some(Ok(Sample {
         token,
         logprobs: lp,
+        kept: None,
     }))
 }
 

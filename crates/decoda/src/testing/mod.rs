@@ -16,9 +16,15 @@ pub mod head;
 pub mod model;
 pub mod moe;
 pub mod shapes;
+pub mod stages;
 pub mod synthetic;
 pub mod tiny;
 pub mod workload;
+
+pub use stages::{
+    kept_distribution, later_parameters_name_field_value_row, later_stages_match_reference,
+    stage_dry, stage_top_n_sigma, stage_typical_p, stage_xtc,
+};
 
 /// Whether the deeper test tier runs (`DECODA_TESTS=full`; docs/TESTING.md): long
 /// property runs, the large parity runs, fresh objects for every cell of a sweep. The
@@ -62,6 +68,16 @@ pub const CHECKS: &[(&str, Check)] = &[
     ),
     ("distribution_chi_square", distribution_chi_square),
     ("draws_match_single_steps", draws_match_single_steps),
+    ("stage_dry", stage_dry),
+    ("stage_top_n_sigma", stage_top_n_sigma),
+    ("stage_typical_p", stage_typical_p),
+    ("stage_xtc", stage_xtc),
+    ("kept_distribution", kept_distribution),
+    ("later_stages_match_reference", later_stages_match_reference),
+    (
+        "later_parameters_name_field_value_row",
+        later_parameters_name_field_value_row,
+    ),
 ];
 
 /// Outcome of [`run_all`].
@@ -103,7 +119,9 @@ macro_rules! conformance_suite {
             row_errors_stay_in_their_row, invalid_parameters_name_field_value_row,
             history_and_shape_errors, logprobs_raw_and_processed, half_precision_inputs,
             batch_invariance, matches_reference_random_rows, distribution_chi_square,
-            draws_match_single_steps);
+            draws_match_single_steps, stage_dry, stage_top_n_sigma, stage_typical_p, stage_xtc,
+            kept_distribution, later_stages_match_reference,
+            later_parameters_name_field_value_row);
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
         $(
@@ -1032,6 +1050,13 @@ pub enum Verdict {
 pub fn classify(got: &RowResult, want: &RowResult, tie: &TieReport) -> Verdict {
     match (got, want) {
         (Ok(g), Ok(w)) if g.token == w.token => {
+            if !same_kept(&g.kept, &w.kept) {
+                return if tie.is_top_p_tie() {
+                    Verdict::AllowedTie
+                } else {
+                    Verdict::Mismatch
+                };
+            }
             let (Some(a), Some(bb)) = (&g.logprobs, &w.logprobs) else {
                 return if g.logprobs.is_some() == w.logprobs.is_some() {
                     Verdict::Same { logprob_diff: 0.0 }
@@ -1064,6 +1089,23 @@ pub fn classify(got: &RowResult, want: &RowResult, tie: &TieReport) -> Verdict {
         (Err(g), Err(w)) if g == w => Verdict::Same { logprob_diff: 0.0 },
         (Ok(_), Ok(_)) if tie.is_tie() => Verdict::AllowedTie,
         _ => Verdict::Mismatch,
+    }
+}
+
+/// Whether two kept distributions agree: the same size and ids, probabilities within
+/// 1e-6 (or both absent).
+fn same_kept(a: &Option<crate::pipeline::Kept>, b: &Option<crate::pipeline::Kept>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => {
+            a.size == b.size
+                && a.top.len() == b.top.len()
+                && a.top
+                    .iter()
+                    .zip(&b.top)
+                    .all(|(x, y)| x.id == y.id && (x.p - y.p).abs() <= 1e-6)
+        }
+        _ => false,
     }
 }
 
@@ -1260,6 +1302,7 @@ mod tests {
                 rank: 1,
                 top: Vec::new(),
             }),
+            kept: None,
         })
     }
 

@@ -586,6 +586,7 @@ impl Head for WgpuHead {
             )));
         }
         request.validate(slot, self.vocab)?;
+        crate::params::on_device_only(&request.params, slot)?;
         let seed = head::seed_of(&request)?;
         let h = HostSlot {
             params: request.params,
@@ -631,6 +632,7 @@ impl Head for WgpuHead {
     fn set_params(&mut self, slot: usize, params: SamplingParams) -> Result<()> {
         head::check_slot(slot, self.slots)?;
         params.validate(slot, self.vocab)?;
+        crate::params::on_device_only(&params, slot)?;
         let Some(mut h) = self.host[slot].clone() else {
             return Err(Error::Shape(format!("slot {slot} has no sequence")));
         };

@@ -165,6 +165,36 @@ impl WgpuSampler {
     }
 }
 
+impl WgpuSampler {
+    /// A call with rows whose stages the kernels do not run yet
+    /// ([`crate::SamplingParams::beyond_device`]: DRY, top-n-σ, typical-p, XTC, the kept
+    /// distribution): those rows are drawn by the CPU sampler from the host's logits (the
+    /// same contract), the others on the device; results in the rows' order.
+    fn sample_rows_split(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
+        let (host, device): (Vec<usize>, Vec<usize>) =
+            (0..rows.len()).partition(|&i| rows[i].params.beyond_device().is_some());
+        let pick = |ids: &[usize]| ids.iter().map(|&i| rows[i]).collect::<Vec<_>>();
+        let on_host = crate::cpu::CpuSampler::new().sample_rows(logits, &pick(&host))?;
+        let on_device = if device.is_empty() {
+            Vec::new()
+        } else {
+            self.sample_rows(logits, &pick(&device))?
+        };
+        let mut out: Vec<Option<RowResult>> = vec![None; rows.len()];
+        for (i, r) in host
+            .into_iter()
+            .zip(on_host)
+            .chain(device.into_iter().zip(on_device))
+        {
+            out[i] = Some(r);
+        }
+        Ok(out
+            .into_iter()
+            .map(|r| r.expect("every row drawn once"))
+            .collect())
+    }
+}
+
 /// Bytes of a device copy of the logits: whole 4-byte words, at least one.
 fn logits_size(logits: &Logits<'_>) -> u64 {
     ((logits.rows() * logits.vocab() * logits.dtype().size()).next_multiple_of(4)).max(4) as u64
@@ -176,6 +206,9 @@ impl Backend for WgpuSampler {
     }
 
     fn sample_rows(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
+        if rows.iter().any(|r| r.params.beyond_device().is_some()) {
+            return self.sample_rows_split(logits, rows);
+        }
         if !pl::reads_in_order(rows, logits.rows()) {
             // per-step views of rows: the device reads its rows contiguously
             let copy = Gathered::new(logits, rows.iter().map(|r| r.logits_row()));
@@ -208,7 +241,9 @@ impl Backend for WgpuSampler {
         rows: &[Row<'_>],
         draws: usize,
     ) -> Result<Vec<Vec<RowResult>>> {
-        if rows.iter().any(|r| r.params.logprobs.is_some())
+        if rows
+            .iter()
+            .any(|r| r.params.logprobs.is_some() || r.params.beyond_device().is_some())
             || !pl::reads_in_order(rows, logits.rows())
         {
             return crate::backend::draws_by_steps(self, logits, rows, draws);
@@ -290,7 +325,7 @@ pub(crate) fn row_status(code: u32, count: u32) -> Option<RowError> {
 /// is the row's [`RowError::NoWinner`], never a token.
 pub(crate) fn checked(token: u32, vocab: usize, logprobs: Option<TokenLogprobs>) -> RowResult {
     if token != NO_TOKEN && (token as usize) < vocab {
-        Ok(Sample { token, logprobs })
+        Ok(Sample::token(token, logprobs))
     } else {
         Err(RowError::NoWinner)
     }

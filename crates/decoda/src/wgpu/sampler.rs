@@ -377,7 +377,9 @@ impl WgpuSampler {
     /// Whole-call problems (shapes, parameters, history ids, a buffer too small) are an
     /// error here, before anything is recorded. Token masks ([`Request::allowed`]) are
     /// taken by the host API ([`Backend::sample`](crate::Backend::sample)) only, for now:
-    /// a request with one is an error here.
+    /// a request with one is an error here, as is one using DRY, top-n-σ, typical-p, XTC
+    /// or the kept distribution ([`crate::SamplingParams::beyond_device`]), which the
+    /// host API draws on the CPU for now.
     pub fn record(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -393,6 +395,9 @@ impl WgpuSampler {
                 value: "a token mask".into(),
                 expected: "none on the device API yet (the host API, Backend::sample, takes masks)",
             });
+        }
+        for (row, r) in requests.iter().enumerate() {
+            crate::params::on_device_only(&r.params, row)?;
         }
         self.record_inner(encoder, logits, &rows, out, StepStamps::None, 0)
     }

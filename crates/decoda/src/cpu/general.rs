@@ -1,0 +1,176 @@
+//! The general path: rows that use a stage the streaming path does not (top-n-σ,
+//! typical-p, XTC) or ask for their kept distribution. The row's candidates are kept as
+//! one `(id, y)` list that each stage shrinks with the shared [`crate::pipeline`]
+//! functions; only typical-p and top-p sort it (typical-p by score, top-p by
+//! probability), and only the candidates that survived the thresholds before them.
+
+use crate::error::RowError;
+use crate::params::LogprobsMode;
+use crate::philox::gumbel;
+use crate::pipeline::{self as pl, Row, RowResult, Sample};
+
+use super::kernels;
+
+/// Whether a row takes the general path.
+pub(super) fn wanted(row: &Row<'_>) -> bool {
+    let p = &row.params;
+    p.top_n_sigma > 0.0 || p.typical_p < 1.0 || p.xtc_on() || p.kept.is_some()
+}
+
+/// One row of f32 logits (its token mask already applied) through the whole contract.
+pub(super) fn sample_general(x: &[f32], row: &Row<'_>) -> RowResult {
+    let p = &row.params;
+    let (xmax, bad) = kernels::max_nonfinite(x);
+    if bad > 0 {
+        return Err(RowError::NonFiniteLogits { count: bad });
+    }
+    // stages 1-3a on a copy of the touched tokens
+    let mods = pl::sparse_mods(|t| x[t as usize], row);
+    let bad = mods
+        .iter()
+        .filter(|m| m.1.is_nan() || m.1 == f32::INFINITY)
+        .count() as u64;
+    if bad > 0 {
+        return Err(RowError::NonFiniteLogits { count: bad });
+    }
+    let mut z = x.to_vec();
+    for &(t, zt) in &mods {
+        z[t as usize] = zt;
+    }
+    let zmax = if mods.is_empty() {
+        xmax
+    } else {
+        kernels::max(&z)
+    };
+    if zmax == f32::NEG_INFINITY {
+        return Err(RowError::NoCandidate);
+    }
+    let t = p.temperature;
+    if pl::is_greedy(t, zmax) {
+        let token = z.iter().position(|&v| v == zmax).expect("max exists") as u32;
+        let logprobs = p.logprobs.map(|n| match p.logprobs_mode {
+            LogprobsMode::Raw => logprobs_over(&indexed(x), token, n),
+            LogprobsMode::Processed => logprobs_over(&indexed(&z), token, n),
+        });
+        let kept = p.kept.map(|n| pl::kept_of(&[(token, 0.0)], n));
+        return Ok(Sample {
+            token,
+            logprobs,
+            kept,
+        });
+    }
+    // stage 5 on the finite tokens; -inf ones are out of every set from here
+    let y: Vec<f32> = z.iter().map(|&v| v / t).collect();
+    let ymax = zmax / t;
+    let mut lo = f64::NEG_INFINITY;
+    if p.top_n_sigma > 0.0 {
+        lo = pl::top_n_sigma_threshold(&y, ymax, p.top_n_sigma);
+    }
+    let k = p.top_k as usize;
+    let mut cands: Vec<(u32, f32)> = Vec::new();
+    if k > 0 && k < y.len() {
+        // the k-th largest of the whole row (-inf included), by selection
+        let mut sel = y.clone();
+        let (_, kth, _) = sel.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+        lo = lo.max(f64::from(*kth));
+    }
+    cands.extend(
+        y.iter()
+            .enumerate()
+            .filter(|(_, &v)| v > f32::NEG_INFINITY && f64::from(v) >= lo)
+            .map(|(i, &v)| (i as u32, v)),
+    );
+    if p.typical_p < 1.0 {
+        let m = top(&cands);
+        let w: Vec<f32> = cands.iter().map(|c| pl::weight(c.1, m)).collect();
+        let sum: f64 = w.iter().map(|&e| f64::from(e)).sum();
+        let q: Vec<f64> = w.iter().map(|&e| pl::prob64(e, sum)).collect();
+        let (h, cut, _) = pl::typical_cut(&q, p.typical_p);
+        let mut i = 0;
+        cands.retain(|_| {
+            i += 1;
+            pl::typical_score(q[i - 1], h) <= cut
+        });
+    }
+    if p.top_p < 1.0 {
+        let m = top(&cands);
+        let sum: f64 = cands.iter().map(|c| f64::from(pl::weight(c.1, m))).sum();
+        let mut q: Vec<f32> = cands
+            .iter()
+            .map(|c| pl::prob(pl::weight(c.1, m), sum))
+            .collect();
+        let mut desc = q.clone();
+        desc.sort_by(|a, b| b.total_cmp(a));
+        let (tau, _) = pl::top_p_cut(desc, p.top_p);
+        let mut i = 0;
+        cands.retain(|_| {
+            i += 1;
+            q[i - 1] >= tau
+        });
+        q.clear();
+    }
+    if p.min_p > 0.0 {
+        let tau = pl::min_p_threshold(top(&cands), p.min_p);
+        cands.retain(|c| c.1 >= tau);
+    }
+    if cands.len() >= 2 && pl::xtc_fires(p, row.state.seed, row.step()) {
+        let m = top(&cands);
+        let sum: f64 = cands.iter().map(|c| f64::from(pl::weight(c.1, m))).sum();
+        let set = cands
+            .iter()
+            .map(|c| (c.1, pl::prob64(pl::weight(c.1, m), sum)));
+        if let Some(low) = pl::xtc_cut(set, p.xtc_threshold) {
+            cands.retain(|c| c.1 <= low);
+        }
+    }
+    // stage 9: the Gumbel draw over S, ties to the smaller id (cands is in id order)
+    let (seed, step) = (row.state.seed, row.step());
+    let mut best: Option<(u32, f32)> = None;
+    for &(i, v) in &cands {
+        let s = v + gumbel(seed, step, i);
+        if best.is_none_or(|b| s > b.1) {
+            best = Some((i, s));
+        }
+    }
+    let Some((token, _)) = best else {
+        return Err(RowError::NoWinner);
+    };
+    let logprobs = p.logprobs.map(|n| match p.logprobs_mode {
+        LogprobsMode::Raw => logprobs_over(&indexed(x), token, n),
+        LogprobsMode::Processed => logprobs_over(&cands, token, n),
+    });
+    let kept = p.kept.map(|n| pl::kept_of(&cands, n));
+    Ok(Sample {
+        token,
+        logprobs,
+        kept,
+    })
+}
+
+/// The largest value of a candidate list.
+fn top(c: &[(u32, f32)]) -> f32 {
+    c.iter().fold(f32::NEG_INFINITY, |a, c| a.max(c.1))
+}
+
+fn indexed(v: &[f32]) -> Vec<(u32, f32)> {
+    v.iter().enumerate().map(|(i, &x)| (i as u32, x)).collect()
+}
+
+/// Log-probabilities of `log_softmax` over a set of `(id, value)` pairs.
+fn logprobs_over(set: &[(u32, f32)], token: u32, n: u32) -> pl::TokenLogprobs {
+    let vmax = top(set);
+    let lse = pl::log_sum_exp(set.iter().map(|c| c.1), vmax);
+    let chosen = *set
+        .iter()
+        .find(|c| c.0 == token)
+        .expect("the drawn token is in its set");
+    let rank = pl::rank_of(chosen, set.iter().copied());
+    let mut sorted: Vec<(u32, f32)> = set.to_vec();
+    let n_top = (n as usize).min(sorted.len());
+    if n_top > 0 && n_top < sorted.len() {
+        sorted.select_nth_unstable_by(n_top - 1, pl::rank_order);
+        sorted.truncate(n_top);
+    }
+    sorted.sort_by(pl::rank_order);
+    pl::assemble_logprobs(chosen, rank, &sorted, n, vmax, lse)
+}
