@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use clap::Args;
 use decoda::head::SlotRequest;
-use decoda::model::{generate, Engine, Qwen3Moe, Report, Sequence, DEFAULT_SORT_CUTOFF};
+use decoda::model::{
+    generate_until, Engine, Qwen3Moe, Report, Sequence, SequenceOutput, DEFAULT_SORT_CUTOFF,
+};
 use decoda::CpuEngine;
 use serde_json::{json, Value};
 
@@ -36,6 +38,22 @@ pub struct GenerateArgs {
     /// Stop ids, "256,1": a sequence ends after drawing one.
     #[arg(long)]
     stop: Option<String>,
+    /// Stop string (repeatable): a sequence ends when its decoded text contains it, and
+    /// its output is cut before it (needs tokenizer.json).
+    #[arg(long = "stop-str")]
+    stop_str: Vec<String>,
+    /// N sequences from the one prompt, with seeds seed, seed+1, ...; the prompt is
+    /// prefilled once.
+    #[arg(long, default_value_t = 1)]
+    n: usize,
+    /// A fixed token mask for every step (a grammar's allowed tokens): an int32 or
+    /// uint32 .npy of shape [ceil(V/32)], bit i % 32 of word i / 32 set for token i.
+    #[arg(long)]
+    grammar_mask: Option<PathBuf>,
+    /// DRY sequence breaker as text (repeatable; needs tokenizer.json), e.g. "\n" or ":";
+    /// added to --dry-sequence-breakers.
+    #[arg(long = "dry-breaker")]
+    dry_breaker: Vec<String>,
     #[command(flatten)]
     sampling: SamplingFlags,
     /// RNG seed (default: drawn from OS entropy per sequence, and reported).
@@ -76,6 +94,16 @@ const LINE_KEYS: &[&str] = &[
     "logit_bias",
     "logprobs",
     "logprobs_mode",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "top_n_sigma",
+    "typical_p",
+    "xtc_probability",
+    "xtc_threshold",
+    "kept",
 ];
 
 fn parse_ids(what: &str, s: &str) -> Result<Vec<u32>, String> {
@@ -121,11 +149,67 @@ fn seed_or_entropy(seed: Option<u64>) -> Result<u64, String> {
     }
 }
 
+/// DRY breakers given as text, each tokenized into one id sequence.
+fn text_breakers(
+    a: &GenerateArgs,
+    tok: Option<&tokenizers::Tokenizer>,
+) -> Result<Vec<Vec<u32>>, String> {
+    a.dry_breaker
+        .iter()
+        .map(|text| {
+            let ids = encode(tok, &a.model, text).map_err(|e| format!("--dry-breaker: {e}"))?;
+            if ids.is_empty() {
+                return Err(format!("--dry-breaker {text:?} encodes to no token"));
+            }
+            Ok(ids)
+        })
+        .collect()
+}
+
 fn sequences(
     a: &GenerateArgs,
     tok: Option<&tokenizers::Tokenizer>,
 ) -> Result<Vec<Sequence>, String> {
-    let base = a.sampling.params()?;
+    let mut base = a.sampling.params()?;
+    base.dry_sequence_breakers.extend(text_breakers(a, tok)?);
+    let mask = match &a.grammar_mask {
+        None => None,
+        Some(path) => Some(crate::inputs::read_mask(path, 1)?.remove(0)),
+    };
+    let mut seqs = sequences_unmasked(a, tok, &base)?;
+    if a.n == 0 {
+        return Err("--n 0: expected at least 1 sequence".into());
+    }
+    if a.n > 1 {
+        if seqs.len() != 1 {
+            return Err("--n takes one prompt (--prompt or --prompt-ids), not --prompts".into());
+        }
+        let one = seqs.remove(0);
+        let seed0 = one.request.seed.expect("seeded");
+        seqs = (0..a.n as u64)
+            .map(|k| Sequence {
+                prompt: one.prompt.clone(),
+                request: SlotRequest {
+                    seed: Some(seed0.wrapping_add(k)),
+                    ..one.request.clone()
+                },
+            })
+            .collect();
+    }
+    if let Some(m) = mask {
+        for s in &mut seqs {
+            s.request.allowed = Some(m.clone());
+        }
+    }
+    Ok(seqs)
+}
+
+fn sequences_unmasked(
+    a: &GenerateArgs,
+    tok: Option<&tokenizers::Tokenizer>,
+    base: &decoda::SamplingParams,
+) -> Result<Vec<Sequence>, String> {
+    let base = base.clone();
     let stop = a
         .stop
         .as_deref()
@@ -214,6 +298,7 @@ fn engine(
     model: Arc<Qwen3Moe>,
     slots: usize,
     positions: usize,
+    cpu_head: bool,
 ) -> Result<Box<dyn Engine + Send>, String> {
     let gpu = match a.device {
         Device::Cpu => None,
@@ -233,7 +318,13 @@ fn engine(
             ))
         }
         Some(s) => {
-            let host: Option<Box<dyn decoda::head::Head + Send>> = if a.host_sampling {
+            if cpu_head && !a.host_sampling {
+                eprintln!(
+                    "note: a grammar mask, DRY, top-n-sigma, typical-p, XTC or kept is sampled \
+                     on the host for now (the device head does not run them yet)"
+                );
+            }
+            let host: Option<Box<dyn decoda::head::Head + Send>> = if a.host_sampling || cpu_head {
                 let v = model.config.vocab_size;
                 Some(Box::new(
                     decoda::CpuHead::new(slots, v).map_err(|e| e.to_string())?,
@@ -265,7 +356,26 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
         .map(|s| s.prompt.len() + s.request.max_tokens.unwrap_or(0) as usize)
         .max()
         .unwrap_or(1);
-    let mut eng = engine(&a, model, seqs.len(), positions)?;
+    let cpu_head = seqs
+        .iter()
+        .any(|s| s.request.allowed.is_some() || s.request.params.beyond_device().is_some());
+    let mut eng = engine(&a, model, seqs.len(), positions, cpu_head)?;
+    if !a.stop_str.is_empty() && tok.is_none() {
+        return Err(format!(
+            "--stop-str needs {}",
+            a.model.join("tokenizer.json").display()
+        ));
+    }
+    let stops = a.stop_str.clone();
+    let decoder = tok.clone();
+    let mut stop_check = move |_: usize, ids: &[u32]| -> bool {
+        match &decoder {
+            Some(t) if !stops.is_empty() => t
+                .decode(ids, false)
+                .is_ok_and(|text| stops.iter().any(|s| text.contains(s.as_str()))),
+            _ => false,
+        }
+    };
     let total: u64 = seqs.iter().filter_map(|s| s.request.max_tokens).sum();
     let bar = if a.json || total < 64 {
         indicatif::ProgressBar::hidden()
@@ -277,11 +387,53 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
         );
         b
     };
-    let report = pool
-        .install(|| generate(eng.as_mut(), &seqs, &mut |n| bar.set_position(n as u64)))
+    let mut report = pool
+        .install(|| {
+            generate_until(
+                eng.as_mut(),
+                &seqs,
+                &mut |n| bar.set_position(n as u64),
+                &mut stop_check,
+            )
+        })
         .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
-    print_report(&a, eng.as_ref(), &seqs, &report, tok.as_ref())
+    let texts: Vec<Option<String>> = report
+        .outputs
+        .iter_mut()
+        .map(|out| {
+            tok.as_ref()
+                .and_then(|t| cut_at_stop_string(t, &a.stop_str, out))
+        })
+        .collect();
+    print_report(&a, eng.as_ref(), &seqs, &report, tok.as_ref(), &texts)
+}
+
+/// Cuts a sequence that met a stop string: its tokens whose text lies wholly before the
+/// string, and a `text` ending right before it.
+fn cut_at_stop_string(
+    t: &tokenizers::Tokenizer,
+    stops: &[String],
+    out: &mut SequenceOutput,
+) -> Option<String> {
+    if stops.is_empty() {
+        return None;
+    }
+    let text = t.decode(&out.tokens, false).ok()?;
+    let at = stops.iter().filter_map(|s| text.find(s.as_str())).min()?;
+    // the tokens whose text lies wholly before the stop string
+    let before = &text[..at];
+    let n = (0..=out.tokens.len())
+        .take_while(|&n| {
+            t.decode(&out.tokens[..n], false)
+                .is_ok_and(|p| before.starts_with(p.as_str()))
+        })
+        .last()
+        .unwrap_or(0);
+    out.tokens.truncate(n);
+    out.logprobs.truncate(n);
+    out.finish = Some(decoda::head::FinishReason::Stop);
+    Some(text[..at].to_string())
 }
 
 fn text_of(tok: Option<&tokenizers::Tokenizer>, ids: &[u32]) -> Option<String> {
@@ -294,7 +446,14 @@ fn print_report(
     seqs: &[Sequence],
     r: &Report,
     tok: Option<&tokenizers::Tokenizer>,
+    cut: &[Option<String>],
 ) -> Result<ExitCode, String> {
+    // a sequence cut at a stop string shows the text before it
+    let text_at = |i: usize| {
+        cut[i]
+            .clone()
+            .or_else(|| text_of(tok, &r.outputs[i].tokens))
+    };
     let moe = json!({ "prefill": r.moe_prefill, "decode": r.moe_decode });
     let failed = r.outputs.iter().any(|o| o.error.is_some());
     if a.json {
@@ -309,7 +468,7 @@ fn print_report(
             if !o.logprobs.is_empty() {
                 v["logprobs"] = json!(o.logprobs);
             }
-            if let Some(t) = text_of(tok, &o.tokens) {
+            if let Some(t) = text_at(i) {
                 v["text"] = json!(t);
             }
             if let Some(e) = &o.error {
@@ -328,7 +487,8 @@ fn print_report(
             "dispatches_per_step": r.step_dispatches,
             "moe": moe,
         });
-        if a.prompts.is_some() {
+        out["prefills_shared"] = json!(r.forked);
+        if a.prompts.is_some() || seqs.len() > 1 {
             out["sequences"] = Value::Array((0..seqs.len()).map(seq_json).collect());
         } else if let Value::Object(m) = seq_json(0) {
             for (k, v) in m {
@@ -345,7 +505,7 @@ fn print_report(
                 String::new()
             };
             println!("{tag}tokens: {}", ids.join(","));
-            if let Some(t) = text_of(tok, &o.tokens) {
+            if let Some(t) = text_at(i) {
                 println!("{tag}text: {t:?}");
             }
             if let Some(e) = &o.error {

@@ -268,13 +268,7 @@ pub struct ParamArgs {
 /// row) or `[rows, W]`. Its width is checked against the vocabulary by the sampler.
 pub fn read_mask(path: &Path, rows: usize) -> Result<Vec<Vec<u32>>, String> {
     let shown = path.display();
-    let file = std::fs::File::open(path).map_err(|e| format!("cannot open {shown}: {e}"))?;
-    let npy = npyz::NpyFile::new(std::io::BufReader::new(file))
-        .map_err(|e| format!("{shown} is not a valid .npy file: {e}"))?;
-    if npy.order() != npyz::Order::C {
-        return Err(format!("{shown}: save the mask in C order"));
-    }
-    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    let (words, shape) = read_words(path, &[1, 2])?;
     let (b, w) = match shape.as_slice() {
         [w] => (1, *w),
         [b, w] => (*b, *w),
@@ -289,10 +283,39 @@ pub fn read_mask(path: &Path, rows: usize) -> Result<Vec<Vec<u32>>, String> {
             "{shown}: masks for {b} rows; the logits have {rows}"
         ));
     }
+    Ok((0..rows)
+        .map(|r| words[(r % b) * w..(r % b + 1) * w].to_vec())
+        .collect())
+}
+
+/// Reads an int32 or uint32 .npy (token masks) whose rank is one of `ranks`: its words
+/// and shape, the header's shape checked against the file's size first.
+pub fn read_words(path: &Path, ranks: &[usize]) -> Result<(Vec<u32>, Vec<usize>), String> {
+    let shown = path.display();
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot open {shown}: {e}"))?;
+    let npy = npyz::NpyFile::new(std::io::BufReader::new(file))
+        .map_err(|e| format!("{shown} is not a valid .npy file: {e}"))?;
+    if npy.order() != npyz::Order::C {
+        return Err(format!("{shown}: save the mask in C order"));
+    }
+    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    if !ranks.contains(&shape.len()) {
+        return Err(format!(
+            "{shown}: a mask of shape {shape:?}; expected {} dimensions",
+            ranks
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ));
+    }
     let file_len = std::fs::metadata(path)
         .map_err(|e| format!("cannot read {shown}: {e}"))?
         .len();
-    if (b * w * 4) as u64 > file_len {
+    let need = shape
+        .iter()
+        .try_fold(4u64, |acc, &d| acc.checked_mul(d as u64));
+    if need.is_none_or(|n| n > file_len) {
         return Err(format!(
             "{shown}: the header's shape {shape:?} needs more data than the file's {file_len} bytes"
         ));
@@ -312,9 +335,7 @@ pub fn read_mask(path: &Path, rows: usize) -> Result<Vec<Vec<u32>>, String> {
             ))
         }
     };
-    Ok((0..rows)
-        .map(|r| words[(r % b) * w..(r % b + 1) * w].to_vec())
-        .collect())
+    Ok((words, shape))
 }
 
 fn parse_ids(field: &str, s: &str) -> Result<Vec<u32>, String> {
@@ -364,6 +385,16 @@ pub const KEYS: &[&str] = &[
     "logprobs",
     "logprobs_mode",
     "allowed",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "top_n_sigma",
+    "typical_p",
+    "xtc_probability",
+    "xtc_threshold",
+    "kept",
 ];
 
 fn entropy_seed() -> Result<u64, String> {

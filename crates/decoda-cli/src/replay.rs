@@ -22,7 +22,12 @@ pub struct ReplayArgs {
     /// `join` (its first step, default 0), `max_tokens` and `stop` (ids).
     #[arg(long)]
     params: PathBuf,
-    /// Where to run the head.
+    /// Token masks per step and slot: an int32 or uint32 .npy of shape [T, S, ceil(V/32)]
+    /// (bit i % 32 of word i / 32 set for an allowed token i), applied at their step.
+    #[arg(long)]
+    mask: Option<PathBuf>,
+    /// Where to run the head (auto: the GPU when there is one, unless --mask or a
+    /// slot's parameters need the CPU head).
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
     /// Print JSON instead of text.
@@ -112,13 +117,32 @@ pub fn run(a: ReplayArgs) -> Result<ExitCode, String> {
     let (data, shape) = read_array(&a.logits, &[3])?;
     let (t, slots, v) = (shape[0], shape[1], shape[2]);
     let specs = read_specs(&a, slots)?;
+    let masks = match &a.mask {
+        None => None,
+        Some(path) => {
+            let (words, shape) = crate::inputs::read_words(path, &[3])?;
+            if shape[0] != t || shape[1] != slots || shape[2] != v.div_ceil(32) {
+                return Err(format!(
+                    "{}: masks of shape {shape:?}; the logits need [{t}, {slots}, {}]",
+                    path.display(),
+                    v.div_ceil(32)
+                ));
+            }
+            Some(words)
+        }
+    };
+    // the device head runs neither masks nor the later stages yet
+    let cpu_only = masks.is_some()
+        || specs
+            .iter()
+            .any(|s| s.request.params.beyond_device().is_some() || s.request.allowed.is_some());
     let mut head: Box<dyn Head> = match a.device {
         Device::Cpu => Box::new(CpuHead::new(slots, v).map_err(|e| e.to_string())?),
         Device::Wgpu => {
             let s = decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?;
             Box::new(decoda::wgpu::WgpuHead::new(&s, slots, v).map_err(|e| e.to_string())?)
         }
-        Device::Auto => match crate::device::auto_gpu() {
+        Device::Auto => match crate::device::auto_gpu().filter(|_| !cpu_only) {
             Some(s) => {
                 Box::new(decoda::wgpu::WgpuHead::new(&s, slots, v).map_err(|e| e.to_string())?)
             }
@@ -156,7 +180,16 @@ pub fn run(a: ReplayArgs) -> Result<ExitCode, String> {
         if rows.is_empty() {
             continue;
         }
-        let got = step_rows(head.as_mut(), &data, step, slots, v, &rows)?;
+        let w = v.div_ceil(32);
+        let step_masks: Vec<Option<&[u32]>> = rows
+            .iter()
+            .map(|&s| {
+                masks
+                    .as_ref()
+                    .map(|m| &m[(step * slots + s) * w..(step * slots + s + 1) * w])
+            })
+            .collect();
+        let got = step_rows(head.as_mut(), &data, step, (slots, v), &rows, &step_masks)?;
         for r in got {
             let o = &mut out[r.slot];
             match r.result {
@@ -182,6 +215,7 @@ fn slot_request(spec: &SlotSpec) -> SlotRequest {
         output: spec.request.state.output.clone(),
         max_tokens: spec.max_tokens,
         stop: spec.stop.clone(),
+        allowed: spec.request.allowed.clone(),
     }
 }
 
@@ -190,9 +224,9 @@ fn step_rows(
     head: &mut dyn Head,
     data: &LogitsFile,
     step: usize,
-    slots: usize,
-    v: usize,
+    (slots, v): (usize, usize),
     rows: &[usize],
+    masks: &[Option<&[u32]>],
 ) -> Result<Vec<decoda::head::SlotStep>, String> {
     let at = |s: usize| (step * slots + s) * v;
     let r = match data {
@@ -202,7 +236,7 @@ fn step_rows(
                 .flat_map(|&s| d[at(s)..at(s) + v].iter().copied())
                 .collect();
             let l = decoda::Logits::f32(&rows_data, rows.len(), v).map_err(|e| e.to_string())?;
-            head.step(&l, rows)
+            head.step_masked(&l, rows, masks)
         }
         LogitsFile::F16(d) => {
             let rows_data: Vec<half::f16> = rows
@@ -210,7 +244,7 @@ fn step_rows(
                 .flat_map(|&s| d[at(s)..at(s) + v].iter().copied())
                 .collect();
             let l = decoda::Logits::f16(&rows_data, rows.len(), v).map_err(|e| e.to_string())?;
-            head.step(&l, rows)
+            head.step_masked(&l, rows, masks)
         }
     };
     r.map_err(|e| format!("step {step}: {e}"))

@@ -156,6 +156,24 @@ pub fn run_sample(a: SampleArgs) -> Result<ExitCode, String> {
                 })?;
                 write!(w, "]").map_err(io)?;
             }
+            if err.is_none() && req.params.kept.is_some() {
+                // per draw: the kept set's size, and its most likely tokens
+                let (mut sizes, mut lists) = (Vec::new(), Vec::new());
+                for_each_result(be.as_ref(), &batch, r, req, &results, |res| {
+                    let k = res.as_ref().expect("errors stop the row").kept.as_ref();
+                    let k = k.expect("kept asked");
+                    sizes.push(k.size);
+                    lists.push(json!(k.top));
+                    Ok(())
+                })?;
+                write!(
+                    w,
+                    ",\"kept_size\":{},\"kept\":{}",
+                    json!(sizes),
+                    json!(lists)
+                )
+                .map_err(io)?;
+            }
             write!(w, "}}").map_err(io)?;
         }
         writeln!(w, "]}}").map_err(io)?;
@@ -173,11 +191,17 @@ pub fn run_sample(a: SampleArgs) -> Result<ExitCode, String> {
             write!(w, "row {r} (seed {seed}):").map_err(io)?;
             let mut first = true;
             let mut lps = Vec::new();
+            let mut kepts = Vec::new();
             let want_lp = req.params.logprobs.is_some();
             let err = for_each_result(be.as_ref(), &batch, r, req, &results, |res| {
                 let s = res.as_ref().expect("errors stop the row");
                 if want_lp && lps.len() < 1000 {
                     lps.push(s.logprobs.clone());
+                }
+                if kepts.len() < 1000 {
+                    if let Some(k) = &s.kept {
+                        kepts.push(k.clone());
+                    }
                 }
                 let sep = if first { " tokens " } else { " " };
                 first = false;
@@ -206,12 +230,23 @@ pub fn run_sample(a: SampleArgs) -> Result<ExitCode, String> {
                     .map_err(io)?;
                 }
             }
-            if want_lp && draws > 1000 {
+            for (d, k) in kepts.iter().enumerate() {
+                let top: Vec<String> = k
+                    .top
+                    .iter()
+                    .map(|t| format!("{}:{:.4}", t.id, t.p))
+                    .collect();
                 writeln!(
                     w,
-                    "  (logprobs of the first 1000 draws shown; --json streams them all)"
+                    "  draw {d}: kept {} tokens, top [{}]",
+                    k.size,
+                    top.join(" ")
                 )
                 .map_err(io)?;
+            }
+            if (want_lp || !kepts.is_empty()) && draws > 1000 {
+                writeln!(w, "  (the first 1000 draws shown; --json streams them all)")
+                    .map_err(io)?;
             }
         }
     }

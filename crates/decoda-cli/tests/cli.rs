@@ -1242,3 +1242,261 @@ fn sample_with_token_masks() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("int32"), "{err}");
 }
+
+/// A grammar mask (lowercase letters only) as an int32 .npy over `v` tokens.
+fn lowercase_mask(name: &str, v: usize) -> PathBuf {
+    let w = v.div_ceil(32);
+    let mut words = vec![0u32; w];
+    for t in 97..=122usize {
+        words[t / 32] |= 1 << (t % 32);
+    }
+    let p = tmp(name);
+    let bytes: Vec<u8> = words.iter().flat_map(|x| x.to_le_bytes()).collect();
+    write_npy(&p, "<i4", &[w], &bytes);
+    p
+}
+
+fn gen_json(args: &[&str]) -> serde_json::Value {
+    let (code, out, err) = run(args);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+/// `generate --n`: N sequences of one prompt with seeds seed.., the prompt prefilled
+/// once, each the tokens it draws alone; `--grammar-mask` keeps every token in the mask;
+/// `--stop-str` ends a sequence at the string and cuts its text before it; the later
+/// stages as flags and `--dry-breaker` text; on the CPU and (when present) the device.
+#[test]
+fn generate_n_stop_strings_and_grammar_mask() {
+    let d = tiny("gen-n", &["--seed", "6"]);
+    let m = d.to_str().unwrap();
+    let mask = lowercase_mask("gen-mask.npy", 320);
+    let mk = mask.to_str().unwrap();
+    let devices: &[&str] = if have_wgpu() {
+        &["cpu", "wgpu"]
+    } else {
+        &["cpu"]
+    };
+    for &device in devices {
+        let base = [
+            "generate",
+            "--model",
+            m,
+            "--prompt",
+            "once upon",
+            "--max-tokens",
+            "14",
+            "--temperature",
+            "0.9",
+            "--grammar-mask",
+            mk,
+            "--dry-multiplier",
+            "0.7",
+            "--dry-breaker",
+            " ",
+            "--typical-p",
+            "0.95",
+            "--device",
+            device,
+            "--json",
+        ];
+        let mut n3 = base.to_vec();
+        n3.extend_from_slice(&["--n", "3", "--seed", "40"]);
+        let v = gen_json(&n3);
+        assert_eq!(
+            v["prefill_tokens"], 9,
+            "{device}: the prompt prefilled once: {v}"
+        );
+        assert_eq!(v["prefills_shared"], 2, "{device}: {v}");
+        let seqs = v["sequences"].as_array().unwrap();
+        assert_eq!(seqs.len(), 3);
+        for (k, s) in seqs.iter().enumerate() {
+            let seed = (40 + k).to_string();
+            let mut one = base.to_vec();
+            one.extend_from_slice(&["--seed", &seed]);
+            let alone = gen_json(&one);
+            assert_eq!(s["seed"], 40 + k as u64);
+            assert_eq!(s["tokens"], alone["tokens"], "{device}: sequence {k} alone");
+            for t in s["tokens"].as_array().unwrap() {
+                let t = t.as_u64().unwrap();
+                assert!(
+                    (97..=122).contains(&t),
+                    "{device}: token {t} outside the mask"
+                );
+            }
+        }
+        // a stop string taken from the text: the sequence ends there, cut before it
+        let mut one = base.to_vec();
+        one.extend_from_slice(&["--seed", "40"]);
+        let full = gen_json(&one);
+        let text = full["text"].as_str().unwrap().to_string();
+        assert_eq!(text.len(), 14, "one ASCII byte per token: {text:?}");
+        let stop = &text[6..8];
+        let at = text.find(stop).unwrap();
+        one.extend_from_slice(&["--stop-str", stop]);
+        let cut = gen_json(&one);
+        assert_eq!(cut["text"], text[..at], "{device}: cut before {stop:?}");
+        assert_eq!(cut["finish"], "stop");
+        assert_eq!(
+            cut["tokens"].as_array().unwrap()[..],
+            full["tokens"].as_array().unwrap()[..at],
+            "{device}"
+        );
+    }
+    // --n with --prompts, and --n 0, are refused
+    let (code, _, err) = run(&["generate", "--model", m, "--prompt", "a", "--n", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--n"), "{err}");
+}
+
+/// `sample --kept`: the kept distribution per draw in JSON (`kept_size`, `kept` with
+/// ids and probabilities, most likely first), the later stages as flags and `--params`
+/// keys, and `explain` naming them.
+#[test]
+fn sample_kept_and_later_stages() {
+    let vals: Vec<f32> = (0..64).map(|i| ((i * 37 % 64) as f32) / 9.0).collect();
+    let logits = f32_npy("kept-logits.npy", &[64], &vals);
+    let l = logits.to_str().unwrap();
+    let (code, out, err) = run(&[
+        "sample",
+        "--logits",
+        l,
+        "--seed",
+        "3",
+        "--top-k",
+        "10",
+        "--kept",
+        "4",
+        "--draws",
+        "2",
+        "--xtc-probability",
+        "1",
+        "--xtc-threshold",
+        "0.1",
+        "--top-n-sigma",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let row = &v["rows"][0];
+    assert_eq!(row["kept_size"].as_array().unwrap().len(), 2, "{row}");
+    let kept = row["kept"][0].as_array().unwrap();
+    assert!(kept.len() <= 4 && !kept.is_empty(), "{row}");
+    let ps: Vec<f64> = kept.iter().map(|k| k["p"].as_f64().unwrap()).collect();
+    assert!(
+        ps.windows(2).all(|w| w[0] >= w[1]),
+        "most likely first: {row}"
+    );
+    // the same through --params, with DRY over a repeating history
+    let pj = tmp("kept-params.json");
+    std::fs::write(
+        &pj,
+        r#"[{"seed": 3, "top_k": 10, "kept": 4, "xtc_probability": 1, "xtc_threshold": 0.1,
+             "top_n_sigma": 2, "dry_multiplier": 0.5, "dry_sequence_breakers": [[7]],
+             "output": [1, 2, 3, 1, 2]}]"#,
+    )
+    .unwrap();
+    let (code, out, err) = run(&[
+        "sample",
+        "--logits",
+        l,
+        "--params",
+        pj.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(v["rows"][0]["kept"][0].as_array().is_some(), "{v}");
+    // out of range: an error naming field and row
+    let (code, _, err) = run(&["sample", "--logits", l, "--typical-p", "0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("typical_p") && err.contains("row 0"), "{err}");
+    let (code, _, err) = run(&["sample", "--logits", l, "--dry-sequence-breakers", "1;x"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--dry-sequence-breakers"), "{err}");
+    // explain shows the later stages
+    let (code, out, err) = run(&[
+        "explain",
+        "--logits",
+        l,
+        "--seed",
+        "3",
+        "--top-n-sigma",
+        "1.5",
+        "--typical-p",
+        "0.8",
+        "--xtc-probability",
+        "1",
+        "--xtc-threshold",
+        "0.05",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for stage in ["top-n-sigma", "typical-p", "xtc"] {
+        assert!(out.contains(&format!("== {stage} ==")), "{stage}: {out}");
+    }
+}
+
+/// `replay --mask [T, S, W]`: each slot's mask at its step; a masked step draws inside
+/// the mask, the others as without masks.
+#[test]
+fn replay_with_masks() {
+    use decoda::testing::Rng;
+    let (t, s, v) = (6usize, 2usize, 100usize);
+    let mut rng = Rng::new(2);
+    let logits: Vec<f32> = (0..t * s * v).map(|_| rng.normal()).collect();
+    let npy = tmp("replay-mask-logits.npy");
+    let bytes: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
+    write_npy(&npy, "<f4", &[t, s, v], &bytes);
+    let w = v.div_ceil(32);
+    // slot 0 at even steps may draw only 5 or 6; every other (step, slot) anything
+    let mut words = vec![u32::MAX; t * s * w];
+    for step in (0..t).step_by(2) {
+        let m = &mut words[(step * s) * w..(step * s + 1) * w];
+        m.fill(0);
+        m[0] = (1 << 5) | (1 << 6);
+    }
+    let mask = tmp("replay-mask.npy");
+    let mb: Vec<u8> = words.iter().flat_map(|x| x.to_le_bytes()).collect();
+    write_npy(&mask, "<u4", &[t, s, w], &mb);
+    let pj = tmp("replay-mask.json");
+    std::fs::write(&pj, r#"[{"seed": 1}, {"seed": 2, "temperature": 0}]"#).unwrap();
+    let args = [
+        "replay",
+        "--logits",
+        npy.to_str().unwrap(),
+        "--params",
+        pj.to_str().unwrap(),
+        "--json",
+    ];
+    let (code, plain, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    let mut masked_args = args.to_vec();
+    masked_args.extend_from_slice(&["--mask", mask.to_str().unwrap()]);
+    let (code, masked, err) = run(&masked_args);
+    assert_eq!(code, 0, "{err}");
+    let plain: serde_json::Value = serde_json::from_str(plain.trim()).unwrap();
+    let masked: serde_json::Value = serde_json::from_str(masked.trim()).unwrap();
+    let toks = |v: &serde_json::Value, slot: usize| -> Vec<u64> {
+        v["slots"][slot]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect()
+    };
+    for (step, &tok) in toks(&masked, 0).iter().enumerate() {
+        if step % 2 == 0 {
+            assert!(tok == 5 || tok == 6, "step {step}: {tok} outside the mask");
+        }
+    }
+    assert_eq!(toks(&masked, 1), toks(&plain, 1), "slot 1 has no mask");
+    // a mask of the wrong shape is refused
+    let bad = tmp("replay-mask-bad.npy");
+    write_npy(&bad, "<u4", &[t, s, w + 1], &vec![0u8; t * s * (w + 1) * 4]);
+    let mut bad_args = args.to_vec();
+    bad_args.extend_from_slice(&["--mask", bad.to_str().unwrap()]);
+    let (code, _, err) = run(&bad_args);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("masks of shape"), "{err}");
+}

@@ -52,6 +52,10 @@ pub struct SlotRequest {
     pub max_tokens: Option<u64>,
     /// The slot finishes after drawing one of these ids (it is part of the output).
     pub stop: Vec<u32>,
+    /// A token mask applied at every step of the slot (a fixed grammar mask; the layout of
+    /// [`crate::Request::allowed`]); `None` allows every token. [`crate::CpuHead`] takes
+    /// it; the device head does not yet.
+    pub allowed: Option<Vec<u32>>,
 }
 
 impl SlotRequest {
@@ -92,6 +96,11 @@ impl SlotRequest {
         self.stop = ids;
         self
     }
+    /// With this token mask at every step.
+    pub fn allowed(mut self, mask: Vec<u32>) -> Self {
+        self.allowed = Some(mask);
+        self
+    }
 
     /// Checks the request for slot `slot` of a head over `vocab` tokens (the error names
     /// the slot as its row).
@@ -104,6 +113,20 @@ impl SlotRequest {
             output: self.output.clone(),
         };
         state.validate(slot, vocab)?;
+        check_masks(&[self.allowed.as_deref()], 1, vocab).map_err(|e| match e {
+            Error::InvalidParameter {
+                field,
+                value,
+                expected,
+                ..
+            } => Error::InvalidParameter {
+                row: slot,
+                field,
+                value,
+                expected,
+            },
+            other => other,
+        })?;
         if let Some(&id) = self.stop.iter().find(|&&id| id as usize >= vocab) {
             return Err(Error::TokenOutOfRange {
                 row: slot,
@@ -175,6 +198,49 @@ pub trait Head {
     /// Samples row `r` of `logits` for slot `rows[r]` and advances each slot. A slot may
     /// appear once per step.
     fn step(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>>;
+    /// [`Head::step`] with a token mask per row for this step only (`masks[r]` for row
+    /// `r`: `ceil(V / 32)` words in the layout of [`crate::Request::allowed`], or `None`).
+    /// The default takes no masks (an error naming the first masked row) unless none is
+    /// given; [`crate::CpuHead`] applies them.
+    fn step_masked(
+        &mut self,
+        logits: &Logits<'_>,
+        rows: &[usize],
+        masks: &[Option<&[u32]>],
+    ) -> Result<Vec<SlotStep>> {
+        match masks.iter().position(Option::is_some) {
+            None => self.step(logits, rows),
+            Some(row) => Err(Error::InvalidParameter {
+                row,
+                field: "allowed",
+                value: "a token mask".into(),
+                expected: "none on this head yet (CpuHead takes masks)",
+            }),
+        }
+    }
+}
+
+/// Checks the masks of a step: one per row, each `ceil(V / 32)` words.
+pub fn check_masks(masks: &[Option<&[u32]>], rows: usize, vocab: usize) -> Result<()> {
+    if masks.len() != rows {
+        return Err(Error::Shape(format!(
+            "{} masks for {rows} rows: give one (or None) per row",
+            masks.len()
+        )));
+    }
+    for (row, m) in masks.iter().enumerate() {
+        if let Some(m) = m {
+            if m.len() != vocab.div_ceil(32) {
+                return Err(Error::InvalidParameter {
+                    row,
+                    field: "allowed",
+                    value: format!("a mask of {} words for V = {vocab}", m.len()),
+                    expected: "ceil(V / 32) words, one bit per token",
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks a step's row -> slot map against the joined slots.

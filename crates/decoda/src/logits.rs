@@ -209,16 +209,23 @@ impl Gathered {
     /// the batch's own element type (stage 0 of the contract, for every backend that
     /// takes host logits); `None` when no row has a mask. Requests are validated.
     pub(crate) fn masked(logits: &Logits<'_>, requests: &[Request]) -> Option<Self> {
-        if requests.iter().all(|r| r.allowed.is_none()) {
+        let masks: Vec<Option<&[u32]>> = requests.iter().map(|r| r.allowed.as_deref()).collect();
+        Self::masked_rows(logits, &masks)
+    }
+
+    /// The batch with row `r`'s tokens outside `masks[r]` at `-inf` (`None` = no mask);
+    /// `None` when no row has a mask. Masks are `ceil(V / 32)` words (checked before).
+    pub(crate) fn masked_rows(logits: &Logits<'_>, masks: &[Option<&[u32]>]) -> Option<Self> {
+        if masks.iter().all(Option::is_none) {
             return None;
         }
         let v = logits.vocab();
         let mut g = Gathered::new(logits, 0..logits.rows());
-        fn ban<T: Copy>(d: &mut [T], requests: &[Request], v: usize, neg_inf: T) {
-            for (r, q) in requests.iter().enumerate() {
-                if q.allowed.is_some() {
+        fn ban<T: Copy>(d: &mut [T], masks: &[Option<&[u32]>], v: usize, neg_inf: T) {
+            for (r, m) in masks.iter().enumerate() {
+                if let Some(m) = m {
                     for (i, x) in d[r * v..(r + 1) * v].iter_mut().enumerate() {
-                        if !q.allows(i) {
+                        if m[i / 32] >> (i % 32) & 1 == 0 {
                             *x = neg_inf;
                         }
                     }
@@ -226,9 +233,9 @@ impl Gathered {
             }
         }
         match &mut g {
-            Gathered::F32(d, ..) => ban(d, requests, v, f32::NEG_INFINITY),
-            Gathered::F16(d, ..) => ban(d, requests, v, f16::NEG_INFINITY),
-            Gathered::Bf16(d, ..) => ban(d, requests, v, bf16::NEG_INFINITY),
+            Gathered::F32(d, ..) => ban(d, masks, v, f32::NEG_INFINITY),
+            Gathered::F16(d, ..) => ban(d, masks, v, f16::NEG_INFINITY),
+            Gathered::Bf16(d, ..) => ban(d, masks, v, bf16::NEG_INFINITY),
         }
         Some(g)
     }

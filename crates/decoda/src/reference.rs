@@ -395,7 +395,7 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
     let finite: Vec<bool> = z.iter().map(|&a| a > f32::NEG_INFINITY).collect();
     stages.push(view(
         "bias+penalties",
-        format!("{touched} logits changed by bias, repetition, frequency and presence"),
+        format!("{touched} logits changed by bias, repetition, frequency, presence and DRY"),
         &z,
         &finite,
         v,
@@ -416,6 +416,20 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
         &keep,
         before,
     ));
+    if p.top_n_sigma > 0.0 {
+        let tau = stage_top_n_sigma(&y, ymax, p.top_n_sigma, &mut keep);
+        stages.push(view(
+            "top-n-sigma",
+            format!(
+                "kept y within {} standard deviations of the top (y >= {tau:.4})",
+                p.top_n_sigma
+            ),
+            &y,
+            &keep,
+            before,
+        ));
+        before = keep.iter().filter(|&&k| k).count();
+    }
     let k = p.top_k as usize;
     if k > 0 && k < v {
         let tau = stage_top_k(&y, k, &mut keep);
@@ -428,6 +442,21 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
         ));
         before = keep.iter().filter(|&&k| k).count();
     }
+    if p.typical_p < 1.0 {
+        stage_typical(&y, p.typical_p, &mut keep);
+        stages.push(view(
+            "typical-p",
+            format!(
+                "kept the tokens nearest the entropy, mass > {}",
+                p.typical_p
+            ),
+            &y,
+            &keep,
+            before,
+        ));
+        before = keep.iter().filter(|&&k| k).count();
+    }
+    let ymax = kept_max(&y, &keep);
     if p.top_p < 1.0 {
         stage_top_p(&y, ymax, p.top_p, &mut keep);
         stages.push(view(
@@ -444,6 +473,33 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
         stages.push(view(
             "min-p",
             format!("kept tokens with p >= {} * max p", p.min_p),
+            &y,
+            &keep,
+            before,
+        ));
+        before = keep.iter().filter(|&&k| k).count();
+    }
+    if p.xtc_on() {
+        let coin = pl::xtc_coin(req.state.seed, req.state.step);
+        let fires = coin <= p.xtc_probability;
+        if fires {
+            stage_xtc(&y, p.xtc_threshold, &mut keep);
+        }
+        stages.push(view(
+            "xtc",
+            format!(
+                "coin {coin:.4} {} {}: {}",
+                if fires { "<=" } else { ">" },
+                p.xtc_probability,
+                if fires {
+                    format!(
+                        "top choices (p >= {}) but the last removed",
+                        p.xtc_threshold
+                    )
+                } else {
+                    "nothing removed".into()
+                }
+            ),
             &y,
             &keep,
             before,

@@ -88,7 +88,7 @@ impl Head for CpuHead {
                     prompt: request.prompt,
                     output: request.output,
                 },
-                allowed: None,
+                allowed: request.allowed,
             },
             max_tokens: request.max_tokens,
             stop: request.stop,
@@ -116,6 +116,45 @@ impl Head for CpuHead {
     }
 
     fn step(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
+        self.step_masked(logits, rows, &vec![None; rows.len()])
+    }
+
+    /// The step's masks and the slots' own ([`SlotRequest::allowed`]) both apply: a
+    /// token must be allowed by each.
+    fn step_masked(
+        &mut self,
+        logits: &Logits<'_>,
+        rows: &[usize],
+        masks: &[Option<&[u32]>],
+    ) -> Result<Vec<SlotStep>> {
+        crate::head::check_masks(masks, logits.rows(), logits.vocab())?;
+        let joined: Vec<bool> = self.seqs.iter().map(Option::is_some).collect();
+        check_rows(rows, logits.rows(), &joined)?;
+        let both: Vec<Option<Vec<u32>>> = rows
+            .iter()
+            .zip(masks)
+            .map(|(&s, m)| {
+                let own = self.seqs[s]
+                    .as_ref()
+                    .and_then(|q| q.request.allowed.as_deref());
+                match (own, *m) {
+                    (Some(a), Some(b)) => Some(a.iter().zip(b).map(|(x, y)| x & y).collect()),
+                    (Some(a), None) | (None, Some(a)) => Some(a.to_vec()),
+                    (None, None) => None,
+                }
+            })
+            .collect();
+        let refs: Vec<Option<&[u32]>> = both.iter().map(|m| m.as_deref()).collect();
+        match crate::logits::Gathered::masked_rows(logits, &refs) {
+            Some(copy) => self.step_unmasked(&copy.view()?, rows),
+            None => self.step_unmasked(logits, rows),
+        }
+    }
+}
+
+impl CpuHead {
+    /// A step over logits whose masks are already applied.
+    fn step_unmasked(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
         let joined: Vec<bool> = self.seqs.iter().map(Option::is_some).collect();
         check_rows(rows, logits.rows(), &joined)?;
         if logits.vocab() != self.vocab {

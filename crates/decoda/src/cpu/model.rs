@@ -151,6 +151,20 @@ impl CpuModel {
         Ok(())
     }
 
+    /// Makes `to`'s cache a copy of `from`'s (a second sequence from the same prefix).
+    pub fn fork(&mut self, from: usize, to: usize) -> Result<()> {
+        let n = self.caches.len();
+        if from >= n || to >= n {
+            return Err(Error::Model(format!(
+                "fork {from} -> {to}: the model has {n} slots"
+            )));
+        }
+        if from != to {
+            self.caches[to] = self.caches[from].clone();
+        }
+        Ok(())
+    }
+
     /// Tokens `slot` holds.
     pub fn positions(&self, slot: usize) -> usize {
         self.caches.get(slot).map_or(0, |c| c.len)
@@ -477,6 +491,30 @@ impl Engine for CpuEngine {
         }
         self.logits[logits_row * v..(logits_row + 1) * v].copy_from_slice(self.model.logits());
         Ok(branches)
+    }
+
+    fn fork(
+        &mut self,
+        from: usize,
+        from_row: usize,
+        slot: usize,
+        request: SlotRequest,
+        logits_row: usize,
+    ) -> Result<bool> {
+        let v = self.vocab();
+        if self.logits.len() < (from_row + 1) * v {
+            return Err(Error::Model(format!(
+                "fork from logits row {from_row}: no such row yet"
+            )));
+        }
+        self.model.fork(from, slot)?;
+        self.head.join(slot, request)?;
+        if self.logits.len() < (logits_row + 1) * v {
+            self.logits.resize((logits_row + 1) * v, 0.0);
+        }
+        self.logits
+            .copy_within(from_row * v..(from_row + 1) * v, logits_row * v);
+        Ok(true)
     }
 
     fn step(&mut self, sample: &[usize], forward: &[usize]) -> Result<Vec<Dispatch>> {

@@ -64,6 +64,22 @@ pub trait Engine {
     fn step_dispatches(&self) -> Option<usize> {
         None
     }
+    /// Starts a sequence in `slot` whose prompt is the one `from` was started with (and
+    /// that has run nothing since): joins the head with `request` and copies `from`'s
+    /// cache and its logits row `from_row` to row `logits_row`, so the prompt is
+    /// prefilled once for both. Returns whether it forked; the default does not (the
+    /// caller then calls [`Engine::start`]).
+    fn fork(
+        &mut self,
+        from: usize,
+        from_row: usize,
+        slot: usize,
+        request: SlotRequest,
+        logits_row: usize,
+    ) -> Result<bool> {
+        let _ = (from, from_row, slot, request, logits_row);
+        Ok(false)
+    }
 }
 
 /// A sequence to generate.
@@ -115,6 +131,8 @@ pub struct Report {
     /// Compute dispatches of the first decode step that ran the model (a device engine's;
     /// `None` on the CPU).
     pub step_dispatches: Option<usize>,
+    /// Sequences started from another's prefill ([`Engine::fork`]) instead of their own.
+    pub forked: usize,
 }
 
 impl Report {
@@ -134,6 +152,19 @@ pub fn generate<E: Engine + ?Sized>(
     engine: &mut E,
     seqs: &[Sequence],
     on_token: &mut dyn FnMut(usize),
+) -> Result<Report> {
+    generate_until(engine, seqs, on_token, &mut |_, _| false)
+}
+
+/// [`generate`], with `stop(i, tokens)` asked after each token of sequence `i` (its
+/// tokens so far): `true` ends the sequence there (`FinishReason::Stop`), as a stop id
+/// would — stop strings, checked on the decoded text by the caller. Tokens of steps
+/// already in flight for it are dropped.
+pub fn generate_until<E: Engine + ?Sized>(
+    engine: &mut E,
+    seqs: &[Sequence],
+    on_token: &mut dyn FnMut(usize),
+    stop: &mut dyn FnMut(usize, &[u32]) -> bool,
 ) -> Result<Report> {
     if seqs.is_empty() {
         return Err(Error::Model("no sequence to generate".into()));
@@ -170,10 +201,18 @@ pub fn generate<E: Engine + ?Sized>(
         decode_steps: 0,
         host_us_per_step: 0.0,
         step_dispatches: None,
+        forked: 0,
     };
     let mut host_s = 0.0f64;
     let t0 = Instant::now();
     for (i, s) in seqs.iter().enumerate() {
+        // a prompt already prefilled (n completions of one prompt) is copied, not rerun
+        if let Some(j) = seqs[..i].iter().position(|o| o.prompt == s.prompt) {
+            if engine.fork(j, j, i, s.request.clone(), i)? {
+                report.forked += 1;
+                continue;
+            }
+        }
         let branches = engine.start(i, s.request.clone(), &s.prompt, i)?;
         report.prefill_tokens += s.prompt.len();
         if let Some(&b) = branches.first() {
@@ -193,7 +232,8 @@ pub fn generate<E: Engine + ?Sized>(
     let take = |rows: Vec<Vec<SlotStep>>,
                 report: &mut Report,
                 done: &mut Vec<bool>,
-                drawn: &mut usize|
+                drawn: &mut usize,
+                stop: &mut dyn FnMut(usize, &[u32]) -> bool|
      -> usize {
         let n = rows.len();
         for row in rows.into_iter().flatten() {
@@ -209,6 +249,10 @@ pub fn generate<E: Engine + ?Sized>(
                         out.logprobs.push(lp);
                     }
                     *drawn += 1;
+                    if row.finished.is_none() && stop(i, &out.tokens) {
+                        out.finish = Some(FinishReason::Stop);
+                        done[i] = true;
+                    }
                 }
                 Err(e) => {
                     out.error = Some(e.to_string());
@@ -248,7 +292,7 @@ pub fn generate<E: Engine + ?Sized>(
         } else {
             engine.poll()?
         };
-        in_flight -= take(got, &mut report, &mut done, &mut drawn).min(in_flight);
+        in_flight -= take(got, &mut report, &mut done, &mut drawn, stop).min(in_flight);
         on_token(drawn);
         // the next step samples exactly the rows this step's forward made
         sample = forward;
@@ -263,7 +307,7 @@ pub fn generate<E: Engine + ?Sized>(
         }
     }
     let rest = engine.wait()?;
-    take(rest, &mut report, &mut done, &mut drawn);
+    take(rest, &mut report, &mut done, &mut drawn, stop);
     on_token(drawn);
     for (i, l) in left.iter_mut().enumerate() {
         if !*l {

@@ -29,6 +29,6 @@ pub mod load;
 pub mod qwen3_moe;
 
 pub use config::Config;
-pub use generate::{generate, Engine, Report, Sequence, SequenceOutput};
+pub use generate::{generate, generate_until, Engine, Report, Sequence, SequenceOutput};
 pub use load::Checkpoint;
 pub use qwen3_moe::{Qwen3Moe, RopeTable, DEFAULT_SORT_CUTOFF};

@@ -94,6 +94,7 @@ pub fn head_matches_sequences(
                     output: r.state.output.clone(),
                     max_tokens,
                     stop: stop.clone(),
+                    allowed: None,
                 };
                 let got = head
                     .join(s, request)

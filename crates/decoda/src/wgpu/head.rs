@@ -587,6 +587,14 @@ impl Head for WgpuHead {
         }
         request.validate(slot, self.vocab)?;
         crate::params::on_device_only(&request.params, slot)?;
+        if request.allowed.is_some() {
+            return Err(Error::InvalidParameter {
+                row: slot,
+                field: "allowed",
+                value: "a token mask".into(),
+                expected: "none on the device head yet (CpuHead takes masks)",
+            });
+        }
         let seed = head::seed_of(&request)?;
         let h = HostSlot {
             params: request.params,

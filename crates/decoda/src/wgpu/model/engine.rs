@@ -187,6 +187,32 @@ impl Engine for WgpuEngine {
         Ok(b)
     }
 
+    fn fork(
+        &mut self,
+        from: usize,
+        from_row: usize,
+        slot: usize,
+        request: SlotRequest,
+        logits_row: usize,
+    ) -> Result<bool> {
+        let n = self.model.slots;
+        if from >= n || slot >= n || from_row >= n || logits_row >= n {
+            return Err(Error::Model(format!(
+                "fork {from} -> {slot} (logits rows {from_row} -> {logits_row}): the engine has {n} slots"
+            )));
+        }
+        match &mut self.host {
+            Some(h) => {
+                h.head.join(slot, request)?;
+            }
+            None => {
+                self.head.join(slot, request)?;
+            }
+        }
+        self.model.fork(from, slot, from_row, logits_row)?;
+        Ok(true)
+    }
+
     fn step(&mut self, sample: &[usize], forward: &[usize]) -> Result<Vec<Dispatch>> {
         let v = self.vocab();
         if let Some(h) = &self.host {

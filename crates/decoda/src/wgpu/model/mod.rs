@@ -366,6 +366,39 @@ impl WgpuModel {
             .write_buffer(&self.ctl, (slot * 4) as u64, &0u32.to_le_bytes());
     }
 
+    /// Makes `to`'s cache a copy of `from`'s (positions, keys and values of every layer)
+    /// and logits row `to_row` a copy of row `from_row`, through a scratch buffer (a
+    /// buffer cannot be copied onto itself); submits the copies.
+    fn fork(&mut self, from: usize, to: usize, from_row: usize, to_row: usize) -> Result<()> {
+        let kvw = self.model.config.kv_width();
+        let v = self.model.config.vocab_size;
+        let n = self.positions[from];
+        self.positions[to] = n;
+        self.queue
+            .write_buffer(&self.ctl, (to * 4) as u64, &(n as u32).to_le_bytes());
+        let region = (n * kvw * 4) as u64;
+        let scratch_bytes = region.max((v * 4) as u64).max(4);
+        let scratch = super::device::make_buffer(
+            &self.device,
+            "decoda fork scratch",
+            scratch_bytes,
+            wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        );
+        let slot_bytes = (self.max_pos * kvw * 4) as u64;
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        if region > 0 {
+            for buf in self.kc.iter().chain(&self.vc) {
+                enc.copy_buffer_to_buffer(buf, from as u64 * slot_bytes, &scratch, 0, region);
+                enc.copy_buffer_to_buffer(&scratch, 0, buf, to as u64 * slot_bytes, region);
+            }
+        }
+        let row = (v * 4) as u64;
+        enc.copy_buffer_to_buffer(&self.logits, from_row as u64 * row, &scratch, 0, row);
+        enc.copy_buffer_to_buffer(&scratch, 0, &self.logits, to_row as u64 * row, row);
+        self.queue.submit([enc.finish()]);
+        Ok(())
+    }
+
     fn map_off_decode(&self) -> usize {
         self.slots
     }
