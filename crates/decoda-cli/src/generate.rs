@@ -320,8 +320,8 @@ fn engine(
         Some(s) => {
             if cpu_head && !a.host_sampling {
                 eprintln!(
-                    "note: a grammar mask, DRY, top-n-sigma, typical-p, XTC or kept is sampled \
-                     on the host for now (the device head does not run them yet)"
+                    "note: DRY, top-n-sigma, typical-p, XTC or kept are sampled on the host for \
+                     now (the device head does not run them yet)"
                 );
             }
             let host: Option<Box<dyn decoda::head::Head + Send>> = if a.host_sampling || cpu_head {
@@ -358,7 +358,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
         .unwrap_or(1);
     let cpu_head = seqs
         .iter()
-        .any(|s| s.request.allowed.is_some() || s.request.params.beyond_device().is_some());
+        .any(|s| s.request.params.beyond_device().is_some());
     let mut eng = engine(&a, model, seqs.len(), positions, cpu_head)?;
     if !a.stop_str.is_empty() && tok.is_none() {
         return Err(format!(

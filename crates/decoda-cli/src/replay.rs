@@ -26,8 +26,8 @@ pub struct ReplayArgs {
     /// (bit i % 32 of word i / 32 set for an allowed token i), applied at their step.
     #[arg(long)]
     mask: Option<PathBuf>,
-    /// Where to run the head (auto: the GPU when there is one, unless --mask or a
-    /// slot's parameters need the CPU head).
+    /// Where to run the head (auto: the GPU when there is one, unless a slot's
+    /// parameters need the CPU head).
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
     /// Print JSON instead of text.
@@ -132,10 +132,11 @@ pub fn run(a: ReplayArgs) -> Result<ExitCode, String> {
         }
     };
     // the device head runs neither masks nor the later stages yet
-    let cpu_only = masks.is_some()
-        || specs
-            .iter()
-            .any(|s| s.request.params.beyond_device().is_some() || s.request.allowed.is_some());
+    // (a slot's fixed mask and step masks together: only the CPU head combines them)
+    let cpu_only = specs.iter().any(|s| {
+        s.request.params.beyond_device().is_some()
+            || (masks.is_some() && s.request.allowed.is_some())
+    });
     let mut head: Box<dyn Head> = match a.device {
         Device::Cpu => Box::new(CpuHead::new(slots, v).map_err(|e| e.to_string())?),
         Device::Wgpu => {

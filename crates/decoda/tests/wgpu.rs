@@ -684,3 +684,127 @@ fn later_stages_on_the_host_api_and_refused_by_the_device_api() {
         other => panic!("expected the device API to refuse row 0, got {other:?}"),
     }
 }
+
+/// Token masks on the device (`record_masked`): the kernels read each row's mask where
+/// they read its logits. Every row is the CPU's token (and logprobs) for the same
+/// request with the mask given on the host, at V = 32,000 and 151,936 with masks
+/// sparse, dense, all ones and all zeros (`NoCandidate`), greedy, filtered and
+/// logprob rows; a mask stride below ceil(V/32) and a buffer too short are errors.
+#[test]
+fn device_masks_match_host_masks() {
+    let Some(b) = sampler() else { return };
+    let cpu = CpuSampler::new();
+    for v in [32_000usize, 151_936] {
+        let w = v.div_ceil(32);
+        let rows = 6usize;
+        let mut rng = Rng::new(v as u64);
+        let mut data = Vec::new();
+        let mut reqs = Vec::new();
+        let mut words = Vec::new();
+        for r in 0..rows {
+            let (x, mut req) = random_case(&mut rng, v);
+            data.extend(x);
+            let mask: Vec<u32> = match r {
+                0 => vec![u32::MAX; w],
+                1 => vec![0; w],
+                // a handful of allowed ids anywhere in the row
+                2 => {
+                    let mut m = vec![0u32; w];
+                    for _ in 0..7 {
+                        let t = rng.below(v as u64) as usize;
+                        m[t / 32] |= 1 << (t % 32);
+                    }
+                    m
+                }
+                _ => (0..w).map(|_| rng.next_u64() as u32).collect(),
+            };
+            if r == 4 {
+                req.params.logprobs = Some(5);
+                req.params.logprobs_mode = decoda::LogprobsMode::Raw;
+            }
+            words.extend_from_slice(&mask);
+            req.allowed = Some(mask);
+            reqs.push(req);
+        }
+        let logits = Logits::f32(&data, rows, v).unwrap();
+        let want = cpu.sample(&logits, &reqs).unwrap();
+        assert!(
+            matches!(want[1], Err(decoda::RowError::NoCandidate)),
+            "{:?}",
+            want[1]
+        );
+        let plain: Vec<Request> = reqs
+            .iter()
+            .map(|r| Request {
+                allowed: None,
+                ..r.clone()
+            })
+            .collect();
+        let buf = b.upload_logits(&logits);
+        // the masks after 3 words of padding, rows w + 5 words apart
+        let stride = w + 5;
+        let mut padded = vec![0u32; 3 + rows * stride];
+        for r in 0..rows {
+            padded[3 + r * stride..3 + r * stride + w].copy_from_slice(&words[r * w..(r + 1) * w]);
+        }
+        let mbuf = b.device().create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: (padded.len() * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        b.queue()
+            .write_buffer(&mbuf, 0, bytemuck::cast_slice(&padded));
+        let masks = decoda::wgpu::DeviceMasks {
+            buffer: &mbuf,
+            offset: 3,
+            row_stride: stride,
+        };
+        let view = DeviceLogits {
+            buffer: &buf,
+            dtype: DType::F32,
+            rows,
+            vocab: v,
+            row_stride: v,
+            offset: 0,
+        };
+        let out = b.outputs(rows).unwrap();
+        let mut enc = b
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        b.record_masked(&mut enc, &view, &masks, &plain, &out)
+            .unwrap();
+        b.queue().submit([enc.finish()]);
+        let got = b.read(&out, &plain).unwrap();
+        for r in 0..rows {
+            let (reference, tie) = reference_row(&data[r * v..(r + 1) * v], &reqs[r]);
+            assert_eq!(got[r].is_ok(), want[r].is_ok(), "V={v} row {r}");
+            assert!(
+                !matches!(
+                    decoda::testing::classify(&got[r], &reference, &tie),
+                    decoda::testing::Verdict::Mismatch
+                ),
+                "V={v} row {r}: device {:?} vs reference {reference:?}",
+                got[r]
+            );
+        }
+        // bad views: a stride below the width, a buffer too short
+        let mut enc = b
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let narrow = decoda::wgpu::DeviceMasks {
+            row_stride: w - 1,
+            ..masks
+        };
+        assert!(b
+            .record_masked(&mut enc, &view, &narrow, &plain, &out)
+            .is_err());
+        let far = decoda::wgpu::DeviceMasks {
+            offset: padded.len(),
+            ..masks
+        };
+        assert!(b
+            .record_masked(&mut enc, &view, &far, &plain, &out)
+            .is_err());
+    }
+}

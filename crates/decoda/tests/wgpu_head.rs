@@ -240,3 +240,135 @@ fn later_stages_refused_by_the_device_head() {
     let steps = head.step(&Logits::f32(&x, 1, 1000).unwrap(), &[1]).unwrap();
     assert!(steps[0].result.is_ok(), "{:?}", steps[0]);
 }
+
+/// `Head::step_masked` on the device head: 30 steps of 4 slots with a fresh mask per
+/// step (some rows unmasked, some allowing a few ids), the same tokens as the CPU head
+/// given the same masks.
+#[test]
+fn masked_steps_match_the_cpu_head() {
+    let Some(s) = sampler() else { return };
+    let (slots, v) = (4usize, 5000usize);
+    let w = v.div_ceil(32);
+    let mut dev = WgpuHead::new(&s, slots, v).unwrap();
+    let mut cpu = decoda::CpuHead::new(slots, v).unwrap();
+    let params = [
+        SamplingParams::default(),
+        SamplingParams::greedy(),
+        SamplingParams {
+            top_p: 0.9,
+            repetition_penalty: 1.2,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            top_k: 30,
+            temperature: 0.7,
+            ..SamplingParams::default()
+        },
+    ];
+    for (slot, p) in params.iter().enumerate() {
+        let req = SlotRequest::new(p.clone()).seed(slot as u64 + 1);
+        dev.join(slot, req.clone()).unwrap();
+        cpu.join(slot, req).unwrap();
+    }
+    let mut rng = Rng::new(11);
+    let rows: Vec<usize> = (0..slots).collect();
+    for step in 0..30 {
+        let data: Vec<f32> = (0..slots * v).map(|_| 2.0 * rng.normal()).collect();
+        let masks: Vec<Option<Vec<u32>>> = (0..slots)
+            .map(|r| match (step + r) % 3 {
+                0 => None,
+                1 => {
+                    let mut m = vec![0u32; w];
+                    for _ in 0..5 {
+                        let t = rng.below(v as u64) as usize;
+                        m[t / 32] |= 1 << (t % 32);
+                    }
+                    Some(m)
+                }
+                _ => Some((0..w).map(|_| rng.next_u64() as u32).collect()),
+            })
+            .collect();
+        let refs: Vec<Option<&[u32]>> = masks.iter().map(|m| m.as_deref()).collect();
+        let l = Logits::f32(&data, slots, v).unwrap();
+        let a = dev.step_masked(&l, &rows, &refs).unwrap();
+        let c = cpu.step_masked(&l, &rows, &refs).unwrap();
+        for r in 0..slots {
+            let (ta, tc) = (
+                a[r].result.as_ref().map(|x| x.token),
+                c[r].result.as_ref().map(|x| x.token),
+            );
+            assert_eq!(ta, tc, "step {step} slot {r}");
+            if let (Some(m), Ok(t)) = (&masks[r], ta) {
+                assert!(
+                    m[t as usize / 32] >> (t % 32) & 1 == 1,
+                    "step {step}: {t} masked out"
+                );
+            }
+        }
+    }
+}
+
+/// A slot's fixed mask (`SlotRequest::allowed`, a grammar's allowed tokens) on the device
+/// head: bound by slot at every step, written at the join only; the same tokens as the
+/// CPU head; a slot that rejoins without a mask draws anything again.
+#[test]
+fn fixed_slot_masks_match_the_cpu_head() {
+    let Some(s) = sampler() else { return };
+    let (slots, v) = (3usize, 3000usize);
+    let w = v.div_ceil(32);
+    let mut dev = WgpuHead::new(&s, slots, v).unwrap();
+    let mut cpu = decoda::CpuHead::new(slots, v).unwrap();
+    let mut rng = Rng::new(5);
+    let mut mask = vec![0u32; w];
+    for _ in 0..40 {
+        let t = rng.below(v as u64) as usize;
+        mask[t / 32] |= 1 << (t % 32);
+    }
+    let reqs = [
+        SlotRequest::new(SamplingParams::default())
+            .seed(1)
+            .allowed(mask.clone()),
+        SlotRequest::new(SamplingParams::default()).seed(2),
+        SlotRequest::new(SamplingParams {
+            top_k: 5,
+            ..SamplingParams::default()
+        })
+        .seed(3)
+        .allowed(mask.clone()),
+    ];
+    for (slot, r) in reqs.iter().enumerate() {
+        dev.join(slot, r.clone()).unwrap();
+        cpu.join(slot, r.clone()).unwrap();
+    }
+    let rows: Vec<usize> = (0..slots).collect();
+    let mut outside = false;
+    for step in 0..20 {
+        if step == 10 {
+            // slot 0 rejoins without its mask
+            let plain = SlotRequest::new(SamplingParams::default()).seed(9);
+            for h in [&mut dev as &mut dyn Head, &mut cpu] {
+                h.leave(0).unwrap();
+                h.join(0, plain.clone()).unwrap();
+            }
+        }
+        let data: Vec<f32> = (0..slots * v).map(|_| 2.0 * rng.normal()).collect();
+        let l = Logits::f32(&data, slots, v).unwrap();
+        let a = dev.step(&l, &rows).unwrap();
+        let c = cpu.step(&l, &rows).unwrap();
+        for r in 0..slots {
+            let t = a[r].result.as_ref().unwrap().token;
+            assert_eq!(
+                t,
+                c[r].result.as_ref().unwrap().token,
+                "step {step} slot {r}"
+            );
+            let allowed = mask[t as usize / 32] >> (t % 32) & 1 == 1;
+            if r == 2 || (r == 0 && step < 10) {
+                assert!(allowed, "step {step} slot {r}: {t} outside the mask");
+            } else if !allowed {
+                outside = true;
+            }
+        }
+    }
+    assert!(outside, "unmasked slots should draw outside the mask");
+}

@@ -118,7 +118,7 @@ impl WgpuHead {
             let mut enc = self
                 .device()
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            self.record_step_with(&mut enc, logits, rows, stamps.as_ref().map(|s| &s.qs))?;
+            self.record_step_with(&mut enc, logits, None, rows, stamps.as_ref().map(|s| &s.qs))?;
             if let Some(s) = &stamps {
                 s.copy(&mut enc);
             }

@@ -31,7 +31,8 @@ use super::host::{checked, parse_logprobs, row_status};
 use super::kernels::{self, Kernels, Plan, RowNeeds, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
 use super::sampler::{
-    bind_group_raw, dtype_code, push_history, row_flags, slot_params, DeviceLogits, WgpuSampler,
+    bind_group_raw, dtype_code, push_history, row_flags, slot_params, DeviceLogits, DeviceMasks,
+    WgpuSampler,
 };
 use super::staging::StagePool;
 
@@ -84,7 +85,14 @@ pub struct WgpuHead {
     results: wgpu::Buffer,
     /// What the step buffers hold now: the call block and the row map.
     current: Option<(CallU, Vec<u32>)>,
-    bind: Option<(wgpu::Buffer, u64, wgpu::BindGroup)>,
+    bind: Option<(wgpu::Buffer, Option<wgpu::Buffer>, u64, wgpu::BindGroup)>,
+    /// The host API's masks (`step_masked`), uploaded per step.
+    mask_upload: Option<wgpu::Buffer>,
+    /// The slots' fixed masks ([`SlotRequest::allowed`]), `[slots, ceil(V / 32)]`, made at
+    /// the first join with one; written at joins only.
+    slot_masks: Option<wgpu::Buffer>,
+    /// Which slots have a fixed mask.
+    masked: Vec<bool>,
     op_bind: Option<(u64, wgpu::BindGroup)>,
     stages: StagePool,
     ring: Vec<Readback>,
@@ -189,6 +197,9 @@ impl WgpuHead {
             bufs,
             current: None,
             bind: None,
+            mask_upload: None,
+            slot_masks: None,
+            masked: vec![false; slots],
             op_bind: None,
             stages: StagePool::new(),
             ring: Vec::new(),
@@ -223,20 +234,85 @@ impl WgpuHead {
         logits: &DeviceLogits<'_>,
         rows: &[usize],
     ) -> Result<StepId> {
-        self.record_step_with(encoder, logits, rows, None)
+        self.record_step_with(encoder, logits, None, rows, None)
+    }
+
+    /// [`WgpuHead::record_step`] with a token mask per row on the device (row `r`'s mask
+    /// for slot `rows[r]` at this step; stage 0 of the contract, read where the kernels
+    /// read the logits: nothing passes through the host).
+    pub fn record_step_masked(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        logits: &DeviceLogits<'_>,
+        masks: &DeviceMasks<'_>,
+        rows: &[usize],
+    ) -> Result<StepId> {
+        self.record_step_with(encoder, logits, Some(masks), rows, None)
     }
 
     /// [`WgpuHead::record_step`] with timestamps written around the step's compute pass
     /// into `timestamps` (a 2-query set).
+    /// Writes `slot`'s fixed mask (all ones without one, once any slot has had one).
+    fn write_slot_mask(&mut self, slot: usize, mask: Option<&[u32]>) {
+        let w = self.vocab.div_ceil(32);
+        self.masked[slot] = mask.is_some();
+        if mask.is_none() && self.slot_masks.is_none() {
+            return;
+        }
+        if self.slot_masks.is_none() {
+            let buf = make_buffer(
+                &self.device,
+                "decoda head slot masks",
+                (self.slots * w * 4) as u64,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            );
+            self.queue.write_buffer(
+                &buf,
+                0,
+                bytemuck::cast_slice(&vec![u32::MAX; self.slots * w]),
+            );
+            self.slot_masks = Some(buf);
+        }
+        let buf = self.slot_masks.as_ref().expect("made above");
+        let words = mask.map_or_else(|| vec![u32::MAX; w], <[u32]>::to_vec);
+        self.queue
+            .write_buffer(buf, (slot * w * 4) as u64, bytemuck::cast_slice(&words));
+    }
+
     pub(crate) fn record_step_with(
         &mut self,
         encoder: &mut wgpu::CommandEncoder,
         logits: &DeviceLogits<'_>,
+        masks: Option<&DeviceMasks<'_>>,
         rows: &[usize],
         timestamps: Option<&wgpu::QuerySet>,
     ) -> Result<StepId> {
         let joined: Vec<bool> = self.host.iter().map(Option::is_some).collect();
         head::check_rows(rows, logits.rows, &joined)?;
+        if let Some(m) = masks {
+            m.check(logits.rows, logits.vocab)?;
+            if let Some(r) = rows.iter().position(|&s| self.masked[s]) {
+                return Err(Error::InvalidParameter {
+                    row: r,
+                    field: "allowed",
+                    value: "a step mask for a slot with a fixed mask".into(),
+                    expected: "one mask per slot and step on the device head",
+                });
+            }
+        }
+        // the slots' fixed masks, by slot, when a row of the step has one
+        let slot_view;
+        let (masks, by_slot) = match (masks, &self.slot_masks) {
+            (None, Some(buf)) if rows.iter().any(|&s| self.masked[s]) => {
+                slot_view = DeviceMasks {
+                    buffer: buf,
+                    offset: 0,
+                    row_stride: self.vocab.div_ceil(32),
+                };
+                (Some(&slot_view), true)
+            }
+            (m, _) => (m, false),
+        };
         if logits.vocab != self.vocab {
             return Err(Error::Shape(format!(
                 "logits of {} tokens for a head of {}",
@@ -279,13 +355,18 @@ impl WgpuHead {
             chunk: chunk as u32,
             bm_words: v.div_ceil(32) as u32,
             cap: CAP as u32,
-            mode: M_HEAD | plan.mode(),
+            mode: M_HEAD
+                | if masks.is_some() { M_MASK } else { 0 }
+                | if by_slot { M_SLOT_MASK } else { 0 }
+                | plan.mode(),
             draws: 0,
             draw_lanes: 1,
             part_base: sizes.part_base() as u32,
             cand_base: sizes.cand_base() as u32,
             zero: 0,
-            pad: 0,
+            mask_base: masks.map_or(0, |m| m.offset as u32),
+            mask_stride: masks.map_or(0, |m| m.row_stride as u32),
+            ..CallU::default()
         };
         let rmap: Vec<u32> = rows.iter().map(|&s| s as u32).collect();
         let changed = !matches!(&self.current, Some((c, m)) if *c == call && *m == rmap);
@@ -302,19 +383,23 @@ impl WgpuHead {
             self.stages.release_after(encoder, stage);
             self.current = Some((call, rmap));
         }
-        let fresh = !matches!(&self.bind, Some((l, g, _)) if l == logits.buffer && *g == self.bufs.generation);
+        let mask_buf = masks.map(|m| m.buffer.clone());
+        let fresh = !matches!(&self.bind, Some((l, m, g, _)) if l == logits.buffer && *m == mask_buf && *g == self.bufs.generation);
         if fresh {
             let group = bind_group_raw(
                 &self.device,
                 &self.kernels,
                 &self.bufs,
-                logits.buffer,
+                (
+                    logits.buffer,
+                    masks.map_or(&self.kernels.no_mask, |m| m.buffer),
+                ),
                 &self.tokens,
                 &self.results,
             );
-            self.bind = Some((logits.buffer.clone(), self.bufs.generation, group));
+            self.bind = Some((logits.buffer.clone(), mask_buf, self.bufs.generation, group));
         }
-        let group = &self.bind.as_ref().expect("set above").2;
+        let group = &self.bind.as_ref().expect("set above").3;
         self.last_dispatches = plan.stages(false).len();
         self.kernels.record_step(
             encoder,
@@ -490,6 +575,7 @@ impl WgpuHead {
                 &self.bufs.ctr.buf,
                 &self.tokens,
                 &self.results,
+                &self.kernels.no_mask,
             ];
             let entries: Vec<wgpu::BindGroupEntry<'_>> = all
                 .iter()
@@ -587,15 +673,8 @@ impl Head for WgpuHead {
         }
         request.validate(slot, self.vocab)?;
         crate::params::on_device_only(&request.params, slot)?;
-        if request.allowed.is_some() {
-            return Err(Error::InvalidParameter {
-                row: slot,
-                field: "allowed",
-                value: "a token mask".into(),
-                expected: "none on the device head yet (CpuHead takes masks)",
-            });
-        }
         let seed = head::seed_of(&request)?;
+        self.write_slot_mask(slot, request.allowed.as_deref());
         let h = HostSlot {
             params: request.params,
             stop: request.stop,
@@ -664,6 +743,37 @@ impl Head for WgpuHead {
     }
 
     fn step(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
+        self.step_masked(logits, rows, &vec![None; rows.len()])
+    }
+
+    /// Host masks are uploaded with the logits and applied on the device
+    /// ([`WgpuHead::record_step_masked`]); a row without one allows every token.
+    fn step_masked(
+        &mut self,
+        logits: &Logits<'_>,
+        rows: &[usize],
+        masks: &[Option<&[u32]>],
+    ) -> Result<Vec<SlotStep>> {
+        head::check_masks(masks, logits.rows(), logits.vocab())?;
+        let w = logits.vocab().div_ceil(32);
+        let masked = masks.iter().any(Option::is_some);
+        if masked {
+            let words: Vec<u32> = masks
+                .iter()
+                .flat_map(|m| m.map_or_else(|| vec![u32::MAX; w], <[u32]>::to_vec))
+                .collect();
+            let size = (words.len() as u64 * 4).max(4);
+            if self.mask_upload.as_ref().is_none_or(|b| b.size() < size) {
+                self.mask_upload = Some(make_buffer(
+                    &self.device,
+                    "decoda head masks",
+                    size,
+                    wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                ));
+            }
+            let mb = self.mask_upload.as_ref().expect("set above");
+            self.queue.write_buffer(mb, 0, bytemuck::cast_slice(&words));
+        }
         // host logits: uploaded into the head's buffer, then a device step
         let bytes = logits_bytes(logits);
         let size = (bytes.len() as u64).next_multiple_of(4).max(4);
@@ -691,7 +801,13 @@ impl Head for WgpuHead {
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let id = self.record_step(&mut enc, &view, rows)?;
+        let mask_buf = self.mask_upload.clone();
+        let mask_view = mask_buf.as_ref().filter(|_| masked).map(|b| DeviceMasks {
+            buffer: b,
+            offset: 0,
+            row_stride: w,
+        });
+        let id = self.record_step_with(&mut enc, &view, mask_view.as_ref(), rows, None)?;
         self.queue.submit([enc.finish()]);
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Device(format!("{}: {e}", self.name)));

@@ -9,6 +9,8 @@ use super::layout::*;
 /// The compute pipelines, one per entry point of `step/`.
 pub(crate) struct Kernels {
     pub layout: wgpu::BindGroupLayout,
+    /// Bound as `masks` by calls without a token mask (one word, never read).
+    pub no_mask: wgpu::Buffer,
     pub join: wgpu::ComputePipeline,
     pub wipe: wgpu::ComputePipeline,
     pub probe: wgpu::ComputePipeline,
@@ -33,9 +35,10 @@ impl Kernels {
                 device,
                 "decoda step",
                 super::shader_source_with(subgroups, int64),
-                // call, logits, sparams, sstate, rmap, pen, lists, work, ctr, tokens, results
+                // call, logits, sparams, sstate, rmap, pen, lists, work, ctr, tokens, results,
+                // masks
                 &[
-                    Uniform, Read, Read, Write, Read, Write, Read, Write, Write, Write, Write,
+                    Uniform, Read, Read, Write, Read, Write, Read, Write, Write, Write, Write, Read,
                 ],
                 [
                     "join",
@@ -50,7 +53,10 @@ impl Kernels {
                 ],
                 &format!("{}: building the shaders failed", info.name),
             )?;
+        let no_mask =
+            super::device::make_buffer(device, "decoda no mask", 4, wgpu::BufferUsages::STORAGE);
         Ok(Self {
+            no_mask,
             join,
             wipe,
             probe,

@@ -50,6 +50,12 @@ pub(crate) const M_HEAD: u32 = 1;
 pub(crate) const M_SCATTER: u32 = 2;
 /// `Call.mode`: no probe ran (no row of the call has filters); `scan` reads no row state.
 pub(crate) const M_LIGHT: u32 = 4;
+/// `Call.mode`: a token mask is bound (`masks`, `Call.mask_base`, `Call.mask_stride`):
+/// a token whose bit is clear reads as `-inf`.
+pub(crate) const M_MASK: u32 = 8;
+/// `Call.mode` (with `M_MASK`): masks are indexed by the row's slot (`rmap[row]`), a
+/// head's fixed per-slot masks, instead of by the row.
+pub(crate) const M_SLOT_MASK: u32 = 16;
 
 /// Status codes the kernels write per row (first result word).
 pub(crate) const STATUS_OK: u32 = 0;
@@ -83,7 +89,13 @@ pub(crate) struct CallU {
     pub cand_base: u32,
     /// Always 0: read by `fp`, which the compiler cannot fold away.
     pub zero: u32,
-    pub pad: u32,
+    /// Word offset of row 0's mask in `masks` (with `M_MASK`).
+    pub mask_base: u32,
+    /// Words between rows' masks.
+    pub mask_stride: u32,
+    pub pad0: u32,
+    pub pad1: u32,
+    pub pad2: u32,
 }
 
 /// One slot's parameters (`struct SlotP`).
@@ -113,7 +125,7 @@ pub(crate) struct SlotU {
 }
 
 /// Storage buffers one kernel binds.
-pub(crate) const STORAGE_BUFFERS: u32 = 10;
+pub(crate) const STORAGE_BUFFERS: u32 = 11;
 
 #[cfg(test)]
 mod tests {
@@ -188,7 +200,8 @@ mod tests {
                 "Call",
                 std::mem::size_of::<CallU>(),
                 &fields!(CallU; rows, vocab, stride, dtype, base, splits, chunk, bm_words,
-                    cap, mode, draws, draw_lanes, part_base, cand_base, zero, pad),
+                    cap, mode, draws, draw_lanes, part_base, cand_base, zero, mask_base,
+                    mask_stride, pad0, pad1, pad2),
             );
             check(
                 &m,
@@ -284,6 +297,8 @@ mod tests {
             ("M_HEAD", u64::from(M_HEAD)),
             ("M_SCATTER", u64::from(M_SCATTER)),
             ("M_LIGHT", u64::from(M_LIGHT)),
+            ("M_MASK", u64::from(M_MASK)),
+            ("M_SLOT_MASK", u64::from(M_SLOT_MASK)),
             ("OUT_NON_FINITE", u64::from(STATUS_NON_FINITE)),
             ("OUT_NO_CANDIDATE", u64::from(STATUS_NO_CANDIDATE)),
             ("OUT_NO_WINNER", u64::from(STATUS_NO_WINNER)),

@@ -52,7 +52,7 @@ pub use device::{list_adapters, AdapterSummary, WORKGROUPS_ENV};
 pub use head::{StepId, StepResults, WgpuHead};
 pub use model::{model_shader_source, WgpuEngine, WgpuModel, SHADER_MODEL};
 pub use moe::{moe_shader_source, MoeRouting, WgpuMoe, SHADER_MOE};
-pub use sampler::{DeviceLogits, DeviceOutputs, WgpuSampler};
+pub use sampler::{DeviceLogits, DeviceMasks, DeviceOutputs, WgpuSampler};
 
 /// The WGSL of the sampler's kernels, without the shared arithmetic and the reductions:
 /// the files of `step/`, one per pass, in the order they are concatenated (`common`

@@ -124,6 +124,48 @@ impl DeviceOutputs {
     }
 }
 
+/// Token masks on the device for [`WgpuSampler::record_masked`] and
+/// [`crate::wgpu::WgpuHead::record_step_masked`]: row `r`'s mask is the `ceil(V / 32)`
+/// u32 words at word `offset + r * row_stride` of `buffer` (a storage buffer the caller
+/// fills, for example from a grammar engine's kernel), bit `i % 32` of word `i / 32` set
+/// for an allowed token `i` — the layout of [`crate::Request::allowed`]. The kernels
+/// read each row's mask where they read its logits; nothing passes through the host.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceMasks<'a> {
+    /// The buffer (usage `STORAGE`).
+    pub buffer: &'a wgpu::Buffer,
+    /// Words from the start of the buffer to row 0's mask.
+    pub offset: usize,
+    /// Words between consecutive rows' masks (at least `ceil(V / 32)`).
+    pub row_stride: usize,
+}
+
+impl DeviceMasks<'_> {
+    /// Checks the view against `rows` rows of `vocab` tokens.
+    pub(crate) fn check(&self, rows: usize, vocab: usize) -> Result<()> {
+        let w = vocab.div_ceil(32);
+        if self.row_stride < w {
+            return Err(Error::InvalidParameter {
+                row: 0,
+                field: "allowed",
+                value: format!("masks {} words apart for V = {vocab}", self.row_stride),
+                expected: "a row stride of at least ceil(V / 32) words",
+            });
+        }
+        let need = (self.offset + rows.saturating_sub(1) * self.row_stride + w) as u64 * 4;
+        if rows > 0 && need > self.buffer.size() {
+            return Err(Error::Shape(format!(
+                "masks of {rows} rows need {need} bytes; the buffer has {}",
+                self.buffer.size()
+            )));
+        }
+        if (self.offset + rows * self.row_stride) > u32::MAX as usize {
+            return Err(Error::Shape("mask offsets past 2^32 words".into()));
+        }
+        Ok(())
+    }
+}
+
 /// The per-call working buffers, the cached bind group and the host API's buffers.
 pub(crate) struct Scratch {
     bufs: StepBuffers,
@@ -149,6 +191,7 @@ struct HostLists {
 #[derive(PartialEq)]
 struct BindKey {
     logits: wgpu::Buffer,
+    masks: Option<wgpu::Buffer>,
     tokens: wgpu::Buffer,
     generation: u64,
 }
@@ -402,6 +445,41 @@ impl WgpuSampler {
         self.record_inner(encoder, logits, &rows, out, StepStamps::None, 0)
     }
 
+    /// [`WgpuSampler::record`] with a token mask per row on the device (stage 0 of the
+    /// contract, applied where the kernels read the logits: one extra read of
+    /// `ceil(V / 32)` words per row, no copy of the logits). Requests must not carry host
+    /// masks ([`Request::allowed`]) as well.
+    pub fn record_masked(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        logits: &DeviceLogits<'_>,
+        masks: &DeviceMasks<'_>,
+        requests: &[Request],
+        out: &DeviceOutputs,
+    ) -> Result<()> {
+        let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
+        if let Some(row) = requests.iter().position(|r| r.allowed.is_some()) {
+            return Err(Error::InvalidParameter {
+                row,
+                field: "allowed",
+                value: "a host mask beside the device masks".into(),
+                expected: "the masks in one place: the device buffer",
+            });
+        }
+        for (row, r) in requests.iter().enumerate() {
+            crate::params::on_device_only(&r.params, row)?;
+        }
+        self.record_inner_masked(
+            encoder,
+            logits,
+            Some(masks),
+            &rows,
+            out,
+            StepStamps::None,
+            0,
+        )
+    }
+
     fn check_device_logits(&self, l: &DeviceLogits<'_>, out: &DeviceOutputs) -> Result<()> {
         if l.rows > MAX_GRID {
             return Err(Error::Shape(format!(
@@ -476,8 +554,26 @@ impl WgpuSampler {
         stamps: StepStamps<'_>,
         draws: usize,
     ) -> Result<()> {
+        self.record_inner_masked(encoder, logits, None, rows, out, stamps, draws)
+    }
+
+    /// [`WgpuSampler::record_inner`] with the rows' token masks on the device.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record_inner_masked(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        logits: &DeviceLogits<'_>,
+        masks: Option<&DeviceMasks<'_>>,
+        rows: &[Row<'_>],
+        out: &DeviceOutputs,
+        stamps: StepStamps<'_>,
+        draws: usize,
+    ) -> Result<()> {
         debug_assert!(pl::reads_in_order(rows, logits.rows));
         self.check_device_logits(logits, out)?;
+        if let Some(m) = masks {
+            m.check(logits.rows, logits.vocab)?;
+        }
         let b = logits.rows;
         if out.res_words < b * (RES_WORDS + draws) {
             return Err(Error::Shape(format!(
@@ -570,13 +666,17 @@ impl WgpuSampler {
             chunk: chunk as u32,
             bm_words: v.div_ceil(32) as u32,
             cap: CAP as u32,
-            mode: if pens > 0 { M_SCATTER } else { 0 } | plan.mode(),
+            mode: if pens > 0 { M_SCATTER } else { 0 }
+                | if masks.is_some() { M_MASK } else { 0 }
+                | plan.mode(),
             draws: draws as u32,
             draw_lanes: lanes as u32,
             part_base: sizes.part_base() as u32,
             cand_base: sizes.cand_base() as u32,
             zero: 0,
-            pad: 0,
+            mask_base: masks.map_or(0, |m| m.offset as u32),
+            mask_stride: masks.map_or(0, |m| m.row_stride as u32),
+            ..CallU::default()
         };
         let dev = &self.device;
         if sc.bufs.ensure(dev, &sizes) {
@@ -618,12 +718,14 @@ impl WgpuSampler {
 
         let key = BindKey {
             logits: logits.buffer.clone(),
+            masks: masks.map(|m| m.buffer.clone()),
             tokens: out.tokens.clone(),
             generation: sc.bufs.generation,
         };
         if !matches!(&sc.bind, Some((k, _)) if *k == key) {
             self.created.fetch_add(1, Ordering::Relaxed);
-            let group = bind_group(dev, &self.kernels, &sc.bufs, logits.buffer, out);
+            let mask_buf = masks.map_or(&self.kernels.no_mask, |m| m.buffer);
+            let group = bind_group(dev, &self.kernels, &sc.bufs, logits.buffer, mask_buf, out);
             sc.bind = Some((key, group));
         }
         let group = &sc.bind.as_ref().expect("bind group set above").1;
@@ -648,9 +750,17 @@ pub(crate) fn bind_group(
     kernels: &Kernels,
     bufs: &StepBuffers,
     logits: &wgpu::Buffer,
+    masks: &wgpu::Buffer,
     out: &DeviceOutputs,
 ) -> wgpu::BindGroup {
-    bind_group_raw(device, kernels, bufs, logits, &out.tokens, &out.results)
+    bind_group_raw(
+        device,
+        kernels,
+        bufs,
+        (logits, masks),
+        &out.tokens,
+        &out.results,
+    )
 }
 
 /// The bind group of a step over `logits` into `tokens` and `results`.
@@ -658,7 +768,7 @@ pub(crate) fn bind_group_raw(
     device: &wgpu::Device,
     kernels: &Kernels,
     bufs: &StepBuffers,
-    logits: &wgpu::Buffer,
+    (logits, masks): (&wgpu::Buffer, &wgpu::Buffer),
     tokens: &wgpu::Buffer,
     results: &wgpu::Buffer,
 ) -> wgpu::BindGroup {
@@ -674,6 +784,7 @@ pub(crate) fn bind_group_raw(
         &bufs.ctr.buf,
         tokens,
         results,
+        masks,
     ];
     let entries: Vec<wgpu::BindGroupEntry<'_>> = all
         .iter()

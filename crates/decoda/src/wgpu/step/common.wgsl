@@ -112,6 +112,8 @@ const F_MIN_P: u32 = 32u;
 const M_HEAD: u32 = 1u;      // advance the slot state in finish
 const M_SCATTER: u32 = 2u;   // per-call rows: scatter the history in probe, clear it in finish
 const M_LIGHT: u32 = 4u;     // no probe ran: no row has filters, so scan needs no row state
+const M_MASK: u32 = 8u;      // a token mask is bound: a clear bit reads as -inf
+const M_SLOT_MASK: u32 = 16u; // with M_MASK: masks by the row's slot (a head's fixed masks)
 
 struct Call {
     rows: u32,
@@ -129,7 +131,11 @@ struct Call {
     part_base: u32,   // work offset of the (row, split) partials
     cand_base: u32,   // work offset of the candidate lists
     zero: u32,        // always 0 (fp, in fmath.wgsl)
-    pad: u32,
+    mask_base: u32,   // word offset of row 0's mask in masks (M_MASK)
+    mask_stride: u32, // words between rows' masks
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 struct SlotP {
@@ -166,6 +172,7 @@ struct SlotP {
 @group(0) @binding(8) var<storage, read_write> ctr: array<atomic<u32>>;
 @group(0) @binding(9) var<storage, read_write> out_tokens: array<u32>;
 @group(0) @binding(10) var<storage, read_write> out_res: array<u32>;
+@group(0) @binding(11) var<storage, read> masks: array<u32>;
 
 var<workgroup> ra: array<u32, 256>;
 var<workgroup> rb: array<u32, 256>;
@@ -250,6 +257,17 @@ fn f16_to_f32(h: u32) -> f32 {
 }
 
 fn load_x(row: u32, i: u32) -> f32 {
+    if ((call.mode & M_MASK) != 0u) {
+        // stage 0: a disallowed token is -inf for every stage (its value is not read)
+        var mr = row;
+        if ((call.mode & M_SLOT_MASK) != 0u) {
+            mr = rmap[row];
+        }
+        let m = masks[call.mask_base + mr * call.mask_stride + (i >> 5u)];
+        if (((m >> (i & 31u)) & 1u) == 0u) {
+            return bitcast<f32>(0xff800000u);
+        }
+    }
     let e = call.base + row * call.stride + i;
     if (call.dtype == 0u) {
         return bitcast<f32>(logits[e]);
