@@ -21,8 +21,9 @@ fn bench(c: &mut Criterion) {
         b.iter(|| decoda::cpu::kernels::max(std::hint::black_box(&x)))
     });
     for name in workload::CONFIGS {
-        let params = workload::config(name).expect("known config");
-        let req = workload::requests(&params, 1, vocab).remove(0);
+        let req = workload::named_requests(name, 1, vocab)
+            .expect("known config")
+            .remove(0);
         g.bench_with_input(BenchmarkId::new("row", name), &req, |b, req| {
             b.iter(|| decoda::cpu::sample_row_f32(std::hint::black_box(&x), req))
         });

@@ -223,10 +223,21 @@ impl Gathered {
         let mut g = Gathered::new(logits, 0..logits.rows());
         fn ban<T: Copy>(d: &mut [T], masks: &[Option<&[u32]>], v: usize, neg_inf: T) {
             for (r, m) in masks.iter().enumerate() {
-                if let Some(m) = m {
-                    for (i, x) in d[r * v..(r + 1) * v].iter_mut().enumerate() {
-                        if m[i / 32] >> (i % 32) & 1 == 0 {
-                            *x = neg_inf;
+                let Some(m) = m else { continue };
+                // a word at a time: all allowed (skipped), none (filled), or bit by bit
+                for (x, &word) in d[r * v..(r + 1) * v].chunks_mut(32).zip(m.iter()) {
+                    match word {
+                        u32::MAX => {}
+                        0 => x.fill(neg_inf),
+                        mut bits => {
+                            bits = !bits;
+                            while bits != 0 {
+                                let b = bits.trailing_zeros() as usize;
+                                if b < x.len() {
+                                    x[b] = neg_inf;
+                                }
+                                bits &= bits - 1;
+                            }
                         }
                     }
                 }

@@ -17,6 +17,12 @@ pub const CONFIGS: &[&str] = &[
     "topp095",
     "topp098",
     "topp099",
+    "mask_dense",
+    "mask_sparse",
+    "dry",
+    "topnsigma1",
+    "typical095",
+    "xtc",
 ];
 
 /// Parameters of a named configuration (all sampled ones at temperature 0.8), or `None`.
@@ -27,6 +33,11 @@ pub const CONFIGS: &[&str] = &[
 /// `topp095`, `topp098` and `topp099` = top-p 0.95, 0.98 and 0.99: on the benchmark rows
 /// of V = 131,072, nuclei of about 500, 3,700 and 12,600 tokens (the first candidate
 /// list, a list gathered again from a sampled threshold, and the whole row).
+/// `mask_dense` and `mask_sparse` = temperature with a token mask ([`named_requests`]:
+/// half the tokens at random, or 1,000 of them, a grammar state's few choices);
+/// `dry` = DRY 0.8 / 1.75 / 2 over 256 history tokens with repeats; `topnsigma1` =
+/// top-n-σ 1; `typical095` = typical-p 0.95; `xtc` = XTC at probability 0.5, threshold
+/// 0.1.
 pub fn config(name: &str) -> Option<SamplingParams> {
     let t = SamplingParams {
         temperature: 0.8,
@@ -47,6 +58,24 @@ pub fn config(name: &str) -> Option<SamplingParams> {
         "topp095" => SamplingParams { top_p: 0.95, ..t },
         "topp098" => SamplingParams { top_p: 0.98, ..t },
         "topp099" => SamplingParams { top_p: 0.99, ..t },
+        "mask_dense" | "mask_sparse" => t,
+        "dry" => SamplingParams {
+            dry_multiplier: 0.8,
+            ..t
+        },
+        "topnsigma1" => SamplingParams {
+            top_n_sigma: 1.0,
+            ..t
+        },
+        "typical095" => SamplingParams {
+            typical_p: 0.95,
+            ..t
+        },
+        "xtc" => SamplingParams {
+            xtc_probability: 0.5,
+            xtc_threshold: 0.1,
+            ..t
+        },
         "full" => SamplingParams {
             repetition_penalty: 1.1,
             frequency_penalty: 0.3,
@@ -99,6 +128,41 @@ pub fn affine_logits(rows: usize, vocab: usize, seed: u64) -> Vec<f32> {
         }
     }
     out
+}
+
+/// The requests of a named configuration ([`config`]) for `rows` rows: [`requests`], with
+/// the `mask_*` configurations' masks and `dry`'s repeating history. `None` for an
+/// unknown name.
+pub fn named_requests(name: &str, rows: usize, vocab: usize) -> Option<Vec<Request>> {
+    let params = config(name)?;
+    let mut reqs = requests(&params, rows, vocab);
+    let mut rng = Rng::new(1234);
+    let w = vocab.div_ceil(32);
+    for req in &mut reqs {
+        match name {
+            "mask_dense" => req.allowed = Some((0..w).map(|_| rng.next_u64() as u32).collect()),
+            "mask_sparse" => {
+                let mut m = vec![0u32; w];
+                for _ in 0..1000.min(vocab) {
+                    let t = rng.below(vocab as u64) as usize;
+                    m[t / 32] |= 1 << (t % 32);
+                }
+                req.allowed = Some(m);
+            }
+            "dry" => {
+                // 256 tokens over 40 ids: repeats that DRY penalises
+                let ids = 40.min(vocab as u64);
+                req.state.prompt = (0..128).map(|_| rng.below(ids) as u32).collect();
+                let copy = req.state.prompt[64..].to_vec();
+                req.state.output = copy
+                    .into_iter()
+                    .chain((0..64).map(|_| rng.below(ids) as u32))
+                    .collect();
+            }
+            _ => {}
+        }
+    }
+    Some(reqs)
 }
 
 /// One request per row for configuration `params`; `full`-style penalties get 256 history

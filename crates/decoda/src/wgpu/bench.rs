@@ -153,6 +153,37 @@ impl WgpuSampler {
         }
     }
 
+    /// A bench call's rows, and its requests' host masks as a device buffer: the bench
+    /// times what the device runs (masked rows with device masks, as `record_masked`);
+    /// a row using a stage the kernels do not run yet is an error naming it.
+    fn bench_call<'r>(
+        &self,
+        logits: &DeviceLogits<'_>,
+        requests: &'r [Request],
+    ) -> Result<(Vec<crate::pipeline::Row<'r>>, Option<wgpu::Buffer>)> {
+        let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
+        for (row, r) in requests.iter().enumerate() {
+            crate::params::on_device_only(&r.params, row)?;
+        }
+        if requests.iter().all(|r| r.allowed.is_none()) {
+            return Ok((rows, None));
+        }
+        let w = logits.vocab.div_ceil(32);
+        let words: Vec<u32> = requests
+            .iter()
+            .flat_map(|r| r.allowed.clone().unwrap_or_else(|| vec![u32::MAX; w]))
+            .collect();
+        let buf = make_buffer(
+            &self.device,
+            "decoda bench masks",
+            (words.len() * 4) as u64,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        );
+        self.queue
+            .write_buffer(&buf, 0, bytemuck::cast_slice(&words));
+        Ok((rows, Some(buf)))
+    }
+
     fn encoder(&self) -> wgpu::CommandEncoder {
         self.device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
@@ -170,13 +201,15 @@ impl WgpuSampler {
         iters: usize,
     ) -> Result<Vec<f64>> {
         self.need_timestamps()?;
-        let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
+        let (rows, mbuf) = self.bench_call(logits, requests)?;
+        let masks = masks_view(&mbuf, logits.vocab);
         let st = Stamps::new(&self.device, 2);
         let period = f64::from(self.queue.get_timestamp_period());
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters {
             let mut enc = self.encoder();
-            self.record_inner(&mut enc, logits, &rows, out, StepStamps::Step(&st.qs), 0)?;
+            let stamps = StepStamps::Step(&st.qs);
+            self.record_inner_masked(&mut enc, logits, masks.as_ref(), &rows, out, stamps, 0)?;
             st.copy(&mut enc);
             self.queue.submit([enc.finish()]);
             times.push(st.read(&self.device, period)?);
@@ -199,11 +232,13 @@ impl WgpuSampler {
         out: &DeviceOutputs,
     ) -> Result<Vec<(&'static str, f64)>> {
         self.need_timestamps()?;
-        let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
+        let (rows, mbuf) = self.bench_call(logits, requests)?;
+        let masks = masks_view(&mbuf, logits.vocab);
         let names = WgpuSampler::plan_for(&rows, logits.vocab, 0).stages(false);
         let st = Stamps::new(&self.device, 2 * names.len() as u32);
         let mut enc = self.encoder();
-        self.record_inner(&mut enc, logits, &rows, out, StepStamps::Stages(&st.qs), 0)?;
+        let stamps = StepStamps::Stages(&st.qs);
+        self.record_inner_masked(&mut enc, logits, masks.as_ref(), &rows, out, stamps, 0)?;
         st.copy(&mut enc);
         self.queue.submit([enc.finish()]);
         let t = st.ticks(&self.device)?;
@@ -255,7 +290,8 @@ impl WgpuSampler {
         if logits.is_empty() || n < 2 {
             return Ok(Vec::new());
         }
-        let rows = pl::validated_rows(logits[0].rows, logits[0].vocab, requests)?;
+        let (rows, mbuf) = self.bench_call(&logits[0], requests)?;
+        let masks = masks_view(&mbuf, logits[0].vocab);
         use wgpu::BufferUsages as U;
         let sets: Vec<wgpu::QuerySet> = (0..n)
             .map(|_| {
@@ -281,9 +317,10 @@ impl WgpuSampler {
         );
         for (i, qs) in sets.iter().enumerate() {
             let mut enc = self.encoder();
-            self.record_inner(
+            self.record_inner_masked(
                 &mut enc,
                 &logits[i % logits.len()],
+                masks.as_ref(),
                 &rows,
                 out,
                 StepStamps::Step(qs),
@@ -315,13 +352,16 @@ impl WgpuSampler {
     ) -> Result<Vec<StepTime>> {
         let stamps = self.timestamps.then(|| Stamps::new(&self.device, 2));
         let period = f64::from(self.queue.get_timestamp_period());
+        let (_, mbuf) = self.bench_call(logits, requests)?;
+        let masks = masks_view(&mbuf, logits.vocab);
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters {
             let t = std::time::Instant::now();
             let mut enc = self.encoder();
-            self.record_inner(
+            self.record_inner_masked(
                 &mut enc,
                 logits,
+                masks.as_ref(),
                 &pl::validated_rows(logits.rows, logits.vocab, requests)?,
                 out,
                 stamps
@@ -358,11 +398,14 @@ impl WgpuSampler {
         out: &DeviceOutputs,
         iters: usize,
     ) -> Result<Vec<f64>> {
+        let (rows, mbuf) = self.bench_call(logits, requests)?;
+        let masks = masks_view(&mbuf, logits.vocab);
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters {
             let t = std::time::Instant::now();
             let mut enc = self.encoder();
-            self.record(&mut enc, logits, requests, out)?;
+            let stamps = StepStamps::None;
+            self.record_inner_masked(&mut enc, logits, masks.as_ref(), &rows, out, stamps, 0)?;
             self.queue.submit([enc.finish()]);
             self.device
                 .poll(wgpu::PollType::wait_indefinitely())
@@ -397,4 +440,13 @@ impl WgpuSampler {
         }
         Ok(2.0 * 4.0 * size as f64 / best)
     }
+}
+
+/// The bench's mask buffer as a view: row `r`'s mask at word `r * ceil(V / 32)`.
+fn masks_view(buf: &Option<wgpu::Buffer>, vocab: usize) -> Option<super::sampler::DeviceMasks<'_>> {
+    buf.as_ref().map(|buffer| super::sampler::DeviceMasks {
+        buffer,
+        offset: 0,
+        row_stride: vocab.div_ceil(32),
+    })
 }
