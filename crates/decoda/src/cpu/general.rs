@@ -6,7 +6,6 @@
 
 use crate::error::RowError;
 use crate::params::LogprobsMode;
-use crate::philox::gumbel;
 use crate::pipeline::{self as pl, Row, RowResult, Sample};
 
 use super::kernels;
@@ -81,16 +80,7 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>) -> RowResult {
             .map(|(i, &v)| (i as u32, v)),
     );
     if p.typical_p < 1.0 {
-        let m = top(&cands);
-        let w: Vec<f32> = cands.iter().map(|c| pl::weight(c.1, m)).collect();
-        let sum: f64 = w.iter().map(|&e| f64::from(e)).sum();
-        let q: Vec<f64> = w.iter().map(|&e| pl::prob64(e, sum)).collect();
-        let (h, cut, _) = pl::typical_cut(&q, p.typical_p);
-        let mut i = 0;
-        cands.retain(|_| {
-            i += 1;
-            pl::typical_score(q[i - 1], h) <= cut
-        });
+        typical(&mut cands, p.typical_p);
     }
     if p.top_p < 1.0 {
         let m = top(&cands);
@@ -123,18 +113,12 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>) -> RowResult {
             cands.retain(|c| c.1 <= low);
         }
     }
-    // stage 9: the Gumbel draw over S, ties to the smaller id (cands is in id order)
-    let (seed, step) = (row.state.seed, row.step());
-    let mut best: Option<(u32, f32)> = None;
-    for &(i, v) in &cands {
-        let s = v + gumbel(seed, step, i);
-        if best.is_none_or(|b| s > b.1) {
-            best = Some((i, s));
-        }
-    }
-    let Some((token, _)) = best else {
+    // stage 9: the CPU's Gumbel draw over the candidate list (vector Philox, bounds)
+    if cands.is_empty() {
         return Err(RowError::NoWinner);
-    };
+    }
+    let (mut live, mut words) = (Vec::new(), Vec::new());
+    let token = super::draw::draw(&cands, row.state.seed, row.step(), &mut live, &mut words);
     let logprobs = p.logprobs.map(|n| match p.logprobs_mode {
         LogprobsMode::Raw => logprobs_over(&indexed(x), token, n),
         LogprobsMode::Processed => logprobs_over(&cands, token, n),
@@ -145,6 +129,56 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>) -> RowResult {
         logprobs,
         kept,
     })
+}
+
+/// Stage 6a on the candidates: the shared walk ([`pl::typical_cut`]) over the tokens
+/// whose score is at most a bound `B`, sorted, instead of over all of them. Every token
+/// left out scores above `B` (a score `|-ln q - H|` above `B >= H` means `-ln q > H + B`),
+/// so if the walk's mass exceeds `p` among them its cut is the whole set's; otherwise
+/// the bound doubles (at last: every token).
+fn typical(cands: &mut Vec<(u32, f32)>, p: f32) {
+    let m = top(cands);
+    let w: Vec<f32> = cands.iter().map(|c| pl::weight(c.1, m)).collect();
+    let sum: f64 = w.iter().map(|&e| f64::from(e)).sum();
+    let q: Vec<f64> = w.iter().map(|&e| pl::prob64(e, sum)).collect();
+    let h: f64 = -q
+        .iter()
+        .filter(|&&v| v > 0.0)
+        .map(|&v| v * v.ln())
+        .sum::<f64>();
+    let scores: Vec<f64> = q.iter().map(|&v| pl::typical_score(v, h)).collect();
+    let target = f64::from(p);
+    let mut bound = h + 8.0;
+    let cut = loop {
+        let mut near: Vec<(f64, f64)> = scores
+            .iter()
+            .zip(&q)
+            .filter(|(s, _)| **s <= bound)
+            .map(|(&s, &v)| (s, v))
+            .collect();
+        near.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut cum = 0.0f64;
+        let found = near.iter().find(|(_, v)| {
+            cum += v;
+            cum > target
+        });
+        match found {
+            Some(&(s, _)) => break s,
+            None if bound.is_infinite() || near.len() == q.len() => break f64::INFINITY,
+            None => {
+                bound = if bound > 1e3 {
+                    f64::INFINITY
+                } else {
+                    2.0 * bound
+                }
+            }
+        }
+    };
+    let mut i = 0;
+    cands.retain(|_| {
+        i += 1;
+        scores[i - 1] <= cut
+    });
 }
 
 /// The largest value of a candidate list.
