@@ -1,0 +1,173 @@
+"""decoda: exact, seeded, batch-invariant token sampling for LLMs.
+
+A token is a pure function of (logits row, parameters, seed, step, history): not of the
+batch it sits in, the thread count or the device. The parameters are the keys of the
+CLI's ``--params`` (docs/CONTRACT.md in the repository): temperature, top_k, top_p,
+min_p, repetition_penalty, frequency_penalty, presence_penalty, logit_bias, logprobs,
+logprobs_mode, dry_*, top_n_sigma, typical_p, xtc_probability, xtc_threshold, kept.
+
+>>> import numpy as np, decoda
+>>> s = decoda.Sampler(device="cpu")
+>>> out = s.sample(np.array([[0.5, 2.0, 1.0]], dtype=np.float32),
+...                params={"temperature": 0.0}, seeds=7)
+>>> out.tokens.tolist()
+[1]
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _native
+
+__all__ = ["Sampler", "SampleResult", "REQUEST_KEYS", "__version__"]
+
+__version__: str = _native.__version__
+#: The keys a request may hold: the sampling parameters, ``seed``, ``step``,
+#: ``prompt``, ``output`` and ``allowed`` (a token mask as a list of words).
+REQUEST_KEYS: List[str] = list(_native.REQUEST_KEYS)
+
+Params = Union[None, Mapping[str, Any], Sequence[Mapping[str, Any]]]
+
+
+@dataclass
+class SampleResult:
+    """The result of :meth:`Sampler.sample`, one entry per row.
+
+    ``tokens``: int64 array, ``-1`` where the row failed. ``seeds``: the seed each row
+    used (drawn from the OS when none was given: keep it to reproduce the row).
+    ``errors``: ``None`` or ``{"kind", "message"}`` per row (``NonFiniteLogits``,
+    ``NoCandidate``, ...). ``logprobs`` and ``kept``: per row, what the row asked for
+    (``{"logprob", "rank", "top": [{"token", "logprob"}]}`` and ``{"size", "top":
+    [{"id", "p"}]}``), else ``None``.
+    """
+
+    tokens: np.ndarray
+    seeds: List[int]
+    errors: List[Optional[Dict[str, str]]] = field(default_factory=list)
+    logprobs: List[Optional[Dict[str, Any]]] = field(default_factory=list)
+    kept: List[Optional[Dict[str, Any]]] = field(default_factory=list)
+
+
+def _per_row(name: str, value: Any, rows: int) -> List[Any]:
+    if value is None:
+        return [None] * rows
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return [int(value)] * rows
+    values = list(value)
+    if len(values) != rows:
+        raise ValueError(f"{name}: {len(values)} values for {rows} rows")
+    return values
+
+
+def _ids(name: str, row: int, value: Any) -> Optional[List[int]]:
+    if value is None:
+        return None
+    ids = [int(t) for t in np.asarray(value).reshape(-1)]
+    if any(t < 0 for t in ids):
+        raise ValueError(f"{name} of row {row}: token ids are >= 0")
+    return ids
+
+
+class Sampler:
+    """A sampler on ``device``: ``"cpu"``, ``"wgpu"`` (a GPU through Vulkan, Metal or
+    DX12; software adapters such as lavapipe included) or ``"auto"`` (a hardware GPU
+    when there is one, else the CPU). ``threads`` sets the CPU's pool size (default:
+    every core)."""
+
+    def __init__(self, device: str = "auto", threads: Optional[int] = None) -> None:
+        self._native = _native.Sampler(device, threads)
+
+    @property
+    def device(self) -> str:
+        """The backend's name: ``cpu`` or ``wgpu:<adapter>``."""
+        return self._native.device
+
+    def sample(
+        self,
+        logits: Any,
+        params: Params = None,
+        *,
+        seeds: Union[None, int, Sequence[int]] = None,
+        steps: Union[None, int, Sequence[int]] = None,
+        prompts: Optional[Sequence[Any]] = None,
+        outputs: Optional[Sequence[Any]] = None,
+        masks: Any = None,
+    ) -> SampleResult:
+        """Draws one token per row of ``logits``.
+
+        ``logits``: a ``[B, V]`` (or ``[V]``) array of float32 or float16 (read in place
+        when C-contiguous; other float types are converted to float32). ``params``: one
+        mapping for every row or one per row (the keys of :data:`REQUEST_KEYS`).
+        ``seeds`` and ``steps``: one int for every row or one per row (a row without a
+        seed gets one from the OS, reported in the result). ``prompts`` and
+        ``outputs``: per row, the token ids of the history (penalties and DRY).
+        ``masks``: a ``[B, ceil(V/32)]`` int32/uint32 array of allowed-token bits
+        (xgrammar's layout), or one per row (``None`` for none).
+
+        A whole-call problem (shapes, a parameter out of range: the message names the
+        row, the field and the value) raises ``ValueError``; a row's own problem (NaN
+        logits, nothing left to draw) is that row's entry in ``errors``.
+        """
+        x = np.asarray(logits)
+        if x.ndim == 1:
+            x = x.reshape(1, -1)
+        if x.ndim != 2:
+            raise ValueError(f"logits must have shape [V] or [B, V], not {list(x.shape)}")
+        if x.dtype not in (np.float32, np.float16):
+            if not np.issubdtype(x.dtype, np.floating):
+                raise TypeError(f"logits must be floating point, not {x.dtype}")
+            x = x.astype(np.float32)
+        if not x.flags["C_CONTIGUOUS"]:
+            x = np.ascontiguousarray(x)
+        rows = x.shape[0]
+        if params is None or isinstance(params, Mapping):
+            per_row = [dict(params or {})] * rows
+        else:
+            per_row = [dict(p) for p in params]
+            if len(per_row) != rows:
+                raise ValueError(f"params: {len(per_row)} mappings for {rows} rows")
+        seed_list = [
+            s if s is not None else _native.entropy_seed()
+            for s in _per_row("seeds", seeds, rows)
+        ]
+        step_list = _per_row("steps", steps, rows)
+        prompt_list = _per_row("prompts", prompts, rows)
+        output_list = _per_row("outputs", outputs, rows)
+        if masks is not None and not isinstance(masks, (list, tuple)):
+            masks = np.asarray(masks)
+            if masks.ndim == 1:
+                masks = [masks] * rows
+        mask_list = _per_row("masks", masks, rows)
+        requests = []
+        for r in range(rows):
+            req = dict(per_row[r])
+            unknown = sorted(set(req) - set(REQUEST_KEYS))
+            if unknown:
+                raise ValueError(f"row {r}: unknown keys {unknown} (known: {REQUEST_KEYS})")
+            req["seed"] = int(seed_list[r])
+            if step_list[r] is not None:
+                req["step"] = int(step_list[r])
+            for key, value in (("prompt", prompt_list[r]), ("output", output_list[r])):
+                ids = _ids(key, r, value)
+                if ids is not None:
+                    req[key] = ids
+            if mask_list[r] is not None:
+                words = np.asarray(mask_list[r]).reshape(-1)
+                if words.dtype not in (np.int32, np.uint32):
+                    raise TypeError(f"masks of row {r}: int32 or uint32 words, not {words.dtype}")
+                req["allowed"] = words.astype(np.uint32).tolist()
+            requests.append(req)
+        tokens, extras = self._native.sample(x, json.dumps(requests))
+        result = SampleResult(tokens=tokens, seeds=[int(s) for s in seed_list])
+        rows_extra = json.loads(extras) if extras is not None else [None] * rows
+        for e in rows_extra:
+            e = e or {}
+            result.errors.append(e.get("error"))
+            result.logprobs.append(e.get("logprobs"))
+            result.kept.append(e.get("kept"))
+        return result

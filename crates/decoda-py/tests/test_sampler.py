@@ -1,0 +1,172 @@
+"""decoda's Python sampler: the tokens of the library and the CLI, reproducible and
+batch-invariant, every parameter by its CLI name, bad input as clear exceptions or
+per-row errors."""
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import decoda
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def rows(b, v, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((b, v)) * 3).astype(np.float32)
+
+
+def cli():
+    path = os.environ.get("DECODA_BIN") or shutil.which("decoda")
+    if path is None:
+        built = REPO / "target" / "release" / "decoda"
+        path = str(built) if built.exists() else None
+    return path
+
+
+def test_greedy_and_seeded_draws_repeat():
+    s = decoda.Sampler(device="cpu")
+    x = rows(4, 1000)
+    g = s.sample(x, {"temperature": 0})
+    assert g.tokens.dtype == np.int64
+    assert g.tokens.tolist() == x.argmax(axis=1).tolist()
+    a = s.sample(x, {"top_p": 0.9, "temperature": 0.8}, seeds=[1, 2, 3, 4], steps=5)
+    b = s.sample(x, {"top_p": 0.9, "temperature": 0.8}, seeds=[1, 2, 3, 4], steps=5)
+    assert a.tokens.tolist() == b.tokens.tolist()
+    assert a.seeds == [1, 2, 3, 4]
+    # unseeded rows get a seed from the OS, reported, which reproduces them
+    c = s.sample(x, {"temperature": 1.0})
+    d = s.sample(x, {"temperature": 1.0}, seeds=c.seeds)
+    assert c.tokens.tolist() == d.tokens.tolist()
+
+
+def test_a_row_does_not_depend_on_its_batch():
+    s = decoda.Sampler(device="cpu")
+    x = rows(8, 5000, seed=3)
+    params = [{"top_k": 40, "temperature": 0.7, "repetition_penalty": 1.2} for _ in range(8)]
+    prompts = [[1, 2, 3]] * 8
+    full = s.sample(x, params, seeds=list(range(8)), prompts=prompts)
+    for r in (0, 5, 7):
+        alone = s.sample(x[r], params[r], seeds=r, prompts=[prompts[r]])
+        assert alone.tokens[0] == full.tokens[r]
+
+
+def test_same_tokens_as_the_cli(tmp_path):
+    exe = cli()
+    if exe is None:
+        pytest.skip("the decoda CLI is not built (cargo build --release)")
+    x = rows(3, 2000, seed=9)
+    params = [
+        {"temperature": 0.8, "top_p": 0.9, "seed": 11},
+        {"temperature": 1.2, "min_p": 0.05, "dry_multiplier": 0.8, "seed": 12, "output": [5, 6, 5, 6]},
+        {"top_k": 20, "typical_p": 0.9, "seed": 13, "step": 4},
+    ]
+    np.save(tmp_path / "x.npy", x)
+    (tmp_path / "p.json").write_text(json.dumps(params))
+    out = subprocess.run(
+        [exe, "sample", "--logits", str(tmp_path / "x.npy"), "--params", str(tmp_path / "p.json"),
+         "--device", "cpu", "--json"],
+        check=True, capture_output=True, text=True,
+    )
+    want = [r["tokens"][0] for r in json.loads(out.stdout)["rows"]]
+    s = decoda.Sampler(device="cpu")
+    plain = [{k: v for k, v in p.items() if k not in ("seed", "step", "output")} for p in params]
+    got = s.sample(x, plain, seeds=[11, 12, 13], steps=[0, 0, 4],
+                   outputs=[None, [5, 6, 5, 6], None])
+    assert got.tokens.tolist() == want
+
+
+def test_input_types():
+    s = decoda.Sampler(device="cpu")
+    x = rows(2, 300)
+    want = s.sample(x, {"temperature": 0}).tokens.tolist()
+    assert s.sample(x.astype(np.float16), {"temperature": 0}).tokens.tolist() == \
+        x.astype(np.float16).astype(np.float32).argmax(axis=1).tolist()
+    assert s.sample(x.astype(np.float64), {"temperature": 0}).tokens.tolist() == want
+    # a non-contiguous view is copied, a 1-D row is one row
+    assert s.sample(np.asfortranarray(x), {"temperature": 0}).tokens.tolist() == want
+    assert s.sample(x[1], {"temperature": 0}).tokens.tolist() == want[1:]
+
+
+def test_bad_input_raises_clear_errors():
+    s = decoda.Sampler(device="cpu")
+    x = rows(3, 100)
+    with pytest.raises(ValueError, match="shape"):
+        s.sample(np.zeros((2, 3, 4), dtype=np.float32))
+    with pytest.raises(TypeError, match="floating"):
+        s.sample(np.zeros((2, 3), dtype=np.int32))
+    with pytest.raises(ValueError, match=r"top_p.*row 1|row 1.*top_p"):
+        s.sample(x, [{}, {"top_p": 1.5}, {}])
+    with pytest.raises(ValueError, match="unknown keys"):
+        s.sample(x, {"temprature": 1.0})
+    with pytest.raises(ValueError, match="rows"):
+        s.sample(x, [{}, {}])
+    with pytest.raises(ValueError, match="device"):
+        decoda.Sampler(device="tpu")
+
+
+def test_row_errors_stay_in_their_row():
+    s = decoda.Sampler(device="cpu")
+    x = rows(3, 100)
+    x[1, 7] = np.nan
+    x[2, :] = -np.inf
+    out = s.sample(x, {"temperature": 0.5}, seeds=1)
+    assert out.tokens[0] >= 0 and out.errors[0] is None
+    assert out.tokens[1] == -1 and out.errors[1]["kind"] == "NonFiniteLogits"
+    assert out.tokens[2] == -1 and out.errors[2]["kind"] == "NoCandidate"
+
+
+def test_logprobs_kept_and_masks():
+    s = decoda.Sampler(device="cpu")
+    v = 1000
+    x = rows(2, v, seed=4)
+    out = s.sample(x, {"top_k": 10, "logprobs": 3, "logprobs_mode": "processed", "kept": 5}, seeds=2)
+    for r in range(2):
+        lp, kept = out.logprobs[r], out.kept[r]
+        assert len(lp["top"]) == 3 and lp["rank"] >= 1
+        assert kept["size"] == 10 and len(kept["top"]) == 5
+        assert kept["top"][0]["p"] >= kept["top"][-1]["p"]
+    # a mask allowing only tokens 3 and 900
+    w = (v + 31) // 32
+    m = np.zeros(w, dtype=np.uint32)
+    for t in (3, 900):
+        m[t // 32] |= np.uint32(1 << (t % 32))
+    for seed in range(20):
+        t = s.sample(x, {}, seeds=seed, masks=m).tokens
+        assert set(t.tolist()) <= {3, 900}
+
+
+def test_sampling_from_threads():
+    # the interpreter's lock is released while sampling: threads run side by side
+    s = decoda.Sampler(device="cpu", threads=1)
+    x = rows(4, 50_000)
+    want = s.sample(x, {"top_p": 0.9}, seeds=5).tokens.tolist()
+    results = []
+
+    def work():
+        results.append(s.sample(x, {"top_p": 0.9}, seeds=5).tokens.tolist())
+
+    ts = [threading.Thread(target=work) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert results == [want] * 4
+
+
+def test_wgpu_matches_the_cpu():
+    try:
+        gpu = decoda.Sampler(device="wgpu")
+    except RuntimeError as e:
+        pytest.skip(f"no wgpu adapter: {e}")
+    cpu = decoda.Sampler(device="cpu")
+    x = rows(4, 32_000, seed=8)
+    params = {"top_k": 50, "top_p": 0.9, "temperature": 0.8}
+    assert gpu.sample(x, params, seeds=3).tokens.tolist() == cpu.sample(x, params, seeds=3).tokens.tolist()
+    assert gpu.device.startswith("wgpu:")
