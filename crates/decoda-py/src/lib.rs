@@ -93,35 +93,201 @@ impl Sampler {
     ) -> PyResult<(Bound<'py, PyArray1<i64>>, Option<String>)> {
         let reqs: Vec<Request> = serde_json::from_str(requests)
             .map_err(|e| PyValueError::new_err(format!("requests: {e}")))?;
-        let results = if let Ok(a) = logits.downcast::<numpy::PyArray2<f32>>() {
-            let ro: PyReadonlyArray2<f32> = a.readonly();
-            let (b, v) = (ro.shape()[0], ro.shape()[1]);
-            let data = ro.as_slice().map_err(|_| {
-                PyValueError::new_err("logits must be C-contiguous (use np.ascontiguousarray)")
-            })?;
-            py.allow_threads(|| {
-                Logits::f32(data, b, v).and_then(|l| self.backend.sample(&l, &reqs))
-            })
-        } else if let Ok(a) = logits.downcast::<numpy::PyArray2<half::f16>>() {
-            let ro: PyReadonlyArray2<half::f16> = a.readonly();
-            let (b, v) = (ro.shape()[0], ro.shape()[1]);
-            let data = ro.as_slice().map_err(|_| {
-                PyValueError::new_err("logits must be C-contiguous (use np.ascontiguousarray)")
-            })?;
-            py.allow_threads(|| {
-                Logits::f16(data, b, v).and_then(|l| self.backend.sample(&l, &reqs))
-            })
-        } else {
-            return Err(PyTypeError::new_err(
-                "logits must be a 2-D numpy array of float32 or float16",
-            ));
-        }
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let backend = &self.backend;
+        let results = with_logits(py, logits, |l| backend.sample(l, &reqs))?;
         let tokens: Vec<i64> = results
             .iter()
             .map(|r| r.as_ref().map_or(-1, |s| i64::from(s.token)))
             .collect();
         Ok((PyArray1::from_vec(py, tokens), extras(&results)))
+    }
+}
+
+/// Reads a 2-D float32 or float16 array in place and runs `f` on it as logits, with the
+/// interpreter's lock released.
+fn with_logits<'py, T: Send>(
+    py: Python<'py>,
+    logits: &Bound<'py, PyAny>,
+    f: impl FnOnce(&Logits<'_>) -> decoda::Result<T> + Send,
+) -> PyResult<T> {
+    let contiguous =
+        || PyValueError::new_err("logits must be C-contiguous (use np.ascontiguousarray)");
+    if let Ok(a) = logits.downcast::<numpy::PyArray2<f32>>() {
+        let ro: PyReadonlyArray2<f32> = a.readonly();
+        let (b, v) = (ro.shape()[0], ro.shape()[1]);
+        let data = ro.as_slice().map_err(|_| contiguous())?;
+        py.allow_threads(|| Logits::f32(data, b, v).and_then(|l| f(&l)))
+    } else if let Ok(a) = logits.downcast::<numpy::PyArray2<half::f16>>() {
+        let ro: PyReadonlyArray2<half::f16> = a.readonly();
+        let (b, v) = (ro.shape()[0], ro.shape()[1]);
+        let data = ro.as_slice().map_err(|_| contiguous())?;
+        py.allow_threads(|| Logits::f16(data, b, v).and_then(|l| f(&l)))
+    } else {
+        return Err(PyTypeError::new_err(
+            "logits must be a 2-D numpy array of float32 or float16",
+        ));
+    }
+    .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// A sampling head: slots of decode state (parameters, seed, step, history, stop ids,
+/// `max_tokens`, a fixed token mask), stepped together; on the CPU or a GPU.
+#[pyclass(module = "decoda._native", frozen)]
+struct Head {
+    inner: std::sync::Mutex<Box<dyn decoda::head::Head + Send>>,
+}
+
+impl Head {
+    fn lock(&self) -> PyResult<std::sync::MutexGuard<'_, Box<dyn decoda::head::Head + Send>>> {
+        self.inner
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("the head is poisoned by an earlier panic"))
+    }
+}
+
+/// A step's tokens, finishes and extras (see [`Head::step`]).
+type StepOut<'py> = (
+    Bound<'py, PyArray1<i64>>,
+    Vec<Option<String>>,
+    Option<String>,
+);
+
+fn value_err(e: decoda::Error) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+#[pymethods]
+impl Head {
+    #[new]
+    #[pyo3(signature = (slots, vocab, device = "auto"))]
+    fn new(slots: usize, vocab: usize, device: &str) -> PyResult<Self> {
+        let cpu = || -> PyResult<Box<dyn decoda::head::Head + Send>> {
+            Ok(Box::new(
+                decoda::CpuHead::new(slots, vocab).map_err(value_err)?,
+            ))
+        };
+        let gpu = |s: decoda::wgpu::WgpuSampler| -> PyResult<Box<dyn decoda::head::Head + Send>> {
+            Ok(Box::new(
+                decoda::wgpu::WgpuHead::new(&s, slots, vocab).map_err(value_err)?,
+            ))
+        };
+        let inner = match device {
+            "cpu" => cpu()?,
+            "wgpu" => gpu(decoda::wgpu::WgpuSampler::new()
+                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?)?,
+            "auto" => match decoda::wgpu::WgpuSampler::hardware() {
+                Ok(s) => gpu(s)?,
+                Err(_) => cpu()?,
+            },
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "device must be \"cpu\", \"wgpu\" or \"auto\", not {other:?}"
+                )))
+            }
+        };
+        Ok(Self {
+            inner: std::sync::Mutex::new(inner),
+        })
+    }
+
+    /// The head's name (`cpu`, `wgpu:<adapter>`).
+    #[getter]
+    fn device(&self) -> PyResult<String> {
+        Ok(self.lock()?.name())
+    }
+
+    /// Slots and vocabulary size.
+    #[getter]
+    fn shape(&self) -> PyResult<(usize, usize)> {
+        let h = self.lock()?;
+        Ok((h.slots(), h.vocab()))
+    }
+
+    /// Puts a sequence in a free slot: `request` is a JSON request object (parameters,
+    /// `seed`, `step`, `prompt`, `output`, `allowed`); returns its seed.
+    #[pyo3(signature = (slot, request, max_tokens = None, stop = None))]
+    fn join(
+        &self,
+        slot: usize,
+        request: &str,
+        max_tokens: Option<u64>,
+        stop: Option<Vec<u32>>,
+    ) -> PyResult<u64> {
+        let r: Request = serde_json::from_str(request)
+            .map_err(|e| PyValueError::new_err(format!("request: {e}")))?;
+        let seeded = serde_json::from_str::<serde_json::Value>(request)
+            .ok()
+            .is_some_and(|v| v.get("seed").is_some());
+        let sr = decoda::head::SlotRequest {
+            params: r.params,
+            seed: seeded.then_some(r.state.seed),
+            step: r.state.step,
+            prompt: r.state.prompt,
+            output: r.state.output,
+            max_tokens,
+            stop: stop.unwrap_or_default(),
+            allowed: r.allowed,
+        };
+        self.lock()?.join(slot, sr).map_err(value_err)
+    }
+
+    /// Frees a slot.
+    fn leave(&self, slot: usize) -> PyResult<()> {
+        self.lock()?.leave(slot).map_err(value_err)
+    }
+
+    /// Replaces a joined slot's sampling parameters (a JSON object); its state stays.
+    fn set_params(&self, slot: usize, params: &str) -> PyResult<()> {
+        let p: decoda::SamplingParams = serde_json::from_str(params)
+            .map_err(|e| PyValueError::new_err(format!("params: {e}")))?;
+        self.lock()?.set_params(slot, p).map_err(value_err)
+    }
+
+    /// One step: row `r` of `logits` for slot `rows[r]`, with `masks` (a 2-D uint32
+    /// array, one row of words per logits row) when given. Returns the tokens (int64,
+    /// -1 for no token), each row's finish (`"stop"`, `"length"` or `None`) and the
+    /// per-row extras as JSON (or `None`).
+    #[pyo3(signature = (logits, rows, masks = None))]
+    fn step<'py>(
+        &self,
+        py: Python<'py>,
+        logits: &Bound<'py, PyAny>,
+        rows: Vec<usize>,
+        masks: Option<numpy::PyReadonlyArray2<'py, u32>>,
+    ) -> PyResult<StepOut<'py>> {
+        let mut head = self.lock()?;
+        let words: Option<(Vec<u32>, usize)> = match &masks {
+            None => None,
+            Some(m) => Some((
+                m.as_slice()
+                    .map_err(|_| PyValueError::new_err("masks must be C-contiguous"))?
+                    .to_vec(),
+                m.shape()[1],
+            )),
+        };
+        let head = &mut **head;
+        let steps = with_logits(py, logits, move |l| match &words {
+            None => head.step(l, &rows),
+            Some((w, width)) => {
+                let per: Vec<Option<&[u32]>> = w.chunks(*width).map(Some).collect();
+                head.step_masked(l, &rows, &per)
+            }
+        })?;
+        let results: Vec<RowResult> = steps.iter().map(|s| s.result.clone()).collect();
+        let tokens: Vec<i64> = results
+            .iter()
+            .map(|r| r.as_ref().map_or(-1, |s| i64::from(s.token)))
+            .collect();
+        let finished = steps
+            .iter()
+            .map(|s| {
+                s.finished.map(|f| match f {
+                    decoda::head::FinishReason::Stop => "stop".to_string(),
+                    decoda::head::FinishReason::Length => "length".to_string(),
+                })
+            })
+            .collect();
+        Ok((PyArray1::from_vec(py, tokens), finished, extras(&results)))
     }
 }
 
@@ -168,6 +334,7 @@ fn entropy_seed() -> PyResult<u64> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Sampler>()?;
+    m.add_class::<Head>()?;
     m.add_function(wrap_pyfunction!(entropy_seed, m)?)?;
     m.add("REQUEST_KEYS", request_keys())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -170,3 +170,76 @@ def test_wgpu_matches_the_cpu():
     params = {"top_k": 50, "top_p": 0.9, "temperature": 0.8}
     assert gpu.sample(x, params, seeds=3).tokens.tolist() == cpu.sample(x, params, seeds=3).tokens.tolist()
     assert gpu.device.startswith("wgpu:")
+
+
+def test_head_steps_like_the_sampler_driven_by_hand():
+    v = 3000
+    head = decoda.Head(4, v, device="cpu")
+    assert (head.slots, head.vocab) == (4, v)
+    s = decoda.Sampler(device="cpu")
+    params = [{"top_p": 0.9}, {"temperature": 0}, {"repetition_penalty": 1.3, "top_k": 20},
+              {"dry_multiplier": 0.8, "kept": 3}]
+    hist = {}
+    for slot, p in enumerate(params):
+        seed = head.join(slot, p, seed=10 + slot, prompt=[1, 2, 3], max_tokens=12 if slot == 1 else None)
+        assert seed == 10 + slot
+        hist[slot] = []
+    rng = np.random.default_rng(1)
+    for step in range(15):
+        x = (rng.standard_normal((4, v)) * 2).astype(np.float32)
+        out = head.step(x)
+        for slot in range(4):
+            if slot == 1 and step >= 12:
+                assert out.tokens[slot] == -1 and out.errors[slot]["kind"] == "Finished"
+                continue
+            want = s.sample(x[slot], params[slot], seeds=10 + slot, steps=step,
+                            prompts=[[1, 2, 3]], outputs=[hist[slot]])
+            assert out.tokens[slot] == want.tokens[0], (step, slot)
+            hist[slot].append(int(out.tokens[slot]))
+        if step == 11:
+            assert out.finished[1] == "length"
+    assert out.kept[3]["size"] >= 1
+    head.leave(1)
+    with pytest.raises(ValueError, match="slot 1"):
+        head.step(np.zeros((1, v), dtype=np.float32), [1])
+
+
+def test_head_masks_and_bad_input():
+    v = 500
+    head = decoda.Head(2, v, device="cpu")
+    w = (v + 31) // 32
+    fixed = np.zeros(w, dtype=np.uint32)
+    fixed[0] = 0b1110  # tokens 1, 2, 3
+    head.join(0, {}, seed=1, mask=fixed)
+    head.join(1, {}, seed=2)
+    step_mask = np.zeros(w, dtype=np.uint32)
+    step_mask[1] = 1  # token 32
+    for _ in range(10):
+        out = head.step(np.zeros((2, v), dtype=np.float32), masks=[None, step_mask])
+        assert out.tokens[0] in (1, 2, 3)
+        assert out.tokens[1] == 32
+    with pytest.raises(ValueError, match="taken"):
+        head.join(0, {})
+    with pytest.raises(ValueError, match="top_p"):
+        head.set_params(1, {"top_p": 0})
+    with pytest.raises(ValueError, match="device"):
+        decoda.Head(2, v, device="npu")
+
+
+def test_device_head_matches_the_cpu_head():
+    try:
+        gpu = decoda.Head(2, 4000, device="wgpu")
+    except RuntimeError as e:
+        pytest.skip(f"no wgpu adapter: {e}")
+    cpu = decoda.Head(2, 4000, device="cpu")
+    for h in (gpu, cpu):
+        h.join(0, {"top_k": 30}, seed=5)
+        h.join(1, {"temperature": 0.7, "repetition_penalty": 1.2}, seed=6, prompt=[4, 5])
+    rng = np.random.default_rng(2)
+    for _ in range(10):
+        x = rng.standard_normal((2, 4000)).astype(np.float32)
+        assert gpu.step(x).tokens.tolist() == cpu.step(x).tokens.tolist()
+    # the later stages are refused by the device head, naming the slot and the field
+    gpu.leave(0)
+    with pytest.raises(ValueError, match="dry_multiplier"):
+        gpu.join(0, {"dry_multiplier": 0.5})

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _native
 
-__all__ = ["Sampler", "SampleResult", "REQUEST_KEYS", "__version__"]
+__all__ = ["Sampler", "SampleResult", "Head", "StepResult", "REQUEST_KEYS", "__version__"]
 
 __version__: str = _native.__version__
 #: The keys a request may hold: the sampling parameters, ``seed``, ``step``,
@@ -171,3 +171,136 @@ class Sampler:
             result.logprobs.append(e.get("logprobs"))
             result.kept.append(e.get("kept"))
         return result
+
+
+@dataclass
+class StepResult:
+    """The result of :meth:`Head.step`, one entry per row (row ``r`` is slot
+    ``slots[r]``): ``tokens`` (int64, ``-1`` where no token was drawn), ``finished``
+    (``"stop"``, ``"length"`` or ``None``: the slot is done from this step on),
+    ``errors``, ``logprobs`` and ``kept`` as in :class:`SampleResult`."""
+
+    slots: List[int]
+    tokens: np.ndarray
+    finished: List[Optional[str]]
+    errors: List[Optional[Dict[str, str]]] = field(default_factory=list)
+    logprobs: List[Optional[Dict[str, Any]]] = field(default_factory=list)
+    kept: List[Optional[Dict[str, Any]]] = field(default_factory=list)
+
+
+def _logits_2d(logits: Any) -> np.ndarray:
+    x = np.asarray(logits)
+    if x.ndim == 1:
+        x = x.reshape(1, -1)
+    if x.ndim != 2:
+        raise ValueError(f"logits must have shape [V] or [B, V], not {list(x.shape)}")
+    if x.dtype not in (np.float32, np.float16):
+        if not np.issubdtype(x.dtype, np.floating):
+            raise TypeError(f"logits must be floating point, not {x.dtype}")
+        x = x.astype(np.float32)
+    return np.ascontiguousarray(x)
+
+
+class Head:
+    """A sampling head: ``slots`` slots of decode state over a vocabulary of ``vocab``
+    tokens, on ``device`` (``"cpu"``, ``"wgpu"`` or ``"auto"``). Each slot holds a
+    sequence's parameters, seed, step, history, stop ids, ``max_tokens`` and fixed
+    token mask; :meth:`step` draws a token for each given slot and advances it, so a
+    decode loop passes only the logits (on a GPU the state stays on the device).
+    The later stages (DRY, top-n-σ, typical-p, XTC, ``kept``) run on the CPU head only
+    for now: the device head refuses them."""
+
+    def __init__(self, slots: int, vocab: int, device: str = "auto") -> None:
+        self._native = _native.Head(slots, vocab, device)
+
+    @property
+    def device(self) -> str:
+        """The head's name: ``cpu`` or ``wgpu:<adapter>``."""
+        return self._native.device
+
+    @property
+    def slots(self) -> int:
+        """The number of slots."""
+        return self._native.shape[0]
+
+    @property
+    def vocab(self) -> int:
+        """The vocabulary size."""
+        return self._native.shape[1]
+
+    def join(
+        self,
+        slot: int,
+        params: Optional[Mapping[str, Any]] = None,
+        *,
+        seed: Optional[int] = None,
+        step: int = 0,
+        prompt: Any = None,
+        output: Any = None,
+        max_tokens: Optional[int] = None,
+        stop: Optional[Sequence[int]] = None,
+        mask: Any = None,
+    ) -> int:
+        """Puts a sequence in the free ``slot``; returns its seed (drawn from the OS
+        when ``seed`` is None). ``prompt`` and ``output``: its history; ``stop``: ids
+        that end it (drawn, they are part of its output); ``mask``: a fixed
+        allowed-token mask (``ceil(V/32)`` int32/uint32 words) at every step."""
+        req = dict(params or {})
+        unknown = sorted(set(req) - set(REQUEST_KEYS))
+        if unknown:
+            raise ValueError(f"slot {slot}: unknown keys {unknown} (known: {REQUEST_KEYS})")
+        if seed is not None:
+            req["seed"] = int(seed)
+        req["step"] = int(step)
+        for key, value in (("prompt", prompt), ("output", output)):
+            ids = _ids(key, slot, value)
+            if ids is not None:
+                req[key] = ids
+        if mask is not None:
+            words = np.asarray(mask).reshape(-1)
+            if words.dtype not in (np.int32, np.uint32):
+                raise TypeError(f"mask: int32 or uint32 words, not {words.dtype}")
+            req["allowed"] = words.astype(np.uint32).tolist()
+        stops = None if stop is None else [int(t) for t in stop]
+        return self._native.join(int(slot), json.dumps(req), max_tokens, stops)
+
+    def leave(self, slot: int) -> None:
+        """Frees ``slot``."""
+        self._native.leave(int(slot))
+
+    def set_params(self, slot: int, params: Mapping[str, Any]) -> None:
+        """Replaces a joined slot's sampling parameters; its seed, step and history stay."""
+        self._native.set_params(int(slot), json.dumps(dict(params)))
+
+    def step(
+        self, logits: Any, slots: Optional[Sequence[int]] = None, masks: Any = None
+    ) -> StepResult:
+        """Draws row ``r`` of ``logits`` for slot ``slots[r]`` (default: row ``r`` for
+        slot ``r``) and advances each slot. ``masks``: per row, allowed-token words for
+        this step only (a ``[B, ceil(V/32)]`` array, or a list with ``None`` for
+        unmasked rows)."""
+        x = _logits_2d(logits)
+        rows = list(range(x.shape[0])) if slots is None else [int(s) for s in slots]
+        m = None
+        if masks is not None:
+            w = (x.shape[1] + 31) // 32
+            if isinstance(masks, (list, tuple)):
+                m = np.stack([
+                    np.full(w, 0xFFFFFFFF, dtype=np.uint32) if k is None
+                    else np.asarray(k).reshape(-1).astype(np.uint32)
+                    for k in masks
+                ])
+            else:
+                m = np.asarray(masks)
+                if m.dtype not in (np.int32, np.uint32):
+                    raise TypeError(f"masks: int32 or uint32 words, not {m.dtype}")
+                m = m.astype(np.uint32).reshape(x.shape[0], -1)
+            m = np.ascontiguousarray(m)
+        tokens, finished, extras = self._native.step(x, rows, m)
+        out = StepResult(slots=rows, tokens=tokens, finished=list(finished))
+        for e in (json.loads(extras) if extras is not None else [None] * len(rows)):
+            e = e or {}
+            out.errors.append(e.get("error"))
+            out.logprobs.append(e.get("logprobs"))
+            out.kept.append(e.get("kept"))
+        return out

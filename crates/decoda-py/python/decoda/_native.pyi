@@ -19,3 +19,26 @@ class Sampler:
         """The backend's name."""
     def sample(self, logits: np.ndarray, requests: str) -> Tuple[np.ndarray, Optional[str]]:
         """Tokens (int64, -1 for a failed row) and per-row extras as JSON (or None)."""
+
+class Head:
+    """A sampling head (slots of decode state) on one device."""
+
+    def __init__(self, slots: int, vocab: int, device: str = "auto") -> None: ...
+    @property
+    def device(self) -> str:
+        """The head's name."""
+    @property
+    def shape(self) -> Tuple[int, int]:
+        """Slots and vocabulary size."""
+    def join(
+        self, slot: int, request: str, max_tokens: Optional[int] = None, stop: Optional[List[int]] = None
+    ) -> int:
+        """Joins a slot with a JSON request; returns its seed."""
+    def leave(self, slot: int) -> None:
+        """Frees a slot."""
+    def set_params(self, slot: int, params: str) -> None:
+        """Replaces a slot's parameters (JSON)."""
+    def step(
+        self, logits: np.ndarray, rows: List[int], masks: Optional[np.ndarray] = None
+    ) -> Tuple[np.ndarray, List[Optional[str]], Optional[str]]:
+        """Tokens, finishes and per-row extras (JSON or None)."""
