@@ -122,9 +122,19 @@ fn with_logits<'py, T: Send>(
         let (b, v) = (ro.shape()[0], ro.shape()[1]);
         let data = ro.as_slice().map_err(|_| contiguous())?;
         py.allow_threads(|| Logits::f16(data, b, v).and_then(|l| f(&l)))
+    } else if let Ok(a) = logits.downcast::<numpy::PyArray2<u16>>() {
+        // bfloat16 values as their bits (numpy has no bfloat16)
+        let ro: PyReadonlyArray2<u16> = a.readonly();
+        let (b, v) = (ro.shape()[0], ro.shape()[1]);
+        let bits = ro.as_slice().map_err(|_| contiguous())?;
+        // SAFETY: bf16 is a transparent wrapper of u16: the same size, alignment and
+        // every bit pattern valid; the slice covers exactly the array's memory.
+        let data: &[half::bf16] =
+            unsafe { std::slice::from_raw_parts(bits.as_ptr().cast(), bits.len()) };
+        py.allow_threads(|| Logits::bf16(data, b, v).and_then(|l| f(&l)))
     } else {
         return Err(PyTypeError::new_err(
-            "logits must be a 2-D numpy array of float32 or float16",
+            "logits must be a 2-D numpy array of float32, float16 or bfloat16 bits (uint16)",
         ));
     }
     .map_err(|e| PyValueError::new_err(e.to_string()))

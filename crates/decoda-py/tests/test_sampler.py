@@ -243,3 +243,33 @@ def test_device_head_matches_the_cpu_head():
     gpu.leave(0)
     with pytest.raises(ValueError, match="dry_multiplier"):
         gpu.join(0, {"dry_multiplier": 0.5})
+
+
+def test_dlpack_inputs_torch_and_mlx():
+    x = rows(3, 1000, seed=12)
+    s = decoda.Sampler(device="cpu")
+    want = s.sample(x, {"top_p": 0.9}, seeds=4).tokens.tolist()
+    tried = []
+    try:
+        import mlx.core as mx
+    except ImportError:
+        mx = None
+    if mx is not None:
+        tried.append("mlx")
+        assert s.sample(mx.array(x), {"top_p": 0.9}, seeds=4).tokens.tolist() == want
+        b = mx.array(x).astype(mx.bfloat16)
+        want16 = s.sample(np.asarray(b.astype(mx.float32)), {"temperature": 0}).tokens.tolist()
+        assert s.sample(b, {"temperature": 0}).tokens.tolist() == want16
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        tried.append("torch")
+        t = torch.from_numpy(x)
+        assert s.sample(t, {"top_p": 0.9}, seeds=4).tokens.tolist() == want
+        tb = t.to(torch.bfloat16)
+        assert s.sample(tb, {"temperature": 0}).tokens.tolist() == \
+            s.sample(tb.float().numpy(), {"temperature": 0}).tokens.tolist()
+    if not tried:
+        pytest.skip("neither torch nor mlx is installed")

@@ -100,8 +100,9 @@ class Sampler:
     ) -> SampleResult:
         """Draws one token per row of ``logits``.
 
-        ``logits``: a ``[B, V]`` (or ``[V]``) array of float32 or float16 (read in place
-        when C-contiguous; other float types are converted to float32). ``params``: one
+        ``logits``: a ``[B, V]`` (or ``[V]``) array of float32, float16 or bfloat16:
+        numpy, or anything with ``__dlpack__`` on the CPU (torch, MLX, JAX), read in
+        place when C-contiguous (other float types are converted to float32). ``params``: one
         mapping for every row or one per row (the keys of :data:`REQUEST_KEYS`).
         ``seeds`` and ``steps``: one int for every row or one per row (a row without a
         seed gets one from the OS, reported in the result). ``prompts`` and
@@ -113,17 +114,7 @@ class Sampler:
         row, the field and the value) raises ``ValueError``; a row's own problem (NaN
         logits, nothing left to draw) is that row's entry in ``errors``.
         """
-        x = np.asarray(logits)
-        if x.ndim == 1:
-            x = x.reshape(1, -1)
-        if x.ndim != 2:
-            raise ValueError(f"logits must have shape [V] or [B, V], not {list(x.shape)}")
-        if x.dtype not in (np.float32, np.float16):
-            if not np.issubdtype(x.dtype, np.floating):
-                raise TypeError(f"logits must be floating point, not {x.dtype}")
-            x = x.astype(np.float32)
-        if not x.flags["C_CONTIGUOUS"]:
-            x = np.ascontiguousarray(x)
+        x = _logits_2d(logits)
         rows = x.shape[0]
         if params is None or isinstance(params, Mapping):
             per_row = [dict(params or {})] * rows
@@ -188,13 +179,43 @@ class StepResult:
     kept: List[Optional[Dict[str, Any]]] = field(default_factory=list)
 
 
+def _is_bf16(obj: Any) -> bool:
+    return "bfloat16" in str(getattr(obj, "dtype", ""))
+
+
+def _host_array(logits: Any) -> np.ndarray:
+    """A numpy view of ``logits`` without a copy where the layout allows: numpy arrays
+    as they are; anything with ``__dlpack__`` on the CPU (torch CPU tensors, MLX and JAX
+    arrays) through DLPack; bfloat16 as its bits (uint16), viewed by the array's own
+    library first since DLPack has no bfloat16 for numpy."""
+    if isinstance(logits, np.ndarray):
+        if logits.dtype.name == "bfloat16":  # ml_dtypes (JAX's numpy arrays)
+            return logits.view(np.uint16)
+        return logits
+    if _is_bf16(logits) and hasattr(logits, "view"):
+        for bits in ("uint16", "int16"):
+            try:
+                module = type(logits).__module__.split(".")[0]
+                lib = __import__(module)
+                dt = getattr(lib, bits, None) or getattr(getattr(lib, "core", lib), bits)
+                return np.from_dlpack(logits.view(dt)).view(np.uint16)
+            except Exception:  # noqa: BLE001 - try the next spelling, then convert
+                continue
+    if hasattr(logits, "__dlpack__"):
+        try:
+            return np.from_dlpack(logits)
+        except (TypeError, BufferError, RuntimeError, ValueError):
+            pass
+    return np.asarray(logits)
+
+
 def _logits_2d(logits: Any) -> np.ndarray:
-    x = np.asarray(logits)
+    x = _host_array(logits)
     if x.ndim == 1:
         x = x.reshape(1, -1)
     if x.ndim != 2:
         raise ValueError(f"logits must have shape [V] or [B, V], not {list(x.shape)}")
-    if x.dtype not in (np.float32, np.float16):
+    if x.dtype not in (np.float32, np.float16, np.uint16):
         if not np.issubdtype(x.dtype, np.floating):
             raise TypeError(f"logits must be floating point, not {x.dtype}")
         x = x.astype(np.float32)
