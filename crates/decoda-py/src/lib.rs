@@ -341,10 +341,14 @@ fn entropy_seed() -> PyResult<u64> {
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))
 }
 
+mod generate;
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Sampler>()?;
     m.add_class::<Head>()?;
+    m.add_class::<generate::Model>()?;
+    m.add_class::<generate::Generation>()?;
     m.add_function(wrap_pyfunction!(entropy_seed, m)?)?;
     m.add("REQUEST_KEYS", request_keys())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

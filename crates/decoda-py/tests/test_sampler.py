@@ -273,3 +273,67 @@ def test_dlpack_inputs_torch_and_mlx():
             s.sample(tb.float().numpy(), {"temperature": 0}).tokens.tolist()
     if not tried:
         pytest.skip("neither torch nor mlx is installed")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    exe = cli()
+    if exe is None:
+        pytest.skip("the decoda CLI is not built (cargo build --release)")
+    d = tmp_path_factory.mktemp("gen")
+    subprocess.run([exe, "tiny-model", str(d), "--seed", "4"], check=True, capture_output=True)
+    return d
+
+
+def cli_generate(d, *args):
+    out = subprocess.run(
+        [cli(), "generate", "--model", str(d), "--device", "cpu", "--json", *args],
+        check=True, capture_output=True, text=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_generate_streams_the_clis_tokens(tiny_model):
+    m = decoda.load(tiny_model, device="cpu")
+    assert m.vocab_size == 320 and m.encode("Hi") == [72, 105]
+    g = m.generate("Hello", max_tokens=10, params={"temperature": 0.8, "top_p": 0.9}, seed=5)
+    streamed = [t for s, t in g]
+    assert g.report["outputs"][0]["tokens"] == streamed
+    want = cli_generate(tiny_model, "--prompt", "Hello", "--max-tokens", "10",
+                        "--temperature", "0.8", "--top-p", "0.9", "--seed", "5")
+    assert streamed == want["tokens"]
+    assert g.texts[0] == want["text"]
+    # n sequences of one prompt: each the CLI's with its seed
+    g = m.generate([72, 101], max_tokens=6, params={"temperature": 1.0}, seed=20, n=3)
+    per = {0: [], 1: [], 2: []}
+    for s, t in g:
+        per[s].append(t)
+    for k in range(3):
+        want = cli_generate(tiny_model, "--prompt-ids", "72,101", "--max-tokens", "6",
+                            "--temperature", "1.0", "--seed", str(20 + k))
+        assert per[k] == want["tokens"]
+
+
+def test_generate_stop_strings_masks_and_errors(tiny_model):
+    m = decoda.load(tiny_model, device="cpu")
+    w = (320 + 31) // 32
+    mask = np.zeros(w, dtype=np.uint32)
+    for t in range(97, 123):
+        mask[t // 32] |= np.uint32(1 << (t % 32))
+    full = m.generate("abc", max_tokens=14, seed=3, grammar_mask=mask).collect()
+    toks = full["outputs"][0]["tokens"]
+    assert all(97 <= t <= 122 for t in toks)
+    text = m.decode(toks)
+    stop = text[5:7]
+    g = m.generate("abc", max_tokens=14, seed=3, grammar_mask=mask, stop_str=[stop])
+    g.collect()
+    at = text.find(stop)
+    assert g.texts[0] == text[:at]
+    assert g.report["outputs"][0]["tokens"] == toks[:at]
+    assert g.report["outputs"][0]["finish"] == "stop"
+    with pytest.raises(ValueError, match="top_p"):
+        m.generate("a", params={"top_p": 2.0}).collect()
+    with pytest.raises(ValueError, match="prompt"):
+        m.generate()
+    with pytest.raises(ValueError):
+        decoda.load(tiny_model / "missing")

@@ -17,6 +17,7 @@ logprobs_mode, dry_*, top_n_sigma, typical_p, xtc_probability, xtc_threshold, ke
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -24,7 +25,10 @@ import numpy as np
 
 from . import _native
 
-__all__ = ["Sampler", "SampleResult", "Head", "StepResult", "REQUEST_KEYS", "__version__"]
+__all__ = [
+    "Sampler", "SampleResult", "Head", "StepResult", "load", "Model", "Generation",
+    "REQUEST_KEYS", "__version__",
+]
 
 __version__: str = _native.__version__
 #: The keys a request may hold: the sampling parameters, ``seed``, ``step``,
@@ -325,3 +329,136 @@ class Head:
             out.logprobs.append(e.get("logprobs"))
             out.kept.append(e.get("kept"))
         return out
+
+
+class Generation:
+    """The tokens of :meth:`Model.generate` as they are drawn: iterating yields
+    ``(sequence, token_id)`` pairs. Once exhausted, ``report`` holds the run
+    (``outputs`` per sequence: ``tokens``, ``finish``; ``prefill_ms``, ``decode_tok_s``,
+    ``device``...) and ``texts`` each sequence's text (with a tokenizer; cut right
+    before a stop string, whose tokens are then dropped from ``report``)."""
+
+    def __init__(self, native: Any, model: "Model", stop_str: Sequence[str]) -> None:
+        self._native = native
+        self._model = model
+        self._stop_str = list(stop_str)
+        self.report: Optional[Dict[str, Any]] = None
+        self.texts: List[Optional[str]] = []
+
+    def __iter__(self) -> "Generation":
+        return self
+
+    def __next__(self) -> tuple:
+        try:
+            return self._native.__next__()
+        except StopIteration:
+            if self.report is None and self._native.report is not None:
+                self._finish(json.loads(self._native.report))
+            raise
+
+    def _finish(self, report: Dict[str, Any]) -> None:
+        for out in report["outputs"]:
+            text = None
+            if self._model.has_tokenizer:
+                text = self._model.decode(out["tokens"])
+                cuts = [text.find(s) for s in self._stop_str if s in text]
+                if cuts:
+                    at = min(cuts)
+                    before = text[:at]
+                    n = 0
+                    while n < len(out["tokens"]) and before.startswith(
+                        self._model.decode(out["tokens"][: n + 1])
+                    ):
+                        n += 1
+                    out["tokens"] = out["tokens"][:n]
+                    out["finish"] = "stop"
+                    text = before
+            self.texts.append(text)
+        self.report = report
+
+    def collect(self) -> Dict[str, Any]:
+        """Runs the generation to its end and returns the report."""
+        for _ in self:
+            pass
+        assert self.report is not None
+        return self.report
+
+
+class Model:
+    """A Qwen3-MoE checkpoint loaded by :func:`load`."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+        try:
+            native.encode("")
+            self.has_tokenizer = True
+        except ValueError:
+            self.has_tokenizer = False
+
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary size."""
+        return self._native.vocab_size
+
+    def encode(self, text: str) -> List[int]:
+        """Token ids of ``text`` (needs ``tokenizer.json``)."""
+        return list(self._native.encode(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (needs ``tokenizer.json``)."""
+        return self._native.decode([int(t) for t in ids])
+
+    def generate(
+        self,
+        prompt: Union[None, str, Sequence[int]] = None,
+        *,
+        prompts: Optional[Sequence[Union[str, Sequence[int]]]] = None,
+        max_tokens: int = 32,
+        params: Optional[Mapping[str, Any]] = None,
+        seed: Optional[int] = None,
+        stop: Optional[Sequence[int]] = None,
+        stop_str: Optional[Sequence[str]] = None,
+        n: int = 1,
+        grammar_mask: Any = None,
+    ) -> Generation:
+        """Generates from ``prompt`` (text through the tokenizer, or token ids) or from
+        several ``prompts``, as ``decoda generate`` does: ``max_tokens`` per sequence,
+        the sampling ``params`` (the keys of :data:`REQUEST_KEYS`), ``seed`` (sequence
+        ``i`` draws with ``seed + i``; from the OS when None), ``stop`` ids,
+        ``stop_str`` strings, ``n`` sequences of the one prompt (prefilled once) and a
+        fixed ``grammar_mask``. Returns an iterator of ``(sequence, token)`` pairs."""
+        if (prompt is None) == (prompts is None):
+            raise ValueError("give prompt or prompts")
+        if n < 1:
+            raise ValueError(f"n = {n}: at least 1")
+        items = [prompt] if prompts is None else list(prompts)
+        if n > 1:
+            if len(items) != 1:
+                raise ValueError("n takes one prompt, not prompts")
+            items = items * n
+        p = dict(params or {})
+        unknown = sorted(set(p) - set(REQUEST_KEYS))
+        if unknown:
+            raise ValueError(f"unknown keys {unknown} (known: {REQUEST_KEYS})")
+        base_seed = seed if seed is not None else _native.entropy_seed()
+        seqs = []
+        for i, item in enumerate(items):
+            ids = self.encode(item) if isinstance(item, str) else [int(t) for t in item]
+            req = dict(p, seed=int(base_seed) + i)
+            if grammar_mask is not None:
+                req["allowed"] = np.asarray(grammar_mask).reshape(-1).astype(np.uint32).tolist()
+            seqs.append({
+                "prompt_ids": ids,
+                "request": req,
+                "max_tokens": int(max_tokens),
+                "stop": [int(t) for t in (stop or [])],
+            })
+        stops = list(stop_str or [])
+        return Generation(self._native.generate(json.dumps(seqs), stops), self, stops)
+
+
+def load(model_dir: Union[str, "os.PathLike[str]"], device: str = "auto", sort_cutoff: int = 16) -> Model:
+    """Loads a Qwen3-MoE checkpoint (``config.json``, ``*.safetensors``, and
+    ``tokenizer.json`` for text) for ``device`` (``"cpu"``, ``"wgpu"`` or ``"auto"``):
+    the checkpoints ``decoda generate`` loads, MLX's quantized ones included."""
+    return Model(_native.Model(str(model_dir), device, sort_cutoff))

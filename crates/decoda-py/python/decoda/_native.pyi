@@ -42,3 +42,26 @@ class Head:
         self, logits: np.ndarray, rows: List[int], masks: Optional[np.ndarray] = None
     ) -> Tuple[np.ndarray, List[Optional[str]], Optional[str]]:
         """Tokens, finishes and per-row extras (JSON or None)."""
+
+class Generation:
+    """An iterator of (sequence, token) pairs; ``report`` (JSON) once exhausted."""
+
+    def __iter__(self) -> "Generation": ...
+    def __next__(self) -> Tuple[int, int]: ...
+    @property
+    def report(self) -> Optional[str]:
+        """The run's report as JSON, once the iterator is exhausted."""
+
+class Model:
+    """A loaded Qwen3-MoE checkpoint."""
+
+    def __init__(self, model_dir: str, device: str = "auto", sort_cutoff: int = 16) -> None: ...
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary size."""
+    def encode(self, text: str) -> List[int]:
+        """Token ids of a text."""
+    def decode(self, ids: List[int]) -> str:
+        """The text of token ids."""
+    def generate(self, sequences: str, stop_strings: List[str]) -> Generation:
+        """Starts a generation (sequences as JSON)."""

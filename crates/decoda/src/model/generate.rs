@@ -157,9 +157,10 @@ pub fn generate<E: Engine + ?Sized>(
 }
 
 /// [`generate`], with `stop(i, tokens)` asked after each token of sequence `i` (its
-/// tokens so far): `true` ends the sequence there (`FinishReason::Stop`), as a stop id
-/// would — stop strings, checked on the decoded text by the caller. Tokens of steps
-/// already in flight for it are dropped.
+/// tokens so far, the last one included even when it ends the sequence): `true` ends
+/// the sequence there (`FinishReason::Stop`), as a stop id would — stop strings,
+/// checked on the decoded text by the caller. Tokens of steps already in flight for it
+/// are dropped.
 pub fn generate_until<E: Engine + ?Sized>(
     engine: &mut E,
     seqs: &[Sequence],
@@ -249,7 +250,10 @@ pub fn generate_until<E: Engine + ?Sized>(
                         out.logprobs.push(lp);
                     }
                     *drawn += 1;
-                    if row.finished.is_none() && stop(i, &out.tokens) {
+                    // asked after every token (a caller may stream them), acted on
+                    // only while the sequence runs
+                    let ends = stop(i, &out.tokens);
+                    if row.finished.is_none() && ends {
                         out.finish = Some(FinishReason::Stop);
                         done[i] = true;
                     }
