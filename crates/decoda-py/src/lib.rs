@@ -101,6 +101,31 @@ impl Sampler {
             .collect();
         Ok((PyArray1::from_vec(py, tokens), extras(&results)))
     }
+
+    /// For benchmarks: microseconds of `iters` Rust calls on these logits and requests
+    /// (parsed once, the lock released), so the Python layer's cost over a Rust call can
+    /// be measured on the same rows (`scripts/python/bench_python.py`).
+    fn _time_rust(
+        &self,
+        py: Python<'_>,
+        logits: &Bound<'_, PyAny>,
+        requests: &str,
+        iters: usize,
+    ) -> PyResult<Vec<f64>> {
+        let reqs: Vec<Request> = serde_json::from_str(requests)
+            .map_err(|e| PyValueError::new_err(format!("requests: {e}")))?;
+        let backend = &self.backend;
+        with_logits(py, logits, |l| {
+            let mut times = Vec::with_capacity(iters);
+            for _ in 0..iters {
+                let t = std::time::Instant::now();
+                let out = backend.sample(l, &reqs)?;
+                std::hint::black_box(out);
+                times.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            Ok(times)
+        })
+    }
 }
 
 /// Reads a 2-D float32 or float16 array in place and runs `f` on it as logits, with the

@@ -34,6 +34,7 @@ __version__: str = _native.__version__
 #: The keys a request may hold: the sampling parameters, ``seed``, ``step``,
 #: ``prompt``, ``output`` and ``allowed`` (a token mask as a list of words).
 REQUEST_KEYS: List[str] = list(_native.REQUEST_KEYS)
+_KEYS = frozenset(REQUEST_KEYS)
 
 Params = Union[None, Mapping[str, Any], Sequence[Mapping[str, Any]]]
 
@@ -66,6 +67,26 @@ def _per_row(name: str, value: Any, rows: int) -> List[Any]:
     if len(values) != rows:
         raise ValueError(f"{name}: {len(values)} values for {rows} rows")
     return values
+
+
+def _plain_requests(params: dict, seeds: Any, steps: Any, rows: int) -> tuple:
+    """The requests' JSON for one mapping of parameters shared by every row, with each
+    row's seed and step (the common call, built as one string)."""
+    if not _KEYS.issuperset(params):
+        unknown = sorted(set(params) - _KEYS)
+        raise ValueError(f"row 0: unknown keys {unknown} (known: {REQUEST_KEYS})")
+    body = json.dumps(params)[1:-1]
+    if body:
+        body += ","
+    seed_list = [
+        s if s is not None else _native.entropy_seed() for s in _per_row("seeds", seeds, rows)
+    ]
+    step_list = _per_row("steps", steps, rows)
+    parts = []
+    for seed, step in zip(seed_list, step_list):
+        tail = "" if step is None else ',"step":%d' % int(step)
+        parts.append('{%s"seed":%d%s}' % (body, int(seed), tail))
+    return "[" + ",".join(parts) + "]", seed_list
 
 
 def _ids(name: str, row: int, value: Any) -> Optional[List[int]]:
@@ -120,6 +141,11 @@ class Sampler:
         """
         x = _logits_2d(logits)
         rows = x.shape[0]
+        if (params is None or type(params) is dict) and prompts is None and outputs is None \
+                and masks is None:
+            # the common call, one mapping for every row and no history: its JSON once
+            requests, seed_list = _plain_requests(params or {}, seeds, steps, rows)
+            return self._result(x, requests, seed_list, rows)
         if params is None or isinstance(params, Mapping):
             per_row = [dict(params or {})] * rows
         else:
@@ -141,8 +167,8 @@ class Sampler:
         requests = []
         for r in range(rows):
             req = dict(per_row[r])
-            unknown = sorted(set(req) - set(REQUEST_KEYS))
-            if unknown:
+            if not _KEYS.issuperset(req):
+                unknown = sorted(set(req) - _KEYS)
                 raise ValueError(f"row {r}: unknown keys {unknown} (known: {REQUEST_KEYS})")
             req["seed"] = int(seed_list[r])
             if step_list[r] is not None:
@@ -157,7 +183,10 @@ class Sampler:
                     raise TypeError(f"masks of row {r}: int32 or uint32 words, not {words.dtype}")
                 req["allowed"] = words.astype(np.uint32).tolist()
             requests.append(req)
-        tokens, extras = self._native.sample(x, json.dumps(requests))
+        return self._result(x, json.dumps(requests), seed_list, rows)
+
+    def _result(self, x: np.ndarray, requests: str, seed_list: List[Any], rows: int) -> SampleResult:
+        tokens, extras = self._native.sample(x, requests)
         result = SampleResult(tokens=tokens, seeds=[int(s) for s in seed_list])
         rows_extra = json.loads(extras) if extras is not None else [None] * rows
         for e in rows_extra:
@@ -193,8 +222,8 @@ def _host_array(logits: Any) -> np.ndarray:
     arrays) through DLPack; bfloat16 as its bits (uint16), viewed by the array's own
     library first since DLPack has no bfloat16 for numpy."""
     if isinstance(logits, np.ndarray):
-        if logits.dtype.name == "bfloat16":  # ml_dtypes (JAX's numpy arrays)
-            return logits.view(np.uint16)
+        if logits.dtype.char not in "fdeH" and logits.dtype.name == "bfloat16":
+            return logits.view(np.uint16)  # ml_dtypes' bfloat16 (JAX's numpy arrays)
         return logits
     if _is_bf16(logits) and hasattr(logits, "view"):
         for bits in ("uint16", "int16"):
@@ -214,6 +243,15 @@ def _host_array(logits: Any) -> np.ndarray:
 
 
 def _logits_2d(logits: Any) -> np.ndarray:
+    # the common case first, in attribute reads only: a C-contiguous [B, V] float32 or
+    # float16 numpy array goes through as it is
+    if (
+        type(logits) is np.ndarray
+        and logits.ndim == 2
+        and logits.dtype.char in "fe"
+        and logits.flags.c_contiguous
+    ):
+        return logits
     x = _host_array(logits)
     if x.ndim == 1:
         x = x.reshape(1, -1)
@@ -271,7 +309,7 @@ class Head:
         that end it (drawn, they are part of its output); ``mask``: a fixed
         allowed-token mask (``ceil(V/32)`` int32/uint32 words) at every step."""
         req = dict(params or {})
-        unknown = sorted(set(req) - set(REQUEST_KEYS))
+        unknown = sorted(set(req) - _KEYS)
         if unknown:
             raise ValueError(f"slot {slot}: unknown keys {unknown} (known: {REQUEST_KEYS})")
         if seed is not None:
@@ -437,7 +475,7 @@ class Model:
                 raise ValueError("n takes one prompt, not prompts")
             items = items * n
         p = dict(params or {})
-        unknown = sorted(set(p) - set(REQUEST_KEYS))
+        unknown = sorted(set(p) - _KEYS)
         if unknown:
             raise ValueError(f"unknown keys {unknown} (known: {REQUEST_KEYS})")
         base_seed = seed if seed is not None else _native.entropy_seed()

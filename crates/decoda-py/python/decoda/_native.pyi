@@ -19,6 +19,8 @@ class Sampler:
         """The backend's name."""
     def sample(self, logits: np.ndarray, requests: str) -> Tuple[np.ndarray, Optional[str]]:
         """Tokens (int64, -1 for a failed row) and per-row extras as JSON (or None)."""
+    def _time_rust(self, logits: np.ndarray, requests: str, iters: int) -> List[float]:
+        """For benchmarks: microseconds of each of `iters` Rust calls."""
 
 class Head:
     """A sampling head (slots of decode state) on one device."""
