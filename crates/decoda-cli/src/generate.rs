@@ -77,34 +77,8 @@ pub struct GenerateArgs {
     json: bool,
 }
 
-/// Keys of a --prompts line.
-const LINE_KEYS: &[&str] = &[
-    "prompt",
-    "prompt_ids",
-    "max_tokens",
-    "seed",
-    "stop",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "logit_bias",
-    "logprobs",
-    "logprobs_mode",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
-    "dry_sequence_breakers",
-    "top_n_sigma",
-    "typical_p",
-    "xtc_probability",
-    "xtc_threshold",
-    "kept",
-];
+/// Keys of a --prompts line besides the sampling parameters' (`decoda::params::PARAM_KEYS`).
+const LINE_KEYS: &[&str] = &["prompt", "prompt_ids", "max_tokens", "seed", "stop"];
 
 fn parse_ids(what: &str, s: &str) -> Result<Vec<u32>, String> {
     s.split(',')
@@ -241,10 +215,15 @@ fn sequences_unmasked(
         let obj = v
             .as_object()
             .ok_or_else(|| format!("{at}: not a JSON object"))?;
-        if let Some(k) = obj.keys().find(|k| !LINE_KEYS.contains(&k.as_str())) {
+        let known: Vec<&str> = LINE_KEYS
+            .iter()
+            .chain(decoda::params::PARAM_KEYS)
+            .copied()
+            .collect();
+        if let Some(k) = obj.keys().find(|k| !known.contains(&k.as_str())) {
             return Err(format!(
                 "{at}: unknown key {k:?} (known: {})",
-                LINE_KEYS.join(", ")
+                known.join(", ")
             ));
         }
         let prompt = match (obj.get("prompt_ids"), obj.get("prompt")) {

@@ -368,34 +368,14 @@ fn parse_bias(s: &str) -> Result<BTreeMap<u32, f32>, String> {
     Ok(m)
 }
 
-/// The keys of a row's parameters in a JSON file.
-pub const KEYS: &[&str] = &[
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "frequency_penalty",
-    "presence_penalty",
-    "logit_bias",
-    "seed",
-    "step",
-    "prompt",
-    "output",
-    "logprobs",
-    "logprobs_mode",
-    "allowed",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
-    "dry_sequence_breakers",
-    "top_n_sigma",
-    "typical_p",
-    "xtc_probability",
-    "xtc_threshold",
-    "kept",
-];
+/// The keys of a row's parameters in a JSON file: the library's request keys.
+pub fn keys() -> Vec<&'static str> {
+    decoda::params::PARAM_KEYS
+        .iter()
+        .chain(decoda::params::STATE_KEYS)
+        .copied()
+        .collect()
+}
 
 fn entropy_seed() -> Result<u64, String> {
     SequenceState::from_entropy()
@@ -434,10 +414,11 @@ fn unmasked_requests(a: &ParamArgs, rows: usize) -> Result<Vec<Request>, String>
                 let obj = item
                     .as_object()
                     .ok_or_else(|| format!("{shown}: row {r} is not an object"))?;
-                if let Some(k) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
+                let known = keys();
+                if let Some(k) = obj.keys().find(|k| !known.contains(&k.as_str())) {
                     return Err(format!(
                         "{shown}: row {r}: unknown key {k:?} (known: {})",
-                        KEYS.join(", ")
+                        known.join(", ")
                     ));
                 }
                 let has_seed = obj.contains_key("seed");

@@ -10,7 +10,7 @@ use decoda::Request;
 use serde_json::json;
 
 use crate::device::Device;
-use crate::inputs::{read_array, LogitsFile, KEYS};
+use crate::inputs::{keys, read_array, LogitsFile};
 
 #[derive(Args)]
 pub struct ReplayArgs {
@@ -65,13 +65,14 @@ fn read_specs(a: &ReplayArgs, slots: usize) -> Result<Vec<SlotSpec>, String> {
                 .cloned()
                 .ok_or_else(|| format!("{shown}: slot {s} is not an object"))?;
             let extra = ["join", "max_tokens", "stop"];
+            let known = keys();
             if let Some(k) = obj
                 .keys()
-                .find(|k| !KEYS.contains(&k.as_str()) && !extra.contains(&k.as_str()))
+                .find(|k| !known.contains(&k.as_str()) && !extra.contains(&k.as_str()))
             {
                 return Err(format!(
                     "{shown}: slot {s}: unknown key {k:?} (known: {}, {})",
-                    KEYS.join(", "),
+                    known.join(", "),
                     extra.join(", ")
                 ));
             }

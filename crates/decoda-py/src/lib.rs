@@ -327,35 +327,13 @@ impl Head {
 }
 
 /// The keys a request object may hold (sampling parameters, the sequence's state and
-/// its token mask).
+/// its token mask): the library's lists.
 fn request_keys() -> Vec<&'static str> {
-    vec![
-        "temperature",
-        "top_k",
-        "top_p",
-        "min_p",
-        "repetition_penalty",
-        "frequency_penalty",
-        "presence_penalty",
-        "logit_bias",
-        "logprobs",
-        "logprobs_mode",
-        "dry_multiplier",
-        "dry_base",
-        "dry_allowed_length",
-        "dry_penalty_last_n",
-        "dry_sequence_breakers",
-        "top_n_sigma",
-        "typical_p",
-        "xtc_probability",
-        "xtc_threshold",
-        "kept",
-        "seed",
-        "step",
-        "prompt",
-        "output",
-        "allowed",
-    ]
+    decoda::params::PARAM_KEYS
+        .iter()
+        .chain(decoda::params::STATE_KEYS)
+        .copied()
+        .collect()
 }
 
 /// A fresh seed from the operating system's entropy.

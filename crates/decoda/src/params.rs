@@ -42,6 +42,34 @@ pub const MAX_BREAKERS: usize = 256;
 /// Largest kept distribution a row may ask for ([`SamplingParams::kept`]).
 pub const MAX_KEPT: u32 = 1024;
 
+/// The JSON keys of [`SamplingParams`] (a `--params` row's parameters, the Python
+/// bindings' names), in declaration order.
+pub const PARAM_KEYS: &[&str] = &[
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "logprobs",
+    "logprobs_mode",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "top_n_sigma",
+    "typical_p",
+    "xtc_probability",
+    "xtc_threshold",
+    "kept",
+];
+
+/// The JSON keys a [`Request`] adds to [`PARAM_KEYS`]: its sequence state and its mask.
+pub const STATE_KEYS: &[&str] = &["seed", "step", "prompt", "output", "allowed"];
+
 /// Temperatures below this are treated as greedy (as vLLM does).
 pub const GREEDY_TEMPERATURE: f32 = 1e-5;
 
@@ -481,5 +509,25 @@ impl Request {
         self.allowed
             .as_ref()
             .is_none_or(|m| m[i / 32] >> (i % 32) & 1 == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The key lists are the structs' own JSON names, every one of them.
+    #[test]
+    fn key_lists_are_the_serde_names() {
+        let mut r = Request::new(SamplingParams::default(), 1);
+        r.params.logprobs = Some(1);
+        r.params.kept = Some(1);
+        r.allowed = Some(vec![0]);
+        let v = serde_json::to_value(&r).unwrap();
+        let mut got: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        got.sort_unstable();
+        let mut want: Vec<&str> = PARAM_KEYS.iter().chain(STATE_KEYS).copied().collect();
+        want.sort_unstable();
+        assert_eq!(got, want);
     }
 }
