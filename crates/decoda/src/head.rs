@@ -230,14 +230,7 @@ pub fn check_masks(masks: &[Option<&[u32]>], rows: usize, vocab: usize) -> Resul
     }
     for (row, m) in masks.iter().enumerate() {
         if let Some(m) = m {
-            if m.len() != vocab.div_ceil(32) {
-                return Err(Error::InvalidParameter {
-                    row,
-                    field: "allowed",
-                    value: format!("a mask of {} words for V = {vocab}", m.len()),
-                    expected: "ceil(V / 32) words, one bit per token",
-                });
-            }
+            crate::params::check_mask_width(row, m, vocab)?;
         }
     }
     Ok(())

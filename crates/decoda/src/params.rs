@@ -320,6 +320,20 @@ impl SamplingParams {
     }
 }
 
+/// Checks that row `row`'s token mask has `ceil(V / 32)` words, naming the row and
+/// `allowed` otherwise.
+pub fn check_mask_width(row: usize, mask: &[u32], vocab: usize) -> Result<()> {
+    if mask.len() == vocab.div_ceil(32) {
+        return Ok(());
+    }
+    Err(Error::InvalidParameter {
+        row,
+        field: "allowed",
+        value: format!("a mask of {} words for V = {vocab}", mask.len()),
+        expected: "ceil(V / 32) words, one bit per token",
+    })
+}
+
 /// An error naming the first parameter of row `row` that the device kernels do not run
 /// yet ([`SamplingParams::beyond_device`]): the device API and the device head refuse
 /// it; the per-call host API draws such rows on the CPU.
@@ -474,17 +488,10 @@ impl Request {
     pub fn validate(&self, row: usize, vocab: usize) -> Result<()> {
         self.params.validate(row, vocab)?;
         self.state.validate(row, vocab)?;
-        if let Some(m) = &self.allowed {
-            if m.len() != vocab.div_ceil(32) {
-                return Err(Error::InvalidParameter {
-                    row,
-                    field: "allowed",
-                    value: format!("a mask of {} words for V = {vocab}", m.len()),
-                    expected: "ceil(V / 32) words, one bit per token",
-                });
-            }
+        match &self.allowed {
+            Some(m) => check_mask_width(row, m, vocab),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// A row of logits with the disallowed tokens at `-inf` (a copy), or the row itself

@@ -166,6 +166,29 @@ impl DeviceMasks<'_> {
     }
 }
 
+/// The rows of a device API call: validated, with no host mask (`host_mask` says what one
+/// would be) and no stage the kernels do not run yet, each refused naming its row.
+fn device_rows<'r>(
+    logits: &DeviceLogits<'_>,
+    requests: &'r [Request],
+    host_mask: &str,
+) -> Result<Vec<Row<'r>>> {
+    let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
+    if let Some(row) = requests.iter().position(|r| r.allowed.is_some()) {
+        return Err(Error::InvalidParameter {
+            row,
+            field: "allowed",
+            value: host_mask.into(),
+            expected: "masks on the device API in a device buffer (record_masked); the host \
+                       API, Backend::sample, takes host masks",
+        });
+    }
+    for (row, r) in requests.iter().enumerate() {
+        crate::params::on_device_only(&r.params, row)?;
+    }
+    Ok(rows)
+}
+
 /// The per-call working buffers, the cached bind group and the host API's buffers.
 pub(crate) struct Scratch {
     bufs: StepBuffers,
@@ -430,18 +453,7 @@ impl WgpuSampler {
         requests: &[Request],
         out: &DeviceOutputs,
     ) -> Result<()> {
-        let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
-        if let Some(row) = requests.iter().position(|r| r.allowed.is_some()) {
-            return Err(Error::InvalidParameter {
-                row,
-                field: "allowed",
-                value: "a token mask".into(),
-                expected: "none on the device API yet (the host API, Backend::sample, takes masks)",
-            });
-        }
-        for (row, r) in requests.iter().enumerate() {
-            crate::params::on_device_only(&r.params, row)?;
-        }
+        let rows = device_rows(logits, requests, "a token mask")?;
         self.record_inner(encoder, logits, &rows, out, StepStamps::None, 0)
     }
 
@@ -457,18 +469,7 @@ impl WgpuSampler {
         requests: &[Request],
         out: &DeviceOutputs,
     ) -> Result<()> {
-        let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
-        if let Some(row) = requests.iter().position(|r| r.allowed.is_some()) {
-            return Err(Error::InvalidParameter {
-                row,
-                field: "allowed",
-                value: "a host mask beside the device masks".into(),
-                expected: "the masks in one place: the device buffer",
-            });
-        }
-        for (row, r) in requests.iter().enumerate() {
-            crate::params::on_device_only(&r.params, row)?;
-        }
+        let rows = device_rows(logits, requests, "a host mask beside the device masks")?;
         self.record_inner_masked(
             encoder,
             logits,
