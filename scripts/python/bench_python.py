@@ -5,8 +5,8 @@ mlx-lm sampler with decoda against mlx-lm's own chain on MLX's CPU backend.
     python scripts/python/bench_python.py [--vocab 151936] [--iters 300]
 
 Prints one line per measurement (median and p10/p90 in microseconds per call, B = 1).
-The Rust call, the native entry point and the Python call are timed in turn, one call
-each per round, so a drift of the machine's speed hits the three alike.
+The Rust call, the native entry point and the Python call are timed in turn, in blocks
+of 100 back-to-back calls, so a drift of the machine's speed hits the three alike.
 """
 
 import argparse
@@ -41,16 +41,19 @@ def main():
     rows = []
     for name, params in [("temp", {"temperature": 0.8}), ("topp09", {"temperature": 0.8, "top_p": 0.9})]:
         req = json.dumps([dict(params, seed=1, step=17)])
-        # the three ways, one call each in turn, so the machine's drift hits them alike
+        # the three ways in blocks of 100 calls in turn, so a drift of the machine hits
+        # them alike while each block runs back to back (as a decode loop would)
         rust, native, full = [], [], []
-        for _ in range(a.iters):
-            rust.append(s._native._time_rust(x, req, 1)[0])
-            t = time.perf_counter()
-            s._native.sample(x, req)
-            native.append((time.perf_counter() - t) * 1e6)
-            t = time.perf_counter()
-            s.sample(x, params, seeds=1, steps=17)
-            full.append((time.perf_counter() - t) * 1e6)
+        for _ in range(max(1, a.iters // 100)):
+            rust.extend(s._native._time_rust(x, req, 100))
+            for _ in range(100):
+                t = time.perf_counter()
+                s._native.sample(x, req)
+                native.append((time.perf_counter() - t) * 1e6)
+            for _ in range(100):
+                t = time.perf_counter()
+                s.sample(x, params, seeds=1, steps=17)
+                full.append((time.perf_counter() - t) * 1e6)
         for label, ts in [("Rust call alone (in Rust)", rust), ("decoda native call", native),
                           ("decoda.Sampler.sample", full)]:
             ts.sort()
