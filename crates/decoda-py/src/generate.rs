@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 pub struct Model {
     model: Arc<Qwen3Moe>,
     tokenizer: Option<Arc<tokenizers::Tokenizer>>,
-    device: String,
+    device: crate::Device,
     dir: PathBuf,
 }
 
@@ -67,18 +67,13 @@ impl Generation {
 /// The engine for `device`: the CPU, or the model and head on a GPU (sampling on the
 /// host when a sequence uses a stage the device head does not run yet).
 fn engine(
-    device: &str,
+    device: crate::Device,
     model: Arc<Qwen3Moe>,
     slots: usize,
     positions: usize,
     host_head: bool,
 ) -> decoda::Result<Box<dyn Engine + Send>> {
-    let gpu = match device {
-        "cpu" => None,
-        "wgpu" => Some(decoda::wgpu::WgpuSampler::new()?),
-        _ => decoda::wgpu::WgpuSampler::hardware().ok(),
-    };
-    Ok(match gpu {
+    Ok(match device.gpu()? {
         None => Box::new(decoda::CpuEngine::new(model, slots)?),
         Some(s) => {
             let v = model.config.vocab_size;
@@ -99,11 +94,7 @@ impl Model {
     #[new]
     #[pyo3(signature = (model_dir, device = "auto", sort_cutoff = DEFAULT_SORT_CUTOFF))]
     fn new(py: Python<'_>, model_dir: PathBuf, device: &str, sort_cutoff: usize) -> PyResult<Self> {
-        if !["cpu", "wgpu", "auto"].contains(&device) {
-            return Err(PyValueError::new_err(format!(
-                "device must be \"cpu\", \"wgpu\" or \"auto\", not {device:?}"
-            )));
-        }
+        let device = crate::Device::parse(device)?;
         let dir = model_dir.clone();
         let model = py
             .allow_threads(|| Qwen3Moe::load(&dir, sort_cutoff))
@@ -120,7 +111,7 @@ impl Model {
         Ok(Self {
             model: Arc::new(model),
             tokenizer,
-            device: device.to_string(),
+            device,
             dir: model_dir,
         })
     }
@@ -211,14 +202,10 @@ impl Model {
             .max()
             .unwrap_or(1);
         let (tx, rx) = channel();
-        let (model, device, tok) = (
-            self.model.clone(),
-            self.device.clone(),
-            self.tokenizer.clone(),
-        );
+        let (model, device, tok) = (self.model.clone(), self.device, self.tokenizer.clone());
         std::thread::spawn(move || {
             let run = || -> decoda::Result<String> {
-                let mut eng = engine(&device, model, seqs.len(), positions, host_head)?;
+                let mut eng = engine(device, model, seqs.len(), positions, host_head)?;
                 let mut stop = |i: usize, ids: &[u32]| -> bool {
                     if let Some(&t) = ids.last() {
                         let _ = tx.send(Event::Token(i, t));

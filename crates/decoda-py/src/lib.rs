@@ -17,30 +17,50 @@ struct Sampler {
     backend: Box<dyn Backend>,
 }
 
-/// The device's name for a sampler request: `cpu`, `wgpu` (any adapter, software ones
+/// Where a sampler, head or model runs: `cpu`, `wgpu` (any adapter, software ones
 /// included) or `auto` (a hardware GPU, else the CPU).
-fn open(device: &str, threads: Option<usize>) -> PyResult<Box<dyn Backend>> {
-    let cpu = || -> PyResult<Box<dyn Backend>> {
-        Ok(match threads {
-            None | Some(0) => Box::new(CpuSampler::new()),
-            Some(n) => Box::new(
-                CpuSampler::with_threads(n).map_err(|e| PyValueError::new_err(e.to_string()))?,
-            ),
-        })
-    };
-    match device {
-        "cpu" => cpu(),
-        "wgpu" => decoda::wgpu::WgpuSampler::new()
-            .map(|s| Box::new(s) as Box<dyn Backend>)
-            .map_err(|e| PyRuntimeError::new_err(e.to_string())),
-        "auto" => match decoda::wgpu::WgpuSampler::hardware() {
-            Ok(s) => Ok(Box::new(s)),
-            Err(_) => cpu(),
-        },
-        other => Err(PyValueError::new_err(format!(
-            "device must be \"cpu\", \"wgpu\" or \"auto\", not {other:?}"
-        ))),
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Device {
+    Cpu,
+    Wgpu,
+    Auto,
+}
+
+impl Device {
+    pub(crate) fn parse(device: &str) -> PyResult<Self> {
+        match device {
+            "cpu" => Ok(Self::Cpu),
+            "wgpu" => Ok(Self::Wgpu),
+            "auto" => Ok(Self::Auto),
+            other => Err(PyValueError::new_err(format!(
+                "device must be \"cpu\", \"wgpu\" or \"auto\", not {other:?}"
+            ))),
+        }
     }
+
+    /// The GPU to run on, or `None` for the CPU (`auto` without a hardware GPU).
+    pub(crate) fn gpu(self) -> decoda::Result<Option<decoda::wgpu::WgpuSampler>> {
+        Ok(match self {
+            Self::Cpu => None,
+            Self::Wgpu => Some(decoda::wgpu::WgpuSampler::new()?),
+            Self::Auto => decoda::wgpu::WgpuSampler::hardware().ok(),
+        })
+    }
+}
+
+fn runtime_err(e: decoda::Error) -> PyErr {
+    PyRuntimeError::new_err(e.to_string())
+}
+
+/// The sampler for `device`; `threads` sizes the CPU's pool.
+fn open(device: &str, threads: Option<usize>) -> PyResult<Box<dyn Backend>> {
+    if let Some(s) = Device::parse(device)?.gpu().map_err(runtime_err)? {
+        return Ok(Box::new(s));
+    }
+    Ok(match threads {
+        None | Some(0) => Box::new(CpuSampler::new()),
+        Some(n) => Box::new(CpuSampler::with_threads(n).map_err(value_err)?),
+    })
 }
 
 /// Per row: `null`, or an object with the row's `error` (`kind`, `message`),
@@ -196,29 +216,12 @@ impl Head {
     #[new]
     #[pyo3(signature = (slots, vocab, device = "auto"))]
     fn new(slots: usize, vocab: usize, device: &str) -> PyResult<Self> {
-        let cpu = || -> PyResult<Box<dyn decoda::head::Head + Send>> {
-            Ok(Box::new(
-                decoda::CpuHead::new(slots, vocab).map_err(value_err)?,
-            ))
-        };
-        let gpu = |s: decoda::wgpu::WgpuSampler| -> PyResult<Box<dyn decoda::head::Head + Send>> {
-            Ok(Box::new(
-                decoda::wgpu::WgpuHead::new(&s, slots, vocab).map_err(value_err)?,
-            ))
-        };
-        let inner = match device {
-            "cpu" => cpu()?,
-            "wgpu" => gpu(decoda::wgpu::WgpuSampler::new()
-                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?)?,
-            "auto" => match decoda::wgpu::WgpuSampler::hardware() {
-                Ok(s) => gpu(s)?,
-                Err(_) => cpu()?,
-            },
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "device must be \"cpu\", \"wgpu\" or \"auto\", not {other:?}"
-                )))
-            }
+        let inner: Box<dyn decoda::head::Head + Send> = match Device::parse(device)?
+            .gpu()
+            .map_err(runtime_err)?
+        {
+            Some(s) => Box::new(decoda::wgpu::WgpuHead::new(&s, slots, vocab).map_err(value_err)?),
+            None => Box::new(decoda::CpuHead::new(slots, vocab).map_err(value_err)?),
         };
         Ok(Self {
             inner: std::sync::Mutex::new(inner),

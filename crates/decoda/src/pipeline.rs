@@ -478,42 +478,38 @@ pub fn touches_into(req: &Request, out: &mut Vec<(u32, Touch)>) {
             out.push((id, touch));
         })
     });
-    let dry = dry_penalties(p, &s.prompt, &s.output);
-    if !dry.is_empty() {
-        let history = out.len();
-        for (t, pen) in dry {
-            match out[start..history].binary_search_by_key(&t, |e| e.0) {
-                Ok(i) => out[start + i].1.dry = pen,
-                Err(_) => out.push((
-                    t,
-                    Touch {
-                        dry: pen,
-                        ..Touch::default()
-                    },
-                )),
+    if p.dry_on() {
+        let dry = dry_penalties(p, &s.prompt, &s.output);
+        merge_touches(out, start, dry, |touch, pen| touch.dry = pen);
+    }
+    merge_touches(
+        out,
+        start,
+        p.logit_bias.iter().map(|(&t, &b)| (t, b)),
+        |touch, b| touch.bias = Some(b),
+    );
+}
+
+/// Merges `items` (in id order) into the sorted touches `out[start..]`: a token already
+/// there gets `set` on its entry, another a new entry; the list stays sorted by id.
+fn merge_touches<V>(
+    out: &mut Vec<(u32, Touch)>,
+    start: usize,
+    items: impl IntoIterator<Item = (u32, V)>,
+    set: impl Fn(&mut Touch, V),
+) {
+    let before = out.len();
+    for (t, v) in items {
+        match out[start..before].binary_search_by_key(&t, |e| e.0) {
+            Ok(i) => set(&mut out[start + i].1, v),
+            Err(_) => {
+                let mut touch = Touch::default();
+                set(&mut touch, v);
+                out.push((t, touch));
             }
         }
-        if out.len() > history && history > start {
-            out[start..].sort_unstable_by_key(|e| e.0);
-        }
     }
-    if p.logit_bias.is_empty() {
-        return;
-    }
-    let history = out.len();
-    for (&t, &b) in &p.logit_bias {
-        match out[start..history].binary_search_by_key(&t, |e| e.0) {
-            Ok(i) => out[start + i].1.bias = Some(b),
-            Err(_) => out.push((
-                t,
-                Touch {
-                    bias: Some(b),
-                    ..Touch::default()
-                },
-            )),
-        }
-    }
-    if out.len() > history && history > start {
+    if out.len() > before && before > start {
         out[start..].sort_unstable_by_key(|e| e.0);
     }
 }
@@ -672,24 +668,36 @@ pub fn prob64(w: f32, sum: f64) -> f64 {
 /// score; `+inf` (keep all) if the sum never exceeds `p`. Also returns the walk's
 /// smallest distance to `p` (for counting ties).
 pub fn typical_cut(q: &[f64], p: f32) -> (f64, f64, f64) {
-    let h: f64 = -q
-        .iter()
-        .filter(|&&v| v > 0.0)
-        .map(|&v| v * v.ln())
-        .sum::<f64>();
+    let h = entropy(q);
     let mut order: Vec<(f64, f64)> = q.iter().map(|&v| (typical_score(v, h), v)).collect();
     order.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (cut, margin) = typical_walk(order, p);
+    (h, cut.unwrap_or(f64::INFINITY), margin)
+}
+
+/// `H = -Σ q ln q` in f64 (a token of `q = 0` adds nothing): typical-p's entropy.
+pub fn entropy(q: &[f64]) -> f64 {
+    -q.iter()
+        .filter(|&&v| v > 0.0)
+        .map(|&v| v * v.ln())
+        .sum::<f64>()
+}
+
+/// The walk of stage 6a over `(score, q)` pairs in increasing score: the score of the
+/// token at which the `q` sum (f64) first exceeds `p` (`None` if it never does), and
+/// the walk's smallest distance to `p`.
+pub fn typical_walk(by_score: impl IntoIterator<Item = (f64, f64)>, p: f32) -> (Option<f64>, f64) {
     let p = f64::from(p);
     let (mut cum, mut margin) = (0.0f64, f64::INFINITY);
-    for (score, v) in order {
+    for (score, v) in by_score {
         let before = cum;
         cum += v;
         margin = margin.min((cum - p).abs()).min((before - p).abs());
         if cum > p {
-            return (h, score, margin);
+            return (Some(score), margin);
         }
     }
-    (h, f64::INFINITY, margin)
+    (None, margin)
 }
 
 /// A token's typical-p score, `|-ln q - H|` (`+inf` for `q = 0`).

@@ -8,7 +8,9 @@ use crate::error::RowError;
 use crate::params::LogprobsMode;
 use crate::pipeline::{self as pl, Row, RowResult, Sample};
 
-use super::kernels;
+use super::draw::draw;
+use super::logprobs::{full_logprobs, subset_logprobs};
+use super::{kernels, Scratch};
 
 /// Whether a row takes the general path.
 pub(super) fn wanted(row: &Row<'_>) -> bool {
@@ -17,7 +19,7 @@ pub(super) fn wanted(row: &Row<'_>) -> bool {
 }
 
 /// One row of f32 logits (its token mask already applied) through the whole contract.
-pub(super) fn sample_general(x: &[f32], row: &Row<'_>) -> RowResult {
+pub(super) fn sample_general(x: &[f32], row: &Row<'_>, s: &mut Scratch) -> RowResult {
     let p = &row.params;
     let (xmax, bad) = kernels::max_nonfinite(x);
     if bad > 0 {
@@ -48,8 +50,8 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>) -> RowResult {
     if pl::is_greedy(t, zmax) {
         let token = z.iter().position(|&v| v == zmax).expect("max exists") as u32;
         let logprobs = p.logprobs.map(|n| match p.logprobs_mode {
-            LogprobsMode::Raw => logprobs_over(&indexed(x), token, n),
-            LogprobsMode::Processed => logprobs_over(&indexed(&z), token, n),
+            LogprobsMode::Raw => full_logprobs(x, token, n, s),
+            LogprobsMode::Processed => full_logprobs(&z, token, n, s),
         });
         let kept = p.kept.map(|n| pl::kept_of(&[(token, 0.0)], n));
         return Ok(Sample {
@@ -83,12 +85,8 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>) -> RowResult {
         typical(&mut cands, p.typical_p);
     }
     if p.top_p < 1.0 {
-        let m = top(&cands);
-        let sum: f64 = cands.iter().map(|c| f64::from(pl::weight(c.1, m))).sum();
-        let mut q: Vec<f32> = cands
-            .iter()
-            .map(|c| pl::prob(pl::weight(c.1, m), sum))
-            .collect();
+        let (w, sum) = weights(&cands);
+        let q: Vec<f32> = w.iter().map(|&e| pl::prob(e, sum)).collect();
         let mut desc = q.clone();
         desc.sort_by(|a, b| b.total_cmp(a));
         let (tau, _) = pl::top_p_cut(desc, p.top_p);
@@ -97,18 +95,17 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>) -> RowResult {
             i += 1;
             q[i - 1] >= tau
         });
-        q.clear();
     }
     if p.min_p > 0.0 {
         let tau = pl::min_p_threshold(top(&cands), p.min_p);
         cands.retain(|c| c.1 >= tau);
     }
     if cands.len() >= 2 && pl::xtc_fires(p, row.state.seed, row.step()) {
-        let m = top(&cands);
-        let sum: f64 = cands.iter().map(|c| f64::from(pl::weight(c.1, m))).sum();
+        let (w, sum) = weights(&cands);
         let set = cands
             .iter()
-            .map(|c| (c.1, pl::prob64(pl::weight(c.1, m), sum)));
+            .zip(&w)
+            .map(|(c, &e)| (c.1, pl::prob64(e, sum)));
         if let Some(low) = pl::xtc_cut(set, p.xtc_threshold) {
             cands.retain(|c| c.1 <= low);
         }
@@ -117,11 +114,16 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>) -> RowResult {
     if cands.is_empty() {
         return Err(RowError::NoWinner);
     }
-    let (mut live, mut words) = (Vec::new(), Vec::new());
-    let token = super::draw::draw(&cands, row.state.seed, row.step(), &mut live, &mut words);
+    let token = draw(
+        &cands,
+        row.state.seed,
+        row.step(),
+        &mut s.tmp2,
+        &mut s.words,
+    );
     let logprobs = p.logprobs.map(|n| match p.logprobs_mode {
-        LogprobsMode::Raw => logprobs_over(&indexed(x), token, n),
-        LogprobsMode::Processed => logprobs_over(&cands, token, n),
+        LogprobsMode::Raw => full_logprobs(x, token, n, s),
+        LogprobsMode::Processed => subset_logprobs(&cands, token, n, &mut s.tmp),
     });
     let kept = p.kept.map(|n| pl::kept_of(&cands, n));
     Ok(Sample {
@@ -137,17 +139,10 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>) -> RowResult {
 /// so if the walk's mass exceeds `p` among them its cut is the whole set's; otherwise
 /// the bound doubles (at last: every token).
 fn typical(cands: &mut Vec<(u32, f32)>, p: f32) {
-    let m = top(cands);
-    let w: Vec<f32> = cands.iter().map(|c| pl::weight(c.1, m)).collect();
-    let sum: f64 = w.iter().map(|&e| f64::from(e)).sum();
+    let (w, sum) = weights(cands);
     let q: Vec<f64> = w.iter().map(|&e| pl::prob64(e, sum)).collect();
-    let h: f64 = -q
-        .iter()
-        .filter(|&&v| v > 0.0)
-        .map(|&v| v * v.ln())
-        .sum::<f64>();
+    let h = pl::entropy(&q);
     let scores: Vec<f64> = q.iter().map(|&v| pl::typical_score(v, h)).collect();
-    let target = f64::from(p);
     let mut bound = h + 8.0;
     let cut = loop {
         let mut near: Vec<(f64, f64)> = scores
@@ -157,14 +152,10 @@ fn typical(cands: &mut Vec<(u32, f32)>, p: f32) {
             .map(|(&s, &v)| (s, v))
             .collect();
         near.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let mut cum = 0.0f64;
-        let found = near.iter().find(|(_, v)| {
-            cum += v;
-            cum > target
-        });
-        match found {
-            Some(&(s, _)) => break s,
-            None if bound.is_infinite() || near.len() == q.len() => break f64::INFINITY,
+        let all = near.len() == q.len();
+        match pl::typical_walk(near, p).0 {
+            Some(s) => break s,
+            None if all || bound.is_infinite() => break f64::INFINITY,
             None => {
                 bound = if bound > 1e3 {
                     f64::INFINITY
@@ -181,30 +172,15 @@ fn typical(cands: &mut Vec<(u32, f32)>, p: f32) {
     });
 }
 
+/// The candidates' top-p weights against their largest value, and their sum in f64.
+fn weights(cands: &[(u32, f32)]) -> (Vec<f32>, f64) {
+    let m = top(cands);
+    let w: Vec<f32> = cands.iter().map(|c| pl::weight(c.1, m)).collect();
+    let sum = w.iter().map(|&e| f64::from(e)).sum();
+    (w, sum)
+}
+
 /// The largest value of a candidate list.
 fn top(c: &[(u32, f32)]) -> f32 {
     c.iter().fold(f32::NEG_INFINITY, |a, c| a.max(c.1))
-}
-
-fn indexed(v: &[f32]) -> Vec<(u32, f32)> {
-    v.iter().enumerate().map(|(i, &x)| (i as u32, x)).collect()
-}
-
-/// Log-probabilities of `log_softmax` over a set of `(id, value)` pairs.
-fn logprobs_over(set: &[(u32, f32)], token: u32, n: u32) -> pl::TokenLogprobs {
-    let vmax = top(set);
-    let lse = pl::log_sum_exp(set.iter().map(|c| c.1), vmax);
-    let chosen = *set
-        .iter()
-        .find(|c| c.0 == token)
-        .expect("the drawn token is in its set");
-    let rank = pl::rank_of(chosen, set.iter().copied());
-    let mut sorted: Vec<(u32, f32)> = set.to_vec();
-    let n_top = (n as usize).min(sorted.len());
-    if n_top > 0 && n_top < sorted.len() {
-        sorted.select_nth_unstable_by(n_top - 1, pl::rank_order);
-        sorted.truncate(n_top);
-    }
-    sorted.sort_by(pl::rank_order);
-    pl::assemble_logprobs(chosen, rank, &sorted, n, vmax, lse)
 }

@@ -116,32 +116,37 @@ impl Head for CpuHead {
     }
 
     fn step(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
-        self.step_masked(logits, rows, &vec![None; rows.len()])
+        self.step_masked(logits, rows, &[])
     }
 
     /// The step's masks and the slots' own ([`SlotRequest::allowed`]) both apply: a
-    /// token must be allowed by each.
+    /// token must be allowed by each. No mask at all (`masks` empty or all `None`, no
+    /// slot with one) is a plain step, with no copy of the logits.
     fn step_masked(
         &mut self,
         logits: &Logits<'_>,
         rows: &[usize],
         masks: &[Option<&[u32]>],
     ) -> Result<Vec<SlotStep>> {
-        crate::head::check_masks(masks, logits.rows(), logits.vocab())?;
-        let joined: Vec<bool> = self.seqs.iter().map(Option::is_some).collect();
-        check_rows(rows, logits.rows(), &joined)?;
+        let own = |s: usize| {
+            self.seqs
+                .get(s)
+                .and_then(Option::as_ref)
+                .and_then(|q| q.request.allowed.as_deref())
+        };
+        if masks.iter().all(Option::is_none) && rows.iter().all(|&s| own(s).is_none()) {
+            return self.step_unmasked(logits, rows);
+        }
+        if !masks.is_empty() {
+            crate::head::check_masks(masks, logits.rows(), logits.vocab())?;
+        }
         let both: Vec<Option<Vec<u32>>> = rows
             .iter()
-            .zip(masks)
-            .map(|(&s, m)| {
-                let own = self.seqs[s]
-                    .as_ref()
-                    .and_then(|q| q.request.allowed.as_deref());
-                match (own, *m) {
-                    (Some(a), Some(b)) => Some(a.iter().zip(b).map(|(x, y)| x & y).collect()),
-                    (Some(a), None) | (None, Some(a)) => Some(a.to_vec()),
-                    (None, None) => None,
-                }
+            .enumerate()
+            .map(|(r, &s)| match (own(s), masks.get(r).copied().flatten()) {
+                (Some(a), Some(b)) => Some(a.iter().zip(b).map(|(x, y)| x & y).collect()),
+                (Some(a), None) | (None, Some(a)) => Some(a.to_vec()),
+                (None, None) => None,
             })
             .collect();
         let refs: Vec<Option<&[u32]>> = both.iter().map(|m| m.as_deref()).collect();
@@ -153,7 +158,8 @@ impl Head for CpuHead {
 }
 
 impl CpuHead {
-    /// A step over logits whose masks are already applied.
+    /// A step over logits whose masks are already applied (rows and shapes checked
+    /// here).
     fn step_unmasked(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
         let joined: Vec<bool> = self.seqs.iter().map(Option::is_some).collect();
         check_rows(rows, logits.rows(), &joined)?;

@@ -173,7 +173,7 @@ pub fn sample_row_f32(x: &[f32], req: &Request) -> RowResult {
 
 fn sample_row(x: &[f32], req: &Row<'_>, s: &mut Scratch) -> RowResult {
     if general::wanted(req) {
-        return general::sample_general(x, req);
+        return general::sample_general(x, req, s);
     }
     let mods = pl::sparse_mods(|t| x[t as usize], req);
     let (t, k) = (req.params.temperature, req.params.top_k as usize);
