@@ -335,9 +335,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
         .map(|s| s.prompt.len() + s.request.max_tokens.unwrap_or(0) as usize)
         .max()
         .unwrap_or(1);
-    let cpu_head = seqs
-        .iter()
-        .any(|s| s.request.params.beyond_device().is_some());
+    let cpu_head = seqs.iter().any(|s| s.beyond_device().is_some());
     let mut eng = engine(&a, model, seqs.len(), positions, cpu_head)?;
     if !a.stop_str.is_empty() && tok.is_none() {
         return Err(format!(

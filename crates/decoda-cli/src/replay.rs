@@ -135,8 +135,7 @@ pub fn run(a: ReplayArgs) -> Result<ExitCode, String> {
     // the device head runs neither masks nor the later stages yet
     // (a slot's fixed mask and step masks together: only the CPU head combines them)
     let cpu_only = specs.iter().any(|s| {
-        s.request.params.beyond_device().is_some()
-            || (masks.is_some() && s.request.allowed.is_some())
+        s.request.beyond_device().is_some() || (masks.is_some() && s.request.allowed.is_some())
     });
     let mut head: Box<dyn Head> = match a.device {
         Device::Cpu => Box::new(CpuHead::new(slots, v).map_err(|e| e.to_string())?),

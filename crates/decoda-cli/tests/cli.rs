@@ -1160,6 +1160,50 @@ fn generate_on_wgpu_matches_the_cpu() {
     assert_eq!(gd, 50);
 }
 
+/// DRY in the device head: `generate --device wgpu` with DRY draws the CPU's tokens,
+/// sampling on the device (no note that it samples on the host; the head's step is
+/// 3 dispatches with the probe that computes DRY).
+#[test]
+fn generate_with_dry_on_wgpu_matches_the_cpu() {
+    if !have_wgpu() {
+        return;
+    }
+    let d = tiny("gen-dry", &["--seed", "4"]);
+    let m = d.to_str().unwrap();
+    let ids = |dev: &str| {
+        let (code, out, err) = run(&[
+            "generate",
+            "--model",
+            m,
+            "--prompt",
+            "abab abab abab",
+            "--max-tokens",
+            "30",
+            "--temperature",
+            "0.6",
+            "--seed",
+            "8",
+            "--dry-multiplier",
+            "3",
+            "--dry-allowed-length",
+            "1",
+            "--dry-breaker",
+            " ",
+            "--device",
+            dev,
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert!(!err.contains("host"), "{dev}: {err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        (v["tokens"].clone(), v["dispatches_per_step"].clone())
+    };
+    let (c, _) = ids("cpu");
+    let (g, gd) = ids("wgpu");
+    assert_eq!(c, g);
+    assert_eq!(gd, 51);
+}
+
 /// `sample --mask`: int32 masks [B, W] (or one [W] for every row), the same masks as a
 /// `--params` key, and the errors: a wrong width names the row and `allowed`, a wrong
 /// element type or row count names the file.

@@ -193,9 +193,7 @@ impl Model {
         if !stop_strings.is_empty() && self.tokenizer.is_none() {
             return Err(PyValueError::new_err("stop strings need tokenizer.json"));
         }
-        let host_head = seqs
-            .iter()
-            .any(|s| s.request.params.beyond_device().is_some());
+        let host_head = seqs.iter().any(|s| s.beyond_device().is_some());
         let positions = seqs
             .iter()
             .map(|s| s.prompt.len() + s.request.max_tokens.unwrap_or(0) as usize)

@@ -239,9 +239,22 @@ def test_device_head_matches_the_cpu_head():
     for _ in range(10):
         x = rng.standard_normal((2, 4000)).astype(np.float32)
         assert gpu.step(x).tokens.tolist() == cpu.step(x).tokens.tolist()
-    # the later stages are refused by the device head, naming the slot and the field
+    # DRY in the device head (its window bounded by max_tokens), over peaked rows that
+    # repeat, against the CPU head
+    for h in (gpu, cpu):
+        h.leave(0)
+        h.join(0, {"temperature": 0, "dry_multiplier": 2.0, "dry_allowed_length": 1},
+               seed=5, prompt=[1, 2, 1, 2, 1], max_tokens=40)
+    for _ in range(30):
+        x = rng.standard_normal((2, 4000)).astype(np.float32)
+        x[:, :6] += 6.0
+        assert gpu.step(x).tokens.tolist() == cpu.step(x).tokens.tolist()
+    # the stages the device head does not run yet are refused, naming the slot and the
+    # field; so is a DRY window that could outgrow the device's 4,096 tokens
     gpu.leave(0)
-    with pytest.raises(ValueError, match="dry_multiplier"):
+    with pytest.raises(ValueError, match="top_n_sigma"):
+        gpu.join(0, {"top_n_sigma": 1.0})
+    with pytest.raises(ValueError, match="dry_penalty_last_n"):
         gpu.join(0, {"dry_multiplier": 0.5})
 
 

@@ -102,6 +102,22 @@ impl SlotRequest {
         self
     }
 
+    /// The most tokens the slot's history can reach: prompt, earlier output and
+    /// `max_tokens` (`usize::MAX` without a limit).
+    pub fn history_most(&self) -> usize {
+        let had = self.prompt.len() + self.output.len();
+        self.max_tokens.map_or(usize::MAX, |m| {
+            had.saturating_add(m.try_into().unwrap_or(usize::MAX))
+        })
+    }
+
+    /// The first field the device head does not run for this request yet: a later stage
+    /// ([`SamplingParams::beyond_device`]), or a DRY window that can grow past
+    /// [`crate::params::MAX_DEVICE_DRY_WINDOW`] tokens ([`SlotRequest::history_most`]).
+    pub fn beyond_device(&self) -> Option<&'static str> {
+        self.params.beyond_device_with(self.history_most())
+    }
+
     /// Checks the request for slot `slot` of a head over `vocab` tokens (the error names
     /// the slot as its row).
     pub fn validate(&self, slot: usize, vocab: usize) -> Result<()> {

@@ -32,6 +32,9 @@ impl std::str::FromStr for LogprobsMode {
 
 /// Largest number of top log-probabilities a row may ask for.
 pub const MAX_LOGPROBS: u32 = 20;
+/// Most tokens of a DRY window (stage 3a) the device kernels hold: a per-call row's
+/// `min(dry_penalty_last_n, history)`, or the most a device-head slot's history can reach.
+pub const MAX_DEVICE_DRY_WINDOW: usize = 4096;
 
 /// Longest DRY sequence breaker, in tokens (llama.cpp's limit on a breaker's tail, plus its head).
 pub const MAX_BREAKER_LEN: usize = 20;
@@ -175,12 +178,12 @@ impl SamplingParams {
         self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5
     }
 
-    /// Whether the row uses a stage the device kernels do not run yet (DRY, top-n-σ,
-    /// typical-p, XTC) or asks for its kept distribution; the field named is the first such.
+    /// Whether the row uses a stage the device kernels do not run yet (top-n-σ,
+    /// typical-p, XTC) or asks for its kept distribution; the field named is the first
+    /// such. DRY runs on the device for windows of up to [`MAX_DEVICE_DRY_WINDOW`] tokens
+    /// ([`SamplingParams::beyond_device_with`]).
     pub fn beyond_device(&self) -> Option<&'static str> {
-        if self.dry_on() {
-            Some("dry_multiplier")
-        } else if self.top_n_sigma > 0.0 {
+        if self.top_n_sigma > 0.0 {
             Some("top_n_sigma")
         } else if self.typical_p < 1.0 {
             Some("typical_p")
@@ -191,6 +194,27 @@ impl SamplingParams {
         } else {
             None
         }
+    }
+
+    /// DRY's window over a history of `len` tokens: `min(dry_penalty_last_n, len)`, `len`
+    /// for `-1`, 0 when DRY is off.
+    pub fn dry_window(&self, len: usize) -> usize {
+        if !self.dry_on() {
+            return 0;
+        }
+        match self.dry_penalty_last_n {
+            -1 => len,
+            k => len.min(k as usize),
+        }
+    }
+
+    /// [`SamplingParams::beyond_device`], and `dry_penalty_last_n` when DRY's window over
+    /// a history that reaches `history` tokens is longer than [`MAX_DEVICE_DRY_WINDOW`].
+    pub fn beyond_device_with(&self, history: usize) -> Option<&'static str> {
+        if self.dry_window(history) > MAX_DEVICE_DRY_WINDOW {
+            return Some("dry_penalty_last_n");
+        }
+        self.beyond_device()
     }
 
     /// Whether any of bias, repetition, frequency, presence or DRY changes a logit of this row.
@@ -335,11 +359,28 @@ pub fn check_mask_width(row: usize, mask: &[u32], vocab: usize) -> Result<()> {
 }
 
 /// An error naming the first parameter of row `row` that the device kernels do not run
-/// yet ([`SamplingParams::beyond_device`]): the device API and the device head refuse
+/// yet over a history that reaches `history` tokens
+/// ([`SamplingParams::beyond_device_with`]): the device API and the device head refuse
 /// it; the per-call host API draws such rows on the CPU.
-pub fn on_device_only(p: &SamplingParams, row: usize) -> Result<()> {
-    match p.beyond_device() {
+pub fn on_device_only(p: &SamplingParams, row: usize, history: usize) -> Result<()> {
+    match p.beyond_device_with(history) {
         None => Ok(()),
+        Some("dry_penalty_last_n") => Err(Error::InvalidParameter {
+            row,
+            field: "dry_penalty_last_n",
+            value: format!(
+                "{} (a DRY window of up to {} tokens)",
+                p.dry_penalty_last_n,
+                if history == usize::MAX {
+                    "unbounded".to_string()
+                } else {
+                    p.dry_window(history).to_string()
+                }
+            ),
+            expected: "a DRY window of at most 4096 tokens on the device API and the device \
+                       head (set dry_penalty_last_n, or max_tokens on a head's slot; \
+                       Backend::sample and CpuHead take any)",
+        }),
         Some(field) => Err(Error::InvalidParameter {
             row,
             field,
@@ -481,6 +522,13 @@ impl Request {
             state: SequenceState::new(seed),
             allowed: None,
         }
+    }
+
+    /// The first field of this row the device kernels do not run yet, its DRY window over
+    /// its history included ([`SamplingParams::beyond_device_with`]).
+    pub fn beyond_device(&self) -> Option<&'static str> {
+        self.params
+            .beyond_device_with(self.state.prompt.len() + self.state.output.len())
     }
 
     /// Validates the parameters, the history and the token mask of row `row` for

@@ -165,6 +165,26 @@ impl<'a> Row<'a> {
     pub fn logits_row(&self) -> usize {
         self.logits_row
     }
+
+    /// Whether XTC (stage 8a) can remove tokens from this row at its step: it is on and
+    /// its coin fires. When it does not, the stage does nothing, so the row is drawn
+    /// as if it were off.
+    pub fn xtc_acts(&self) -> bool {
+        xtc_fires(&self.request.params, self.request.state.seed, self.step)
+    }
+
+    /// [`Request::beyond_device`] at this row's step: XTC counts only when its coin
+    /// fires ([`Row::xtc_acts`]).
+    pub fn beyond_device(&self) -> Option<&'static str> {
+        let p = &self.request.params;
+        if p.xtc_on() && !self.xtc_acts() {
+            let mut off = p.clone();
+            off.xtc_probability = 0.0;
+            let history = self.request.state.prompt.len() + self.request.state.output.len();
+            return off.beyond_device_with(history);
+        }
+        self.request.beyond_device()
+    }
 }
 
 impl std::ops::Deref for Row<'_> {
@@ -224,7 +244,8 @@ impl Touch {
         if self.count > 0 {
             z = z - p.frequency_penalty * self.count as f32 - p.presence_penalty;
         }
-        if self.dry != 0.0 {
+        // -inf stays -inf (an infinite penalty makes no NaN of a banned token)
+        if self.dry != 0.0 && z != f32::NEG_INFINITY {
             z -= self.dry;
         }
         z

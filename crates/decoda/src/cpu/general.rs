@@ -12,10 +12,11 @@ use super::draw::draw;
 use super::logprobs::{full_logprobs, subset_logprobs};
 use super::{kernels, Scratch};
 
-/// Whether a row takes the general path.
+/// Whether a row takes the general path (XTC only when its coin fires at the row's
+/// step: otherwise the stage does nothing and the streaming path draws the row).
 pub(super) fn wanted(row: &Row<'_>) -> bool {
     let p = &row.params;
-    p.top_n_sigma > 0.0 || p.typical_p < 1.0 || p.xtc_on() || p.kept.is_some()
+    p.top_n_sigma > 0.0 || p.typical_p < 1.0 || row.xtc_acts() || p.kept.is_some()
 }
 
 /// One row of f32 logits (its token mask already applied) through the whole contract.

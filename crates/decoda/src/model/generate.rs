@@ -91,6 +91,16 @@ pub struct Sequence {
     pub request: SlotRequest,
 }
 
+impl Sequence {
+    /// The first field the device head does not run for this sequence yet
+    /// ([`SlotRequest::beyond_device`], its prompt counted in the history).
+    pub fn beyond_device(&self) -> Option<&'static str> {
+        let mut r = self.request.clone();
+        r.prompt.clone_from(&self.prompt);
+        r.beyond_device()
+    }
+}
+
 /// What one sequence produced.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SequenceOutput {

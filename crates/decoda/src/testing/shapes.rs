@@ -133,6 +133,7 @@ pub const MIXES: &[&str] = &[
     "temperature_floor",
     "min_p_1",
     "long_history",
+    "dry",
 ];
 
 /// A request for a row of `v` logits with parameter mix `mix` (an index into [`MIXES`]),
@@ -212,6 +213,14 @@ pub fn mixed_request(rng: &mut Rng, v: usize, mix: usize) -> Request {
             top_k: v as u32,
             ..base
         },
+        "dry" => SamplingParams {
+            dry_multiplier: 2.0,
+            dry_allowed_length: 1,
+            dry_penalty_last_n: [64, 1000, 4096][rng.below(3) as usize],
+            dry_sequence_breakers: vec![vec![id(rng)]],
+            top_k: [0, 40][rng.below(2) as usize],
+            ..base
+        },
         _ => {
             history = 3000;
             SamplingParams {
@@ -232,6 +241,19 @@ pub fn mixed_request(rng: &mut Rng, v: usize, mix: usize) -> Request {
     for _ in 0..history {
         req.state.prompt.push(id(rng));
         req.state.output.push(id(rng));
+    }
+    if req.params.dry_on() {
+        // a phrase repeated with random tokens between (so DRY finds repeats), ending
+        // inside a repeat
+        let phrase: Vec<u32> = (0..2 + rng.below(8)).map(|_| id(rng)).collect();
+        let len = 200 + rng.below(1800) as usize;
+        while req.state.output.len() < len {
+            if rng.below(3) == 0 {
+                req.state.output.push(id(rng));
+            }
+            req.state.output.extend(&phrase);
+        }
+        req.state.output.extend(&phrase[..phrase.len() / 2]);
     }
     req
 }

@@ -163,7 +163,8 @@ impl WgpuSampler {
     ) -> Result<(Vec<crate::pipeline::Row<'r>>, Option<wgpu::Buffer>)> {
         let rows = pl::validated_rows(logits.rows, logits.vocab, requests)?;
         for (row, r) in requests.iter().enumerate() {
-            crate::params::on_device_only(&r.params, row)?;
+            let history = r.state.prompt.len() + r.state.output.len();
+            crate::params::on_device_only(&r.params, row, history)?;
         }
         if requests.iter().all(|r| r.allowed.is_none()) {
             return Ok((rows, None));

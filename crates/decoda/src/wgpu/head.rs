@@ -10,10 +10,12 @@
 //! mapped when the step's submission has run: [`WgpuHead::poll`] returns the steps that
 //! are done, in order, so a loop can run ahead of its readbacks.
 //!
-//! Per slot the device keeps its parameters (80 bytes), its state (32 bytes), its logit
-//! bias and stop ids (8.4 KiB), and its history as two bitmaps of V bits (seen tokens,
-//! biased tokens) and a dense u32 count per token (`4 V + V / 4` bytes: 608 KiB at
-//! V = 151,936). Dense counts make a lookup one load and the update one atomic add; a
+//! Per slot the device keeps its parameters (104 bytes), its state (32 bytes), its logit
+//! bias, stop ids, DRY penalty table and breakers (45 KiB), its history as two bitmaps
+//! of V bits (seen tokens, biased tokens) and a dense u32 count per token (`4 V + V / 4`
+//! bytes: 608 KiB at V = 151,936), and its DRY area: the ring of its last 4,096 tokens,
+//! and per step the penalised tokens (two more bitmaps of V bits and two runs of 4,096
+//! words: 86 KiB at V = 151,936). Dense counts make a lookup one load and the update one atomic add; a
 //! sparse table would be smaller for short outputs but needs a search per touched token
 //! and a bound on the output length.
 
@@ -24,20 +26,22 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::head::{self, FinishReason, Head, SlotRequest, SlotStep, MAX_SLOT_BIAS, MAX_SLOT_STOP};
 use crate::logits::Logits;
-use crate::params::SamplingParams;
+use crate::params::{SamplingParams, MAX_BREAKERS, MAX_BREAKER_LEN};
 
 use super::device::make_buffer;
 use super::host::{checked, parse_logprobs, row_status};
 use super::kernels::{self, Kernels, Plan, RowNeeds, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
 use super::sampler::{
-    bind_group_raw, dtype_code, push_history, row_flags, slot_params, DeviceLogits, DeviceMasks,
-    WgpuSampler,
+    bind_group_raw, dry_lists, dtype_code, push_history, row_flags, slot_params, DeviceLogits,
+    DeviceMasks, WgpuSampler,
 };
 use super::staging::StagePool;
 
-/// List words of one slot: its bias pairs, then its stop ids.
-const SLOT_LIST_WORDS: usize = 2 * MAX_SLOT_BIAS + MAX_SLOT_STOP;
+/// List words of one slot: its bias pairs, its stop ids, then its DRY penalty table (one
+/// entry per excess a window allows) and sequence breakers ((length, ids...) each).
+const SLOT_LIST_WORDS: usize =
+    2 * MAX_SLOT_BIAS + MAX_SLOT_STOP + (DRY_CAP + 1) + MAX_BREAKERS * (MAX_BREAKER_LEN + 1);
 
 /// A step recorded by [`WgpuHead::record_step`], identified in order.
 pub type StepId = u64;
@@ -66,6 +70,9 @@ struct HostSlot {
     stop: Vec<u32>,
     max_tokens: Option<u64>,
     seed: u64,
+    /// The most tokens the slot's history can reach: prompt, earlier output and
+    /// `max_tokens` (`usize::MAX` without a limit); bounds its DRY window.
+    history_most: usize,
 }
 
 /// The sampling head on a wgpu device. See the module docs.
@@ -624,7 +631,8 @@ impl WgpuHead {
         let touch = h.params.repetition_penalty != 1.0
             || h.params.frequency_penalty != 0.0
             || h.params.presence_penalty != 0.0
-            || !h.params.logit_bias.is_empty();
+            || !h.params.logit_bias.is_empty()
+            || h.params.dry_on();
         let mut sp = slot_params(&h.params, h.seed, self.vocab, touch, slot, &mut lists)?;
         let base = slot * SLOT_LIST_WORDS;
         sp.bias_off = base as u32;
@@ -637,6 +645,14 @@ impl WgpuHead {
         sp.hist_len = hist.1;
         lists.resize(2 * MAX_SLOT_BIAS, 0);
         lists.extend_from_slice(&h.stop);
+        if h.params.dry_on() {
+            lists.resize(2 * MAX_SLOT_BIAS + MAX_SLOT_STOP, 0);
+            let excess = DRY_CAP.saturating_sub(h.params.dry_allowed_length as usize);
+            let mut d = dry_lists(&h.params, excess, &mut lists)?;
+            d.tab_off += base as u32;
+            d.brk_off += base as u32;
+            sp.set_dry(d);
+        }
         self.queue.write_buffer(
             &self.bufs.sparams.buf,
             (slot * std::mem::size_of::<SlotU>()) as u64,
@@ -672,7 +688,9 @@ impl Head for WgpuHead {
             )));
         }
         request.validate(slot, self.vocab)?;
-        crate::params::on_device_only(&request.params, slot)?;
+        let had = request.prompt.len() + request.output.len();
+        let history_most = request.history_most();
+        crate::params::on_device_only(&request.params, slot, history_most)?;
         let seed = head::seed_of(&request)?;
         self.write_slot_mask(slot, request.allowed.as_deref());
         let h = HostSlot {
@@ -680,13 +698,14 @@ impl Head for WgpuHead {
             stop: request.stop,
             max_tokens: request.max_tokens,
             seed,
+            history_most,
         };
         let mut hist = Vec::new();
         let (_, n) = push_history(&mut hist, &request.prompt, &request.output)?;
         let join_off = (self.slots * SLOT_LIST_WORDS) as u32;
         self.grow_lists(self.slots * SLOT_LIST_WORDS + hist.len());
         self.write_slot(slot, &h, (join_off, n))?;
-        let state = [
+        let mut state = [
             request.step as u32,
             (request.step >> 32) as u32,
             0u32,
@@ -696,6 +715,8 @@ impl Head for WgpuHead {
             0,
             0,
         ];
+        state[SS_HIST] = had as u32;
+        self.write_ring(slot, &request.prompt, &request.output);
         self.queue.write_buffer(
             &self.bufs.sstate.buf,
             (slot * SLOT_STATE_WORDS * 4) as u64,
@@ -719,10 +740,10 @@ impl Head for WgpuHead {
     fn set_params(&mut self, slot: usize, params: SamplingParams) -> Result<()> {
         head::check_slot(slot, self.slots)?;
         params.validate(slot, self.vocab)?;
-        crate::params::on_device_only(&params, slot)?;
         let Some(mut h) = self.host[slot].clone() else {
             return Err(Error::Shape(format!("slot {slot} has no sequence")));
         };
+        crate::params::on_device_only(&params, slot, h.history_most)?;
         if params.logit_bias.len() > MAX_SLOT_BIAS {
             return Err(Error::InvalidParameter {
                 row: slot,
@@ -821,6 +842,24 @@ impl Head for WgpuHead {
 }
 
 impl WgpuHead {
+    /// Writes the last `DRY_CAP` tokens of a joining slot's history into its DRY ring
+    /// (token `i` of the history at `i % DRY_CAP`), which `finish` extends.
+    fn write_ring(&mut self, slot: usize, prompt: &[u32], output: &[u32]) {
+        let len = prompt.len() + output.len();
+        let mut ring = vec![0u32; DRY_CAP];
+        for (i, &t) in prompt
+            .iter()
+            .chain(output)
+            .enumerate()
+            .skip(len.saturating_sub(DRY_CAP))
+        {
+            ring[i % DRY_CAP] = t;
+        }
+        let at = (slot * kernels::pen_words(self.vocab) + kernels::dry_ring_offset(self.vocab)) * 4;
+        self.queue
+            .write_buffer(&self.bufs.pen.buf, at as u64, bytemuck::cast_slice(&ring));
+    }
+
     /// Makes the lists buffer hold `words` words, keeping what the slots' regions hold.
     fn grow_lists(&mut self, words: usize) {
         let bytes = (words.max(1) * 4) as u64;

@@ -167,12 +167,13 @@ impl WgpuSampler {
 
 impl WgpuSampler {
     /// A call with rows whose stages the kernels do not run yet
-    /// ([`crate::SamplingParams::beyond_device`]: DRY, top-n-σ, typical-p, XTC, the kept
-    /// distribution): those rows are drawn by the CPU sampler from the host's logits (the
+    /// ([`crate::pipeline::Row::beyond_device`]: top-n-σ, typical-p, XTC whose coin
+    /// fires at the row's step, the kept distribution, a DRY window longer than the
+    /// kernels hold): those rows are drawn by the CPU sampler from the host's logits (the
     /// same contract), the others on the device; results in the rows' order.
     fn sample_rows_split(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
         let (host, device): (Vec<usize>, Vec<usize>) =
-            (0..rows.len()).partition(|&i| rows[i].params.beyond_device().is_some());
+            (0..rows.len()).partition(|&i| rows[i].beyond_device().is_some());
         let pick = |ids: &[usize]| ids.iter().map(|&i| rows[i]).collect::<Vec<_>>();
         let on_host = crate::cpu::CpuSampler::new().sample_rows(logits, &pick(&host))?;
         let on_device = if device.is_empty() {
@@ -206,7 +207,7 @@ impl Backend for WgpuSampler {
     }
 
     fn sample_rows(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
-        if rows.iter().any(|r| r.params.beyond_device().is_some()) {
+        if rows.iter().any(|r| r.beyond_device().is_some()) {
             return self.sample_rows_split(logits, rows);
         }
         if !pl::reads_in_order(rows, logits.rows()) {
@@ -243,7 +244,7 @@ impl Backend for WgpuSampler {
     ) -> Result<Vec<Vec<RowResult>>> {
         if rows
             .iter()
-            .any(|r| r.params.logprobs.is_some() || r.params.beyond_device().is_some())
+            .any(|r| r.params.logprobs.is_some() || r.request().beyond_device().is_some())
             || !pl::reads_in_order(rows, logits.rows())
         {
             return crate::backend::draws_by_steps(self, logits, rows, draws);

@@ -170,6 +170,8 @@ pub(crate) struct RowNeeds {
     pub filtered: bool,
     /// Log-probabilities asked for.
     pub logprobs: bool,
+    /// DRY (stage 3a), which the probe computes.
+    pub dry: bool,
 }
 
 impl RowNeeds {
@@ -179,6 +181,7 @@ impl RowNeeds {
         Self {
             filtered: flags & (F_TOP_K | F_TOP_P | F_MIN_P) != 0 && temperature >= 1e-5,
             logprobs: flags & F_LOGPROBS != 0,
+            dry: flags & F_DRY != 0,
         }
     }
 }
@@ -189,7 +192,7 @@ impl Plan {
     pub fn of(rows: impl IntoIterator<Item = RowNeeds>, scatter: bool, draws: bool) -> Self {
         let (mut filtered, mut logprobs) = (false, false);
         for r in rows {
-            filtered |= r.filtered;
+            filtered |= r.filtered || r.dry;
             logprobs |= r.logprobs;
         }
         if logprobs || draws {
@@ -354,7 +357,13 @@ impl Sizes {
     }
 }
 
-/// Penalty-area words of one slot for rows of `vocab`: two bitmaps and the counts.
+/// Penalty-area words of one slot for rows of `vocab`: two bitmaps and the counts, then
+/// the DRY area (`step/dry.wgsl`: two bitmaps' worth and three runs of `DRY_CAP`).
 pub(crate) fn pen_words(vocab: usize) -> usize {
-    2 * vocab.div_ceil(32) + vocab
+    4 * vocab.div_ceil(32) + vocab + 3 * DRY_CAP
+}
+
+/// Word offset of the DRY ring in a penalty area (`dry_base` + `2 bm + 2 DRY_CAP`).
+pub(crate) fn dry_ring_offset(vocab: usize) -> usize {
+    4 * vocab.div_ceil(32) + vocab + 2 * DRY_CAP
 }

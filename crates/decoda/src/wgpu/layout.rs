@@ -16,8 +16,14 @@ pub(crate) const PART_WORDS: usize = 64;
 pub(crate) const LP_WORDS: usize = 44;
 /// Result words per row: status, a status word, then the log-probabilities (`RESW`).
 pub(crate) const RES_WORDS: usize = 46;
-/// Slot-state words per slot (`SSW`): step (2), tokens generated (2), finished.
+/// Slot-state words per slot (`SSW`): step (2), tokens generated (2), finished, history
+/// length (`SS_HIST`).
 pub(crate) const SLOT_STATE_WORDS: usize = 8;
+/// The slot-state word holding the history's length (a head's DRY ring).
+pub(crate) const SS_HIST: usize = 5;
+/// Tokens of a DRY window the kernels hold (`DRY_CAP`): a head slot's ring, a row's
+/// repeat lengths and penalised tokens.
+pub(crate) const DRY_CAP: usize = crate::params::MAX_DEVICE_DRY_WINDOW;
 /// Candidates a row's list holds (a power of two).
 pub(crate) const CAP: usize = 4096;
 /// Most workgroups a row is cut into (the per-row kernels reduce at most `WG` partials).
@@ -43,6 +49,8 @@ pub(crate) const F_PROCESSED: u32 = 4;
 pub(crate) const F_TOP_P: u32 = 8;
 pub(crate) const F_TOP_K: u32 = 16;
 pub(crate) const F_MIN_P: u32 = 32;
+/// Stage 3a (DRY): the probe computes the slot's penalised tokens (`step/dry.wgsl`).
+pub(crate) const F_DRY: u32 = 64;
 
 /// `Call.mode`: advance the slot state in `finish` (a head's step).
 pub(crate) const M_HEAD: u32 = 1;
@@ -122,6 +130,13 @@ pub(crate) struct SlotU {
     pub max_lo: u32,
     pub max_hi: u32,
     pub pen_slot: u32,
+    pub dry_allowed: u32,
+    /// DRY's window (`u32::MAX`: the whole history).
+    pub dry_n: u32,
+    pub dry_tab_off: u32,
+    pub dry_tab_len: u32,
+    pub dry_brk_off: u32,
+    pub dry_brk_len: u32,
 }
 
 /// Storage buffers one kernel binds.
@@ -209,7 +224,8 @@ mod tests {
                 std::mem::size_of::<SlotU>(),
                 &fields!(SlotU; temperature, top_k, top_p, ln_min_p, rep, freq, pres, flags,
                     seed_lo, seed_hi, n_lp, bias_off, bias_len, stop_off, stop_len, hist_off,
-                    hist_len, max_lo, max_hi, pen_slot),
+                    hist_len, max_lo, max_hi, pen_slot, dry_allowed, dry_n, dry_tab_off,
+                    dry_tab_len, dry_brk_off, dry_brk_len),
             );
         }
     }
@@ -287,6 +303,9 @@ mod tests {
             ("LPW", LP_WORDS as u64),
             ("RESW", RES_WORDS as u64),
             ("SSW", SLOT_STATE_WORDS as u64),
+            ("SS_HIST", SS_HIST as u64),
+            ("DRY_CAP", DRY_CAP as u64),
+            ("F_DRY", u64::from(F_DRY)),
             ("DRAW_WG", DRAW_WG as u64),
             ("F_TOUCH", u64::from(F_TOUCH)),
             ("F_LOGPROBS", u64::from(F_LOGPROBS)),

@@ -60,6 +60,7 @@ pub use sampler::{DeviceLogits, DeviceMasks, DeviceOutputs, WgpuSampler};
 pub const SHADER_MAIN: &str = concat!(
     include_str!("step/common.wgsl"),
     include_str!("step/scatter.wgsl"),
+    include_str!("step/dry.wgsl"),
     include_str!("step/probe.wgsl"),
     include_str!("step/scan.wgsl"),
     include_str!("step/settle_list.wgsl"),

@@ -184,7 +184,8 @@ fn device_rows<'r>(
         });
     }
     for (row, r) in requests.iter().enumerate() {
-        crate::params::on_device_only(&r.params, row)?;
+        let history = r.state.prompt.len() + r.state.output.len();
+        crate::params::on_device_only(&r.params, row, history)?;
     }
     Ok(rows)
 }
@@ -624,6 +625,12 @@ impl WgpuSampler {
             } else {
                 (0, 0)
             };
+            if touch && req.params.dry_on() {
+                let n = req.params.dry_window(hist_len as usize);
+                let excess = n.saturating_sub(req.params.dry_allowed_length as usize);
+                let dry = dry_lists(&req.params, excess, &mut host.lists)?;
+                host.slots.last_mut().expect("pushed above").set_dry(dry);
+            }
             let sp = host.slots.last_mut().expect("pushed above");
             sp.hist_off = hist_off;
             sp.hist_len = hist_len;
@@ -823,6 +830,9 @@ pub(crate) fn slot_params(
     let mut flags = row_flags(p, vocab);
     if touch {
         flags |= F_TOUCH;
+    } else {
+        // DRY over a history too short to repeat: nothing to compute
+        flags &= !F_DRY;
     }
     let bias_off = to_u32(lists.len(), "logit biases")?;
     for (&t, &b) in &p.logit_bias {
@@ -849,6 +859,59 @@ pub(crate) fn slot_params(
         max_lo: u32::MAX,
         max_hi: u32::MAX,
         pen_slot: pen_slot as u32,
+        dry_allowed: p.dry_allowed_length,
+        dry_n: u32::try_from(p.dry_penalty_last_n).unwrap_or(u32::MAX),
+        ..SlotU::default()
+    })
+}
+
+/// Where a slot's DRY table and breakers are in `lists` ([`dry_lists`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct DryLists {
+    pub tab_off: u32,
+    pub tab_len: u32,
+    pub brk_off: u32,
+    pub brk_len: u32,
+}
+
+impl SlotU {
+    /// Points the slot at its DRY table and breakers.
+    pub(crate) fn set_dry(&mut self, d: DryLists) {
+        self.dry_tab_off = d.tab_off;
+        self.dry_tab_len = d.tab_len;
+        self.dry_brk_off = d.brk_off;
+        self.dry_brk_len = d.brk_len;
+    }
+}
+
+/// Appends DRY's penalty for each excess `e` a window allows (`0..=most_excess`, fewer
+/// when the base's cap on `e` comes first: a larger `e` takes the last entry) as f32
+/// bits, computed by [`pl::dry_penalty`] on the host so no device arithmetic decides
+/// one, then the sequence breakers as (length, ids...) each.
+pub(crate) fn dry_lists(
+    p: &crate::params::SamplingParams,
+    most_excess: usize,
+    lists: &mut Vec<u32>,
+) -> Result<DryLists> {
+    let mut last = most_excess;
+    if p.dry_base > 1.000_001 {
+        let max_exp = (88.722_839_1_f64 / f64::from(p.dry_base).ln()) as usize;
+        if max_exp > 0 {
+            last = last.min(max_exp);
+        }
+    }
+    let tab_off = to_u32(lists.len(), "DRY penalties")?;
+    lists.extend((0..=last).map(|e| pl::dry_penalty(p, e).to_bits()));
+    let brk_off = to_u32(lists.len(), "DRY breakers")?;
+    for b in &p.dry_sequence_breakers {
+        lists.push(b.len() as u32);
+        lists.extend_from_slice(b);
+    }
+    Ok(DryLists {
+        tab_off,
+        tab_len: last as u32 + 1,
+        brk_off,
+        brk_len: to_u32(lists.len(), "DRY breakers")? - brk_off,
     })
 }
 
@@ -869,6 +932,9 @@ pub(crate) fn row_flags(p: &crate::params::SamplingParams, vocab: usize) -> u32 
     }
     if p.min_p > 0.0 {
         flags |= F_MIN_P;
+    }
+    if p.dry_on() {
+        flags |= F_DRY;
     }
     flags
 }

@@ -45,6 +45,8 @@ const NTOP: u32 = 20u;      // most top log-probabilities a row may ask for
 const LPW: u32 = 44u;       // log-probability words per row
 const RESW: u32 = 46u;      // result words per row: status, count, then LPW
 const SSW: u32 = 8u;        // slot state words
+const SS_HIST: u32 = 5u;    // slot state word: the history's length (a head's DRY ring)
+const DRY_CAP: u32 = 4096u; // most tokens a DRY window holds on the device (a power of two)
 const NEG_INF_BITS: u32 = 0xff800000u;
 const TWO_M40: f32 = 9.094947017729282e-13; // 2^-40
 const GUMBEL_MAX: f32 = 17.0;               // above every Gumbel value the noise can take
@@ -107,6 +109,7 @@ const F_PROCESSED: u32 = 4u;
 const F_TOP_P: u32 = 8u;
 const F_TOP_K: u32 = 16u;
 const F_MIN_P: u32 = 32u;
+const F_DRY: u32 = 64u;      // stage 3a: the probe computes the slot's DRY area
 
 // Call.mode bits
 const M_HEAD: u32 = 1u;      // advance the slot state in finish
@@ -159,6 +162,12 @@ struct SlotP {
     max_lo: u32,      // max_tokens (0xffffffff both: none)
     max_hi: u32,
     pen_slot: u32,    // which penalty area (per-call rows with a history get their own)
+    dry_allowed: u32, // DRY: allowed length
+    dry_n: u32,       // DRY: window (0xffffffff: the whole history)
+    dry_tab_off: u32, // lists offset of the penalties (f32 bits) by excess e
+    dry_tab_len: u32, // entries of that table (e past the last takes the last)
+    dry_brk_off: u32, // lists offset of the breakers: (length, ids...) each
+    dry_brk_len: u32, // words of the breakers
 }
 
 @group(0) @binding(0) var<uniform> call: Call;
@@ -280,9 +289,10 @@ fn load_x(row: u32, i: u32) -> f32 {
     return bitcast<f32>(h << 16u);
 }
 
-// Words of one slot's penalty area: seen bitmap, bias bitmap, output counts.
+// Words of one slot's penalty area: seen bitmap, bias bitmap, output counts, then the
+// DRY area (dry.wgsl).
 fn pen_base(pen_slot: u32) -> u32 {
-    return pen_slot * (2u * call.bm_words + call.vocab);
+    return pen_slot * (4u * call.bm_words + call.vocab + 3u * DRY_CAP);
 }
 
 // The bias of token i from the slot's sorted (token, bias) list.
@@ -307,8 +317,8 @@ fn bias_of(sp: SlotP, i: u32) -> f32 {
     return 0.0;
 }
 
-// z of token i (stages 1-3): the logit with its bias, repetition, frequency and presence
-// penalties, read from the slot's bitmaps and counts.
+// z of token i (stages 1-3a): the logit with its bias, repetition, frequency and presence
+// penalties, read from the slot's bitmaps and counts, and its DRY penalty.
 fn z_of(slot: u32, sp: SlotP, i: u32, x: f32) -> f32 {
     if ((sp.flags & F_TOUCH) == 0u) {
         return x;
@@ -318,7 +328,11 @@ fn z_of(slot: u32, sp: SlotP, i: u32, x: f32) -> f32 {
     let bit = 1u << (i & 31u);
     let seen = (atomicLoad(&pen[pb + w]) & bit) != 0u;
     let biased = (atomicLoad(&pen[pb + call.bm_words + w]) & bit) != 0u;
-    if (!seen && !biased) {
+    var dry = 0.0;
+    if ((sp.flags & F_DRY) != 0u) {
+        dry = dry_of(sp, dry_base(pb), w, bit);
+    }
+    if (!seen && !biased && dry == 0.0) {
         return x;
     }
     var z = x;
@@ -341,6 +355,9 @@ fn z_of(slot: u32, sp: SlotP, i: u32, x: f32) -> f32 {
         if (c > 0u) {
             z = fp(z - fp(sp.freq * f32(c))) - sp.pres;
         }
+    }
+    if (dry != 0.0 && !is_neg_inf(z)) {
+        z = z - dry;
     }
     return z;
 }

@@ -128,6 +128,7 @@ fn finish_row(lid: u32, row: u32) {
             let pb = pen_base(sparams[slot].pen_slot);
             atomicOr(&pen[pb + (token >> 5u)], 1u << (token & 31u));
             atomicAdd(&pen[pb + 2u * call.bm_words + token], 1u);
+            dry_push(slot, sp, token);
             var reason = 0u;
             for (var s = 0u; s < sp.stop_len; s = s + 1u) {
                 if (lists[sp.stop_off + s] == token) {
@@ -146,6 +147,9 @@ fn finish_row(lid: u32, row: u32) {
     if ((call.mode & M_SCATTER) != 0u) {
         storageBarrier();
         scatter(slot, sp, lid, true);
+        if ((sp.flags & F_DRY) != 0u) {
+            dry_clear(lid, sp);
+        }
     }
 }
 

@@ -30,6 +30,10 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         scatter(slot, sp, lid, false);
         storageBarrier();
     }
+    if (wg_flag(lid, (sp.flags & F_DRY) != 0u)) {
+        dry_prepare(lid, slot, sp);
+        storageBarrier();
+    }
     if (lid == 0u) {
         atomicStore(&ctr[2u * row], 0u);
         atomicStore(&ctr[2u * row + 1u], 0u);

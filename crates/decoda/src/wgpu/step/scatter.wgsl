@@ -39,13 +39,14 @@ fn join(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     scatter(slot, sparams[slot], lid, false);
 }
 
-// A head's leave: zeroes the penalty area of slot rmap[0] (grid: its words / 256).
+// A head's leave: zeroes the penalty area of slot rmap[0], its DRY area and ring
+// included (grid: its words / 256).
 @compute @workgroup_size(256)
 fn wipe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
     lanes_init(lanes);
     let slot = rmap[0];
-    let n = 2u * call.bm_words + call.vocab;
+    let n = 4u * call.bm_words + call.vocab + 3u * DRY_CAP;
     let w = (wid.x + wid.y * 65535u) * WG + lid;
     if (w < n) {
         atomicStore(&pen[pen_base(sparams[slot].pen_slot) + w], 0u);
