@@ -1111,7 +1111,9 @@ fn generate_bad_input_exits_2_naming_the_problem() {
     assert!(err.contains("--hidden"), "{err}");
 }
 
-/// The device runs the same greedy decode as the CPU (lavapipe in CI).
+/// The device runs the same greedy decode as the CPU (lavapipe in CI); and with DRY,
+/// in the device head (no note that it samples on the host; the head's step is 3
+/// dispatches with the probe's pass that computes DRY).
 #[test]
 fn generate_on_wgpu_matches_the_cpu() {
     if !have_wgpu() {
@@ -1119,8 +1121,8 @@ fn generate_on_wgpu_matches_the_cpu() {
     }
     let d = tiny("gen-wgpu", &["--seed", "9"]);
     let m = d.to_str().unwrap();
-    let ids = |dev: &str| {
-        let (code, out, err) = run(&[
+    let ids_with = |dev: &str, extra: &[&str]| {
+        let mut args = vec![
             "generate",
             "--model",
             m,
@@ -1133,8 +1135,11 @@ fn generate_on_wgpu_matches_the_cpu() {
             "--device",
             dev,
             "--json",
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = run(&args);
         assert_eq!(code, 0, "{err}");
+        assert!(!err.contains("host"), "{dev}: {err}");
         let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
         // the loop's structure: steps, host time per step, the device's dispatches
         assert!(v["decode_steps"].as_u64().is_some_and(|n| n >= 24), "{v}");
@@ -1148,6 +1153,7 @@ fn generate_on_wgpu_matches_the_cpu() {
             v["dispatches_per_step"].clone(),
         )
     };
+    let ids = |dev: &str| ids_with(dev, &[]);
     let (c, cn, cd) = ids("cpu");
     let (g, gn, gd) = ids("wgpu");
     assert_eq!(cn, "cpu");
@@ -1158,48 +1164,16 @@ fn generate_on_wgpu_matches_the_cpu() {
     // rope, attention, adds; the MoE layers' router, routing, products and combine)
     assert_eq!(cd, serde_json::Value::Null);
     assert_eq!(gd, 50);
-}
-
-/// DRY in the device head: `generate --device wgpu` with DRY draws the CPU's tokens,
-/// sampling on the device (no note that it samples on the host; the head's step is
-/// 3 dispatches with the probe that computes DRY).
-#[test]
-fn generate_with_dry_on_wgpu_matches_the_cpu() {
-    if !have_wgpu() {
-        return;
-    }
-    let d = tiny("gen-dry", &["--seed", "4"]);
-    let m = d.to_str().unwrap();
-    let ids = |dev: &str| {
-        let (code, out, err) = run(&[
-            "generate",
-            "--model",
-            m,
-            "--prompt",
-            "abab abab abab",
-            "--max-tokens",
-            "30",
-            "--temperature",
-            "0.6",
-            "--seed",
-            "8",
-            "--dry-multiplier",
-            "3",
-            "--dry-allowed-length",
-            "1",
-            "--dry-breaker",
-            " ",
-            "--device",
-            dev,
-            "--json",
-        ]);
-        assert_eq!(code, 0, "{err}");
-        assert!(!err.contains("host"), "{dev}: {err}");
-        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-        (v["tokens"].clone(), v["dispatches_per_step"].clone())
-    };
-    let (c, _) = ids("cpu");
-    let (g, gd) = ids("wgpu");
+    let dry = [
+        "--dry-multiplier",
+        "3",
+        "--dry-allowed-length",
+        "1",
+        "--dry-breaker",
+        " ",
+    ];
+    let (c, _, _) = ids_with("cpu", &dry);
+    let (g, _, gd) = ids_with("wgpu", &dry);
     assert_eq!(c, g);
     assert_eq!(gd, 51);
 }

@@ -183,17 +183,7 @@ impl SamplingParams {
     /// such. DRY runs on the device for windows of up to [`MAX_DEVICE_DRY_WINDOW`] tokens
     /// ([`SamplingParams::beyond_device_with`]).
     pub fn beyond_device(&self) -> Option<&'static str> {
-        if self.top_n_sigma > 0.0 {
-            Some("top_n_sigma")
-        } else if self.typical_p < 1.0 {
-            Some("typical_p")
-        } else if self.xtc_on() {
-            Some("xtc_probability")
-        } else if self.kept.is_some() {
-            Some("kept")
-        } else {
-            None
-        }
+        self.beyond_device_at(0, true)
     }
 
     /// DRY's window over a history of `len` tokens: `min(dry_penalty_last_n, len)`, `len`
@@ -211,10 +201,25 @@ impl SamplingParams {
     /// [`SamplingParams::beyond_device`], and `dry_penalty_last_n` when DRY's window over
     /// a history that reaches `history` tokens is longer than [`MAX_DEVICE_DRY_WINDOW`].
     pub fn beyond_device_with(&self, history: usize) -> Option<&'static str> {
+        self.beyond_device_at(history, true)
+    }
+
+    /// [`SamplingParams::beyond_device_with`], with XTC counted only when `xtc_acts` (its
+    /// coin fires at the row's step: otherwise the stage does nothing).
+    pub(crate) fn beyond_device_at(&self, history: usize, xtc_acts: bool) -> Option<&'static str> {
         if self.dry_window(history) > MAX_DEVICE_DRY_WINDOW {
-            return Some("dry_penalty_last_n");
+            Some("dry_penalty_last_n")
+        } else if self.top_n_sigma > 0.0 {
+            Some("top_n_sigma")
+        } else if self.typical_p < 1.0 {
+            Some("typical_p")
+        } else if self.xtc_on() && xtc_acts {
+            Some("xtc_probability")
+        } else if self.kept.is_some() {
+            Some("kept")
+        } else {
+            None
         }
-        self.beyond_device()
     }
 
     /// Whether any of bias, repetition, frequency, presence or DRY changes a logit of this row.

@@ -176,14 +176,9 @@ impl<'a> Row<'a> {
     /// [`Request::beyond_device`] at this row's step: XTC counts only when its coin
     /// fires ([`Row::xtc_acts`]).
     pub fn beyond_device(&self) -> Option<&'static str> {
+        let s = &self.request.state;
         let p = &self.request.params;
-        if p.xtc_on() && !self.xtc_acts() {
-            let mut off = p.clone();
-            off.xtc_probability = 0.0;
-            let history = self.request.state.prompt.len() + self.request.state.output.len();
-            return off.beyond_device_with(history);
-        }
-        self.request.beyond_device()
+        p.beyond_device_at(s.prompt.len() + s.output.len(), self.xtc_acts())
     }
 }
 
@@ -268,10 +263,7 @@ pub fn dry_penalties(
         return Vec::new();
     }
     let len = prompt.len() + output.len();
-    let n = match p.dry_penalty_last_n {
-        -1 => len,
-        k => len.min(k as usize),
-    };
+    let n = p.dry_window(len);
     let allowed = p.dry_allowed_length as usize;
     if n <= allowed {
         return Vec::new();
@@ -364,17 +356,25 @@ pub(crate) fn dry_repeat_limit(
     n
 }
 
+/// The largest exponent DRY's penalty takes, `floor(88.7228391 / ln(base))` when
+/// `base > 1.000001` (and that is at least 1); `None`: no cap.
+pub fn dry_max_exponent(p: &crate::params::SamplingParams) -> Option<u64> {
+    if p.dry_base > 1.000_001 {
+        let max_exp = (88.722_839_1_f64 / f64::from(p.dry_base).ln()) as u64;
+        (max_exp > 0).then_some(max_exp)
+    } else {
+        None
+    }
+}
+
 /// DRY's penalty for a repeat `excess` tokens past the allowed length:
 /// `multiplier * base^e` with `e = min(excess, floor(88.7228391 / ln(base)))` (no clamp
 /// when `base <= 1.000001`), the power by repeated squaring in f64, rounded once to f32.
 pub fn dry_penalty(p: &crate::params::SamplingParams, excess: usize) -> f32 {
     let base = f64::from(p.dry_base);
     let mut e = excess as u64;
-    if p.dry_base > 1.000_001 {
-        let max_exp = (88.722_839_1_f64 / base.ln()) as u64;
-        if max_exp > 0 {
-            e = e.min(max_exp);
-        }
+    if let Some(max_exp) = dry_max_exponent(p) {
+        e = e.min(max_exp);
     }
     let (mut acc, mut sq) = (1.0f64, base);
     while e > 0 {

@@ -84,6 +84,31 @@ fn logits_for(rng: &mut Rng, history: &[u32], v: usize) -> Vec<f32> {
     x
 }
 
+/// The rows through the device API: uploaded, recorded into an encoder of ours,
+/// submitted and read back (or the error `record` returns).
+fn device_api(
+    b: &WgpuSampler,
+    logits: &Logits<'_>,
+    reqs: &[Request],
+) -> decoda::Result<Vec<decoda::RowResult>> {
+    let buf = b.upload_logits(logits);
+    let out = b.outputs(reqs.len())?;
+    let view = DeviceLogits {
+        buffer: &buf,
+        dtype: DType::F32,
+        rows: reqs.len(),
+        vocab: logits.vocab(),
+        row_stride: logits.vocab(),
+        offset: 0,
+    };
+    let mut enc = b
+        .device()
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    b.record(&mut enc, &view, reqs, &out)?;
+    b.queue().submit([enc.finish()]);
+    b.read(&out, reqs)
+}
+
 fn check_rows(got: &[decoda::RowResult], data: &[f32], reqs: &[Request], v: usize, what: &str) {
     for (r, (g, req)) in got.iter().zip(reqs).enumerate() {
         let (want, tie) = reference_row(&data[r * v..(r + 1) * v], req);
@@ -121,22 +146,7 @@ fn per_call_dry_matches_the_reference() {
         let host = b.sample(&logits, &reqs).unwrap();
         check_rows(&host, &data, &reqs, v, "host API");
         // the device API: the same rows recorded from a device buffer
-        let buf = b.upload_logits(&logits);
-        let out = b.outputs(reqs.len()).unwrap();
-        let view = DeviceLogits {
-            buffer: &buf,
-            dtype: DType::F32,
-            rows: reqs.len(),
-            vocab: v,
-            row_stride: v,
-            offset: 0,
-        };
-        let mut enc = b
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        b.record(&mut enc, &view, &reqs, &out).unwrap();
-        b.queue().submit([enc.finish()]);
-        let dev = b.read(&out, &reqs).unwrap();
+        let dev = device_api(b, &logits, &reqs).unwrap();
         assert_eq!(dev, host, "device API vs host API at V = {v}");
         // without DRY, greedy rows with repeats draw another token
         for (r, req) in reqs.iter().enumerate() {
@@ -187,20 +197,7 @@ fn windows_past_the_device_are_refused_or_drawn_on_the_host() {
     let logits = Logits::f32(&data, 2, v).unwrap();
     let got = b.sample(&logits, &reqs).unwrap();
     check_rows(&got, &data, &reqs, v, "host API");
-    let buf = b.upload_logits(&logits);
-    let out = b.outputs(2).unwrap();
-    let view = DeviceLogits {
-        buffer: &buf,
-        dtype: DType::F32,
-        rows: 2,
-        vocab: v,
-        row_stride: v,
-        offset: 0,
-    };
-    let mut enc = b
-        .device()
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-    match b.record(&mut enc, &view, &reqs, &out) {
+    match device_api(b, &logits, &reqs) {
         Err(Error::InvalidParameter { row: 1, field, .. }) => {
             assert_eq!(field, "dry_penalty_last_n")
         }

@@ -101,7 +101,7 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>, s: &mut Scratch) -> RowRe
         let tau = pl::min_p_threshold(top(&cands), p.min_p);
         cands.retain(|c| c.1 >= tau);
     }
-    if cands.len() >= 2 && pl::xtc_fires(p, row.state.seed, row.step()) {
+    if cands.len() >= 2 && row.xtc_acts() {
         let (w, sum) = weights(&cands);
         let set = cands
             .iter()

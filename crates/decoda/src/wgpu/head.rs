@@ -15,9 +15,9 @@
 //! of V bits (seen tokens, biased tokens) and a dense u32 count per token (`4 V + V / 4`
 //! bytes: 608 KiB at V = 151,936), and its DRY area: the ring of its last 4,096 tokens,
 //! and per step the penalised tokens (two more bitmaps of V bits and two runs of 4,096
-//! words: 86 KiB at V = 151,936). Dense counts make a lookup one load and the update one atomic add; a
-//! sparse table would be smaller for short outputs but needs a search per touched token
-//! and a bound on the output length.
+//! words: 86 KiB at V = 151,936). Dense counts make a lookup one load and the update one
+//! atomic add; a sparse table would be smaller for short outputs but needs a search per
+//! touched token and a bound on the output length.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +28,7 @@ use crate::head::{self, FinishReason, Head, SlotRequest, SlotStep, MAX_SLOT_BIAS
 use crate::logits::Logits;
 use crate::params::{SamplingParams, MAX_BREAKERS, MAX_BREAKER_LEN};
 
-use super::device::make_buffer;
+use super::device::{make_buffer, Grow};
 use super::host::{checked, parse_logprobs, row_status};
 use super::kernels::{self, Kernels, Plan, RowNeeds, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
@@ -94,7 +94,7 @@ pub struct WgpuHead {
     current: Option<(CallU, Vec<u32>)>,
     bind: Option<(wgpu::Buffer, Option<wgpu::Buffer>, u64, wgpu::BindGroup)>,
     /// The host API's masks (`step_masked`), uploaded per step.
-    mask_upload: Option<wgpu::Buffer>,
+    mask_upload: Grow,
     /// The slots' fixed masks ([`SlotRequest::allowed`]), `[slots, ceil(V / 32)]`, made at
     /// the first join with one; written at joins only.
     slot_masks: Option<wgpu::Buffer>,
@@ -106,7 +106,7 @@ pub struct WgpuHead {
     next_step: StepId,
     host: Vec<Option<HostSlot>>,
     bytes_written: u64,
-    upload: Option<wgpu::Buffer>,
+    upload: Grow,
     /// Compute dispatches of the last recorded step.
     last_dispatches: usize,
 }
@@ -174,6 +174,8 @@ impl WgpuHead {
         );
         use wgpu::BufferUsages as U;
         let u = U::STORAGE | U::COPY_SRC | U::COPY_DST;
+        let upload = Grow::new(&device, "decoda head logits", U::STORAGE | U::COPY_DST);
+        let mask_upload = Grow::new(&device, "decoda head masks", U::STORAGE | U::COPY_DST);
         Ok(Self {
             op_call: make_buffer(
                 &device,
@@ -204,7 +206,7 @@ impl WgpuHead {
             bufs,
             current: None,
             bind: None,
-            mask_upload: None,
+            mask_upload,
             slot_masks: None,
             masked: vec![false; slots],
             op_bind: None,
@@ -213,7 +215,7 @@ impl WgpuHead {
             next_step: 0,
             host: vec![None; slots],
             bytes_written: 0,
-            upload: None,
+            upload,
             last_dispatches: 0,
         })
     }
@@ -783,30 +785,16 @@ impl Head for WgpuHead {
                 .iter()
                 .flat_map(|m| m.map_or_else(|| vec![u32::MAX; w], <[u32]>::to_vec))
                 .collect();
-            let size = (words.len() as u64 * 4).max(4);
-            if self.mask_upload.as_ref().is_none_or(|b| b.size() < size) {
-                self.mask_upload = Some(make_buffer(
-                    &self.device,
-                    "decoda head masks",
-                    size,
-                    wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                ));
-            }
-            let mb = self.mask_upload.as_ref().expect("set above");
-            self.queue.write_buffer(mb, 0, bytemuck::cast_slice(&words));
+            self.mask_upload
+                .ensure(&self.device, (words.len() as u64 * 4).max(4));
+            self.queue
+                .write_buffer(&self.mask_upload.buf, 0, bytemuck::cast_slice(&words));
         }
         // host logits: uploaded into the head's buffer, then a device step
         let bytes = logits_bytes(logits);
         let size = (bytes.len() as u64).next_multiple_of(4).max(4);
-        if self.upload.as_ref().is_none_or(|b| b.size() < size) {
-            self.upload = Some(make_buffer(
-                &self.device,
-                "decoda head logits",
-                size,
-                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            ));
-        }
-        let buf = self.upload.clone().expect("set above");
+        self.upload.ensure(&self.device, size);
+        let buf = self.upload.buf.clone();
         let mut padded = bytes;
         padded.resize(size as usize, 0);
         self.queue.write_buffer(&buf, 0, &padded);
@@ -822,9 +810,9 @@ impl Head for WgpuHead {
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let mask_buf = self.mask_upload.clone();
-        let mask_view = mask_buf.as_ref().filter(|_| masked).map(|b| DeviceMasks {
-            buffer: b,
+        let mask_buf = self.mask_upload.buf.clone();
+        let mask_view = masked.then_some(DeviceMasks {
+            buffer: &mask_buf,
             offset: 0,
             row_stride: w,
         });

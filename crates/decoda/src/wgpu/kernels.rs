@@ -363,7 +363,7 @@ pub(crate) fn pen_words(vocab: usize) -> usize {
     4 * vocab.div_ceil(32) + vocab + 3 * DRY_CAP
 }
 
-/// Word offset of the DRY ring in a penalty area (`dry_base` + `2 bm + 2 DRY_CAP`).
+/// Word offset of the DRY ring in a penalty area: its last `DRY_CAP` words.
 pub(crate) fn dry_ring_offset(vocab: usize) -> usize {
-    4 * vocab.div_ceil(32) + vocab + 2 * DRY_CAP
+    pen_words(vocab) - DRY_CAP
 }

@@ -893,13 +893,9 @@ pub(crate) fn dry_lists(
     most_excess: usize,
     lists: &mut Vec<u32>,
 ) -> Result<DryLists> {
-    let mut last = most_excess;
-    if p.dry_base > 1.000_001 {
-        let max_exp = (88.722_839_1_f64 / f64::from(p.dry_base).ln()) as usize;
-        if max_exp > 0 {
-            last = last.min(max_exp);
-        }
-    }
+    let last = pl::dry_max_exponent(p).map_or(most_excess, |m| {
+        most_excess.min(usize::try_from(m).unwrap_or(usize::MAX))
+    });
     let tab_off = to_u32(lists.len(), "DRY penalties")?;
     lists.extend((0..=last).map(|e| pl::dry_penalty(p, e).to_bits()));
     let brk_off = to_u32(lists.len(), "DRY breakers")?;

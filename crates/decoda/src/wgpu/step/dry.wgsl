@@ -25,6 +25,14 @@ fn dry_hist_len(slot: u32, sp: SlotP) -> u32 {
     return sp.hist_len;
 }
 
+// DRY's window over a history of `len` tokens: its last `dry_penalty_last_n`.
+fn dry_window(sp: SlotP, len: u32) -> u32 {
+    if (sp.dry_n == 0xffffffffu) {
+        return len;
+    }
+    return min(len, sp.dry_n);
+}
+
 // The token `i` back from the end of a history of `len` tokens (0: the last one).
 fn dry_at(sp: SlotP, db: u32, len: u32, i: u32) -> u32 {
     if ((call.mode & M_HEAD) != 0u) {
@@ -89,11 +97,7 @@ fn dry_prepare(lid: u32, slot: u32, sp: SlotP) {
         atomicStore(&pen[db + w], 0u);
     }
     let len = wg_uniform(lid, dry_hist_len(slot, sp));
-    var n0 = len;
-    if (sp.dry_n != 0xffffffffu) {
-        n0 = min(n0, sp.dry_n);
-    }
-    let n = wg_uniform(lid, n0);
+    let n = wg_uniform(lid, dry_window(sp, len));
     let a = wg_uniform(lid, sp.dry_allowed);
     storageBarrier();
     if (!wg_flag(lid, n > a && n <= DRY_CAP)) {
@@ -200,10 +204,7 @@ fn dry_of(sp: SlotP, db: u32, w: u32, bit: u32) -> f32 {
 fn dry_clear(lid: u32, sp: SlotP) {
     let db = dry_base(pen_base(sp.pen_slot));
     let bm = call.bm_words;
-    var n = min(sp.hist_len, DRY_CAP);
-    if (sp.dry_n != 0xffffffffu) {
-        n = min(n, sp.dry_n);
-    }
+    let n = min(dry_window(sp, sp.hist_len), DRY_CAP);
     for (var w = lid; w < 2u * bm; w = w + WG) {
         atomicStore(&pen[db + w], 0u);
     }
