@@ -666,11 +666,12 @@ pub fn top_n_sigma_threshold(ys: &[f32], ymax: f32, n: f32) -> f64 {
             .filter(|y| **y > f32::NEG_INFINITY)
             .map(|&y| f64::from(y))
     };
-    let count = finite().count();
+    // the count and the sum in one pass (the sum's additions in id order, as two passes)
+    let (count, sum) = finite().fold((0usize, 0.0f64), |(c, s), y| (c + 1, s + y));
     if count == 0 {
         return f64::NEG_INFINITY;
     }
-    let mean = finite().sum::<f64>() / count as f64;
+    let mean = sum / count as f64;
     let var = finite().map(|y| (y - mean) * (y - mean)).sum::<f64>() / count as f64;
     f64::from(ymax) - f64::from(n) * var.sqrt()
 }

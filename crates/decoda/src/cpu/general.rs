@@ -19,8 +19,30 @@ pub(super) fn wanted(row: &Row<'_>) -> bool {
     p.top_n_sigma > 0.0 || p.typical_p < 1.0 || row.xtc_acts() || p.kept.is_some()
 }
 
+/// The general path's buffers, kept in the thread's [`Scratch`] between rows and calls
+/// (a row of V = 151,936 fills megabytes of them: fresh ones each call cost their page
+/// faults, about as much as the stages).
+#[derive(Default)]
+pub(super) struct Bufs {
+    z: Vec<f32>,
+    y: Vec<f32>,
+    cands: Vec<(u32, f32)>,
+    w: Vec<f32>,
+    q32: Vec<f32>,
+    q: Vec<f64>,
+    lnq: Vec<f64>,
+    walk: Vec<(f64, f64)>,
+}
+
 /// One row of f32 logits (its token mask already applied) through the whole contract.
 pub(super) fn sample_general(x: &[f32], row: &Row<'_>, s: &mut Scratch) -> RowResult {
+    let mut b = std::mem::take(&mut s.general);
+    let out = general_row(x, row, s, &mut b);
+    s.general = b;
+    out
+}
+
+fn general_row(x: &[f32], row: &Row<'_>, s: &mut Scratch, b: &mut Bufs) -> RowResult {
     let p = &row.params;
     let (xmax, bad) = kernels::max_nonfinite(x);
     if bad > 0 {
@@ -35,14 +57,16 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>, s: &mut Scratch) -> RowRe
     if bad > 0 {
         return Err(RowError::NonFiniteLogits { count: bad });
     }
-    let mut z = x.to_vec();
+    let z = &mut b.z;
+    z.clear();
+    z.extend_from_slice(x);
     for &(t, zt) in &mods {
         z[t as usize] = zt;
     }
     let zmax = if mods.is_empty() {
         xmax
     } else {
-        kernels::max(&z)
+        kernels::max(z)
     };
     if zmax == f32::NEG_INFINITY {
         return Err(RowError::NoCandidate);
@@ -52,7 +76,7 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>, s: &mut Scratch) -> RowRe
         let token = z.iter().position(|&v| v == zmax).expect("max exists") as u32;
         let logprobs = p.logprobs.map(|n| match p.logprobs_mode {
             LogprobsMode::Raw => full_logprobs(x, token, n, s),
-            LogprobsMode::Processed => full_logprobs(&z, token, n, s),
+            LogprobsMode::Processed => full_logprobs(z, token, n, s),
         });
         let kept = p.kept.map(|n| pl::kept_of(&[(token, 0.0)], n));
         return Ok(Sample {
@@ -62,20 +86,25 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>, s: &mut Scratch) -> RowRe
         });
     }
     // stage 5 on the finite tokens; -inf ones are out of every set from here
-    let y: Vec<f32> = z.iter().map(|&v| v / t).collect();
+    let y = &mut b.y;
+    y.clear();
+    y.extend(z.iter().map(|&v| v / t));
     let ymax = zmax / t;
     let mut lo = f64::NEG_INFINITY;
     if p.top_n_sigma > 0.0 {
-        lo = pl::top_n_sigma_threshold(&y, ymax, p.top_n_sigma);
+        lo = pl::top_n_sigma_threshold(y, ymax, p.top_n_sigma);
     }
     let k = p.top_k as usize;
-    let mut cands: Vec<(u32, f32)> = Vec::new();
     if k > 0 && k < y.len() {
         // the k-th largest of the whole row (-inf included), by selection
-        let mut sel = y.clone();
+        let sel = &mut b.w;
+        sel.clear();
+        sel.extend_from_slice(y);
         let (_, kth, _) = sel.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
         lo = lo.max(f64::from(*kth));
     }
+    let cands = &mut b.cands;
+    cands.clear();
     cands.extend(
         y.iter()
             .enumerate()
@@ -83,14 +112,25 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>, s: &mut Scratch) -> RowRe
             .map(|(i, &v)| (i as u32, v)),
     );
     if p.typical_p < 1.0 {
-        typical(&mut cands, p.typical_p);
+        typical(
+            cands,
+            p.typical_p,
+            &mut b.w,
+            &mut b.q,
+            &mut b.lnq,
+            &mut b.walk,
+        );
     }
     if p.top_p < 1.0 {
-        let (w, sum) = weights(&cands);
-        let q: Vec<f32> = w.iter().map(|&e| pl::prob(e, sum)).collect();
-        let mut desc = q.clone();
-        desc.sort_by(|a, b| b.total_cmp(a));
-        let (tau, _) = pl::top_p_cut(desc, p.top_p);
+        let sum = weights(cands, &mut b.w);
+        let q = &mut b.q32;
+        q.clear();
+        q.extend(b.w.iter().map(|&e| pl::prob(e, sum)));
+        let desc = &mut b.w;
+        desc.clear();
+        desc.extend_from_slice(q);
+        desc.sort_unstable_by(|a, b| b.total_cmp(a));
+        let (tau, _) = pl::top_p_cut(desc.iter().copied(), p.top_p);
         let mut i = 0;
         cands.retain(|_| {
             i += 1;
@@ -98,14 +138,14 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>, s: &mut Scratch) -> RowRe
         });
     }
     if p.min_p > 0.0 {
-        let tau = pl::min_p_threshold(top(&cands), p.min_p);
+        let tau = pl::min_p_threshold(top(cands), p.min_p);
         cands.retain(|c| c.1 >= tau);
     }
     if cands.len() >= 2 && row.xtc_acts() {
-        let (w, sum) = weights(&cands);
+        let sum = weights(cands, &mut b.w);
         let set = cands
             .iter()
-            .zip(&w)
+            .zip(&b.w)
             .map(|(c, &e)| (c.1, pl::prob64(e, sum)));
         if let Some(low) = pl::xtc_cut(set, p.xtc_threshold) {
             cands.retain(|c| c.1 <= low);
@@ -115,18 +155,12 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>, s: &mut Scratch) -> RowRe
     if cands.is_empty() {
         return Err(RowError::NoWinner);
     }
-    let token = draw(
-        &cands,
-        row.state.seed,
-        row.step(),
-        &mut s.tmp2,
-        &mut s.words,
-    );
+    let token = draw(cands, row.state.seed, row.step(), &mut s.tmp2, &mut s.words);
     let logprobs = p.logprobs.map(|n| match p.logprobs_mode {
         LogprobsMode::Raw => full_logprobs(x, token, n, s),
-        LogprobsMode::Processed => subset_logprobs(&cands, token, n, &mut s.tmp),
+        LogprobsMode::Processed => subset_logprobs(cands, token, n, &mut s.tmp),
     });
-    let kept = p.kept.map(|n| pl::kept_of(&cands, n));
+    let kept = p.kept.map(|n| pl::kept_of(cands, n));
     Ok(Sample {
         token,
         logprobs,
@@ -134,51 +168,103 @@ pub(super) fn sample_general(x: &[f32], row: &Row<'_>, s: &mut Scratch) -> RowRe
     })
 }
 
-/// Stage 6a on the candidates: the shared walk ([`pl::typical_cut`]) over the tokens
-/// whose score is at most a bound `B`, sorted, instead of over all of them. Every token
-/// left out scores above `B` (a score `|-ln q - H|` above `B >= H` means `-ln q > H + B`),
-/// so if the walk's mass exceeds `p` among them its cut is the whole set's; otherwise
-/// the bound doubles (at last: every token).
-fn typical(cands: &mut Vec<(u32, f32)>, p: f32) {
-    let (w, sum) = weights(cands);
-    let q: Vec<f64> = w.iter().map(|&e| pl::prob64(e, sum)).collect();
-    let h = pl::entropy(&q);
-    let scores: Vec<f64> = q.iter().map(|&v| pl::typical_score(v, h)).collect();
-    let mut bound = h + 8.0;
-    let cut = loop {
-        let mut near: Vec<(f64, f64)> = scores
-            .iter()
-            .zip(&q)
-            .filter(|(s, _)| **s <= bound)
-            .map(|(&s, &v)| (s, v))
-            .collect();
-        near.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let all = near.len() == q.len();
-        match pl::typical_walk(near, p).0 {
-            Some(s) => break s,
-            None if all || bound.is_infinite() => break f64::INFINITY,
-            None => {
-                bound = if bound > 1e3 {
-                    f64::INFINITY
-                } else {
-                    2.0 * bound
-                }
-            }
+/// Stage 6a on the candidates. Each token's `ln q` is taken once, for the entropy and
+/// for its score (the same f64 operations as [`pl::entropy`] and [`pl::typical_score`],
+/// so the same bits), and the walk's cut is found by selection ([`typical_select`])
+/// instead of a sort of every score.
+fn typical(
+    cands: &mut Vec<(u32, f32)>,
+    p: f32,
+    w: &mut Vec<f32>,
+    q: &mut Vec<f64>,
+    lnq: &mut Vec<f64>,
+    walk: &mut Vec<(f64, f64)>,
+) {
+    let sum = weights(cands, w);
+    q.clear();
+    q.extend(w.iter().map(|&e| pl::prob64(e, sum)));
+    lnq.clear();
+    lnq.extend(q.iter().map(|&v| if v > 0.0 { v.ln() } else { f64::NAN }));
+    let h = -q
+        .iter()
+        .zip(lnq.iter())
+        .filter(|(v, _)| **v > 0.0)
+        .map(|(v, l)| v * l)
+        .sum::<f64>();
+    let score = |i: usize| {
+        if q[i] > 0.0 {
+            (-lnq[i] - h).abs()
+        } else {
+            f64::INFINITY
         }
     };
+    // tokens of q = 0 score +inf and add nothing to the walk: they are kept only when
+    // the walk never exceeds p, which the cut's +inf says
+    walk.clear();
+    walk.extend(
+        (0..q.len())
+            .filter(|&i| q[i] > 0.0)
+            .map(|i| (score(i), q[i])),
+    );
+    let cut = typical_select(walk, p);
     let mut i = 0;
     cands.retain(|_| {
         i += 1;
-        scores[i - 1] <= cut
+        score(i - 1) <= cut
     });
 }
 
-/// The candidates' top-p weights against their largest value, and their sum in f64.
-fn weights(cands: &[(u32, f32)]) -> (Vec<f32>, f64) {
+/// The score at which stage 6a's walk (by increasing score) first has a `q` sum above
+/// `p`, or `+inf` when it never does, found by selection: each round splits the
+/// remaining scores at their median, and the walk goes on in the lower half when that
+/// half's mass takes the sum above `p`, else in the upper half with that mass added.
+/// Expected time linear in the number of tokens; only the last 256 or fewer are sorted.
+/// The sums group the additions differently from a sequential walk, which moves a
+/// result only when the walk passes within about `1e-12` of `p` (a tie by the
+/// contract: the reference counts its walk's distance to `p`).
+pub(super) fn typical_select(walk: &mut [(f64, f64)], p: f32) -> f64 {
+    let p = f64::from(p);
+    let by_score = |a: &(f64, f64), b: &(f64, f64)| a.0.total_cmp(&b.0);
+    let (mut lo, mut hi, mut cum) = (0usize, walk.len(), 0.0f64);
+    let mut cut_off = false;
+    while hi - lo > 256 {
+        let part = &mut walk[lo..hi];
+        let mid = part.len() / 2;
+        part.select_nth_unstable_by(mid, by_score);
+        let lower: f64 = part[..mid].iter().map(|e| e.1).sum();
+        if cum + lower > p {
+            hi = lo + mid;
+            cut_off = true;
+        } else {
+            cum += lower;
+            lo += mid;
+        }
+    }
+    let part = &mut walk[lo..hi];
+    part.sort_unstable_by(by_score);
+    for &(score, v) in part.iter() {
+        cum += v;
+        if cum > p {
+            return score;
+        }
+    }
+    // the halves' sums said the walk exceeds p in this part and a sequential sum came
+    // out just below (rounding): the part's last score
+    match part.last() {
+        Some(e) if cut_off => e.0,
+        _ => f64::INFINITY,
+    }
+}
+
+/// The candidates' top-p weights against their largest value (into `w`), and their
+/// sum in f64.
+fn weights(cands: &[(u32, f32)], w: &mut Vec<f32>) -> f64 {
     let m = top(cands);
-    let w: Vec<f32> = cands.iter().map(|c| pl::weight(c.1, m)).collect();
-    let sum = w.iter().map(|&e| f64::from(e)).sum();
-    (w, sum)
+    w.clear();
+    w.extend(cands.iter().map(|c| c.1));
+    // pl::weight of each, in vector lanes (the same bits)
+    kernels::exp_shifted(w, m);
+    w.iter().map(|&e| f64::from(e)).sum()
 }
 
 /// The largest value of a candidate list.

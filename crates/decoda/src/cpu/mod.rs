@@ -155,6 +155,7 @@ struct Scratch {
     ids: Vec<u32>,
     buckets: Vec<u16>,
     skip: Skip,
+    general: general::Bufs,
 }
 
 thread_local! {

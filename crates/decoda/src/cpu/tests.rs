@@ -635,3 +635,99 @@ fn partial_walk_matches_the_sorted_walk() {
         }
     }
 }
+
+/// Typical-p's cut by selection against the sorted walk: scores with many ties (the
+/// walk may cross inside a run of equal scores), smooth and steep masses, `p` on a
+/// partial sum (the first halving's split among them) and either side of it. The masses
+/// are multiples of a power of two at least 2^-24 and sum to at most 1, so every sum is
+/// exact in any order, `p` can sit exactly on one, and the cut must be the same bits.
+#[test]
+fn typical_selection_matches_the_sorted_walk() {
+    let mut rng = crate::testing::Rng::new(0x7c15_9e37_79b9_0a0a);
+    let mut next = move || rng.next_u64();
+    for case in 0..24 {
+        let n = [300usize, 4_097, 60_001][case % 3];
+        let pairs: Vec<(f64, f64)> = (0..n)
+            .map(|i| {
+                let score = match case / 3 % 4 {
+                    0 => ((next() >> 40) % 40) as f64 / 8.0,
+                    1 => (next() >> 11) as f64 / (1u64 << 53) as f64 * 12.0,
+                    2 => (i % 5) as f64,
+                    _ => ((next() >> 40) % 3000) as f64 * 1e-3,
+                };
+                let units = match case % 2 {
+                    0 => (next() >> 40) % 200 + 1,
+                    _ => 1u64 << ((next() >> 40) % 10),
+                };
+                (score, units as f64)
+            })
+            .collect();
+        let total: f64 = pairs.iter().map(|e| e.1).sum();
+        // normalise by a power of two: the masses stay multiples of a power of two
+        let scale = 2f64.powi(-(total.log2().ceil() as i32));
+        let pairs: Vec<(f64, f64)> = pairs.iter().map(|&(s, v)| (s, v * scale)).collect();
+        let mut sorted = pairs.clone();
+        sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut cum = 0f64;
+        let at: Vec<f64> = sorted
+            .iter()
+            .map(|e| {
+                cum += e.1;
+                cum
+            })
+            .collect();
+        let mut ps = vec![0.05f32, 0.3, 0.7, 0.95, 0.999, 1.0];
+        assert!(scale >= 2f64.powi(-24));
+        for k in [n / 7, n / 2 - 1, n / 2, n - n / 9] {
+            let a = at[k] as f32;
+            assert_eq!(f64::from(a), at[k]);
+            ps.extend([a.next_down(), a, a.next_up()]);
+        }
+        for p in ps {
+            let want = pl::typical_walk(sorted.iter().copied(), p)
+                .0
+                .unwrap_or(f64::INFINITY);
+            let mut work = pairs.clone();
+            let got = super::general::typical_select(&mut work, p);
+            assert_eq!(got.to_bits(), want.to_bits(), "case {case}: n={n} p={p}");
+        }
+    }
+}
+
+/// Typical-p rows at decode vocabularies, alone and after top-n-σ and top-k, with top-p,
+/// min-p and log-probabilities after it: the reference's token and kept set, but on the
+/// contract's ties.
+#[test]
+fn typical_rows_match_the_reference() {
+    use crate::params::{LogprobsMode, Request, SamplingParams};
+    let mut rng = crate::testing::Rng::new(0x51ed_2701_dead_beefu64);
+    let mut next = move || rng.next_u64();
+    let (mut ties, mut rows) = (0, 0);
+    for case in 0..24u64 {
+        let v = [32_000usize, 151_936][case as usize % 2];
+        let z = crate::testing::zipf_logits(&mut crate::testing::Rng::new(next()), v, 1.1);
+        let req = Request::new(
+            SamplingParams {
+                temperature: [0.5f32, 0.8, 1.3][(case % 3) as usize],
+                typical_p: [0.2f32, 0.6, 0.9, 0.95, 0.99][(case / 2) as usize % 5],
+                top_n_sigma: [0.0f32, 0.0, 2.0][(case / 3) as usize % 3],
+                top_k: [0u32, 0, 0, 1000][(case / 4) as usize % 4],
+                top_p: [1.0f32, 0.9][(case / 5) as usize % 2],
+                min_p: [0.0f32, 0.02][(case / 7) as usize % 2],
+                logprobs: Some(3),
+                logprobs_mode: LogprobsMode::Processed,
+                kept: Some(16),
+                ..Default::default()
+            },
+            next(),
+        );
+        let (want, tie) = crate::reference::reference_row(&z, &req);
+        let got = super::sample_row_f32(&z, &req);
+        rows += 1;
+        if got != want {
+            assert!(tie.is_tie(), "case {case}: v {v}: {got:?} against {want:?}");
+            ties += 1;
+        }
+    }
+    assert!(ties * 4 <= rows, "{ties} ties in {rows} rows");
+}
