@@ -13,7 +13,8 @@ use crate::pipeline::{validate_call, Row, RowResult};
 ///
 /// [`Backend::sample`] and [`Backend::sample_draws`] are the public door: they validate
 /// the call once, apply the rows' token masks ([`Request::allowed`]: disallowed logits
-/// become `-inf` on a copy of the batch) and hand its rows to [`Backend::sample_rows`]
+/// become `-inf` on a copy of the batch, or on each row's own copy where the backend
+/// masks rows itself, [`Backend::masks_rows`]) and hand its rows to [`Backend::sample_rows`]
 /// (and [`Backend::sample_rows_draws`]), which a backend implements on validated inputs.
 pub trait Backend: Send + Sync {
     /// A short name for reports (`cpu`, `reference`, `wgpu:<adapter>`).
@@ -23,7 +24,11 @@ pub trait Backend: Send + Sync {
     /// [`Err`](crate::Error) before any work; a bad row yields its own [`crate::RowError`].
     fn sample(&self, logits: &Logits<'_>, requests: &[Request]) -> Result<Vec<RowResult>> {
         validate_call(logits.rows(), logits.vocab(), requests)?;
-        // stage 0, the token masks: on a copy of the batch, once for every backend
+        if self.masks_rows() {
+            return self.sample_rows(logits, &Row::each(requests));
+        }
+        // stage 0, the token masks: on a copy of the batch, for every backend that does
+        // not mask its rows itself
         match Gathered::masked(logits, requests) {
             Some(copy) => self.sample_rows(&copy.view()?, &Row::each(requests)),
             None => self.sample_rows(logits, &Row::each(requests)),
@@ -41,6 +46,9 @@ pub trait Backend: Send + Sync {
         draws: usize,
     ) -> Result<Vec<Vec<RowResult>>> {
         validate_call(logits.rows(), logits.vocab(), requests)?;
+        if self.masks_rows() {
+            return self.sample_rows_draws(logits, &Row::each(requests), draws);
+        }
         match Gathered::masked(logits, requests) {
             Some(copy) => self.sample_rows_draws(&copy.view()?, &Row::each(requests), draws),
             None => self.sample_rows_draws(logits, &Row::each(requests), draws),
@@ -52,6 +60,14 @@ pub trait Backend: Send + Sync {
     /// [`Backend::sample`] and the crate's own per-step views, after validation;
     /// implementations do not validate again.
     fn sample_rows(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>>;
+
+    /// Whether [`Backend::sample_rows`] applies each row's token mask itself (stage 0:
+    /// the CPU masks its own copy of each row, on the row's thread), so the public door
+    /// hands it the batch as given instead of a masked copy. Applying a mask twice
+    /// changes nothing, so such a backend may also be handed masked logits.
+    fn masks_rows(&self) -> bool {
+        false
+    }
 
     /// [`Backend::sample_draws`] on a validated call whose rows read the logits in order.
     /// The default batches the steps into calls of [`Backend::sample_rows`] over per-step
@@ -119,6 +135,10 @@ impl<B: Backend + ?Sized> Backend for &B {
 
     fn sample_rows(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
         (**self).sample_rows(logits, rows)
+    }
+
+    fn masks_rows(&self) -> bool {
+        (**self).masks_rows()
     }
 
     fn sample_rows_draws(

@@ -86,3 +86,86 @@ fn cpu_head_runs_the_later_stages() {
         }
     }
 }
+
+/// Token masks through the CPU head: slots with a fixed mask of their own and without,
+/// steps with per-step masks for some rows and steps with none (where the CPU sampler
+/// masks each slot's row itself, with no copy of the batch), penalties, top-p and
+/// logprobs: each slot's result is the reference's for the two masks combined, and no
+/// disallowed token is ever drawn.
+#[test]
+fn cpu_head_applies_slot_and_step_masks() {
+    let (slots, v) = (3usize, 3000usize);
+    let words = v.div_ceil(32);
+    let mut rng = Rng::new(21);
+    let mut random_mask = |dense: bool| -> Vec<u32> {
+        (0..words)
+            .map(|w| match (w % 5, dense) {
+                (0, _) => u32::MAX,
+                (1, false) => 0,
+                _ => (rng.next_u64() as u32) | (rng.next_u64() as u32),
+            })
+            .collect()
+    };
+    let own = [Some(random_mask(true)), None, Some(random_mask(false))];
+    let step_masks: Vec<Vec<u32>> = (0..4).map(|i| random_mask(i % 2 == 0)).collect();
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.9,
+        repetition_penalty: 1.2,
+        logprobs: Some(3),
+        ..SamplingParams::default()
+    };
+    let mut head = CpuHead::new(slots, v).unwrap();
+    let mut states = Vec::new();
+    for (slot, mask) in own.iter().enumerate() {
+        let mut req = SlotRequest::new(params.clone())
+            .seed(slot as u64 + 40)
+            .prompt(vec![5, 6, 7]);
+        if let Some(m) = mask {
+            req = req.allowed(m.clone());
+        }
+        head.join(slot, req).unwrap();
+        let mut s = SequenceState::new(slot as u64 + 40);
+        s.prompt = vec![5, 6, 7];
+        states.push(s);
+    }
+    let mut rng = Rng::new(22);
+    let rows: Vec<usize> = (0..slots).collect();
+    for step in 0..30 {
+        let data: Vec<f32> = (0..slots * v).map(|_| 2.0 * rng.normal()).collect();
+        // every third step has no step masks; the others mask some rows
+        let masks: Vec<Option<&[u32]>> = (0..slots)
+            .map(|r| match (step % 3, (step + r) % 2) {
+                (0, _) | (_, 0) => None,
+                _ => Some(step_masks[(step + r) % 4].as_slice()),
+            })
+            .collect();
+        let out = head
+            .step_masked(&Logits::f32(&data, slots, v).unwrap(), &rows, &masks)
+            .unwrap();
+        for (r, got) in out.iter().enumerate() {
+            let both: Option<Vec<u32>> = match (&own[r], masks[r]) {
+                (Some(a), Some(b)) => Some(a.iter().zip(b).map(|(x, y)| x & y).collect()),
+                (Some(a), None) => Some(a.clone()),
+                (None, Some(b)) => Some(b.to_vec()),
+                (None, None) => None,
+            };
+            let req = Request {
+                params: params.clone(),
+                state: states[r].clone(),
+                allowed: both.clone(),
+            };
+            let (want, tie) = reference_row(&data[r * v..(r + 1) * v], &req);
+            assert!(
+                !matches!(classify(&got.result, &want, &tie), Verdict::Mismatch),
+                "step {step} slot {r}: {:?} vs reference {want:?}",
+                got.result
+            );
+            let token = got.result.as_ref().unwrap().token as usize;
+            if let Some(m) = &both {
+                assert_eq!(m[token / 32] >> (token % 32) & 1, 1, "step {step} slot {r}");
+            }
+            states[r].push(token as u32);
+        }
+    }
+}

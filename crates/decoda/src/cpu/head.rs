@@ -120,8 +120,8 @@ impl Head for CpuHead {
     }
 
     /// The step's masks and the slots' own ([`SlotRequest::allowed`]) both apply: a
-    /// token must be allowed by each. No mask at all (`masks` empty or all `None`, no
-    /// slot with one) is a plain step, with no copy of the logits.
+    /// token must be allowed by each. Without step masks (`masks` empty or all `None`)
+    /// there is no copy of the batch: the sampler masks each slot's row with its own.
     fn step_masked(
         &mut self,
         logits: &Logits<'_>,
@@ -134,7 +134,9 @@ impl Head for CpuHead {
                 .and_then(Option::as_ref)
                 .and_then(|q| q.request.allowed.as_deref())
         };
-        if masks.iter().all(Option::is_none) && rows.iter().all(|&s| own(s).is_none()) {
+        if masks.iter().all(Option::is_none) {
+            // the slots' own masks ride on their requests: the CPU sampler applies each
+            // to its row's copy on the row's thread (no copy of the batch)
             return self.step_unmasked(logits, rows);
         }
         if !masks.is_empty() {
@@ -158,8 +160,8 @@ impl Head for CpuHead {
 }
 
 impl CpuHead {
-    /// A step over logits whose masks are already applied (rows and shapes checked
-    /// here).
+    /// A step over logits whose step masks are already applied (rows and shapes checked
+    /// here); the slots' own masks ride on their requests, and the sampler applies them.
     fn step_unmasked(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
         let joined: Vec<bool> = self.seqs.iter().map(Option::is_some).collect();
         check_rows(rows, logits.rows(), &joined)?;

@@ -730,6 +730,12 @@ dispatch! {
 }
 
 dispatch! {
+    /// Stage 0 in place: `v[i] = -inf` for every token `i` the row's mask disallows
+    /// (bit `i % 32` of `mask[i / 32]` clear; `mask` at least `ceil(len / 32)` words).
+    pub fn mask_in_place(v: &mut [f32], mask: &[u32]) -> ();
+}
+
+dispatch! {
     /// Σ `w[i]` over the `i` with `z[i] >= thr` (f32 partial sums added in f64).
     pub fn mass_ge(z: &[f32], w: &[f32], thr: f32) -> f64;
 }

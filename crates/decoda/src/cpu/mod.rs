@@ -118,15 +118,24 @@ impl Backend for CpuSampler {
         "cpu".into()
     }
 
+    fn masks_rows(&self) -> bool {
+        true
+    }
+
     fn sample_rows(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
-        let one = |row: &Row<'_>| match logits.data() {
-            LogitsData::F32(_) => {
+        // each row's token mask is applied here, on its thread, to its own copy of the
+        // row (see `Backend::masks_rows`)
+        let one = |row: &Row<'_>| match (logits.data(), row.allowed.as_deref()) {
+            (LogitsData::F32(_), None) => {
                 let x = logits.row_f32(row.logits_row()).expect("f32 batch");
                 with_scratch(|s| sample_row(x, row, s))
             }
-            _ => with_scratch(|s| {
+            (_, mask) => with_scratch(|s| {
                 let mut conv = std::mem::take(&mut s.conv);
                 logits.row_to_f32(row.logits_row(), &mut conv);
+                if let Some(m) = mask {
+                    kernels::mask_in_place(&mut conv, m);
+                }
                 let out = sample_row(&conv, row, s);
                 s.conv = conv;
                 out
@@ -168,8 +177,14 @@ fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
 
 /// Samples one row of f32 logits on the fast path (exposed for the benchmarks).
 pub fn sample_row_f32(x: &[f32], req: &Request) -> RowResult {
-    let x = req.mask_row(x);
-    with_scratch(|s| sample_row(&x, &Row::of(req), s))
+    match req.allowed.as_deref() {
+        None => with_scratch(|s| sample_row(x, &Row::of(req), s)),
+        Some(m) => {
+            let mut copy = x.to_vec();
+            kernels::mask_in_place(&mut copy, m);
+            with_scratch(|s| sample_row(&copy, &Row::of(req), s))
+        }
+    }
 }
 
 fn sample_row(x: &[f32], req: &Row<'_>, s: &mut Scratch) -> RowResult {

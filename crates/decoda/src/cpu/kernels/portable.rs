@@ -253,6 +253,31 @@ pub fn exp_shifted(v: &mut [f32], shift: f32) {
     }
 }
 
+/// `v[i] = -inf` for every token `i` whose bit `i % 32` of `mask[i / 32]` is clear.
+#[inline(always)]
+pub fn mask_in_place(v: &mut [f32], mask: &[u32]) {
+    for (x, &word) in v.chunks_mut(32).zip(mask) {
+        match word {
+            u32::MAX => {}
+            0 => x.fill(f32::NEG_INFINITY),
+            _ if x.len() == 32 => {
+                for (j, e) in x.iter_mut().enumerate() {
+                    // a bit mask, not a branch, so the loop vectorises
+                    let off = 0u32.wrapping_sub((word >> j) & 1 ^ 1);
+                    *e = f32::from_bits((e.to_bits() & !off) | (f32::NEG_INFINITY.to_bits() & off));
+                }
+            }
+            _ => {
+                for (j, e) in x.iter_mut().enumerate() {
+                    if (word >> j) & 1 == 0 {
+                        *e = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Σ `w[i]` over `z[i] >= thr`, in sixteen f32 chains added in f64.
 #[inline(always)]
 pub fn mass_ge(z: &[f32], w: &[f32], thr: f32) -> f64 {

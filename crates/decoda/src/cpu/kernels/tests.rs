@@ -1229,3 +1229,46 @@ fn kernels_agree_with_scalar() {
         .count();
     assert_eq!(r as usize, r_ref);
 }
+
+/// The CPU's stage 0 against the contract's bit test, token by token, at every ISA
+/// level this CPU has: rows off the word size, words all set, all clear and mixed, bits
+/// past V set, NaN and infinities among the values (a disallowed one becomes `-inf`).
+#[test]
+fn mask_in_place_matches_the_bit_test() {
+    for (case, v) in [1usize, 31, 32, 33, 1000, 4097, 151_936]
+        .into_iter()
+        .enumerate()
+    {
+        let x = values(v, case as u64 + 3);
+        let mut bits = (case as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let mask: Vec<u32> = (0..v.div_ceil(32))
+            .map(|w| {
+                bits ^= bits << 13;
+                bits ^= bits >> 7;
+                bits ^= bits << 17;
+                match w % 4 {
+                    0 => u32::MAX,
+                    1 => 0,
+                    _ => bits as u32,
+                }
+            })
+            .collect();
+        let want: Vec<u32> = (0..v)
+            .map(|i| {
+                if mask[i / 32] >> (i % 32) & 1 == 1 {
+                    x[i].to_bits()
+                } else {
+                    f32::NEG_INFINITY.to_bits()
+                }
+            })
+            .collect();
+        let mut got = x.clone();
+        mask_in_place(&mut got, &mask);
+        let got: Vec<u32> = got.iter().map(|e| e.to_bits()).collect();
+        assert_eq!(got, want, "v {v}");
+        let mut port = x.clone();
+        portable::mask_in_place(&mut port, &mask);
+        let port: Vec<u32> = port.iter().map(|e| e.to_bits()).collect();
+        assert_eq!(port, want, "portable, v {v}");
+    }
+}
