@@ -299,8 +299,8 @@ fn engine(
         Some(s) => {
             if cpu_head && !a.host_sampling {
                 eprintln!(
-                    "note: DRY, top-n-sigma, typical-p, XTC or kept are sampled on the host for \
-                     now (the device head does not run them yet)"
+                    "note: typical-p, XTC, kept or a DRY window past 4,096 tokens are sampled \
+                     on the host for now (the device head does not run them yet)"
                 );
             }
             let host: Option<Box<dyn decoda::head::Head + Send>> = if a.host_sampling || cpu_head {

@@ -1113,7 +1113,7 @@ fn generate_bad_input_exits_2_naming_the_problem() {
 
 /// The device runs the same greedy decode as the CPU (lavapipe in CI); and with DRY,
 /// in the device head (no note that it samples on the host; the head's step is 3
-/// dispatches with the probe's pass that computes DRY).
+/// dispatches with the probe's pass that computes DRY); top-n-σ too.
 #[test]
 fn generate_on_wgpu_matches_the_cpu() {
     if !have_wgpu() {
@@ -1176,6 +1176,37 @@ fn generate_on_wgpu_matches_the_cpu() {
     let (g, _, gd) = ids_with("wgpu", &dry);
     assert_eq!(c, g);
     assert_eq!(gd, 51);
+    // top-n-σ in the device head: no note, the same run twice, and the head's 2
+    // dispatches (its rows take the full-row path inside settle_finish). Sampled
+    // tokens are not compared with the CPU's: the two forwards' logits differ in
+    // rounding.
+    let sigma = || {
+        let (code, out, err) = run(&[
+            "generate",
+            "--model",
+            m,
+            "--prompt",
+            "Hello, world",
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0.9",
+            "--top-n-sigma",
+            "1.5",
+            "--seed",
+            "4",
+            "--device",
+            "wgpu",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        assert!(!err.contains("host"), "{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        (v["tokens"].clone(), v["dispatches_per_step"].clone())
+    };
+    let (first, sd) = sigma();
+    assert_eq!(sigma().0, first);
+    assert_eq!(sd, 50);
 }
 
 /// `sample --mask`: int32 masks [B, W] (or one [W] for every row), the same masks as a

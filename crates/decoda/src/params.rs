@@ -178,10 +178,10 @@ impl SamplingParams {
         self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5
     }
 
-    /// Whether the row uses a stage the device kernels do not run yet (top-n-σ,
-    /// typical-p, XTC) or asks for its kept distribution; the field named is the first
-    /// such. DRY runs on the device for windows of up to [`MAX_DEVICE_DRY_WINDOW`] tokens
-    /// ([`SamplingParams::beyond_device_with`]).
+    /// Whether the row uses a stage the device kernels do not run yet (typical-p, XTC)
+    /// or asks for its kept distribution; the field named is the first such. DRY runs on
+    /// the device for windows of up to [`MAX_DEVICE_DRY_WINDOW`] tokens
+    /// ([`SamplingParams::beyond_device_with`]), top-n-σ always.
     pub fn beyond_device(&self) -> Option<&'static str> {
         self.beyond_device_at(0, true)
     }
@@ -209,8 +209,6 @@ impl SamplingParams {
     pub(crate) fn beyond_device_at(&self, history: usize, xtc_acts: bool) -> Option<&'static str> {
         if self.dry_window(history) > MAX_DEVICE_DRY_WINDOW {
             Some("dry_penalty_last_n")
-        } else if self.top_n_sigma > 0.0 {
-            Some("top_n_sigma")
         } else if self.typical_p < 1.0 {
             Some("typical_p")
         } else if self.xtc_on() && xtc_acts {

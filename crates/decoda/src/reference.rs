@@ -19,12 +19,24 @@ pub struct TieReport {
     /// Smallest distance of a top-p cumulative sum to `p` around the decision
     /// (`inf` when top-p was off).
     pub top_p_margin: f64,
+    /// Smallest distance of a finite `y` to the top-n-σ threshold `τ`, relative to
+    /// `|ymax| + n σ` (`inf` when top-n-σ was off).
+    pub sigma_margin: f64,
 }
 
 impl TieReport {
     /// Whether a different token on another backend is allowed by the contract's "same result" rule.
     pub fn is_tie(&self) -> bool {
-        self.s_gap_ulps <= 4 || self.is_top_p_tie()
+        self.s_gap_ulps <= 4 || self.is_set_tie()
+    }
+
+    /// Whether the kept set may differ by a token on another backend: a top-p or
+    /// typical-p cumulative sum came within `1e-6` of `p`
+    /// ([`TieReport::is_top_p_tie`]), or a finite `y` within `1e-6 (|ymax| + n σ)` of
+    /// the top-n-σ threshold (the device's f32 threshold lies within that of the f64
+    /// one).
+    pub fn is_set_tie(&self) -> bool {
+        self.is_top_p_tie() || self.sigma_margin <= 1e-6
     }
 
     /// Whether a top-p cumulative sum came within `1e-6` of `p`: the kept set may then
@@ -85,6 +97,7 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
     let mut tie = TieReport {
         s_gap_ulps: u32::MAX,
         top_p_margin: f64::INFINITY,
+        sigma_margin: f64::INFINITY,
     };
 
     // Section 5: non-finite logits.
@@ -133,7 +146,8 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
 
     // Stage 5a: top-n-sigma.
     if p.top_n_sigma > 0.0 {
-        stage_top_n_sigma(&y, ymax, p.top_n_sigma, &mut keep);
+        let tau = stage_top_n_sigma(&y, ymax, p.top_n_sigma, &mut keep);
+        tie.sigma_margin = sigma_margin(&y, ymax, tau);
     }
     // Stage 6: top-k.
     let k = p.top_k as usize;
@@ -238,6 +252,17 @@ fn kept_max(y: &[f32], keep: &[bool]) -> f32 {
         .filter(|&i| keep[i])
         .map(|i| y[i])
         .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// The smallest distance of a finite `y` to top-n-σ's threshold `tau`, relative to
+/// `|ymax| + n σ` (`n σ = ymax - tau`).
+fn sigma_margin(y: &[f32], ymax: f32, tau: f64) -> f64 {
+    let scale = f64::from(ymax).abs() + (f64::from(ymax) - tau);
+    y.iter()
+        .filter(|v| **v > f32::NEG_INFINITY)
+        .map(|&v| (f64::from(v) - tau).abs())
+        .fold(f64::INFINITY, f64::min)
+        / scale
 }
 
 /// Stage 5a: keeps `y >= ymax - n * σ` over the finite values (f64); returns the threshold.

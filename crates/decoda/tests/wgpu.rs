@@ -677,7 +677,7 @@ fn later_stages_on_the_host_api_and_refused_by_the_device_api() {
     match b.record(&mut enc, &view, &reqs, &out) {
         Err(Error::InvalidParameter { row: 0, field, .. }) => {
             assert!(
-                field == "typical_p" || field == "dry_multiplier" || field == "top_n_sigma",
+                field == "typical_p" || field == "dry_penalty_last_n",
                 "{field}"
             )
         }

@@ -214,13 +214,13 @@ fn stops_and_rejoin() {
 fn later_stages_refused_by_the_device_head() {
     let Some(s) = sampler() else { return };
     let mut head = WgpuHead::new(&s, 2, 1000).unwrap();
-    let sigma = SamplingParams {
-        top_n_sigma: 1.0,
+    let typical = SamplingParams {
+        typical_p: 0.9,
         ..SamplingParams::default()
     };
-    match head.join(1, SlotRequest::new(sigma.clone()).seed(3)) {
+    match head.join(1, SlotRequest::new(typical.clone()).seed(3)) {
         Err(decoda::Error::InvalidParameter { row: 1, field, .. }) => {
-            assert_eq!(field, "top_n_sigma")
+            assert_eq!(field, "typical_p")
         }
         other => panic!("expected a refusal naming slot 1, got {other:?}"),
     }

@@ -1051,7 +1051,7 @@ pub fn classify(got: &RowResult, want: &RowResult, tie: &TieReport) -> Verdict {
     match (got, want) {
         (Ok(g), Ok(w)) if g.token == w.token => {
             if !same_kept(&g.kept, &w.kept) {
-                return if tie.is_top_p_tie() {
+                return if tie.is_set_tie() {
                     Verdict::AllowedTie
                 } else {
                     Verdict::Mismatch
@@ -1078,8 +1078,8 @@ pub fn classify(got: &RowResult, want: &RowResult, tie: &TieReport) -> Verdict {
             }
             if d <= 1e-5 {
                 Verdict::Same { logprob_diff: d }
-            } else if tie.is_top_p_tie() {
-                // a top-p tie may keep one token more or fewer: the same draw, but
+            } else if tie.is_set_tie() {
+                // a top-p or top-n-σ tie may keep one token more or fewer: the same draw, but
                 // processed logprobs normalised over another set
                 Verdict::AllowedTie
             } else {
@@ -1306,13 +1306,15 @@ mod tests {
         })
     }
 
-    /// A top-p tie excuses a different token, and the same token with logprobs over
-    /// another kept set; a tie of the draw (`s` within 4 ulp) excuses only the token.
+    /// A top-p or top-n-σ tie excuses a different token, and the same token with
+    /// logprobs over another kept set; a tie of the draw (`s` within 4 ulp) excuses only
+    /// the token.
     #[test]
     fn classify_follows_the_same_result_rule() {
         let none = TieReport {
             s_gap_ulps: u32::MAX,
             top_p_margin: f64::INFINITY,
+            sigma_margin: f64::INFINITY,
         };
         let top_p = TieReport {
             top_p_margin: 3e-8,
@@ -1320,6 +1322,14 @@ mod tests {
         };
         let draw = TieReport {
             s_gap_ulps: 2,
+            ..none
+        };
+        let sigma = TieReport {
+            sigma_margin: 4e-7,
+            ..none
+        };
+        let far_sigma = TieReport {
+            sigma_margin: 1e-4,
             ..none
         };
         let (want, close, shifted) = (row(7, -2.0), row(7, -2.000_01), row(7, -2.000_05));
@@ -1334,5 +1344,8 @@ mod tests {
         assert_eq!(classify(&other, &want, &none), Verdict::Mismatch);
         assert_eq!(classify(&other, &want, &top_p), Verdict::AllowedTie);
         assert_eq!(classify(&other, &want, &draw), Verdict::AllowedTie);
+        assert_eq!(classify(&shifted, &want, &sigma), Verdict::AllowedTie);
+        assert_eq!(classify(&other, &want, &sigma), Verdict::AllowedTie);
+        assert_eq!(classify(&other, &want, &far_sigma), Verdict::Mismatch);
     }
 }

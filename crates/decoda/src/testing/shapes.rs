@@ -134,6 +134,7 @@ pub const MIXES: &[&str] = &[
     "min_p_1",
     "long_history",
     "dry",
+    "top_n_sigma",
 ];
 
 /// A request for a row of `v` logits with parameter mix `mix` (an index into [`MIXES`]),
@@ -221,6 +222,18 @@ pub fn mixed_request(rng: &mut Rng, v: usize, mix: usize) -> Request {
             top_k: [0, 40][rng.below(2) as usize],
             ..base
         },
+        "top_n_sigma" => {
+            history = 20;
+            SamplingParams {
+                top_n_sigma: [0.5, 1.0, 3.0][rng.below(3) as usize],
+                top_k: [0, 40][rng.below(2) as usize],
+                top_p: [1.0, 0.9][rng.below(2) as usize],
+                repetition_penalty: 1.1,
+                logprobs: [None, Some(2)][rng.below(2) as usize],
+                logprobs_mode: LogprobsMode::Processed,
+                ..base
+            }
+        }
         _ => {
             history = 3000;
             SamplingParams {

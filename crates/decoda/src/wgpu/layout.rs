@@ -51,6 +51,9 @@ pub(crate) const F_TOP_K: u32 = 16;
 pub(crate) const F_MIN_P: u32 = 32;
 /// Stage 3a (DRY): the probe computes the slot's penalised tokens (`step/dry.wgsl`).
 pub(crate) const F_DRY: u32 = 64;
+/// Stage 5a (top-n-σ): the row takes the full-row path, which computes its threshold
+/// first (`step/sigma.wgsl`).
+pub(crate) const F_TOP_N_SIGMA: u32 = 128;
 
 /// `Call.mode`: advance the slot state in `finish` (a head's step).
 pub(crate) const M_HEAD: u32 = 1;
@@ -137,6 +140,8 @@ pub(crate) struct SlotU {
     pub dry_tab_len: u32,
     pub dry_brk_off: u32,
     pub dry_brk_len: u32,
+    /// Stage 5a's `n` (with `F_TOP_N_SIGMA`).
+    pub top_n_sigma: f32,
 }
 
 /// Storage buffers one kernel binds.
@@ -225,7 +230,7 @@ mod tests {
                 &fields!(SlotU; temperature, top_k, top_p, ln_min_p, rep, freq, pres, flags,
                     seed_lo, seed_hi, n_lp, bias_off, bias_len, stop_off, stop_len, hist_off,
                     hist_len, max_lo, max_hi, pen_slot, dry_allowed, dry_n, dry_tab_off,
-                    dry_tab_len, dry_brk_off, dry_brk_len),
+                    dry_tab_len, dry_brk_off, dry_brk_len, top_n_sigma),
             );
         }
     }
@@ -306,6 +311,7 @@ mod tests {
             ("SS_HIST", SS_HIST as u64),
             ("DRY_CAP", DRY_CAP as u64),
             ("F_DRY", u64::from(F_DRY)),
+            ("F_TOP_N_SIGMA", u64::from(F_TOP_N_SIGMA)),
             ("DRAW_WG", DRAW_WG as u64),
             ("F_TOUCH", u64::from(F_TOUCH)),
             ("F_LOGPROBS", u64::from(F_LOGPROBS)),

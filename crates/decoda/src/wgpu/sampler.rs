@@ -861,6 +861,7 @@ pub(crate) fn slot_params(
         pen_slot: pen_slot as u32,
         dry_allowed: p.dry_allowed_length,
         dry_n: u32::try_from(p.dry_penalty_last_n).unwrap_or(u32::MAX),
+        top_n_sigma: p.top_n_sigma,
         ..SlotU::default()
     })
 }
@@ -931,6 +932,9 @@ pub(crate) fn row_flags(p: &crate::params::SamplingParams, vocab: usize) -> u32 
     }
     if p.dry_on() {
         flags |= F_DRY;
+    }
+    if p.top_n_sigma > 0.0 {
+        flags |= F_TOP_N_SIGMA;
     }
     flags
 }

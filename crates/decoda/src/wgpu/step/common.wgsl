@@ -110,6 +110,7 @@ const F_TOP_P: u32 = 8u;
 const F_TOP_K: u32 = 16u;
 const F_MIN_P: u32 = 32u;
 const F_DRY: u32 = 64u;      // stage 3a: the probe computes the slot's DRY area
+const F_TOP_N_SIGMA: u32 = 128u;   // stage 5a (top-n-σ): the full-row path (step/sigma.wgsl)
 
 // Call.mode bits
 const M_HEAD: u32 = 1u;      // advance the slot state in finish
@@ -168,6 +169,7 @@ struct SlotP {
     dry_tab_len: u32, // entries of that table (e past the last takes the last)
     dry_brk_off: u32, // lists offset of the breakers: (length, ids...) each
     dry_brk_len: u32, // words of the breakers
+    top_n_sigma: f32, // stage 5a's n (F_TOP_N_SIGMA)
 }
 
 @group(0) @binding(0) var<uniform> call: Call;

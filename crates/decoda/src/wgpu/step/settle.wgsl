@@ -1,8 +1,9 @@
 // ---------------------------------------------------------------------------------
 // The full-row path: exact radix selects over the whole row, by one workgroup (the old
 // multi-pass algorithm: top-k's k-th value by counts, then top-p's cut by masses in
-// 2^-40 units against ymax, three 11/11/10-bit levels each). The draw then runs in lp
-// with `member`.
+// 2^-40 units against ymax, three 11/11/10-bit levels each), after top-n-σ's threshold
+// (step/sigma.wgsl) for rows that use it: they always take this path. The draw then
+// runs in lp with `member`.
 
 fn digit_shift(level: u32) -> u32 {
     if (level == 0u) {
@@ -51,6 +52,14 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) {
         sset(row, S_ABOVE_HI, 0u);
     }
     storageBarrier();
+    if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
+        // stage 5a: a lower bound on y for every stage after it (`member`)
+        let tau_s = sigma_threshold(lid, row, slot, sp, ymax);
+        if (lid == 0u) {
+            ssetf(row, S_TAU_K, tau_s);
+        }
+        storageBarrier();
+    }
     if (wg_flag(lid, (sp.flags & F_TOP_K) != 0u)) {
         for (var level = 0u; level < 3u; level = level + 1u) {
             let prefix = sget(row, S_K_PREFIX);
@@ -93,7 +102,11 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) {
                 sset(row, S_K_PREFIX, np);
                 sset(row, S_K_REM, left);
                 if (level == 2u) {
-                    ssetf(row, S_TAU_K, div_rn(from_key(np), t));
+                    // the k-th largest y of the row, or top-n-σ's bound when higher
+                    // (both keep every y above a value: the set is their intersection)
+                    let tau_k = div_rn(from_key(np), t);
+                    let tau_s = sgetf(row, S_TAU_K);
+                    ssetf(row, S_TAU_K, select(tau_k, tau_s, cmp_key(tau_s) > cmp_key(tau_k)));
                 }
             }
             storageBarrier();
@@ -306,7 +319,7 @@ fn settle_row(lid: u32, row: u32) {
         }
     }
     let st = wg_uniform(lid, status);
-    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P)) != 0u;
+    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA)) != 0u;
     if (lid == 0u) {
         sset(row, S_STATUS, status);
         sset(row, S_COUNT, count);
@@ -347,6 +360,7 @@ fn settle_row(lid: u32, row: u32) {
             lid,
             (need & N_LIST) != 0u && n_all <= call.cap && ovt == 0u
                 && !(p_alone && (need & N_SIGMA) == 0u)
+                && (sp.flags & F_TOP_N_SIGMA) == 0u
         );
         var done = false;
         if (ok_list) {

@@ -1,0 +1,102 @@
+// ---------------------------------------------------------------------------------
+// Stage 5a, top-n-σ, on the device: the threshold `ymax - n σ` over a row's finite y,
+// by the full-row path's workgroup in three reads of the row. The sums are integers
+// (fixed point scaled to the row's range), so they are the same in any order, for any
+// split of the row and either reduction; the f32 steps around them leave the threshold
+// within about 3e-7 (|ymax| + n σ) of the contract's f64 one (its tie band: 1e-6).
+
+// floor(v * 2^s) for a finite v >= 0, as a 96-bit integer (0 for a subnormal v);
+// v * 2^s must lie below 2^96.
+fn fixed_at(v: f32, s: i32) -> vec3<u32> {
+    let b = bitcast<u32>(v);
+    let ex = (b >> 23u) & 0xffu;
+    if (ex == 0u || (b & 0x80000000u) != 0u) {
+        return vec3<u32>(0u, 0u, 0u);
+    }
+    let m = (b & 0x7fffffu) | 0x800000u;
+    // v * 2^s = m * 2^(ex - 150 + s)
+    let sh = i32(ex) - 150 + s;
+    if (sh <= -24) {
+        return vec3<u32>(0u, 0u, 0u);
+    }
+    if (sh < 0) {
+        return vec3<u32>(m >> u32(-sh), 0u, 0u);
+    }
+    let us = u32(sh);
+    if (us < 32u) {
+        var up = 0u;
+        if (us > 0u) {
+            up = m >> (32u - us);
+        }
+        return vec3<u32>(m << us, up, 0u);
+    }
+    if (us < 64u) {
+        let u2 = us - 32u;
+        var up = 0u;
+        if (u2 > 0u) {
+            up = m >> (32u - u2);
+        }
+        return vec3<u32>(0u, m << u2, up);
+    }
+    return vec3<u32>(0u, 0u, m << (us - 64u));
+}
+
+// 2^e for -126 <= e <= 127.
+fn pow2(e: i32) -> f32 {
+    return bitcast<f32>(u32(e + 127) << 23u);
+}
+
+// The top-n-σ threshold of a sampling row (ymax finite): `ymax - n σ`, σ the population
+// standard deviation of the row's finite y. With `d = ymax - y` (f32, 0 <= d <= D, the
+// row's range D < 2^(e+1)):
+//   read 1: the count N of finite y and the smallest (so D and e);
+//   read 2: Σ floor(d 2^(34-e)) (each below 2^35), so the mean d̄ = Σ / N 2^(e-34);
+//   read 3: Σ floor(((d - d̄) 2^(34-e))^2), so σ = sqrt(Σ / N) 2^(e-34)
+// (the scaling is exact, so no f32 overflows or underflows for any range). A range
+// below 2^-90 counts as σ = 0. Every invocation gets the threshold; call from uniform
+// control flow.
+fn sigma_threshold(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
+    let t = sp.temperature;
+    var cnt = 0u;
+    var kmin = 0xffffffffu;
+    for (var i = lid; i < call.vocab; i = i + WG) {
+        let z = z_of(slot, sp, i, load_x(row, i));
+        if (is_neg_inf(z)) {
+            continue;
+        }
+        cnt = cnt + 1u;
+        kmin = min(kmin, cmp_key(div_rn(z, t)));
+    }
+    let a = wg_sum_max(lid, cnt, ~kmin);
+    let n = a.x;
+    let range = fp(ymax - from_key(~a.y));
+    let e = i32((bitcast<u32>(range) >> 23u) & 0xffu) - 127;
+    if (n <= 1u || e < -90) {
+        return ymax;
+    }
+    let s1 = 34 - e;
+    var acc = vec3<u32>(0u, 0u, 0u);
+    for (var i = lid; i < call.vocab; i = i + WG) {
+        let z = z_of(slot, sp, i, load_x(row, i));
+        if (is_neg_inf(z)) {
+            continue;
+        }
+        acc = add96(acc, fixed_at(fp(ymax - div_rn(z, t)), s1));
+    }
+    let nf = f32(n);
+    let dbar = fp(fp(val96(wg_sum96(lid, acc)) / nf) * pow2(e - 34));
+    // (d - d̄) scaled by 2^(34-e) (exactly: a power of two) is below 2^35, its square
+    // below 2^70, whatever the row's range
+    let up = pow2(34 - e);
+    acc = vec3<u32>(0u, 0u, 0u);
+    for (var i = lid; i < call.vocab; i = i + WG) {
+        let z = z_of(slot, sp, i, load_x(row, i));
+        if (is_neg_inf(z)) {
+            continue;
+        }
+        let g = fp(fp(fp(ymax - div_rn(z, t)) - dbar) * up);
+        acc = add96(acc, fixed_at(fp(g * g), 0));
+    }
+    let sigma = fp(sqrt(fp(val96(wg_sum96(lid, acc)) / nf)) * pow2(e - 34));
+    return fp(ymax - fp(sp.top_n_sigma * sigma));
+}
