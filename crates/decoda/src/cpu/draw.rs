@@ -83,6 +83,21 @@ pub(super) fn draw(
         for (w, c) in words.iter_mut().zip(list) {
             *w = philox::token_bits(seed, step, c.0);
         }
+    } else if dense(list) {
+        // a long list, in id order, holding a quarter or more of the ids it spans (the
+        // general path's wide kept sets): the words of whole chunks of 128 tokens, 32
+        // blocks at a time, once per chunk that holds a candidate
+        let key = philox::seed_key(seed);
+        let mut out = [0u32; 128];
+        let mut chunk = u32::MAX;
+        for (w, c) in words.iter_mut().zip(list) {
+            let ch = c.0 / 128;
+            if ch != chunk {
+                kernels::philox_x32(ch * 32, step, key, &mut out);
+                chunk = ch;
+            }
+            *w = out[(c.0 % 128) as usize];
+        }
     } else {
         let key = philox::seed_key(seed);
         let mut out = [0u32; 128];
@@ -115,6 +130,22 @@ pub(super) fn draw(
     }
     best.0
 }
+
+/// Whether [`draw`] makes a list's words by whole chunks of the row: at least
+/// [`DENSE_DRAWN`] candidates in increasing id order, one for every four or fewer ids of
+/// the span they cover (a block per chunk of 128 ids then costs less than a block per
+/// candidate).
+fn dense(list: &[(u32, f32)]) -> bool {
+    let (Some(first), Some(last)) = (list.first(), list.last()) else {
+        return false;
+    };
+    list.len() >= DENSE_DRAWN
+        && 4 * list.len() as u64 > u64::from(last.0.saturating_sub(first.0))
+        && list.windows(2).all(|p| p[0].0 < p[1].0)
+}
+
+/// Candidates from which [`draw`] may make words by chunks of the row ([`dense`]).
+pub(super) const DENSE_DRAWN: usize = 1024;
 
 /// The exact step of a Gumbel-max draw: token `i` with scaled logit `y` and Philox word
 /// `bits` replaces the leader `best` when `y + g` is larger, or equal at a smaller id.

@@ -731,3 +731,118 @@ fn typical_rows_match_the_reference() {
     }
     assert!(ties * 4 <= rows, "{ties} ties in {rows} rows");
 }
+
+/// The list draw over long lists in id order (the general path's wide kept sets, whose
+/// words come by whole chunks of the row) against every candidate's exact noise: sets
+/// that keep most ids, every fourth, runs with gaps, a band that starts and ends inside
+/// chunks, plateaus of equal values (ties to the smaller id), and sparse sets that keep
+/// the per-candidate words.
+#[test]
+fn dense_list_draw_matches_every_candidate_drawn() {
+    let mut rng = crate::testing::Rng::new(0x243f_6a88_85a3_08d3u64);
+    let mut next = move || rng.next_u64();
+    for case in 0..120u64 {
+        let v = [5000usize, 32000, 151_936][case as usize % 3];
+        let keep = |i: usize, r: u64| match case % 5 {
+            0 => !r.is_multiple_of(10),
+            1 => i % 4 == 1,
+            2 => (i / 300) % 3 != 2,
+            3 => i > v / 3 && i < v / 3 + 9000,
+            _ => r.is_multiple_of(9),
+        };
+        let plateau = case % 7 == 0;
+        let cands: Vec<(u32, f32)> = (0..v)
+            .filter_map(|i| {
+                let r = next();
+                let u = (r >> 40) as f32 / (1u64 << 24) as f32;
+                let y = if plateau {
+                    2.0
+                } else {
+                    12.0 * u - 30.0 * u * u
+                };
+                keep(i, r).then_some((i as u32, y))
+            })
+            .collect();
+        let (seed, step) = (next(), next() % 5000);
+        let mut want = (0u32, f32::NEG_INFINITY);
+        for &(i, y) in &cands {
+            let s = y + philox::gumbel(seed, step, i);
+            if s > want.1 {
+                want = (i, s);
+            }
+        }
+        let (mut live, mut words) = (Vec::new(), Vec::new());
+        let got = draw(&cands, seed, step, &mut live, &mut words);
+        assert_eq!(
+            got,
+            want.0,
+            "case {case}: v {v}, {} candidates",
+            cands.len()
+        );
+    }
+}
+
+/// Top-n-σ's threshold in vector lanes keeps the same tokens as the contract's
+/// sequential sums: Zipf-like and Gaussian rows, rows with `-inf` tokens, huge and tiny
+/// ranges, and rows where a token sits on the sequential threshold, within an ulp
+/// either side (found by moving a token onto it until it stays), where the fallback to
+/// the sequential sums must decide.
+#[test]
+fn sigma_threshold_keeps_the_sequential_set() {
+    let mut rng = crate::testing::Rng::new(0x1319_8a2e_0370_7344u64);
+    let mut on_threshold = 0;
+    for case in 0..60u64 {
+        let v = [33usize, 4097, 32_000, 151_936][case as usize % 4];
+        let n = [0.5f32, 1.0, 2.0, 3.7][(case / 4) as usize % 4];
+        let mut y: Vec<f32> = match case % 5 {
+            0 => crate::testing::zipf_logits(&mut rng, v, 1.1),
+            1 => (0..v).map(|_| 3.0 * rng.normal()).collect(),
+            2 => (0..v)
+                .map(|i| {
+                    if i % 7 == 0 {
+                        f32::NEG_INFINITY
+                    } else {
+                        rng.normal()
+                    }
+                })
+                .collect(),
+            3 => (0..v).map(|_| 1e30 * rng.normal()).collect(),
+            _ => (0..v).map(|_| 1.0 + 1e-6 * rng.normal()).collect(),
+        };
+        let ymax = y.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if case % 2 == 1 {
+            // put a token (not the max) on the sequential threshold, a few times over,
+            // then nudge it by an ulp
+            let at = y
+                .iter()
+                .position(|&v| v > f32::NEG_INFINITY && v < ymax)
+                .unwrap();
+            for _ in 0..4 {
+                y[at] = pl::top_n_sigma_threshold(&y, ymax, n) as f32;
+            }
+            y[at] = match case % 4 {
+                1 => y[at].next_down(),
+                3 => y[at].next_up(),
+                _ => y[at],
+            };
+            let tau = pl::top_n_sigma_threshold(&y, ymax, n);
+            // within an f32 ulp of it: inside the band where the fallback decides
+            let ulp = f64::from(y[at].next_up() - y[at]);
+            if (f64::from(y[at]) - tau).abs() <= 2.0 * ulp {
+                on_threshold += 1;
+            }
+        }
+        let want = pl::top_n_sigma_threshold(&y, ymax, n);
+        let got = super::general::sigma_threshold(&y, ymax, n);
+        let kept = |tau: f64| -> Vec<usize> {
+            (0..v)
+                .filter(|&i| y[i] > f32::NEG_INFINITY && f64::from(y[i]) >= tau)
+                .collect()
+        };
+        assert_eq!(kept(got), kept(want), "case {case}: v {v} n {n}");
+    }
+    assert!(
+        on_threshold >= 15,
+        "{on_threshold} rows with a token on the threshold"
+    );
+}
