@@ -68,6 +68,9 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     var bi = NO_TOKEN;
     var sig = vec3<u32>(0u, 0u, 0u);
     var over = 0u;
+    // top-n-σ rows: the finite z's count and smallest key (its threshold's first read)
+    var n_fin = 0u;
+    var kz_min = 0xffffffffu;
     let start = split * call.chunk;
     let end = min(call.vocab, start + call.chunk);
     let g0 = start / 4u;
@@ -95,6 +98,10 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
             if (kz > zk || (kz == zk && i < zi)) {
                 zk = kz;
                 zi = i;
+            }
+            if (!is_neg_inf(z)) {
+                n_fin = n_fin + 1u;
+                kz_min = min(kz_min, kz);
             }
             if (is_neg_inf(z) || isc || kz <= zlo) {
                 continue;
@@ -142,6 +149,10 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let dr = wg_argmax(lid, bk, bi);
     let s96 = wg_sum96(lid, sig);
     let ov = wg_sum_u32(lid, over);
+    var fm = vec2<u32>(0u, 0u);
+    if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
+        fm = wg_sum_max(lid, n_fin, ~kz_min);
+    }
     if (lid == 0u) {
         let pb = part(row, split);
         work[pb + 0u] = a.x;
@@ -155,6 +166,8 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         work[pb + 8u] = s96.y;
         work[pb + 9u] = s96.z;
         work[pb + 10u] = ov;
+        work[pb + 11u] = fm.x;
+        work[pb + 12u] = fm.y;
     }
 }
 

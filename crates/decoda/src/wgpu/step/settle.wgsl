@@ -40,7 +40,9 @@ fn in_prefix(key: u32, level: u32, prefix: u32) -> bool {
     return (key >> 10u) == prefix;
 }
 
-fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) {
+// `fm`: a top-n-σ row's count of finite z and the complement of its smallest z's key
+// (from the scan).
+fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, fm: vec2<u32>) {
     let t = sp.temperature;
     let hb = hbase(row);
     if (lid == 0u) {
@@ -54,7 +56,8 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) {
     storageBarrier();
     if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
         // stage 5a: a lower bound on y for every stage after it (`member`)
-        let tau_s = sigma_threshold(lid, row, slot, sp, ymax);
+        let ymin = div_rn(from_key(~fm.y), t);
+        let tau_s = sigma_threshold(lid, row, slot, sp, ymax, fm.x, ymin);
         if (lid == 0u) {
             ssetf(row, S_TAU_K, tau_s);
         }
@@ -268,6 +271,8 @@ fn settle_row(lid: u32, row: u32) {
     var bi = NO_TOKEN;
     var sig = vec3<u32>(0u, 0u, 0u);
     var ov = 0u;
+    var n_fin = 0u;
+    var kz_not_min = 0u;
     for (var s = lid; s < call.splits; s = s + WG) {
         let pb = part(row, s);
         bad_x = bad_x + work[pb];
@@ -287,6 +292,8 @@ fn settle_row(lid: u32, row: u32) {
         }
         sig = add96(sig, vec3<u32>(work[pb + 7u], work[pb + 8u], work[pb + 9u]));
         ov = ov + work[pb + 10u];
+        n_fin = n_fin + work[pb + 11u];
+        kz_not_min = max(kz_not_min, work[pb + 12u]);
     }
     let a = wg_sum_max(lid, bad_x, xk);
     let bz = wg_sum_u32(lid, bad_z);
@@ -294,6 +301,12 @@ fn settle_row(lid: u32, row: u32) {
     let dr = wg_argmax(lid, bk, bi);
     let s96 = wg_sum96(lid, sig);
     let ovt = wg_sum_u32(lid, ov);
+    // top-n-σ: the finite count and the smallest z of the row (words 11-12 of the
+    // partials are written for its rows only)
+    var fm = vec2<u32>(0u, 0u);
+    if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
+        fm = wg_sum_max(lid, n_fin, kz_not_min);
+    }
     let fin = (call.mode & M_HEAD) != 0u && sstate[slot * SSW + 4u] != 0u;
     let zmax = from_key(zm.x);
     var status = 0u;
@@ -367,7 +380,7 @@ fn settle_row(lid: u32, row: u32) {
             done = settle_list(lid, row, slot, sp, n_all, ymax, s96);
         }
         if (!wg_flag(lid, done)) {
-            full_row(lid, row, slot, sp, ymax);
+            full_row(lid, row, slot, sp, ymax, fm);
             if (lid == 0u) {
                 sset(row, S_PATH, P_FULL);
             }

@@ -1,9 +1,10 @@
 // ---------------------------------------------------------------------------------
 // Stage 5a, top-n-σ, on the device: the threshold `ymax - n σ` over a row's finite y,
-// by the full-row path's workgroup in three reads of the row. The sums are integers
-// (fixed point scaled to the row's range), so they are the same in any order, for any
-// split of the row and either reduction; the f32 steps around them leave the threshold
-// within about 3e-7 (|ymax| + n σ) of the contract's f64 one (its tie band: 1e-6).
+// by the full-row path's workgroup in two reads of the row (after the scan's count and
+// minimum). The sums are integers (fixed point scaled to the row's range), so they are
+// the same in any order, for any split of the row and either reduction; the f32 steps
+// around them leave the threshold within about 3e-7 (|ymax| + n σ) of the contract's
+// f64 one (its tie band: 1e-6).
 
 // floor(v * 2^s) for a finite v >= 0, as a 96-bit integer (0 for a subnormal v);
 // v * 2^s must lie below 2^96.
@@ -47,29 +48,18 @@ fn pow2(e: i32) -> f32 {
 }
 
 // The top-n-σ threshold of a sampling row (ymax finite): `ymax - n σ`, σ the population
-// standard deviation of the row's finite y. With `d = ymax - y` (f32, 0 <= d <= D, the
-// row's range D < 2^(e+1)):
-//   read 1: the count N of finite y and the smallest (so D and e);
-//   read 2: Σ floor(d 2^(34-e)) (each below 2^35), so the mean d̄ = Σ / N 2^(e-34);
-//   read 3: Σ floor(((d - d̄) 2^(34-e))^2), so σ = sqrt(Σ / N) 2^(e-34)
+// standard deviation of the row's `n` finite y, the smallest `ymin` (from the scan: y
+// never decreases as z grows, so it is `RN(min z / T)`). With `d = ymax - y` (f32,
+// 0 <= d <= D = ymax - ymin < 2^(e+1)), two reads of the row:
+//   Σ floor(d 2^(34-e)) (each below 2^35), so the mean d̄ = Σ / n 2^(e-34);
+//   Σ floor(((d - d̄) 2^(34-e))^2), so σ = sqrt(Σ / n) 2^(e-34)
 // (the scaling is exact, so no f32 overflows or underflows for any range). A range
 // below 2^-90 counts as σ = 0. Every invocation gets the threshold; call from uniform
 // control flow.
-fn sigma_threshold(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
+fn sigma_threshold(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n: u32,
+                   ymin: f32) -> f32 {
     let t = sp.temperature;
-    var cnt = 0u;
-    var kmin = 0xffffffffu;
-    for (var i = lid; i < call.vocab; i = i + WG) {
-        let z = z_of(slot, sp, i, load_x(row, i));
-        if (is_neg_inf(z)) {
-            continue;
-        }
-        cnt = cnt + 1u;
-        kmin = min(kmin, cmp_key(div_rn(z, t)));
-    }
-    let a = wg_sum_max(lid, cnt, ~kmin);
-    let n = a.x;
-    let range = fp(ymax - from_key(~a.y));
+    let range = fp(ymax - ymin);
     let e = i32((bitcast<u32>(range) >> 23u) & 0xffu) - 127;
     if (n <= 1u || e < -90) {
         return ymax;
