@@ -699,10 +699,13 @@ pub fn typical_cut(q: &[f64], p: f32) -> (f64, f64, f64) {
 
 /// `H = -Σ q ln q` in f64 (a token of `q = 0` adds nothing): typical-p's entropy.
 pub fn entropy(q: &[f64]) -> f64 {
-    -q.iter()
-        .filter(|&&v| v > 0.0)
-        .map(|&v| v * v.ln())
-        .sum::<f64>()
+    entropy_of(q.iter().map(|&v| (v, v.ln())))
+}
+
+/// [`entropy`] from each token's `(q, ln q)` (`ln q` taken once, for the scores too):
+/// the same additions in the same order, so the same bits.
+pub fn entropy_of(q_ln: impl Iterator<Item = (f64, f64)>) -> f64 {
+    -q_ln.filter(|e| e.0 > 0.0).map(|(v, l)| v * l).sum::<f64>()
 }
 
 /// The walk of stage 6a over `(score, q)` pairs in increasing score: the score of the
@@ -725,8 +728,14 @@ pub fn typical_walk(by_score: impl IntoIterator<Item = (f64, f64)>, p: f32) -> (
 /// A token's typical-p score, `|-ln q - H|` (`+inf` for `q = 0`).
 #[inline]
 pub fn typical_score(q: f64, h: f64) -> f64 {
+    typical_score_of(q, q.ln(), h)
+}
+
+/// [`typical_score`] from `q` and its `ln q` taken before.
+#[inline]
+pub fn typical_score_of(q: f64, ln_q: f64, h: f64) -> f64 {
     if q > 0.0 {
-        (-q.ln() - h).abs()
+        (-ln_q - h).abs()
     } else {
         f64::INFINITY
     }

@@ -225,9 +225,9 @@ pub(super) fn sigma_threshold(y: &[f32], ymax: f32, n: f32) -> f64 {
 }
 
 /// Stage 6a on the candidates. Each token's `ln q` is taken once, for the entropy and
-/// for its score (the same f64 operations as [`pl::entropy`] and [`pl::typical_score`],
-/// so the same bits), and the walk's cut is found by selection ([`typical_select`])
-/// instead of a sort of every score.
+/// for its score ([`pl::entropy_of`], [`pl::typical_score_of`]: the same bits as
+/// [`pl::entropy`] and [`pl::typical_score`]), and the walk's cut is found by selection
+/// ([`typical_select`]) instead of a sort of every score.
 fn typical(
     cands: &mut Vec<(u32, f32)>,
     p: f32,
@@ -240,20 +240,9 @@ fn typical(
     q.clear();
     q.extend(w.iter().map(|&e| pl::prob64(e, sum)));
     lnq.clear();
-    lnq.extend(q.iter().map(|&v| if v > 0.0 { v.ln() } else { f64::NAN }));
-    let h = -q
-        .iter()
-        .zip(lnq.iter())
-        .filter(|(v, _)| **v > 0.0)
-        .map(|(v, l)| v * l)
-        .sum::<f64>();
-    let score = |i: usize| {
-        if q[i] > 0.0 {
-            (-lnq[i] - h).abs()
-        } else {
-            f64::INFINITY
-        }
-    };
+    lnq.extend(q.iter().map(|&v| v.ln()));
+    let h = pl::entropy_of(q.iter().copied().zip(lnq.iter().copied()));
+    let score = |i: usize| pl::typical_score_of(q[i], lnq[i], h);
     // tokens of q = 0 score +inf and add nothing to the walk: they are kept only when
     // the walk never exceeds p, which the cut's +inf says
     walk.clear();
