@@ -452,36 +452,45 @@ fn fixed40(e: f32) -> vec2<u32> {
     return vec2<u32>(u32((f - f32(hi)) * 4294967296.0), hi);
 }
 
-// A weight in [0, 1] in 96-bit fixed point, units of 2^-72 (truncated), from its bits.
-fn fixed72(e: f32) -> vec3<u32> {
-    let b = bitcast<u32>(e);
+// floor(v * 2^s) for a finite v >= 0, as a 96-bit integer (0 for a subnormal v);
+// v * 2^s must lie below 2^96.
+fn fixed_at(v: f32, s: i32) -> vec3<u32> {
+    let b = bitcast<u32>(v);
     let ex = (b >> 23u) & 0xffu;
     if (ex == 0u || (b & 0x80000000u) != 0u) {
         return vec3<u32>(0u, 0u, 0u);
     }
     let m = (b & 0x7fffffu) | 0x800000u;
-    // e * 2^72 = m * 2^(ex - 127 - 23 + 72)
-    let s = i32(ex) - 78;
-    if (s <= -24) {
+    // v * 2^s = m * 2^(ex - 150 + s)
+    let sh = i32(ex) - 150 + s;
+    if (sh <= -24) {
         return vec3<u32>(0u, 0u, 0u);
     }
-    if (s < 0) {
-        return vec3<u32>(m >> u32(-s), 0u, 0u);
+    if (sh < 0) {
+        return vec3<u32>(m >> u32(-sh), 0u, 0u);
     }
-    let us = u32(s);
+    let us = u32(sh);
     if (us < 32u) {
-        var hi = 0u;
+        var up = 0u;
         if (us > 0u) {
-            hi = m >> (32u - us);
+            up = m >> (32u - us);
         }
-        return vec3<u32>(m << us, hi, 0u);
+        return vec3<u32>(m << us, up, 0u);
     }
-    let t = us - 32u;
-    var hi2 = 0u;
-    if (t > 0u) {
-        hi2 = m >> (32u - t);
+    if (us < 64u) {
+        let u2 = us - 32u;
+        var up = 0u;
+        if (u2 > 0u) {
+            up = m >> (32u - u2);
+        }
+        return vec3<u32>(0u, m << u2, up);
     }
-    return vec3<u32>(0u, m << t, hi2);
+    return vec3<u32>(0u, 0u, m << (us - 64u));
+}
+
+// A weight in [0, 1] in 96-bit fixed point, units of 2^-72 (truncated), from its bits.
+fn fixed72(e: f32) -> vec3<u32> {
+    return fixed_at(e, 72);
 }
 
 // ---------------------------------------------------------------------------------

@@ -6,42 +6,6 @@
 // around them leave the threshold within about 3e-7 (|ymax| + n σ) of the contract's
 // f64 one (its tie band: 1e-6).
 
-// floor(v * 2^s) for a finite v >= 0, as a 96-bit integer (0 for a subnormal v);
-// v * 2^s must lie below 2^96.
-fn fixed_at(v: f32, s: i32) -> vec3<u32> {
-    let b = bitcast<u32>(v);
-    let ex = (b >> 23u) & 0xffu;
-    if (ex == 0u || (b & 0x80000000u) != 0u) {
-        return vec3<u32>(0u, 0u, 0u);
-    }
-    let m = (b & 0x7fffffu) | 0x800000u;
-    // v * 2^s = m * 2^(ex - 150 + s)
-    let sh = i32(ex) - 150 + s;
-    if (sh <= -24) {
-        return vec3<u32>(0u, 0u, 0u);
-    }
-    if (sh < 0) {
-        return vec3<u32>(m >> u32(-sh), 0u, 0u);
-    }
-    let us = u32(sh);
-    if (us < 32u) {
-        var up = 0u;
-        if (us > 0u) {
-            up = m >> (32u - us);
-        }
-        return vec3<u32>(m << us, up, 0u);
-    }
-    if (us < 64u) {
-        let u2 = us - 32u;
-        var up = 0u;
-        if (u2 > 0u) {
-            up = m >> (32u - u2);
-        }
-        return vec3<u32>(0u, m << u2, up);
-    }
-    return vec3<u32>(0u, 0u, m << (us - 64u));
-}
-
 // 2^e for -126 <= e <= 127.
 fn pow2(e: i32) -> f32 {
     return bitcast<f32>(u32(e + 127) << 23u);
