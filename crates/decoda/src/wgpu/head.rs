@@ -479,6 +479,21 @@ impl WgpuHead {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
+        // The device is idle, but a readback's callback may still be running on another
+        // thread that polls the same device (a sampler shared with this head): give such
+        // callbacks a moment to land (a mapping that failed never does).
+        let start = std::time::Instant::now();
+        while self
+            .ring
+            .iter()
+            .any(|r| r.step.is_some() && !r.ready.load(Ordering::Acquire))
+            && start.elapsed() < std::time::Duration::from_secs(2)
+        {
+            std::thread::yield_now();
+            self.device
+                .poll(wgpu::PollType::Poll)
+                .map_err(|e| Error::Device(format!("polling the device: {e}")))?;
+        }
         self.collect()
     }
 
