@@ -1176,12 +1176,12 @@ fn generate_on_wgpu_matches_the_cpu() {
     let (g, _, gd) = ids_with("wgpu", &dry);
     assert_eq!(c, g);
     assert_eq!(gd, 51);
-    // top-n-σ in the device head: no note, the same run twice, and the head's 2
-    // dispatches (its rows take the full-row path inside settle_finish). Sampled
-    // tokens are not compared with the CPU's: the two forwards' logits differ in
-    // rounding.
-    let sigma = || {
-        let (code, out, err) = run(&[
+    // top-n-σ and XTC in the device head: no note, the same run twice, and the head's 2
+    // dispatches (top-n-σ rows take the full-row path inside settle_finish; XTC's coin
+    // is drawn there). Sampled tokens are not compared with the CPU's: the two
+    // forwards' logits differ in rounding.
+    let sampled = |extra: &[&str]| {
+        let mut args = vec![
             "generate",
             "--model",
             m,
@@ -1191,22 +1191,27 @@ fn generate_on_wgpu_matches_the_cpu() {
             "12",
             "--temperature",
             "0.9",
-            "--top-n-sigma",
-            "1.5",
             "--seed",
             "4",
             "--device",
             "wgpu",
             "--json",
-        ]);
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = run(&args);
         assert_eq!(code, 0, "{err}");
         assert!(!err.contains("host"), "{err}");
         let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
         (v["tokens"].clone(), v["dispatches_per_step"].clone())
     };
-    let (first, sd) = sigma();
-    assert_eq!(sigma().0, first);
-    assert_eq!(sd, 50);
+    for extra in [
+        &["--top-n-sigma", "1.5"][..],
+        &["--xtc-probability", "0.8", "--xtc-threshold", "0.02"][..],
+    ] {
+        let (first, sd) = sampled(extra);
+        assert_eq!(sampled(extra).0, first, "{extra:?}");
+        assert_eq!(sd, 50, "{extra:?}");
+    }
 }
 
 /// `sample --mask`: int32 masks [B, W] (or one [W] for every row), the same masks as a

@@ -257,6 +257,16 @@ def test_device_head_matches_the_cpu_head():
     for _ in range(20):
         x = rng.standard_normal((2, 4000)).astype(np.float32)
         assert gpu.step(x).tokens.tolist() == cpu.step(x).tokens.tolist()
+    # and XTC, its coin drawn on the device at the slot's step, over peaked rows
+    gpu.leave(0)
+    cpu.leave(0)
+    for h in (gpu, cpu):
+        h.join(0, {"xtc_probability": 0.6, "xtc_threshold": 0.05, "min_p": 0.01},
+               seed=10, prompt=[3, 4])
+    for _ in range(20):
+        x = rng.standard_normal((2, 4000)).astype(np.float32)
+        x[:, [7, 900, 2500, 3999]] += [6.0, 5.5, 5.5, 5.0]
+        assert gpu.step(x).tokens.tolist() == cpu.step(x).tokens.tolist()
     # the stages the device head does not run yet are refused, naming the slot and the
     # field; so is a DRY window that could outgrow the device's 4,096 tokens
     gpu.leave(0)

@@ -178,12 +178,12 @@ impl SamplingParams {
         self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5
     }
 
-    /// Whether the row uses a stage the device kernels do not run yet (typical-p, XTC)
-    /// or asks for its kept distribution; the field named is the first such. DRY runs on
-    /// the device for windows of up to [`MAX_DEVICE_DRY_WINDOW`] tokens
-    /// ([`SamplingParams::beyond_device_with`]), top-n-σ always.
+    /// Whether the row uses a stage the device kernels do not run yet (typical-p) or asks
+    /// for its kept distribution; the field named is the first such. DRY runs on the
+    /// device for windows of up to [`MAX_DEVICE_DRY_WINDOW`] tokens
+    /// ([`SamplingParams::beyond_device_with`]), top-n-σ and XTC always.
     pub fn beyond_device(&self) -> Option<&'static str> {
-        self.beyond_device_at(0, true)
+        self.beyond_device_with(0)
     }
 
     /// DRY's window over a history of `len` tokens: `min(dry_penalty_last_n, len)`, `len`
@@ -201,18 +201,10 @@ impl SamplingParams {
     /// [`SamplingParams::beyond_device`], and `dry_penalty_last_n` when DRY's window over
     /// a history that reaches `history` tokens is longer than [`MAX_DEVICE_DRY_WINDOW`].
     pub fn beyond_device_with(&self, history: usize) -> Option<&'static str> {
-        self.beyond_device_at(history, true)
-    }
-
-    /// [`SamplingParams::beyond_device_with`], with XTC counted only when `xtc_acts` (its
-    /// coin fires at the row's step: otherwise the stage does nothing).
-    pub(crate) fn beyond_device_at(&self, history: usize, xtc_acts: bool) -> Option<&'static str> {
         if self.dry_window(history) > MAX_DEVICE_DRY_WINDOW {
             Some("dry_penalty_last_n")
         } else if self.typical_p < 1.0 {
             Some("typical_p")
-        } else if self.xtc_on() && xtc_acts {
-            Some("xtc_probability")
         } else if self.kept.is_some() {
             Some("kept")
         } else {

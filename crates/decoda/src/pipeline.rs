@@ -173,12 +173,9 @@ impl<'a> Row<'a> {
         xtc_fires(&self.request.params, self.request.state.seed, self.step)
     }
 
-    /// [`Request::beyond_device`] at this row's step: XTC counts only when its coin
-    /// fires ([`Row::xtc_acts`]).
+    /// [`Request::beyond_device`].
     pub fn beyond_device(&self) -> Option<&'static str> {
-        let s = &self.request.state;
-        let p = &self.request.params;
-        p.beyond_device_at(s.prompt.len() + s.output.len(), self.xtc_acts())
+        self.request.beyond_device()
     }
 }
 

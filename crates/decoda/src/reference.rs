@@ -22,6 +22,9 @@ pub struct TieReport {
     /// Smallest distance of a finite `y` to the top-n-σ threshold `τ`, relative to
     /// `|ymax| + n σ` (`inf` when top-n-σ was off).
     pub sigma_margin: f64,
+    /// Smallest distance of a kept token's XTC probability `q` to the threshold (`inf`
+    /// when XTC did not act).
+    pub xtc_margin: f64,
 }
 
 impl TieReport {
@@ -32,11 +35,12 @@ impl TieReport {
 
     /// Whether the kept set may differ by a token on another backend: a top-p or
     /// typical-p cumulative sum came within `1e-6` of `p`
-    /// ([`TieReport::is_top_p_tie`]), or a finite `y` within `1e-6 (|ymax| + n σ)` of
+    /// ([`TieReport::is_top_p_tie`]), a finite `y` within `1e-6 (|ymax| + n σ)` of
     /// the top-n-σ threshold (the device's f32 threshold lies within that of the f64
-    /// one).
+    /// one), or an XTC probability within `1e-6` of its threshold (the device's
+    /// fixed-point sums put `q` within about `4e-7`).
     pub fn is_set_tie(&self) -> bool {
-        self.is_top_p_tie() || self.sigma_margin <= 1e-6
+        self.is_top_p_tie() || self.sigma_margin <= 1e-6 || self.xtc_margin <= 1e-6
     }
 
     /// Whether a top-p cumulative sum came within `1e-6` of `p`: the kept set may then
@@ -98,6 +102,7 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
         s_gap_ulps: u32::MAX,
         top_p_margin: f64::INFINITY,
         sigma_margin: f64::INFINITY,
+        xtc_margin: f64::INFINITY,
     };
 
     // Section 5: non-finite logits.
@@ -170,7 +175,7 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
     stage_min_p(&y, ymax, p.min_p, &mut keep);
     // Stage 8a: XTC.
     if pl::xtc_fires(p, req.state.seed, req.step()) {
-        stage_xtc(&y, p.xtc_threshold, &mut keep);
+        tie.xtc_margin = stage_xtc(&y, p.xtc_threshold, &mut keep);
     }
 
     // Stage 10: the Gumbel draw over S.
@@ -289,22 +294,26 @@ fn stage_typical(y: &[f32], p: f32, keep: &mut [bool]) -> f64 {
     margin
 }
 
-/// Stage 8a over the kept tokens (its coin already came up).
-fn stage_xtc(y: &[f32], threshold: f32, keep: &mut [bool]) {
+/// Stage 8a over the kept tokens (its coin already came up); returns the smallest
+/// distance of a kept token's `q` to the threshold (`inf` for a set of one).
+fn stage_xtc(y: &[f32], threshold: f32, keep: &mut [bool]) -> f64 {
     let ids: Vec<usize> = (0..y.len()).filter(|&i| keep[i]).collect();
     if ids.len() < 2 {
-        return;
+        return f64::INFINITY;
     }
     let ymax = kept_max(y, keep);
     let sum: f64 = ids.iter().map(|&i| f64::from(pl::weight(y[i], ymax))).sum();
-    let set = ids
+    let q = |i: usize| pl::prob64(pl::weight(y[i], ymax), sum);
+    let margin = ids
         .iter()
-        .map(|&i| (y[i], pl::prob64(pl::weight(y[i], ymax), sum)));
-    if let Some(low) = pl::xtc_cut(set, threshold) {
+        .map(|&i| (q(i) - f64::from(threshold)).abs())
+        .fold(f64::INFINITY, f64::min);
+    if let Some(low) = pl::xtc_cut(ids.iter().map(|&i| (y[i], q(i))), threshold) {
         for &i in &ids {
             keep[i] = y[i] <= low;
         }
     }
+    margin
 }
 
 /// Stage 8: keeps `y >= ymax + ln(min_p)` (nothing removed when `min_p = 0`).

@@ -226,13 +226,13 @@ fn later_stages_refused_by_the_device_head() {
     }
     head.join(1, SlotRequest::new(SamplingParams::default()).seed(3))
         .unwrap();
-    let xtc = SamplingParams {
-        xtc_probability: 0.5,
+    let kept = SamplingParams {
+        kept: Some(4),
         ..SamplingParams::default()
     };
-    match head.set_params(1, xtc) {
+    match head.set_params(1, kept) {
         Err(decoda::Error::InvalidParameter { row: 1, field, .. }) => {
-            assert_eq!(field, "xtc_probability")
+            assert_eq!(field, "kept")
         }
         other => panic!("expected a refusal, got {other:?}"),
     }

@@ -1306,7 +1306,7 @@ mod tests {
         })
     }
 
-    /// A top-p or top-n-σ tie excuses a different token, and the same token with
+    /// A top-p, top-n-σ or XTC tie excuses a different token, and the same token with
     /// logprobs over another kept set; a tie of the draw (`s` within 4 ulp) excuses only
     /// the token.
     #[test]
@@ -1315,6 +1315,7 @@ mod tests {
             s_gap_ulps: u32::MAX,
             top_p_margin: f64::INFINITY,
             sigma_margin: f64::INFINITY,
+            xtc_margin: f64::INFINITY,
         };
         let top_p = TieReport {
             top_p_margin: 3e-8,
@@ -1332,6 +1333,14 @@ mod tests {
             sigma_margin: 1e-4,
             ..none
         };
+        let xtc = TieReport {
+            xtc_margin: 5e-7,
+            ..none
+        };
+        let far_xtc = TieReport {
+            xtc_margin: 2e-6,
+            ..none
+        };
         let (want, close, shifted) = (row(7, -2.0), row(7, -2.000_01), row(7, -2.000_05));
         let other = row(8, -2.0);
         assert!(matches!(
@@ -1347,5 +1356,8 @@ mod tests {
         assert_eq!(classify(&shifted, &want, &sigma), Verdict::AllowedTie);
         assert_eq!(classify(&other, &want, &sigma), Verdict::AllowedTie);
         assert_eq!(classify(&other, &want, &far_sigma), Verdict::Mismatch);
+        assert_eq!(classify(&shifted, &want, &xtc), Verdict::AllowedTie);
+        assert_eq!(classify(&other, &want, &xtc), Verdict::AllowedTie);
+        assert_eq!(classify(&other, &want, &far_xtc), Verdict::Mismatch);
     }
 }

@@ -135,6 +135,7 @@ pub const MIXES: &[&str] = &[
     "long_history",
     "dry",
     "top_n_sigma",
+    "xtc",
 ];
 
 /// A request for a row of `v` logits with parameter mix `mix` (an index into [`MIXES`]),
@@ -234,6 +235,16 @@ pub fn mixed_request(rng: &mut Rng, v: usize, mix: usize) -> Request {
                 ..base
             }
         }
+        "xtc" => SamplingParams {
+            xtc_probability: [0.5, 1.0][rng.below(2) as usize],
+            xtc_threshold: [0.01, 0.1, 0.3][rng.below(3) as usize],
+            top_k: [0, 40][rng.below(2) as usize],
+            top_p: [1.0, 0.9][rng.below(2) as usize],
+            min_p: [0.0, 0.05][rng.below(2) as usize],
+            logprobs: [None, Some(3)][rng.below(2) as usize],
+            logprobs_mode: LogprobsMode::Processed,
+            ..base
+        },
         _ => {
             history = 3000;
             SamplingParams {

@@ -23,6 +23,7 @@ pub const CONFIGS: &[&str] = &[
     "topnsigma1",
     "typical095",
     "xtc",
+    "minp005_xtc",
 ];
 
 /// Parameters of a named configuration (all sampled ones at temperature 0.8), or `None`.
@@ -37,7 +38,7 @@ pub const CONFIGS: &[&str] = &[
 /// half the tokens at random, or 1,000 of them, a grammar state's few choices);
 /// `dry` = DRY 0.8 / 1.75 / 2 over 256 history tokens with repeats; `topnsigma1` =
 /// top-n-σ 1; `typical095` = typical-p 0.95; `xtc` = XTC at probability 0.5, threshold
-/// 0.1.
+/// 0.1; `minp005_xtc` = min-p 0.05 then that XTC (llama.cpp's usual XTC chain).
 pub fn config(name: &str) -> Option<SamplingParams> {
     let t = SamplingParams {
         temperature: 0.8,
@@ -72,6 +73,12 @@ pub fn config(name: &str) -> Option<SamplingParams> {
             ..t
         },
         "xtc" => SamplingParams {
+            xtc_probability: 0.5,
+            xtc_threshold: 0.1,
+            ..t
+        },
+        "minp005_xtc" => SamplingParams {
+            min_p: 0.05,
             xtc_probability: 0.5,
             xtc_threshold: 0.1,
             ..t

@@ -167,9 +167,8 @@ impl WgpuSampler {
 
 impl WgpuSampler {
     /// A call with rows whose stages the kernels do not run yet
-    /// ([`crate::pipeline::Row::beyond_device`]: top-n-σ, typical-p, XTC whose coin
-    /// fires at the row's step, the kept distribution, a DRY window longer than the
-    /// kernels hold): those rows are drawn by the CPU sampler from the host's logits (the
+    /// ([`crate::pipeline::Row::beyond_device`]: typical-p, the kept distribution, a DRY
+    /// window longer than the kernels hold): those rows are drawn by the CPU sampler from the host's logits (the
     /// same contract), the others on the device; results in the rows' order.
     fn sample_rows_split(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
         let (host, device): (Vec<usize>, Vec<usize>) =
@@ -235,17 +234,19 @@ impl Backend for WgpuSampler {
 
     /// The filters run once per row, then the Gumbel-max over the kept set runs once per
     /// draw at its own step, spread over as many invocations as the row needs. Rows
-    /// asking for logprobs go through per-step calls.
+    /// asking for logprobs, or with XTC (whose coin changes the kept set from step to
+    /// step), go through per-step calls.
     fn sample_rows_draws(
         &self,
         logits: &Logits<'_>,
         rows: &[Row<'_>],
         draws: usize,
     ) -> Result<Vec<Vec<RowResult>>> {
-        if rows
-            .iter()
-            .any(|r| r.params.logprobs.is_some() || r.request().beyond_device().is_some())
-            || !pl::reads_in_order(rows, logits.rows())
+        if rows.iter().any(|r| {
+            r.params.logprobs.is_some()
+                || r.params.xtc_on()
+                || r.request().beyond_device().is_some()
+        }) || !pl::reads_in_order(rows, logits.rows())
         {
             return crate::backend::draws_by_steps(self, logits, rows, draws);
         }

@@ -54,6 +54,9 @@ pub(crate) const F_DRY: u32 = 64;
 /// Stage 5a (top-n-σ): the row takes the full-row path, which computes its threshold
 /// first (`step/sigma.wgsl`).
 pub(crate) const F_TOP_N_SIGMA: u32 = 128;
+/// Stage 8a (XTC) is on: settle draws its coin at the slot's step; when it fires the
+/// row is filtered (list or full-row path) and its top choices removed.
+pub(crate) const F_XTC: u32 = 256;
 
 /// `Call.mode`: advance the slot state in `finish` (a head's step).
 pub(crate) const M_HEAD: u32 = 1;
@@ -142,6 +145,10 @@ pub(crate) struct SlotU {
     pub dry_brk_len: u32,
     /// Stage 5a's `n` (with `F_TOP_N_SIGMA`).
     pub top_n_sigma: f32,
+    /// Stage 8a's probability (with `F_XTC`).
+    pub xtc_p: f32,
+    /// Stage 8a's threshold (with `F_XTC`).
+    pub xtc_thr: f32,
 }
 
 /// Storage buffers one kernel binds.
@@ -230,7 +237,8 @@ mod tests {
                 &fields!(SlotU; temperature, top_k, top_p, ln_min_p, rep, freq, pres, flags,
                     seed_lo, seed_hi, n_lp, bias_off, bias_len, stop_off, stop_len, hist_off,
                     hist_len, max_lo, max_hi, pen_slot, dry_allowed, dry_n, dry_tab_off,
-                    dry_tab_len, dry_brk_off, dry_brk_len, top_n_sigma),
+                    dry_tab_len, dry_brk_off, dry_brk_len, top_n_sigma, xtc_p,
+                    xtc_thr),
             );
         }
     }
@@ -312,6 +320,7 @@ mod tests {
             ("DRY_CAP", DRY_CAP as u64),
             ("F_DRY", u64::from(F_DRY)),
             ("F_TOP_N_SIGMA", u64::from(F_TOP_N_SIGMA)),
+            ("F_XTC", u64::from(F_XTC)),
             ("DRAW_WG", DRAW_WG as u64),
             ("F_TOUCH", u64::from(F_TOUCH)),
             ("F_LOGPROBS", u64::from(F_LOGPROBS)),

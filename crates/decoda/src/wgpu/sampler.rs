@@ -862,6 +862,8 @@ pub(crate) fn slot_params(
         dry_allowed: p.dry_allowed_length,
         dry_n: u32::try_from(p.dry_penalty_last_n).unwrap_or(u32::MAX),
         top_n_sigma: p.top_n_sigma,
+        xtc_p: p.xtc_probability,
+        xtc_thr: p.xtc_threshold,
         ..SlotU::default()
     })
 }
@@ -935,6 +937,9 @@ pub(crate) fn row_flags(p: &crate::params::SamplingParams, vocab: usize) -> u32 
     }
     if p.top_n_sigma > 0.0 {
         flags |= F_TOP_N_SIGMA;
+    }
+    if p.xtc_on() {
+        flags |= F_XTC;
     }
     flags
 }

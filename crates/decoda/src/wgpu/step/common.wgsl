@@ -49,6 +49,7 @@ const SS_HIST: u32 = 5u;    // slot state word: the history's length (a head's D
 const DRY_CAP: u32 = 4096u; // most tokens a DRY window holds on the device (a power of two)
 const NEG_INF_BITS: u32 = 0xff800000u;
 const TWO_M40: f32 = 9.094947017729282e-13; // 2^-40
+const TWO_M32: f32 = 2.3283064365386963e-10; // 2^-32
 const GUMBEL_MAX: f32 = 17.0;               // above every Gumbel value the noise can take
 const R_HEADROOM: f32 = 20.0;               // R = m0 + 20: the top-p mass reference
 const LIST_TARGET: u32 = 512u;              // candidates the threshold aims at
@@ -79,7 +80,7 @@ const S_P_CUT: u32 = 14u;
 const S_TAU_Q: u32 = 15u;
 const S_SUM: u32 = 16u;      // full-row path: top-p normaliser in 2^-40 units, as f32
 const S_LSE: u32 = 17u;
-const S_VMAX: u32 = 18u;
+const S_VMAX: u32 = 18u;     // the largest y kept (below ymax when XTC removed the top; +inf: ymax)
 const S_LP: u32 = 19u;       // 1: the lp pass computes this row's log-probabilities
 const S_LP_DONE: u32 = 20u;  // 1: settle wrote them
 const S_K_LEVEL: u32 = 21u;  // full-row radix selects
@@ -111,6 +112,7 @@ const F_TOP_K: u32 = 16u;
 const F_MIN_P: u32 = 32u;
 const F_DRY: u32 = 64u;      // stage 3a: the probe computes the slot's DRY area
 const F_TOP_N_SIGMA: u32 = 128u;   // stage 5a (top-n-σ): the full-row path (step/sigma.wgsl)
+const F_XTC: u32 = 256u;     // stage 8a (XTC) is on (`xtc_fires` says whether it acts)
 
 // Call.mode bits
 const M_HEAD: u32 = 1u;      // advance the slot state in finish
@@ -170,6 +172,8 @@ struct SlotP {
     dry_brk_off: u32, // lists offset of the breakers: (length, ids...) each
     dry_brk_len: u32, // words of the breakers
     top_n_sigma: f32, // stage 5a's n (F_TOP_N_SIGMA)
+    xtc_p: f32,       // stage 8a's probability (F_XTC)
+    xtc_thr: f32,     // stage 8a's threshold (F_XTC)
 }
 
 @group(0) @binding(0) var<uniform> call: Call;
@@ -563,6 +567,18 @@ fn gumbel_bound(x: u32) -> f32 {
 // The slot's step as two words.
 fn step_of(slot: u32) -> vec2<u32> {
     return vec2<u32>(sstate[slot * SSW], sstate[slot * SSW + 1u]);
+}
+
+// Whether stage 8a, XTC, acts on the slot's row at its step: it is on and its coin, the
+// uniform of Philox word 0 at counter (0, step, 1) (stream 1), is at most its probability.
+fn xtc_fires(slot: u32, sp: SlotP) -> bool {
+    if ((sp.flags & F_XTC) == 0u) {
+        return false;
+    }
+    let stp = step_of(slot);
+    let w = philox(vec4<u32>(0u, stp.x, stp.y, 1u), vec2<u32>(sp.seed_lo, sp.seed_hi));
+    let u = f32(2u * (w.x >> 9u) + 1u) * (1.0 / 16777216.0);
+    return u <= sp.xtc_p;
 }
 
 // Whether the row's temperature makes it greedy before the data is seen (T < 1e-5).

@@ -2,7 +2,7 @@
 // lp: read 2 (rows with raw or unfiltered log-probabilities, and full-row draws).
 
 // Stage-10 membership and y of token i of a sampling row (the full-row path's filters,
-// or none).
+// or none; S_VMAX is XTC's upper bound).
 struct Member {
     inside: bool,
     y: f32,
@@ -14,7 +14,8 @@ fn member(row: u32, z: f32, t: f32) -> Member {
     }
     let y = div_rn(z, t);
     let yk = cmp_key(y);
-    if (yk < cmp_key(sgetf(row, S_TAU_K)) || yk < cmp_key(sgetf(row, S_TAU_MIN))) {
+    if (yk < cmp_key(sgetf(row, S_TAU_K)) || yk < cmp_key(sgetf(row, S_TAU_MIN))
+        || yk > cmp_key(sgetf(row, S_VMAX))) {
         return Member(false, y);
     }
     if (sget(row, S_P_CUT) != 0u) {
@@ -50,7 +51,10 @@ fn vmax_of(row: u32, sp: SlotP, status: u32) -> f32 {
     if (status == 1u) {
         return sgetf(row, S_ZMAX);
     }
-    return sgetf(row, S_YMAX);
+    // the top of the kept set: below ymax when XTC removed its top choices
+    let top = sgetf(row, S_VMAX);
+    let ymax = sgetf(row, S_YMAX);
+    return select(ymax, top, cmp_key(top) < cmp_key(ymax));
 }
 
 fn before_in_rank(v: f32, i: u32, w: f32, j: u32) -> bool {

@@ -2,8 +2,8 @@
 // The full-row path: exact radix selects over the whole row, by one workgroup (the old
 // multi-pass algorithm: top-k's k-th value by counts, then top-p's cut by masses in
 // 2^-40 units against ymax, three 11/11/10-bit levels each), after top-n-σ's threshold
-// (step/sigma.wgsl) for rows that use it: they always take this path. The draw then
-// runs in lp with `member`.
+// (step/sigma.wgsl) for rows that use it: they always take this path; then XTC's upper
+// bound when its coin fired (`xtc_full`). The draw then runs in lp with `member`.
 
 fn digit_shift(level: u32) -> u32 {
     if (level == 0u) {
@@ -42,7 +42,8 @@ fn in_prefix(key: u32, level: u32, prefix: u32) -> bool {
 
 // `fm`: a top-n-σ row's count of finite z and the complement of its smallest z's key
 // (from the scan).
-fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, fm: vec2<u32>) {
+// `xf`: XTC acts at this step.
+fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, fm: vec2<u32>, xf: bool) {
     let t = sp.temperature;
     let hb = hbase(row);
     if (lid == 0u) {
@@ -207,6 +208,39 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, fm: vec2<u32>) 
             storageBarrier();
         }
     }
+    if (wg_flag(lid, xf)) {
+        xtc_full(lid, row, slot, sp, ymax);
+    }
+}
+
+// Stage 8a on the full-row path (its coin fired), over the kept set so far (`member`),
+// in two reads of the row: the set's mass Σ w (w = exp(y - ymax), in 2^-40 units), then
+// its top choices (w >= threshold Σ w): with two or more, the smallest y among them
+// bounds the set from above (S_VMAX; its ties stay).
+fn xtc_full(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) {
+    let t = sp.temperature;
+    var acc = vec2<u32>(0u, 0u);
+    for (var i = lid; i < call.vocab; i = i + WG) {
+        let mb = member(row, z_of(slot, sp, i, load_x(row, i)), t);
+        if (mb.inside) {
+            acc = add64(acc, fixed40(exp_f32(mb.y - ymax)));
+        }
+    }
+    let bar = sp.xtc_thr * (val64(wg_sum64(lid, acc)) * TWO_M40);
+    var c = 0u;
+    var low = 0u;
+    for (var i = lid; i < call.vocab; i = i + WG) {
+        let mb = member(row, z_of(slot, sp, i, load_x(row, i)), t);
+        if (mb.inside && exp_f32(mb.y - ymax) >= bar) {
+            c = c + 1u;
+            low = max(low, ~cmp_key(mb.y));
+        }
+    }
+    let top = wg_sum_max(lid, c, low);
+    if (lid == 0u && top.x >= 2u) {
+        ssetf(row, S_VMAX, from_key(~top.y));
+    }
+    storageBarrier();
 }
 
 @compute @workgroup_size(256)
@@ -332,7 +366,9 @@ fn settle_row(lid: u32, row: u32) {
         }
     }
     let st = wg_uniform(lid, status);
-    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA)) != 0u;
+    // stage 8a acts at this step: the row is filtered even with no other filter
+    let xf = xtc_fires(slot, sp);
+    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA)) != 0u || xf;
     if (lid == 0u) {
         sset(row, S_STATUS, status);
         sset(row, S_COUNT, count);
@@ -340,6 +376,7 @@ fn settle_row(lid: u32, row: u32) {
         ssetf(row, S_YMAX, ymax);
         ssetf(row, S_XMAX, from_key(a.y));
         ssetf(row, S_TAU_K, neg_inf());
+        ssetf(row, S_VMAX, bitcast<f32>(0x7f800000u));
         var tau_min = neg_inf();
         if ((sp.flags & F_MIN_P) != 0u && !is_neg_inf(ymax)) {
             tau_min = ymax + sp.ln_min_p;
@@ -367,7 +404,9 @@ fn settle_row(lid: u32, row: u32) {
     storageBarrier();
     if (wg_flag(lid, st == 0u && filt)) {
         let n_all = wg_uniform(lid, atomicLoad(&ctr[2u * row]));
-        let need = sget(row, S_NEED);
+        // without a probe (M_LIGHT: a row filtered only by top-n-σ or XTC) no list was
+        // built, whatever an earlier call left in the row's state
+        let need = select(sget(row, S_NEED), 0u, (call.mode & M_LIGHT) != 0u);
         let p_alone = (sp.flags & F_TOP_P) != 0u && (sp.flags & F_TOP_K) == 0u;
         let ok_list = wg_flag(
             lid,
@@ -377,10 +416,10 @@ fn settle_row(lid: u32, row: u32) {
         );
         var done = false;
         if (ok_list) {
-            done = settle_list(lid, row, slot, sp, n_all, ymax, s96);
+            done = settle_list(lid, row, slot, sp, n_all, ymax, s96, xf);
         }
         if (!wg_flag(lid, done)) {
-            full_row(lid, row, slot, sp, ymax, fm);
+            full_row(lid, row, slot, sp, ymax, fm, xf);
             if (lid == 0u) {
                 sset(row, S_PATH, P_FULL);
             }

@@ -68,8 +68,10 @@ fn wg_scan96(lid: u32, v: vec3<u32>) -> vec3<u32> {
 }
 
 // The list path of a filtered row: true when the candidates settle it (then the token is
-// in S_TOKEN, and the kept set is the first S_NS candidates).
-fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>) -> bool {
+// in S_TOKEN, and the kept set is the first S_NS candidates, less XTC's top choices when
+// `xf`, its coin fired: rows whose XTC is on never reach `draw_many`).
+fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>,
+               xf: bool) -> bool {
     sort_list(lid, row, n);
     let tk = wg_flag(lid, (sp.flags & F_TOP_K) != 0u);
     let tp = wg_flag(lid, (sp.flags & F_TOP_P) != 0u);
@@ -168,12 +170,39 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
         return false;
     }
     let n_s = min(min(n_k, n_p), n_m);
-    // the draw: Gumbel-max over the kept prefix
+    // stage 8a, XTC: the kept set is the list's first n_s, so its top choices (q >= the
+    // threshold) come first; with two or more, the tokens above the least likely one
+    // leave (its ties stay): the set becomes candidates j0..n_s, topped by `vtop`
+    var j0 = 0u;
+    var vtop = ymax;
+    if (wg_flag(lid, xf && n_s >= 2u)) {
+        var part_sum = vec3<u32>(0u, 0u, 0u);
+        for (var j = lid; j < n_s; j = j + WG) {
+            part_sum = add96(part_sum, fixed72(exp_f32(bitcast<f32>(entry(row, j).y) - ymax)));
+        }
+        let bar = sp.xtc_thr * (val96(wg_sum96(lid, part_sum)) * TWO_M40 * TWO_M32);
+        var c = 0u;
+        var last = 0u;
+        for (var j = lid; j < n_s; j = j + WG) {
+            if (exp_f32(bitcast<f32>(entry(row, j).y) - ymax) >= bar) {
+                c = c + 1u;
+                last = max(last, j);
+            }
+        }
+        let top = wg_sum_max(lid, c, last);
+        if (wg_flag(lid, top.x >= 2u)) {
+            // the least likely top choice is the last in the list's order
+            let low = wg_uniform(lid, entry(row, top.y).y);
+            vtop = bitcast<f32>(low);
+            j0 = count_at_least(lid, row, n_s, cmp_key(vtop) + 1u);
+        }
+    }
+    // the draw: Gumbel-max over the kept candidates
     let stp = step_of(slot);
     let seed = vec2<u32>(sp.seed_lo, sp.seed_hi);
     var bk = 0u;
     var bi = NO_TOKEN;
-    for (var j = lid; j < n_s; j = j + WG) {
+    for (var j = j0 + lid; j < n_s; j = j + WG) {
         let en = entry(row, j);
         let sk = cmp_key(bitcast<f32>(en.y) + gumbel(noise_word(en.x, seed, stp.x, stp.y)));
         if (sk > bk || (sk == bk && en.x < bi)) {
@@ -189,9 +218,9 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
     if (wg_flag(lid, lp_on)) {
         var acc = vec2<u32>(0u, 0u);
         var at = NO_TOKEN;
-        for (var j = lid; j < n_s; j = j + WG) {
+        for (var j = j0 + lid; j < n_s; j = j + WG) {
             let en = entry(row, j);
-            acc = add64(acc, fixed40(exp_diff(bitcast<f32>(en.y), ymax)));
+            acc = add64(acc, fixed40(exp_diff(bitcast<f32>(en.y), vtop)));
             if (en.x == w.y) {
                 at = j;
             }
@@ -211,15 +240,15 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
         }
         if (lp_on && w.y != NO_TOKEN) {
             let ob = row * RESW + 2u;
-            let n = min(min(sp.n_lp, NTOP), n_s);
+            let n = min(min(sp.n_lp, NTOP), n_s - j0);
             for (var j = 0u; j < n; j = j + 1u) {
-                let en = entry(row, j);
+                let en = entry(row, j0 + j);
                 out_res[ob + 3u + 2u * j] = en.x;
-                out_res[ob + 4u + 2u * j] = bitcast<u32>(fp(bitcast<f32>(en.y) - ymax) - lse);
+                out_res[ob + 4u + 2u * j] = bitcast<u32>(fp(bitcast<f32>(en.y) - vtop) - lse);
             }
             let yc = bitcast<f32>(entry(row, pos).y);
-            out_res[ob] = bitcast<u32>(fp(yc - ymax) - lse);
-            out_res[ob + 1u] = pos + 1u;
+            out_res[ob] = bitcast<u32>(fp(yc - vtop) - lse);
+            out_res[ob + 1u] = pos - j0 + 1u;
             out_res[ob + 2u] = n;
             sset(row, S_LP_DONE, 1u);
         }
