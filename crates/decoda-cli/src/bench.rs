@@ -16,7 +16,7 @@ use crate::device::Device;
 pub struct BenchArgs {
     /// Configurations (comma list) from: greedy, temp, topk50, topp09, topk50_topp09,
     /// minp005, minp01, full, topp095, topp098, topp099, mask_dense, mask_sparse, dry,
-    /// topnsigma1, typical095, xtc, minp005_xtc (typical095 on the CPU only for now).
+    /// topnsigma1, typical095, xtc, minp005_xtc.
     #[arg(
         long,
         value_delimiter = ',',

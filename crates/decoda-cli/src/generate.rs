@@ -299,7 +299,7 @@ fn engine(
         Some(s) => {
             if cpu_head && !a.host_sampling {
                 eprintln!(
-                    "note: typical-p, kept or a DRY window past 4,096 tokens are sampled \
+                    "note: kept or a DRY window past 4,096 tokens are sampled \
                      on the host for now (the device head does not run them yet)"
                 );
             }

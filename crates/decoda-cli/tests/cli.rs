@@ -1176,9 +1176,9 @@ fn generate_on_wgpu_matches_the_cpu() {
     let (g, _, gd) = ids_with("wgpu", &dry);
     assert_eq!(c, g);
     assert_eq!(gd, 51);
-    // top-n-σ and XTC in the device head: no note, the same run twice, and the head's 2
-    // dispatches (top-n-σ rows take the full-row path inside settle_finish; XTC's coin
-    // is drawn there). Sampled tokens are not compared with the CPU's: the two
+    // top-n-σ, XTC and typical-p in the device head: no note, the same run twice, and
+    // the head's 2 dispatches (top-n-σ and typical-p rows take the full-row path inside
+    // settle_finish; XTC's coin is drawn there). Sampled tokens are not compared with the CPU's: the two
     // forwards' logits differ in rounding.
     let sampled = |extra: &[&str]| {
         let mut args = vec![
@@ -1207,6 +1207,7 @@ fn generate_on_wgpu_matches_the_cpu() {
     for extra in [
         &["--top-n-sigma", "1.5"][..],
         &["--xtc-probability", "0.8", "--xtc-threshold", "0.02"][..],
+        &["--typical-p", "0.7"][..],
     ] {
         let (first, sd) = sampled(extra);
         assert_eq!(sampled(extra).0, first, "{extra:?}");

@@ -267,11 +267,19 @@ def test_device_head_matches_the_cpu_head():
         x = rng.standard_normal((2, 4000)).astype(np.float32)
         x[:, [7, 900, 2500, 3999]] += [6.0, 5.5, 5.5, 5.0]
         assert gpu.step(x).tokens.tolist() == cpu.step(x).tokens.tolist()
-    # the stages the device head does not run yet are refused, naming the slot and the
+    # and typical-p
+    gpu.leave(0)
+    cpu.leave(0)
+    for h in (gpu, cpu):
+        h.join(0, {"typical_p": 0.8, "top_k": 100}, seed=11, prompt=[3, 4])
+    for _ in range(20):
+        x = rng.standard_normal((2, 4000)).astype(np.float32)
+        assert gpu.step(x).tokens.tolist() == cpu.step(x).tokens.tolist()
+    # what the device head does not run yet are refused, naming the slot and the
     # field; so is a DRY window that could outgrow the device's 4,096 tokens
     gpu.leave(0)
-    with pytest.raises(ValueError, match="typical_p"):
-        gpu.join(0, {"typical_p": 0.9})
+    with pytest.raises(ValueError, match="kept"):
+        gpu.join(0, {"kept": 4})
     with pytest.raises(ValueError, match="dry_penalty_last_n"):
         gpu.join(0, {"dry_multiplier": 0.5})
 

@@ -178,10 +178,10 @@ impl SamplingParams {
         self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5
     }
 
-    /// Whether the row uses a stage the device kernels do not run yet (typical-p) or asks
-    /// for its kept distribution; the field named is the first such. DRY runs on the
-    /// device for windows of up to [`MAX_DEVICE_DRY_WINDOW`] tokens
-    /// ([`SamplingParams::beyond_device_with`]), top-n-σ and XTC always.
+    /// Whether the row asks for its kept distribution, which the device kernels do not
+    /// compute yet (the field named). DRY runs on the device for windows of up to
+    /// [`MAX_DEVICE_DRY_WINDOW`] tokens ([`SamplingParams::beyond_device_with`]);
+    /// top-n-σ, typical-p and XTC always.
     pub fn beyond_device(&self) -> Option<&'static str> {
         self.beyond_device_with(0)
     }
@@ -203,8 +203,6 @@ impl SamplingParams {
     pub fn beyond_device_with(&self, history: usize) -> Option<&'static str> {
         if self.dry_window(history) > MAX_DEVICE_DRY_WINDOW {
             Some("dry_penalty_last_n")
-        } else if self.typical_p < 1.0 {
-            Some("typical_p")
         } else if self.kept.is_some() {
             Some("kept")
         } else {

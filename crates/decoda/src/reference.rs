@@ -25,6 +25,10 @@ pub struct TieReport {
     /// Smallest distance of a kept token's XTC probability `q` to the threshold (`inf`
     /// when XTC did not act).
     pub xtc_margin: f64,
+    /// Smallest distance of a typical-p score to the cut `s*`, relative to
+    /// `1 + |y| + |ymax|`, over the tokens whose `y` differs from every `y` scoring `s*`
+    /// (`inf` when typical-p was off or cut nothing).
+    pub typical_margin: f64,
 }
 
 impl TieReport {
@@ -37,10 +41,14 @@ impl TieReport {
     /// typical-p cumulative sum came within `1e-6` of `p`
     /// ([`TieReport::is_top_p_tie`]), a finite `y` within `1e-6 (|ymax| + n σ)` of
     /// the top-n-σ threshold (the device's f32 threshold lies within that of the f64
-    /// one), or an XTC probability within `1e-6` of its threshold (the device's
-    /// fixed-point sums put `q` within about `4e-7`).
+    /// one), an XTC probability within `1e-6` of its threshold (the device's
+    /// fixed-point sums put `q` within about `4e-7`), or a typical-p score within
+    /// `1e-5 (1 + |y| + |ymax|)` of the cut (the device scores `|y - c|` in f32).
     pub fn is_set_tie(&self) -> bool {
-        self.is_top_p_tie() || self.sigma_margin <= 1e-6 || self.xtc_margin <= 1e-6
+        self.is_top_p_tie()
+            || self.sigma_margin <= 1e-6
+            || self.xtc_margin <= 1e-6
+            || self.typical_margin <= 1e-5
     }
 
     /// Whether a top-p cumulative sum came within `1e-6` of `p`: the kept set may then
@@ -103,6 +111,7 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
         top_p_margin: f64::INFINITY,
         sigma_margin: f64::INFINITY,
         xtc_margin: f64::INFINITY,
+        typical_margin: f64::INFINITY,
     };
 
     // Section 5: non-finite logits.
@@ -161,8 +170,9 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
     }
     // Stage 6a: typical-p over K.
     if p.typical_p < 1.0 {
-        let m = stage_typical(&y, p.typical_p, &mut keep);
+        let (m, s) = stage_typical(&y, p.typical_p, &mut keep);
         tie.top_p_margin = tie.top_p_margin.min(m);
+        tie.typical_margin = s;
     }
     // From here on, ymax is the largest kept value (typical-p may have removed the top).
     let ymax = kept_max(&y, &keep);
@@ -280,18 +290,36 @@ fn stage_top_n_sigma(y: &[f32], ymax: f32, n: f32, keep: &mut [bool]) -> f64 {
 }
 
 /// Stage 6a over the kept tokens: keeps those whose typical score is at most the cut's;
-/// returns the walk's distance to `p`.
-fn stage_typical(y: &[f32], p: f32, keep: &mut [bool]) -> f64 {
+/// returns the walk's distance to `p` and the scores' distance to the cut
+/// ([`TieReport::typical_margin`]).
+fn stage_typical(y: &[f32], p: f32, keep: &mut [bool]) -> (f64, f64) {
     let ids: Vec<usize> = (0..y.len()).filter(|&i| keep[i]).collect();
     let ymax = kept_max(y, keep);
     let w: Vec<f32> = ids.iter().map(|&i| pl::weight(y[i], ymax)).collect();
     let sum: f64 = w.iter().map(|&e| f64::from(e)).sum();
     let q: Vec<f64> = w.iter().map(|&e| pl::prob64(e, sum)).collect();
     let (h, cut, margin) = pl::typical_cut(&q, p);
-    for (&i, &qi) in ids.iter().zip(&q) {
-        keep[i] = pl::typical_score(qi, h) <= cut;
+    let scores: Vec<f64> = q.iter().map(|&qi| pl::typical_score(qi, h)).collect();
+    for (&i, &s) in ids.iter().zip(&scores) {
+        keep[i] = s <= cut;
     }
-    margin
+    let mut score_margin = f64::INFINITY;
+    if cut.is_finite() {
+        let at_cut: Vec<f32> = ids
+            .iter()
+            .zip(&scores)
+            .filter(|(_, &s)| s == cut)
+            .map(|(&i, _)| y[i])
+            .collect();
+        let top = f64::from(ymax).abs();
+        for (&i, &s) in ids.iter().zip(&scores) {
+            if s.is_finite() && !at_cut.contains(&y[i]) {
+                let scale = 1.0 + f64::from(y[i]).abs() + top;
+                score_margin = score_margin.min((s - cut).abs() / scale);
+            }
+        }
+    }
+    (margin, score_margin)
 }
 
 /// Stage 8a over the kept tokens (its coin already came up); returns the smallest
@@ -477,7 +505,7 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
         before = keep.iter().filter(|&&k| k).count();
     }
     if p.typical_p < 1.0 {
-        stage_typical(&y, p.typical_p, &mut keep);
+        let _ = stage_typical(&y, p.typical_p, &mut keep);
         stages.push(view(
             "typical-p",
             format!(

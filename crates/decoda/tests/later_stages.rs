@@ -169,3 +169,78 @@ fn cpu_head_applies_slot_and_step_masks() {
         }
     }
 }
+
+/// XTC on the CPU's streaming path: rows with top-k or min-p (whose kept set the path
+/// holds as a list) and XTC whose coin fires, with penalties and processed
+/// log-probabilities, at decode vocabularies, equal the reference (ties counted), and
+/// XTC changed a good share of them.
+#[test]
+fn cpu_xtc_on_the_kept_list_matches_the_reference() {
+    use decoda::testing::zipf_logits;
+    use decoda::{Backend, CpuSampler, LogprobsMode};
+    let cpu = CpuSampler::new();
+    let (mut rows, mut acted, mut ties) = (0, 0, 0);
+    for v in [32_000usize, 151_936] {
+        let mut rng = Rng::new(v as u64 + 3);
+        for r in 0..48 {
+            let mut x = zipf_logits(&mut rng, v, [1.1f32, 1.4][r % 2]);
+            if r % 3 == 0 {
+                for peak in [14.0f32, 13.5, 13.0, 13.0] {
+                    x[rng.below(v as u64) as usize] = peak;
+                }
+            }
+            let mut p = SamplingParams {
+                xtc_probability: [1.0f32, 0.5][(r / 2) % 2],
+                xtc_threshold: [0.01f32, 0.05, 0.1, 0.2][(r / 4) % 4],
+                temperature: [0.5f32, 0.8, 1.2][r % 3],
+                ..SamplingParams::default()
+            };
+            match r % 4 {
+                0 => p.top_k = 40,
+                1 => p.min_p = 0.05,
+                2 => {
+                    p.top_k = 5000;
+                    p.repetition_penalty = 1.3;
+                    p.logprobs = Some(3);
+                    p.logprobs_mode = LogprobsMode::Processed;
+                }
+                _ => {
+                    p.top_k = 50;
+                    p.top_p = 0.9;
+                    p.min_p = 0.02;
+                    p.logprobs = Some(2);
+                    p.logprobs_mode = LogprobsMode::Processed;
+                }
+            }
+            let mut req = Request::new(p, rng.below(1 << 40));
+            req.state.step = rng.below(1000);
+            req.state.output = (0..20).map(|_| rng.below(v as u64) as u32).collect();
+            let got = cpu
+                .sample(&Logits::f32(&x, 1, v).unwrap(), std::slice::from_ref(&req))
+                .unwrap()
+                .remove(0);
+            let (want, tie) = reference_row(&x, &req);
+            match classify(&got, &want, &tie) {
+                Verdict::Mismatch => panic!("V {v} row {r}: {got:?} vs {want:?} ({tie:?})"),
+                Verdict::AllowedTie => ties += 1,
+                Verdict::Same { .. } => {}
+            }
+            let mut off = req.clone();
+            off.params.xtc_probability = 0.0;
+            off.params.logprobs = Some(3);
+            off.params.logprobs_mode = LogprobsMode::Processed;
+            let mut on = req.clone();
+            on.params.logprobs = Some(3);
+            on.params.logprobs_mode = LogprobsMode::Processed;
+            if reference_row(&x, &off).0 != reference_row(&x, &on).0 {
+                acted += 1;
+            }
+            rows += 1;
+        }
+    }
+    assert!(ties * 10 <= rows, "{ties} ties in {rows} rows");
+    assert!(
+        acted * 4 >= rows,
+        "XTC acted on only {acted} of {rows} rows"
+    );
+}

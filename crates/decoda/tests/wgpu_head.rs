@@ -214,25 +214,26 @@ fn stops_and_rejoin() {
 fn later_stages_refused_by_the_device_head() {
     let Some(s) = sampler() else { return };
     let mut head = WgpuHead::new(&s, 2, 1000).unwrap();
-    let typical = SamplingParams {
-        typical_p: 0.9,
+    let kept = SamplingParams {
+        kept: Some(4),
         ..SamplingParams::default()
     };
-    match head.join(1, SlotRequest::new(typical.clone()).seed(3)) {
+    match head.join(1, SlotRequest::new(kept.clone()).seed(3)) {
         Err(decoda::Error::InvalidParameter { row: 1, field, .. }) => {
-            assert_eq!(field, "typical_p")
+            assert_eq!(field, "kept")
         }
         other => panic!("expected a refusal naming slot 1, got {other:?}"),
     }
     head.join(1, SlotRequest::new(SamplingParams::default()).seed(3))
         .unwrap();
-    let kept = SamplingParams {
-        kept: Some(4),
+    // a DRY window over the whole history, which no max_tokens bounds
+    let dry = SamplingParams {
+        dry_multiplier: 0.8,
         ..SamplingParams::default()
     };
-    match head.set_params(1, kept) {
+    match head.set_params(1, dry) {
         Err(decoda::Error::InvalidParameter { row: 1, field, .. }) => {
-            assert_eq!(field, "kept")
+            assert_eq!(field, "dry_penalty_last_n")
         }
         other => panic!("expected a refusal, got {other:?}"),
     }

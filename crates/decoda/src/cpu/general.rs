@@ -12,11 +12,34 @@ use super::draw::draw;
 use super::logprobs::{full_logprobs, subset_logprobs};
 use super::{kernels, Scratch};
 
-/// Whether a row takes the general path (XTC only when its coin fires at the row's
-/// step: otherwise the stage does nothing and the streaming path draws the row).
-pub(super) fn wanted(row: &Row<'_>) -> bool {
+/// Whether a row takes the general path. XTC does when its coin fires at the row's step
+/// and no top-k or min-p (without top-p) leaves the streaming path an explicit list of
+/// the kept set for [`xtc_list`]; otherwise the stage does nothing and the streaming
+/// path draws the row.
+pub(super) fn wanted(row: &Row<'_>, vocab: usize) -> bool {
     let p = &row.params;
-    p.top_n_sigma > 0.0 || p.typical_p < 1.0 || row.xtc_acts() || p.kept.is_some()
+    let listed = (p.top_k > 0 && (p.top_k as usize) < vocab) || (p.min_p > 0.0 && p.top_p >= 1.0);
+    p.top_n_sigma > 0.0 || p.typical_p < 1.0 || (row.xtc_acts() && !listed) || p.kept.is_some()
+}
+
+/// Stage 8a over a kept list (its coin fired): the top choices' cut with the kept set's
+/// weights (in `w`) summed in f64 in the list's order; true when it removed tokens.
+pub(super) fn xtc_list(cands: &mut Vec<(u32, f32)>, threshold: f32, w: &mut Vec<f32>) -> bool {
+    if cands.len() < 2 {
+        return false;
+    }
+    let sum = weights(cands, w);
+    let set = cands
+        .iter()
+        .zip(w.iter())
+        .map(|(c, &e)| (c.1, pl::prob64(e, sum)));
+    match pl::xtc_cut(set, threshold) {
+        Some(low) => {
+            cands.retain(|c| c.1 <= low);
+            true
+        }
+        None => false,
+    }
 }
 
 /// The general path's buffers, kept in the thread's [`Scratch`] between rows and calls
@@ -141,15 +164,8 @@ fn general_row(x: &[f32], row: &Row<'_>, s: &mut Scratch, b: &mut Bufs) -> RowRe
         let tau = pl::min_p_threshold(top(cands), p.min_p);
         cands.retain(|c| c.1 >= tau);
     }
-    if cands.len() >= 2 && row.xtc_acts() {
-        let sum = weights(cands, &mut b.w);
-        let set = cands
-            .iter()
-            .zip(&b.w)
-            .map(|(c, &e)| (c.1, pl::prob64(e, sum)));
-        if let Some(low) = pl::xtc_cut(set, p.xtc_threshold) {
-            cands.retain(|c| c.1 <= low);
-        }
+    if row.xtc_acts() {
+        xtc_list(cands, p.xtc_threshold, &mut b.w);
     }
     // stage 9: the CPU's Gumbel draw over the candidate list (vector Philox, bounds)
     if cands.is_empty() {

@@ -188,7 +188,7 @@ pub fn sample_row_f32(x: &[f32], req: &Request) -> RowResult {
 }
 
 fn sample_row(x: &[f32], req: &Row<'_>, s: &mut Scratch) -> RowResult {
-    if general::wanted(req) {
+    if general::wanted(req, x.len()) {
         return general::sample_general(x, req, s);
     }
     let mods = pl::sparse_mods(|t| x[t as usize], req);
@@ -480,6 +480,10 @@ fn sample_z(
     if tau_m > f32::NEG_INFINITY {
         cands.retain(|c| c.1 >= tau_m);
     }
+    // Stage 8a, XTC, when its coin fired: the list holds the kept set here (top-k or
+    // min-p without top-p; `general::wanted` sends the other rows to the general path)
+    let xtc_cut =
+        !unfiltered && req.xtc_acts() && general::xtc_list(&mut cands, p.xtc_threshold, &mut s.q);
     let token = if unfiltered {
         // `z` is finite and not greedy here, so the one-pass draw gives a token
         match draw_whole_row(z, t, req.state.seed, req.step()) {
@@ -492,8 +496,9 @@ fn sample_z(
         }
     } else {
         let (st, seed) = (req.step(), req.state.seed);
-        // (a kept set whose values are not all `z`'s is not the row's tokens above a value)
-        let wide = (!matches!(ready, Ready::TopK(false)))
+        // (a kept set whose values are not all `z`'s, or whose top XTC removed, is not the
+        // row's tokens above a value)
+        let wide = (!matches!(ready, Ready::TopK(false)) && !xtc_cut)
             .then(|| wide_draw(z, t, &cands, seed, st))
             .flatten();
         wide.unwrap_or_else(|| draw(&cands, seed, st, &mut s.tmp, &mut s.words))

@@ -1316,6 +1316,7 @@ mod tests {
             top_p_margin: f64::INFINITY,
             sigma_margin: f64::INFINITY,
             xtc_margin: f64::INFINITY,
+            typical_margin: f64::INFINITY,
         };
         let top_p = TieReport {
             top_p_margin: 3e-8,

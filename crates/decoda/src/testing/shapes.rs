@@ -136,6 +136,7 @@ pub const MIXES: &[&str] = &[
     "dry",
     "top_n_sigma",
     "xtc",
+    "typical_p",
 ];
 
 /// A request for a row of `v` logits with parameter mix `mix` (an index into [`MIXES`]),
@@ -245,6 +246,18 @@ pub fn mixed_request(rng: &mut Rng, v: usize, mix: usize) -> Request {
             logprobs_mode: LogprobsMode::Processed,
             ..base
         },
+        "typical_p" => {
+            history = 20;
+            SamplingParams {
+                typical_p: [0.5, 0.9, 0.95][rng.below(3) as usize],
+                top_k: [0, 40][rng.below(2) as usize],
+                top_p: [1.0, 0.9][rng.below(2) as usize],
+                repetition_penalty: 1.1,
+                logprobs: [None, Some(2)][rng.below(2) as usize],
+                logprobs_mode: LogprobsMode::Processed,
+                ..base
+            }
+        }
         _ => {
             history = 3000;
             SamplingParams {

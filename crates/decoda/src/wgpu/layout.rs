@@ -57,6 +57,9 @@ pub(crate) const F_TOP_N_SIGMA: u32 = 128;
 /// Stage 8a (XTC) is on: settle draws its coin at the slot's step; when it fires the
 /// row is filtered (list or full-row path) and its top choices removed.
 pub(crate) const F_XTC: u32 = 256;
+/// Stage 6a (typical-p): the row takes the full-row path, which cuts its band after
+/// top-k (`step/typical.wgsl`).
+pub(crate) const F_TYPICAL: u32 = 512;
 
 /// `Call.mode`: advance the slot state in `finish` (a head's step).
 pub(crate) const M_HEAD: u32 = 1;
@@ -149,6 +152,8 @@ pub(crate) struct SlotU {
     pub xtc_p: f32,
     /// Stage 8a's threshold (with `F_XTC`).
     pub xtc_thr: f32,
+    /// Stage 6a's `p` (with `F_TYPICAL`).
+    pub typical_p: f32,
 }
 
 /// Storage buffers one kernel binds.
@@ -238,7 +243,7 @@ mod tests {
                     seed_lo, seed_hi, n_lp, bias_off, bias_len, stop_off, stop_len, hist_off,
                     hist_len, max_lo, max_hi, pen_slot, dry_allowed, dry_n, dry_tab_off,
                     dry_tab_len, dry_brk_off, dry_brk_len, top_n_sigma, xtc_p,
-                    xtc_thr),
+                    xtc_thr, typical_p),
             );
         }
     }
@@ -321,6 +326,7 @@ mod tests {
             ("F_DRY", u64::from(F_DRY)),
             ("F_TOP_N_SIGMA", u64::from(F_TOP_N_SIGMA)),
             ("F_XTC", u64::from(F_XTC)),
+            ("F_TYPICAL", u64::from(F_TYPICAL)),
             ("DRAW_WG", DRAW_WG as u64),
             ("F_TOUCH", u64::from(F_TOUCH)),
             ("F_LOGPROBS", u64::from(F_LOGPROBS)),

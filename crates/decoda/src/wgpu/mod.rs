@@ -66,6 +66,7 @@ pub const SHADER_MAIN: &str = concat!(
     include_str!("step/settle_list.wgsl"),
     include_str!("step/settle.wgsl"),
     include_str!("step/sigma.wgsl"),
+    include_str!("step/typical.wgsl"),
     include_str!("step/lp.wgsl"),
     include_str!("step/finish.wgsl"),
     include_str!("step/draw_many.wgsl"),

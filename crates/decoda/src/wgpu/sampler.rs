@@ -864,6 +864,7 @@ pub(crate) fn slot_params(
         top_n_sigma: p.top_n_sigma,
         xtc_p: p.xtc_probability,
         xtc_thr: p.xtc_threshold,
+        typical_p: p.typical_p,
         ..SlotU::default()
     })
 }
@@ -940,6 +941,9 @@ pub(crate) fn row_flags(p: &crate::params::SamplingParams, vocab: usize) -> u32 
     }
     if p.xtc_on() {
         flags |= F_XTC;
+    }
+    if p.typical_p < 1.0 {
+        flags |= F_TYPICAL;
     }
     flags
 }

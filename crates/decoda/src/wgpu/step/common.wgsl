@@ -93,6 +93,13 @@ const S_ABOVE_HI: u32 = 27u;
 const S_TARGET: u32 = 28u;
 const S_SLOT: u32 = 29u;
 const S_M0: u32 = 30u;
+const S_TYP_C: u32 = 31u;    // typical-p (full-row path): the scores' centre c
+const S_TYP_D: u32 = 32u;    // its cut s* (+inf: no cut)
+const S_TYP_M: u32 = 33u;    // the ymax its weights are taken against
+const S_T_PREFIX: u32 = 34u; // its radix walk
+const S_T_LEVEL: u32 = 35u;
+const S_T_ABOVE_LO: u32 = 36u;
+const S_T_ABOVE_HI: u32 = 37u;
 
 // S_NEED flags
 const N_LIST: u32 = 1u;
@@ -113,6 +120,7 @@ const F_MIN_P: u32 = 32u;
 const F_DRY: u32 = 64u;      // stage 3a: the probe computes the slot's DRY area
 const F_TOP_N_SIGMA: u32 = 128u;   // stage 5a (top-n-σ): the full-row path (step/sigma.wgsl)
 const F_XTC: u32 = 256u;     // stage 8a (XTC) is on (`xtc_fires` says whether it acts)
+const F_TYPICAL: u32 = 512u; // stage 6a (typical-p): the full-row path (step/typical.wgsl)
 
 // Call.mode bits
 const M_HEAD: u32 = 1u;      // advance the slot state in finish
@@ -174,6 +182,7 @@ struct SlotP {
     top_n_sigma: f32, // stage 5a's n (F_TOP_N_SIGMA)
     xtc_p: f32,       // stage 8a's probability (F_XTC)
     xtc_thr: f32,     // stage 8a's threshold (F_XTC)
+    typical_p: f32,   // stage 6a's p (F_TYPICAL)
 }
 
 @group(0) @binding(0) var<uniform> call: Call;

@@ -2,7 +2,7 @@
 // lp: read 2 (rows with raw or unfiltered log-probabilities, and full-row draws).
 
 // Stage-10 membership and y of token i of a sampling row (the full-row path's filters,
-// or none; S_VMAX is XTC's upper bound).
+// or none; S_VMAX is XTC's upper bound, `typ_in` typical-p's band).
 struct Member {
     inside: bool,
     y: f32,
@@ -15,7 +15,7 @@ fn member(row: u32, z: f32, t: f32) -> Member {
     let y = div_rn(z, t);
     let yk = cmp_key(y);
     if (yk < cmp_key(sgetf(row, S_TAU_K)) || yk < cmp_key(sgetf(row, S_TAU_MIN))
-        || yk > cmp_key(sgetf(row, S_VMAX))) {
+        || yk > cmp_key(sgetf(row, S_VMAX)) || !typ_in(row, y)) {
         return Member(false, y);
     }
     if (sget(row, S_P_CUT) != 0u) {

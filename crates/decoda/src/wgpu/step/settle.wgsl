@@ -2,8 +2,9 @@
 // The full-row path: exact radix selects over the whole row, by one workgroup (the old
 // multi-pass algorithm: top-k's k-th value by counts, then top-p's cut by masses in
 // 2^-40 units against ymax, three 11/11/10-bit levels each), after top-n-σ's threshold
-// (step/sigma.wgsl) for rows that use it: they always take this path; then XTC's upper
-// bound when its coin fired (`xtc_full`). The draw then runs in lp with `member`.
+// (step/sigma.wgsl) for rows that use it, and typical-p's band after top-k
+// (step/typical.wgsl): rows with either always take this path; then XTC's upper bound
+// when its coin fired (`xtc_full`). The draw then runs in lp with `member`.
 
 fn digit_shift(level: u32) -> u32 {
     if (level == 0u) {
@@ -116,6 +117,11 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, fm: vec2<u32>, 
             storageBarrier();
         }
     }
+    // stage 6a: typical-p's band, and the largest y left (the ymax from here on)
+    var ym = ymax;
+    if (wg_flag(lid, (sp.flags & F_TYPICAL) != 0u)) {
+        ym = typical_row(lid, row, slot, sp, ymax);
+    }
     if (wg_flag(lid, (sp.flags & F_TOP_P) != 0u)) {
         let tau_k = sgetf(row, S_TAU_K);
         var sum_f = 0.0;
@@ -137,10 +143,10 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, fm: vec2<u32>, 
                     continue;
                 }
                 let y = div_rn(z, t);
-                if (cmp_key(y) < cmp_key(tau_k)) {
+                if (cmp_key(y) < cmp_key(tau_k) || !typ_in(row, y)) {
                     continue;
                 }
-                let fx = fixed40(exp_f32(y - ymax));
+                let fx = fixed40(exp_f32(y - ym));
                 if ((fx.x | fx.y) == 0u) {
                     continue;
                 }
@@ -195,7 +201,7 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, fm: vec2<u32>, 
                 sset(row, S_ABOVE_HI, cum.y);
                 if (level == 2u) {
                     let theta = from_key(np);
-                    let e = exp_f32(div_rn(theta, t) - ymax);
+                    let e = exp_f32(div_rn(theta, t) - ym);
                     ssetf(row, S_SUM, sum_f);
                     ssetf(row, S_TAU_Q, div_rn(e, sum_f * TWO_M40));
                     sset(row, S_P_CUT, 1u);
@@ -209,7 +215,7 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, fm: vec2<u32>, 
         }
     }
     if (wg_flag(lid, xf)) {
-        xtc_full(lid, row, slot, sp, ymax);
+        xtc_full(lid, row, slot, sp, ym);
     }
 }
 
@@ -368,7 +374,8 @@ fn settle_row(lid: u32, row: u32) {
     let st = wg_uniform(lid, status);
     // stage 8a acts at this step: the row is filtered even with no other filter
     let xf = xtc_fires(slot, sp);
-    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA)) != 0u || xf;
+    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA | F_TYPICAL)) != 0u
+        || xf;
     if (lid == 0u) {
         sset(row, S_STATUS, status);
         sset(row, S_COUNT, count);
@@ -377,6 +384,7 @@ fn settle_row(lid: u32, row: u32) {
         ssetf(row, S_XMAX, from_key(a.y));
         ssetf(row, S_TAU_K, neg_inf());
         ssetf(row, S_VMAX, bitcast<f32>(0x7f800000u));
+        ssetf(row, S_TYP_D, bitcast<f32>(0x7f800000u));
         var tau_min = neg_inf();
         if ((sp.flags & F_MIN_P) != 0u && !is_neg_inf(ymax)) {
             tau_min = ymax + sp.ln_min_p;
@@ -412,7 +420,7 @@ fn settle_row(lid: u32, row: u32) {
             lid,
             (need & N_LIST) != 0u && n_all <= call.cap && ovt == 0u
                 && !(p_alone && (need & N_SIGMA) == 0u)
-                && (sp.flags & F_TOP_N_SIGMA) == 0u
+                && (sp.flags & (F_TOP_N_SIGMA | F_TYPICAL)) == 0u
         );
         var done = false;
         if (ok_list) {

@@ -1,0 +1,168 @@
+// ---------------------------------------------------------------------------------
+// Stage 6a, typical-p, on the device: the full-row path's workgroup, after top-k. Over
+// K (finite y >= S_TAU_K), with w = exp(y - ymax), q = w / Σ w and d = ymax - y, a
+// token's score |-ln q - H| equals |y - c| for c = ymax - Σ w d / Σ w, the q-weighted
+// mean of y (-ln q = ln Σ w + d, so H = ln Σ w + Σ q d). One read sums Σ w and Σ w d
+// as integers (2^-40 units: the same in any order, for any split); three more walk the
+// scores upward, top-p's radix levels on the complement of the score's key, to the
+// first token whose mass sum exceeds p Σ w (strictly): its score s* bounds the set
+// (`typ_in`: |y - c| <= s*, ties kept); a last read finds the largest y left, the ymax
+// of every later stage. Rows that use it always take this path.
+
+// A token's score on the device: |y - c|, +inf for a weight that is 0 or subnormal
+// (q = 0: the contract's +inf score).
+fn typ_score(y: f32, ym: f32, c: f32) -> f32 {
+    let w = exp_f32(y - ym);
+    if ((bitcast<u32>(w) & 0x7f800000u) == 0u) {
+        return bitcast<f32>(0x7f800000u);
+    }
+    return abs(y - c);
+}
+
+// Whether a y of K stays after typical-p (always, for rows without its cut).
+fn typ_in(row: u32, y: f32) -> bool {
+    let cut = sgetf(row, S_TYP_D);
+    if (bitcast<u32>(cut) == 0x7f800000u) {
+        return true;
+    }
+    return cmp_key(typ_score(y, sgetf(row, S_TYP_M), sgetf(row, S_TYP_C))) <= cmp_key(cut);
+}
+
+// Typical-p's cut over K for a sampling row (ymax finite); returns the largest y left.
+fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
+    let t = sp.temperature;
+    let hb = hbase(row);
+    let kk = cmp_key(sgetf(row, S_TAU_K));
+    var sw = vec2<u32>(0u, 0u);
+    var swd = vec2<u32>(0u, 0u);
+    for (var i = lid; i < call.vocab; i = i + WG) {
+        let z = z_of(slot, sp, i, load_x(row, i));
+        if (is_neg_inf(z)) {
+            continue;
+        }
+        let y = div_rn(z, t);
+        if (cmp_key(y) < kk) {
+            continue;
+        }
+        let w = exp_f32(y - ymax);
+        sw = add64(sw, fixed40(w));
+        swd = add64(swd, fixed40(w * (ymax - y)));
+    }
+    let total = val64(wg_sum64(lid, sw));
+    let mean_d = div_rn(val64(wg_sum64(lid, swd)), total);
+    let c = ymax - mean_d;
+    let goal = sp.typical_p * total;
+    if (lid == 0u) {
+        ssetf(row, S_TYP_C, c);
+        ssetf(row, S_TYP_M, ymax);
+        sset(row, S_T_PREFIX, 0u);
+        sset(row, S_T_LEVEL, 1u);
+        sset(row, S_T_ABOVE_LO, 0u);
+        sset(row, S_T_ABOVE_HI, 0u);
+    }
+    storageBarrier();
+    for (var level = 0u; level < 3u; level = level + 1u) {
+        if (!wg_flag(lid, sget(row, S_T_LEVEL) != 0u)) {
+            break;
+        }
+        let prefix = sget(row, S_T_PREFIX);
+        let sh = digit_shift(level);
+        let mask = digit_mask(level);
+        for (var i = lid; i < call.vocab; i = i + WG) {
+            let z = z_of(slot, sp, i, load_x(row, i));
+            if (is_neg_inf(z)) {
+                continue;
+            }
+            let y = div_rn(z, t);
+            if (cmp_key(y) < kk) {
+                continue;
+            }
+            // smaller scores first: the complement of the score's key
+            let key = ~key_of(typ_score(y, ymax, c));
+            if (!in_prefix(key, level, prefix)) {
+                continue;
+            }
+            let fx = fixed40(exp_f32(y - ymax));
+            if ((fx.x | fx.y) == 0u) {
+                continue;
+            }
+            let d = (key >> sh) & mask;
+            let old = atomicAdd(&ctr[hb + BINS + d], fx.x);
+            var add_hi = fx.y;
+            if (old + fx.x < old) {
+                add_hi = add_hi + 1u;
+            }
+            if (add_hi != 0u) {
+                atomicAdd(&ctr[hb + 2u * BINS + d], add_hi);
+            }
+        }
+        storageBarrier();
+        var m: array<vec2<u32>, 8>;
+        var mine = vec2<u32>(0u, 0u);
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            let b = BINS - 1u - (lid * 8u + j);
+            let lo = atomicLoad(&ctr[hb + BINS + b]);
+            let hi = atomicLoad(&ctr[hb + 2u * BINS + b]);
+            m[j] = vec2<u32>(lo, hi);
+            mine = add64(mine, m[j]);
+            if ((lo | hi) != 0u) {
+                atomicStore(&ctr[hb + BINS + b], 0u);
+                atomicStore(&ctr[hb + 2u * BINS + b], 0u);
+            }
+        }
+        let incl = wg_scan64(lid, mine);
+        let above = vec2<u32>(sget(row, S_T_ABOVE_LO), sget(row, S_T_ABOVE_HI));
+        let before = sub64(incl, mine);
+        // the walk stops at the first token whose sum exceeds the goal (strictly)
+        let pass_incl = val64(add64(above, incl)) > goal;
+        let pass_before = val64(add64(above, before)) > goal;
+        if (pass_incl && !pass_before) {
+            var cum = add64(above, before);
+            var bin = 0u;
+            for (var j = 0u; j < 8u; j = j + 1u) {
+                let nxt = add64(cum, m[j]);
+                if (val64(nxt) > goal) {
+                    bin = BINS - 1u - (lid * 8u + j);
+                    break;
+                }
+                cum = nxt;
+            }
+            let np = (prefix << digit_width(level)) | bin;
+            sset(row, S_T_PREFIX, np);
+            sset(row, S_T_ABOVE_LO, cum.x);
+            sset(row, S_T_ABOVE_HI, cum.y);
+            if (level == 2u) {
+                ssetf(row, S_TYP_D, from_key(~np));
+            }
+        }
+        if (lid == WG - 1u && !pass_incl) {
+            // the sum never exceeds p: every token of K stays
+            sset(row, S_T_LEVEL, 0u);
+        }
+        storageBarrier();
+    }
+    if (wg_flag(lid, bitcast<u32>(sgetf(row, S_TYP_D)) == 0x7f800000u)) {
+        return ymax;
+    }
+    // the largest y left: the ymax of top-p, min-p, XTC and the log-probabilities
+    var mk = 0u;
+    for (var i = lid; i < call.vocab; i = i + WG) {
+        let z = z_of(slot, sp, i, load_x(row, i));
+        if (is_neg_inf(z)) {
+            continue;
+        }
+        let y = div_rn(z, t);
+        if (cmp_key(y) >= kk && typ_in(row, y)) {
+            mk = max(mk, cmp_key(y));
+        }
+    }
+    let ym = from_key(wg_sum_max(lid, 0u, mk).y);
+    if (lid == 0u) {
+        ssetf(row, S_YMAX, ym);
+        if ((sp.flags & F_MIN_P) != 0u) {
+            ssetf(row, S_TAU_MIN, ym + sp.ln_min_p);
+        }
+    }
+    storageBarrier();
+    return ym;
+}
