@@ -1,5 +1,6 @@
 //! The general path: rows that use a stage the streaming path does not (top-n-σ,
-//! typical-p, XTC) or ask for their kept distribution. The row's candidates are kept as
+//! typical-p, XTC without a kept list: see [`wanted`]) or ask for their kept
+//! distribution. The row's candidates are kept as
 //! one `(id, y)` list that each stage shrinks with the shared [`crate::pipeline`]
 //! functions; only typical-p and top-p sort it (typical-p by score, top-p by
 //! probability), and only the candidates that survived the thresholds before them.

@@ -442,11 +442,12 @@ impl WgpuSampler {
     /// the order they run.
     ///
     /// Whole-call problems (shapes, parameters, history ids, a buffer too small) are an
-    /// error here, before anything is recorded. Token masks ([`Request::allowed`]) are
-    /// taken by the host API ([`Backend::sample`](crate::Backend::sample)) only, for now:
-    /// a request with one is an error here, as is one using DRY, top-n-σ, typical-p, XTC
-    /// or the kept distribution ([`crate::SamplingParams::beyond_device`]), which the
-    /// host API draws on the CPU for now.
+    /// error here, before anything is recorded. Host token masks ([`Request::allowed`])
+    /// are taken by the host API ([`Backend::sample`](crate::Backend::sample)); here a
+    /// request with one is an error (device masks go through [`Self::record_masked`]), as
+    /// is one asking for the kept distribution or a DRY window longer than the kernels
+    /// hold ([`crate::SamplingParams::beyond_device_with`]), which the host API draws on
+    /// the CPU for now.
     pub fn record(
         &self,
         encoder: &mut wgpu::CommandEncoder,

@@ -6,8 +6,8 @@
 // as integers (2^-40 units: the same in any order, for any split); three more walk the
 // scores upward, top-p's radix levels on the complement of the score's key, to the
 // first token whose mass sum exceeds p Σ w (strictly): its score s* bounds the set
-// (`typ_in`: |y - c| <= s*, ties kept); a last read finds the largest y left, the ymax
-// of every later stage. Rows that use it always take this path.
+// (`typ_in`: |y - c| <= s*, ties kept); the last level's read also finds the largest y
+// left, the ymax of every later stage. Rows that use it always take this path.
 
 // A token's score on the device: |y - c|, +inf for a weight that is 0 or subnormal
 // (q = 0: the contract's +inf score).
@@ -61,6 +61,8 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
         sset(row, S_T_ABOVE_HI, 0u);
     }
     storageBarrier();
+    // the largest y left, as a cmp_key: found in the last level's pass
+    var ymk = 0u;
     for (var level = 0u; level < 3u; level = level + 1u) {
         if (!wg_flag(lid, sget(row, S_T_LEVEL) != 0u)) {
             break;
@@ -68,6 +70,8 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
         let prefix = sget(row, S_T_PREFIX);
         let sh = digit_shift(level);
         let mask = digit_mask(level);
+        // last level: the largest y scoring below the bin (kept whatever its digit)
+        var below = 0u;
         for (var i = lid; i < call.vocab; i = i + WG) {
             let z = z_of(slot, sp, i, load_x(row, i));
             if (is_neg_inf(z)) {
@@ -79,8 +83,15 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
             }
             // smaller scores first: the complement of the score's key
             let key = ~key_of(typ_score(y, ymax, c));
+            if (level == 2u && (key >> 10u) > prefix) {
+                below = max(below, cmp_key(y));
+            }
             if (!in_prefix(key, level, prefix)) {
                 continue;
+            }
+            if (level == 2u) {
+                // and per digit, in top-k's count bins (zero between uses)
+                atomicMax(&ctr[hb + (key & 0x3ffu)], cmp_key(y));
             }
             let fx = fixed40(exp_f32(y - ymax));
             if ((fx.x | fx.y) == 0u) {
@@ -140,23 +151,29 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
             sset(row, S_T_LEVEL, 0u);
         }
         storageBarrier();
+        if (level == 2u) {
+            // the largest y left: below the cut's bin, or in a digit at or above the
+            // cut's (smaller scores); the bins are cleared for their next use
+            let cut_digit = sget(row, S_T_PREFIX) & 0x3ffu;
+            var mk = below;
+            for (var b = lid; b < 1024u; b = b + WG) {
+                let v = atomicLoad(&ctr[hb + b]);
+                if (v != 0u) {
+                    if (b >= cut_digit) {
+                        mk = max(mk, v);
+                    }
+                    atomicStore(&ctr[hb + b], 0u);
+                }
+            }
+            ymk = wg_sum_max(lid, 0u, mk).y;
+            storageBarrier();
+        }
     }
     if (wg_flag(lid, bitcast<u32>(sgetf(row, S_TYP_D)) == 0x7f800000u)) {
         return ymax;
     }
-    // the largest y left: the ymax of top-p, min-p, XTC and the log-probabilities
-    var mk = 0u;
-    for (var i = lid; i < call.vocab; i = i + WG) {
-        let z = z_of(slot, sp, i, load_x(row, i));
-        if (is_neg_inf(z)) {
-            continue;
-        }
-        let y = div_rn(z, t);
-        if (cmp_key(y) >= kk && typ_in(row, y)) {
-            mk = max(mk, cmp_key(y));
-        }
-    }
-    let ym = from_key(wg_sum_max(lid, 0u, mk).y);
+    // the ymax of top-p, min-p, XTC and the log-probabilities from here on
+    let ym = from_key(ymk);
     if (lid == 0u) {
         ssetf(row, S_YMAX, ym);
         if ((sp.flags & F_MIN_P) != 0u) {
