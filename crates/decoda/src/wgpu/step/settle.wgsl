@@ -41,6 +41,44 @@ fn in_prefix(key: u32, level: u32, prefix: u32) -> bool {
     return (key >> 10u) == prefix;
 }
 
+// Adds a token's mass `fx` (64-bit fixed point) to digit `d`'s bin of the row's mass
+// histogram (low words at hb + BINS, high words at hb + 2 BINS, carried by hand).
+fn add_mass(hb: u32, d: u32, fx: vec2<u32>) {
+    let old = atomicAdd(&ctr[hb + BINS + d], fx.x);
+    var add_hi = fx.y;
+    if (old + fx.x < old) {
+        add_hi = add_hi + 1u;
+    }
+    if (add_hi != 0u) {
+        atomicAdd(&ctr[hb + 2u * BINS + d], add_hi);
+    }
+}
+
+// An invocation's eight bins of the mass histogram, largest digit first, and their sum.
+struct Masses {
+    m: array<vec2<u32>, 8>,
+    mine: vec2<u32>,
+}
+
+// Reads (and clears, for their next use) this invocation's eight bins of the row's mass
+// histogram: bins BINS - 1 - (8 lid + j).
+fn take_masses(lid: u32, hb: u32) -> Masses {
+    var r: Masses;
+    r.mine = vec2<u32>(0u, 0u);
+    for (var j = 0u; j < 8u; j = j + 1u) {
+        let b = BINS - 1u - (lid * 8u + j);
+        let lo = atomicLoad(&ctr[hb + BINS + b]);
+        let hi = atomicLoad(&ctr[hb + 2u * BINS + b]);
+        r.m[j] = vec2<u32>(lo, hi);
+        r.mine = add64(r.mine, r.m[j]);
+        if ((lo | hi) != 0u) {
+            atomicStore(&ctr[hb + BINS + b], 0u);
+            atomicStore(&ctr[hb + 2u * BINS + b], 0u);
+        }
+    }
+    return r;
+}
+
 // `fm`: a top-n-σ row's count of finite z and the complement of its smallest z's key
 // (from the scan).
 // `xf`: XTC acts at this step.
@@ -150,30 +188,12 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, fm: vec2<u32>, 
                 if ((fx.x | fx.y) == 0u) {
                     continue;
                 }
-                let d = (key >> sh) & mask;
-                let old = atomicAdd(&ctr[hb + BINS + d], fx.x);
-                var add_hi = fx.y;
-                if (old + fx.x < old) {
-                    add_hi = add_hi + 1u;
-                }
-                if (add_hi != 0u) {
-                    atomicAdd(&ctr[hb + 2u * BINS + d], add_hi);
-                }
+                add_mass(hb, (key >> sh) & mask, fx);
             }
             storageBarrier();
-            var m: array<vec2<u32>, 8>;
-            var mine = vec2<u32>(0u, 0u);
-            for (var j = 0u; j < 8u; j = j + 1u) {
-                let b = BINS - 1u - (lid * 8u + j);
-                let lo = atomicLoad(&ctr[hb + BINS + b]);
-                let hi = atomicLoad(&ctr[hb + 2u * BINS + b]);
-                m[j] = vec2<u32>(lo, hi);
-                mine = add64(mine, m[j]);
-                if ((lo | hi) != 0u) {
-                    atomicStore(&ctr[hb + BINS + b], 0u);
-                    atomicStore(&ctr[hb + 2u * BINS + b], 0u);
-                }
-            }
+            let mb = take_masses(lid, hb);
+            var m = mb.m;
+            let mine = mb.mine;
             let incl = wg_scan64(lid, mine);
             let total = wtot;
             if (level == 0u) {

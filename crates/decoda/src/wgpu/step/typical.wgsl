@@ -97,30 +97,12 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
             if ((fx.x | fx.y) == 0u) {
                 continue;
             }
-            let d = (key >> sh) & mask;
-            let old = atomicAdd(&ctr[hb + BINS + d], fx.x);
-            var add_hi = fx.y;
-            if (old + fx.x < old) {
-                add_hi = add_hi + 1u;
-            }
-            if (add_hi != 0u) {
-                atomicAdd(&ctr[hb + 2u * BINS + d], add_hi);
-            }
+            add_mass(hb, (key >> sh) & mask, fx);
         }
         storageBarrier();
-        var m: array<vec2<u32>, 8>;
-        var mine = vec2<u32>(0u, 0u);
-        for (var j = 0u; j < 8u; j = j + 1u) {
-            let b = BINS - 1u - (lid * 8u + j);
-            let lo = atomicLoad(&ctr[hb + BINS + b]);
-            let hi = atomicLoad(&ctr[hb + 2u * BINS + b]);
-            m[j] = vec2<u32>(lo, hi);
-            mine = add64(mine, m[j]);
-            if ((lo | hi) != 0u) {
-                atomicStore(&ctr[hb + BINS + b], 0u);
-                atomicStore(&ctr[hb + 2u * BINS + b], 0u);
-            }
-        }
+        let mb = take_masses(lid, hb);
+        var m = mb.m;
+        let mine = mb.mine;
         let incl = wg_scan64(lid, mine);
         let above = vec2<u32>(sget(row, S_T_ABOVE_LO), sget(row, S_T_ABOVE_HI));
         let before = sub64(incl, mine);

@@ -1,0 +1,522 @@
+//! Top-n-σ (stage 5a), typical-p (6a) and XTC (8a) on the device, each checked the same
+//! way against the reference at decode vocabularies: per-call rows through the device
+//! API, the host API (equal to the device API) and fresh B = 1 calls (equal to the
+//! batch); many draws per row; slots of the device head over 40 steps with a
+//! `set_params` mid-run. The same token and log-probabilities, but on the contract's
+//! ties (counted), and each stage must change a share of the rows (against the
+//! reference with the stage off), so a stage the kernels skipped would fail.
+//!
+//! Top-n-σ rows take the full-row path, which computes `ymax - n σ` from integer sums
+//! (`wgpu/step/sigma.wgsl`); typical-p rows too, scoring `|y - c|` and walking the
+//! scores by radix levels (`step/typical.wgsl`); XTC's coin is drawn in settle, its cut
+//! made on the sorted candidates (list path) or by two reads of the row (full-row path).
+//! Runs on lavapipe in CI; skips without an adapter unless `DECODA_REQUIRE_GPU=1`.
+
+use decoda::head::{Head, SlotRequest};
+use decoda::reference::reference_row;
+use decoda::testing::{classify, zipf_logits, Rng, Verdict};
+use decoda::wgpu::{DeviceLogits, WgpuHead, WgpuSampler};
+use decoda::{
+    Backend, DType, Logits, LogprobsMode, Request, RowResult, SamplingParams, SequenceState,
+};
+
+fn sampler() -> Option<&'static WgpuSampler> {
+    static S: std::sync::OnceLock<Option<WgpuSampler>> = std::sync::OnceLock::new();
+    S.get_or_init(|| match WgpuSampler::new() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            assert!(
+                std::env::var("DECODA_REQUIRE_GPU").is_err(),
+                "DECODA_REQUIRE_GPU is set but no adapter opened: {e}"
+            );
+            eprintln!("skipped: {e}");
+            None
+        }
+    })
+    .as_ref()
+}
+
+/// The rows through the device API: uploaded, recorded into an encoder of ours,
+/// submitted and read back.
+fn device_api(b: &WgpuSampler, logits: &Logits<'_>, reqs: &[Request]) -> Vec<RowResult> {
+    let buf = b.upload_logits(logits);
+    let out = b.outputs(reqs.len()).unwrap();
+    let view = DeviceLogits {
+        buffer: &buf,
+        dtype: DType::F32,
+        rows: reqs.len(),
+        vocab: logits.vocab(),
+        row_stride: logits.vocab(),
+        offset: 0,
+    };
+    let mut enc = b
+        .device()
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+    b.record(&mut enc, &view, reqs, &out).unwrap();
+    b.queue().submit([enc.finish()]);
+    b.read(&out, reqs).unwrap()
+}
+
+/// Row kinds, winners anywhere: 0 Zipf-like (exponent 1.1), 1 Gaussian (σ 3), 2 a few
+/// peaks over a Gaussian floor (two of them tied), 3 coarse ties (six values), 4 a row
+/// of equal values (σ = 0), 5 Zipf-like (exponent 1.4), 6 eight values a few ulps apart
+/// (a range of 2^-21), 7 Gaussian (σ 1).
+fn row_of(kind: usize, rng: &mut Rng, v: usize) -> Vec<f32> {
+    match kind {
+        0 => zipf_logits(rng, v, 1.1),
+        1 => (0..v).map(|_| 3.0 * rng.normal()).collect(),
+        2 => {
+            let mut x: Vec<f32> = (0..v).map(|_| rng.normal()).collect();
+            for peak in [12.0f32, 11.5, 11.0, 11.0, 10.0] {
+                x[rng.below(v as u64) as usize] = peak;
+            }
+            x
+        }
+        3 => (0..v).map(|_| rng.below(6) as f32 * 0.5).collect(),
+        4 => vec![1.25; v],
+        5 => zipf_logits(rng, v, 1.4),
+        6 => (0..v)
+            .map(|_| 1.0 + rng.below(8) as f32 * 2f32.powi(-23))
+            .collect(),
+        _ => (0..v).map(|_| rng.normal()).collect(),
+    }
+}
+
+/// One of the device's later stages, as the tests drive it.
+struct Stage {
+    /// The stage's parameters for row `r` (the mix of other stages, logprobs and
+    /// biases follows `r`; `v` the vocabulary).
+    params: fn(&mut Rng, usize, usize) -> SamplingParams,
+    /// Switches the stage off.
+    off: fn(&mut SamplingParams),
+    /// The kind of row `r` ([`row_of`]).
+    kind: fn(usize) -> usize,
+    /// The stage must change at least `rows / acted_share` of the per-call rows.
+    acted_share: usize,
+    /// The device head's four slots, the change `set_params` makes to slot 3 at step 20,
+    /// the slots' row kinds and how many slot-steps the stage must change.
+    head: [SamplingParams; 4],
+    head_change: fn(&mut SamplingParams),
+    head_kinds: [usize; 4],
+    head_acted: usize,
+}
+
+/// The mix of other stages for row `r` of a stage's cases: alone, top-k, top-p, min-p,
+/// more tokens than the candidate list holds with penalties, and a sixth given by the
+/// stage; log-probabilities raw, processed or none.
+fn mixed(mut p: SamplingParams, r: usize, sixth: fn(&mut SamplingParams)) -> SamplingParams {
+    match r % 6 {
+        0 => {}
+        1 => p.top_k = 40,
+        2 => p.top_p = 0.9,
+        3 => p.min_p = 0.05,
+        4 => {
+            p.top_k = 5000;
+            p.top_p = 0.95;
+            p.repetition_penalty = 1.3;
+            p.frequency_penalty = 0.4;
+        }
+        _ => sixth(&mut p),
+    }
+    if r % 3 != 2 {
+        p.logprobs = Some(3);
+        p.logprobs_mode = if r.is_multiple_of(2) {
+            LogprobsMode::Processed
+        } else {
+            LogprobsMode::Raw
+        };
+    }
+    p
+}
+
+fn pick(rng: &mut Rng, o: &[f32]) -> f32 {
+    o[rng.below(o.len() as u64) as usize]
+}
+
+fn top_n_sigma() -> Stage {
+    Stage {
+        params: |rng, r, v| {
+            let mut p = mixed(
+                SamplingParams {
+                    top_n_sigma: pick(rng, &[0.5, 1.0, 2.0, 3.0, 10.0]),
+                    temperature: pick(rng, &[0.3, 0.8, 1.0, 1.5]),
+                    ..SamplingParams::default()
+                },
+                r,
+                |p| {
+                    p.typical_p = 0.9;
+                    p.xtc_probability = 1.0;
+                    p.xtc_threshold = 0.05;
+                },
+            );
+            // a banned token, and one pushed 1e30 down (a range of 2^100)
+            match r % 4 {
+                1 => {
+                    p.logit_bias
+                        .insert((r * 7919 % v) as u32, f32::NEG_INFINITY);
+                }
+                3 => {
+                    p.logit_bias.insert((r * 104_729 % v) as u32, -1e30);
+                }
+                _ => {}
+            }
+            p
+        },
+        off: |p| p.top_n_sigma = 0.0,
+        kind: |r| r % 8,
+        acted_share: 3,
+        head: [
+            SamplingParams {
+                top_n_sigma: 1.0,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                top_n_sigma: 2.0,
+                top_k: 50,
+                top_p: 0.9,
+                temperature: 0.7,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                top_n_sigma: 0.5,
+                repetition_penalty: 1.2,
+                presence_penalty: 0.5,
+                logprobs: Some(2),
+                logprobs_mode: LogprobsMode::Processed,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: 1.2,
+                ..SamplingParams::default()
+            },
+        ],
+        head_change: |p| p.top_n_sigma = 1.5,
+        head_kinds: [0, 0, 0, 0],
+        head_acted: 40,
+    }
+}
+
+fn typical_p() -> Stage {
+    Stage {
+        params: |rng, r, _| {
+            mixed(
+                SamplingParams {
+                    typical_p: pick(rng, &[0.2, 0.5, 0.9, 0.95, 0.99]),
+                    temperature: pick(rng, &[0.3, 0.7, 1.0, 1.5]),
+                    ..SamplingParams::default()
+                },
+                r,
+                |p| {
+                    p.top_n_sigma = 2.0;
+                    p.xtc_probability = 1.0;
+                    p.xtc_threshold = 0.05;
+                },
+            )
+        },
+        off: |p| p.typical_p = 1.0,
+        kind: |r| (r / 6) % 6,
+        acted_share: 2,
+        head: [
+            SamplingParams {
+                typical_p: 0.9,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                typical_p: 0.5,
+                top_k: 50,
+                top_p: 0.9,
+                temperature: 0.7,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                typical_p: 0.95,
+                repetition_penalty: 1.2,
+                presence_penalty: 0.5,
+                logprobs: Some(2),
+                logprobs_mode: LogprobsMode::Processed,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: 1.2,
+                ..SamplingParams::default()
+            },
+        ],
+        head_change: |p| p.typical_p = 0.8,
+        head_kinds: [0, 2, 5, 1],
+        head_acted: 40,
+    }
+}
+
+fn xtc() -> Stage {
+    Stage {
+        params: |rng, r, _| {
+            mixed(
+                SamplingParams {
+                    xtc_probability: [1.0f32, 0.5][(r / 6 + r) % 2],
+                    xtc_threshold: pick(rng, &[0.01, 0.05, 0.1, 0.2]),
+                    temperature: pick(rng, &[0.3, 0.7, 1.0, 1.5]),
+                    ..SamplingParams::default()
+                },
+                r,
+                |p| {
+                    p.top_k = 100;
+                    p.top_p = 0.95;
+                    p.top_n_sigma = 2.0;
+                    p.typical_p = 0.95;
+                },
+            )
+        },
+        off: |p| p.xtc_probability = 0.0,
+        // peaked and Zipf-like rows, where several tokens reach the thresholds
+        kind: |r| [0, 2, 5, 1, 3, 2][(r / 6) % 6],
+        acted_share: 4,
+        head: [
+            SamplingParams {
+                xtc_probability: 0.5,
+                xtc_threshold: 0.05,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                xtc_probability: 0.7,
+                xtc_threshold: 0.1,
+                top_k: 50,
+                min_p: 0.02,
+                temperature: 0.7,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                xtc_probability: 1.0,
+                xtc_threshold: 0.02,
+                repetition_penalty: 1.2,
+                presence_penalty: 0.5,
+                logprobs: Some(2),
+                logprobs_mode: LogprobsMode::Processed,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: 1.2,
+                ..SamplingParams::default()
+            },
+        ],
+        head_change: |p| {
+            p.xtc_probability = 0.6;
+            p.xtc_threshold = 0.05;
+        },
+        head_kinds: [2, 5, 2, 5],
+        head_acted: 30,
+    }
+}
+
+/// Checks each row against the reference; returns how many were ties.
+fn check(got: &[RowResult], data: &[f32], reqs: &[Request], v: usize, what: &str) -> usize {
+    let mut ties = 0;
+    for (r, (g, req)) in got.iter().zip(reqs).enumerate() {
+        let (want, tie) = reference_row(&data[r * v..(r + 1) * v], req);
+        match classify(g, &want, &tie) {
+            Verdict::Mismatch => panic!(
+                "{what}, row {r} ({:?}): {g:?} vs the reference's {want:?} (ties {tie:?})",
+                req.params
+            ),
+            Verdict::AllowedTie => ties += 1,
+            Verdict::Same { .. } => {}
+        }
+    }
+    ties
+}
+
+/// Whether the stage changes the reference's result for this row (its processed
+/// top-3 log-probabilities show a changed kept set even when the token is the same).
+fn acts(stage: &Stage, data: &[f32], req: &Request) -> bool {
+    let mut on = req.clone();
+    on.params.logprobs = Some(3);
+    on.params.logprobs_mode = LogprobsMode::Processed;
+    let mut off = on.clone();
+    (stage.off)(&mut off.params);
+    reference_row(data, &off).0 != reference_row(data, &on).0
+}
+
+/// Per-call rows of the stage alone and with every other stage, at V = 32,000 and
+/// 151,936: a batch of 36 through the device API against the reference, the host API
+/// against the device API, and every third row alone (B = 1) against the batch.
+fn per_call(stage: &Stage, seed: u64) {
+    let Some(b) = sampler() else { return };
+    let (mut ties, mut rows, mut acted) = (0, 0, 0);
+    for v in [32_000usize, 151_936] {
+        let mut rng = Rng::new(v as u64 + seed);
+        let (mut data, mut reqs) = (Vec::new(), Vec::new());
+        for r in 0..36 {
+            data.extend(row_of((stage.kind)(r), &mut rng, v));
+            let mut req = Request::new((stage.params)(&mut rng, r, v), rng.below(1 << 40));
+            // some steps past 2^32 (the counter's high word)
+            req.state.step = if r % 7 == 3 {
+                (1u64 << 32) + rng.below(1000)
+            } else {
+                rng.below(1000)
+            };
+            req.state.output = (0..rng.below(40))
+                .map(|_| rng.below(v as u64) as u32)
+                .collect();
+            if acts(stage, &data[r * v..(r + 1) * v], &req) {
+                acted += 1;
+            }
+            reqs.push(req);
+        }
+        let logits = Logits::f32(&data, reqs.len(), v).unwrap();
+        let dev = device_api(b, &logits, &reqs);
+        ties += check(&dev, &data, &reqs, v, &format!("device API, V {v}"));
+        let host = b.sample(&logits, &reqs).unwrap();
+        assert_eq!(host, dev, "host API against device API, V {v}");
+        for (r, req) in reqs.iter().enumerate().step_by(3) {
+            let row = &data[r * v..(r + 1) * v];
+            let one = device_api(
+                b,
+                &Logits::f32(row, 1, v).unwrap(),
+                std::slice::from_ref(req),
+            );
+            assert_eq!(one[0], dev[r], "B = 1 against the batch, V {v} row {r}");
+        }
+        rows += reqs.len();
+    }
+    eprintln!("{ties} ties, the stage changed {acted} of {rows} rows");
+    assert!(ties * 10 <= rows, "{ties} ties in {rows} rows");
+    assert!(
+        acted * stage.acted_share >= rows,
+        "the stage changed only {acted} of {rows} rows"
+    );
+}
+
+/// Many draws per row (`sample_draws`) equal the reference's token at each draw's step.
+fn draws(stage: &Stage, seed: u64) {
+    let Some(b) = sampler() else { return };
+    let v = 32_000;
+    let mut rng = Rng::new(seed);
+    let (mut data, mut reqs) = (Vec::new(), Vec::new());
+    for r in 0..6 {
+        data.extend(row_of([0, 1, 2][r % 3], &mut rng, v));
+        let mut p = (stage.params)(&mut rng, r, v);
+        p.logprobs = None;
+        reqs.push(Request::new(p, r as u64 + 1));
+    }
+    let logits = Logits::f32(&data, reqs.len(), v).unwrap();
+    let out = b.sample_draws(&logits, &reqs, 6).unwrap();
+    for (r, draws) in out.iter().enumerate() {
+        for (d, got) in draws.iter().enumerate() {
+            let mut req = reqs[r].clone();
+            req.state.step += d as u64;
+            let (want, tie) = reference_row(&data[r * v..(r + 1) * v], &req);
+            assert!(
+                !matches!(classify(got, &want, &tie), Verdict::Mismatch),
+                "row {r} draw {d}: {got:?} vs {want:?}"
+            );
+        }
+    }
+}
+
+/// The device head's slots stepped 40 times over fresh logits (slot 3 changed by
+/// `set_params` at step 20): each slot's result is the reference's for its history and
+/// step at every step.
+fn head(stage: &Stage, seed: u64) {
+    let Some(b) = sampler() else { return };
+    let (slots, v) = (4usize, 32_000usize);
+    let mut head = WgpuHead::new(b, slots, v).unwrap();
+    let mut states = Vec::new();
+    let mut now = stage.head.to_vec();
+    for (slot, p) in stage.head.iter().enumerate() {
+        let prompt: Vec<u32> = (0..20).map(|i| (i * 131 % v) as u32).collect();
+        head.join(
+            slot,
+            SlotRequest::new(p.clone())
+                .seed(slot as u64 + 3)
+                .prompt(prompt.clone()),
+        )
+        .unwrap();
+        let mut s = SequenceState::new(slot as u64 + 3);
+        s.prompt = prompt;
+        states.push(s);
+    }
+    let mut rng = Rng::new(seed);
+    let rows: Vec<usize> = (0..slots).collect();
+    let mut acted = 0;
+    for step in 0..40 {
+        if step == 20 {
+            (stage.head_change)(&mut now[3]);
+            head.set_params(3, now[3].clone()).unwrap();
+        }
+        let mut data = Vec::new();
+        for &kind in &stage.head_kinds {
+            data.extend(row_of(kind, &mut rng, v));
+        }
+        let out = head
+            .step(&Logits::f32(&data, slots, v).unwrap(), &rows)
+            .unwrap();
+        for (r, got) in out.iter().enumerate() {
+            let req = Request {
+                params: now[r].clone(),
+                state: states[r].clone(),
+                allowed: None,
+            };
+            let row = &data[r * v..(r + 1) * v];
+            let (want, tie) = reference_row(row, &req);
+            assert!(
+                !matches!(classify(&got.result, &want, &tie), Verdict::Mismatch),
+                "step {step} slot {r}: {:?} vs reference {want:?}",
+                got.result
+            );
+            if acts(stage, row, &req) {
+                acted += 1;
+            }
+            states[r].push(got.result.as_ref().unwrap().token);
+        }
+    }
+    assert!(
+        acted >= stage.head_acted,
+        "the stage changed only {acted} slot-steps"
+    );
+}
+
+#[test]
+fn per_call_top_n_sigma_matches_the_reference() {
+    per_call(&top_n_sigma(), 11);
+}
+
+#[test]
+fn top_n_sigma_draws_match_the_reference() {
+    draws(&top_n_sigma(), 77);
+}
+
+#[test]
+fn head_top_n_sigma_matches_the_reference() {
+    head(&top_n_sigma(), 5);
+}
+
+#[test]
+fn per_call_typical_p_matches_the_reference() {
+    per_call(&typical_p(), 9);
+}
+
+#[test]
+fn typical_p_draws_match_the_reference() {
+    draws(&typical_p(), 79);
+}
+
+#[test]
+fn head_typical_p_matches_the_reference() {
+    head(&typical_p(), 7);
+}
+
+#[test]
+fn per_call_xtc_matches_the_reference() {
+    per_call(&xtc(), 5);
+}
+
+/// XTC's coin changes the kept set from step to step, so its many draws go step by
+/// step; each is the reference's token at its own step.
+#[test]
+fn xtc_draws_match_the_reference() {
+    draws(&xtc(), 78);
+}
+
+#[test]
+fn head_xtc_matches_the_reference() {
+    head(&xtc(), 6);
+}
