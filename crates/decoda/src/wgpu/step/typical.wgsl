@@ -28,20 +28,28 @@ fn typ_in(row: u32, y: f32) -> bool {
     return cmp_key(typ_score(y, sgetf(row, S_TYP_M), sgetf(row, S_TYP_C))) <= cmp_key(cut);
 }
 
+// Token i's y when it is in K (finite, its cmp_key at least `kk`), else -inf.
+fn y_in_k(row: u32, slot: u32, sp: SlotP, i: u32, kk: u32) -> f32 {
+    let z = z_of(slot, sp, i, load_x(row, i));
+    if (is_neg_inf(z)) {
+        return z;
+    }
+    let y = div_rn(z, sp.temperature);
+    if (cmp_key(y) < kk) {
+        return neg_inf();
+    }
+    return y;
+}
+
 // Typical-p's cut over K for a sampling row (ymax finite); returns the largest y left.
 fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
-    let t = sp.temperature;
     let hb = hbase(row);
     let kk = cmp_key(sgetf(row, S_TAU_K));
     var sw = vec2<u32>(0u, 0u);
     var swd = vec2<u32>(0u, 0u);
     for (var i = lid; i < call.vocab; i = i + WG) {
-        let z = z_of(slot, sp, i, load_x(row, i));
-        if (is_neg_inf(z)) {
-            continue;
-        }
-        let y = div_rn(z, t);
-        if (cmp_key(y) < kk) {
+        let y = y_in_k(row, slot, sp, i, kk);
+        if (is_neg_inf(y)) {
             continue;
         }
         let w = exp_f32(y - ymax);
@@ -73,12 +81,8 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
         // last level: the largest y scoring below the bin (kept whatever its digit)
         var below = 0u;
         for (var i = lid; i < call.vocab; i = i + WG) {
-            let z = z_of(slot, sp, i, load_x(row, i));
-            if (is_neg_inf(z)) {
-                continue;
-            }
-            let y = div_rn(z, t);
-            if (cmp_key(y) < kk) {
+            let y = y_in_k(row, slot, sp, i, kk);
+            if (is_neg_inf(y)) {
                 continue;
             }
             // smaller scores first: the complement of the score's key
