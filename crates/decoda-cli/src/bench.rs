@@ -16,7 +16,7 @@ use crate::device::Device;
 pub struct BenchArgs {
     /// Configurations (comma list) from: greedy, temp, topk50, topp09, topk50_topp09,
     /// minp005, minp01, full, topp095, topp098, topp099, mask_dense, mask_sparse, dry,
-    /// topnsigma1, typical095, xtc, minp005_xtc.
+    /// topnsigma1, typical095, xtc, minp005_xtc, kept64, minp005_kept64.
     #[arg(
         long,
         value_delimiter = ',',
@@ -372,7 +372,8 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
                         offset: 0,
                     })
                     .collect();
-                let out = g.outputs(rows).map_err(|e| e.to_string())?;
+                // (outputs with room for the kept distributions serve every config)
+                let out = g.outputs_kept(rows).map_err(|e| e.to_string())?;
                 let floor = bytes as f64 / bw * 1e6;
                 for (c, config) in a.config.iter().enumerate() {
                     bar.set_message(format!("{config} V={vocab} B={rows} {name}"));

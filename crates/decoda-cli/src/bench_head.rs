@@ -98,7 +98,7 @@ pub fn run(
                     let t = head
                         .time_steps(&view, &rows, n)
                         .map_err(|e| e.to_string())?;
-                    let out = g.outputs(s).map_err(|e| e.to_string())?;
+                    let out = g.outputs_kept(s).map_err(|e| e.to_string())?;
                     let c = g
                         .time_calls(&view, &reqs, &out, n)
                         .map_err(|e| e.to_string())?;

@@ -299,8 +299,8 @@ fn engine(
         Some(s) => {
             if cpu_head && !a.host_sampling {
                 eprintln!(
-                    "note: kept or a DRY window past 4,096 tokens are sampled \
-                     on the host for now (the device head does not run them yet)"
+                    "note: a DRY window past 4,096 tokens is sampled on the host \
+                     (the device head does not hold it)"
                 );
             }
             let host: Option<Box<dyn decoda::head::Head + Send>> = if a.host_sampling || cpu_head {

@@ -275,11 +275,22 @@ def test_device_head_matches_the_cpu_head():
     for _ in range(20):
         x = rng.standard_normal((2, 4000)).astype(np.float32)
         assert gpu.step(x).tokens.tolist() == cpu.step(x).tokens.tolist()
-    # what the device head does not run yet are refused, naming the slot and the
-    # field; so is a DRY window that could outgrow the device's 4,096 tokens
+    # and the kept distribution: the same sets and probabilities as the CPU head's
     gpu.leave(0)
-    with pytest.raises(ValueError, match="kept"):
-        gpu.join(0, {"kept": 4})
+    cpu.leave(0)
+    for h in (gpu, cpu):
+        h.join(0, {"kept": 4, "top_k": 50}, seed=12, prompt=[3, 4])
+    for _ in range(5):
+        x = rng.standard_normal((2, 4000)).astype(np.float32)
+        g, c = gpu.step(x), cpu.step(x)
+        assert g.tokens.tolist() == c.tokens.tolist()
+        assert g.kept[0]["size"] == c.kept[0]["size"] == 50
+        assert [k["id"] for k in g.kept[0]["top"]] == [k["id"] for k in c.kept[0]["top"]]
+        for a, b in zip(g.kept[0]["top"], c.kept[0]["top"]):
+            assert abs(a["p"] - b["p"]) <= 1e-6
+    # a DRY window that could outgrow the device's 4,096 tokens is refused, naming
+    # the slot and the field
+    gpu.leave(0)
     with pytest.raises(ValueError, match="dry_penalty_last_n"):
         gpu.join(0, {"dry_multiplier": 0.5})
 

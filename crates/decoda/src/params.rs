@@ -178,10 +178,10 @@ impl SamplingParams {
         self.xtc_probability > 0.0 && self.xtc_threshold <= 0.5
     }
 
-    /// Whether the row asks for its kept distribution, which the device kernels do not
-    /// compute yet (the field named). DRY runs on the device for windows of up to
-    /// [`MAX_DEVICE_DRY_WINDOW`] tokens ([`SamplingParams::beyond_device_with`]);
-    /// top-n-σ, typical-p and XTC always.
+    /// The field of a stage the device kernels do not run for this row, if any: DRY runs
+    /// on the device for windows of up to [`MAX_DEVICE_DRY_WINDOW`] tokens
+    /// ([`SamplingParams::beyond_device_with`]); every other stage and the kept
+    /// distribution always, so with no history this is always `None`.
     pub fn beyond_device(&self) -> Option<&'static str> {
         self.beyond_device_with(0)
     }
@@ -201,13 +201,7 @@ impl SamplingParams {
     /// [`SamplingParams::beyond_device`], and `dry_penalty_last_n` when DRY's window over
     /// a history that reaches `history` tokens is longer than [`MAX_DEVICE_DRY_WINDOW`].
     pub fn beyond_device_with(&self, history: usize) -> Option<&'static str> {
-        if self.dry_window(history) > MAX_DEVICE_DRY_WINDOW {
-            Some("dry_penalty_last_n")
-        } else if self.kept.is_some() {
-            Some("kept")
-        } else {
-            None
-        }
+        (self.dry_window(history) > MAX_DEVICE_DRY_WINDOW).then_some("dry_penalty_last_n")
     }
 
     /// Whether any of bias, repetition, frequency, presence or DRY changes a logit of this row.

@@ -208,29 +208,28 @@ fn stops_and_rejoin() {
     assert!(head.step(&logits, &[0, 0]).is_err());
 }
 
-/// The device head refuses the stages its kernels do not run yet, at join and at
-/// set_params, naming the slot and the field; the slot stays usable.
+/// The device head refuses a DRY window its kernels cannot hold (no `max_tokens` bounds
+/// the history) at join and at set_params, naming the slot and the field; the slot stays
+/// usable. It takes the kept distribution.
 #[test]
 fn later_stages_refused_by_the_device_head() {
     let Some(s) = sampler() else { return };
     let mut head = WgpuHead::new(&s, 2, 1000).unwrap();
-    let kept = SamplingParams {
-        kept: Some(4),
-        ..SamplingParams::default()
-    };
-    match head.join(1, SlotRequest::new(kept.clone()).seed(3)) {
-        Err(decoda::Error::InvalidParameter { row: 1, field, .. }) => {
-            assert_eq!(field, "kept")
-        }
-        other => panic!("expected a refusal naming slot 1, got {other:?}"),
-    }
-    head.join(1, SlotRequest::new(SamplingParams::default()).seed(3))
-        .unwrap();
-    // a DRY window over the whole history, which no max_tokens bounds
     let dry = SamplingParams {
         dry_multiplier: 0.8,
         ..SamplingParams::default()
     };
+    match head.join(1, SlotRequest::new(dry.clone()).seed(3)) {
+        Err(decoda::Error::InvalidParameter { row: 1, field, .. }) => {
+            assert_eq!(field, "dry_penalty_last_n")
+        }
+        other => panic!("expected a refusal naming slot 1, got {other:?}"),
+    }
+    let kept = SamplingParams {
+        kept: Some(4),
+        ..SamplingParams::default()
+    };
+    head.join(1, SlotRequest::new(kept).seed(3)).unwrap();
     match head.set_params(1, dry) {
         Err(decoda::Error::InvalidParameter { row: 1, field, .. }) => {
             assert_eq!(field, "dry_penalty_last_n")
@@ -239,7 +238,13 @@ fn later_stages_refused_by_the_device_head() {
     }
     let x = vec![0.5f32; 1000];
     let steps = head.step(&Logits::f32(&x, 1, 1000).unwrap(), &[1]).unwrap();
-    assert!(steps[0].result.is_ok(), "{:?}", steps[0]);
+    let kept = steps[0].result.as_ref().unwrap().kept.as_ref().unwrap();
+    assert_eq!((kept.size, kept.top.len()), (1000, 4), "{kept:?}");
+    assert_eq!(
+        kept.top.iter().map(|k| k.id).collect::<Vec<_>>(),
+        [0, 1, 2, 3],
+        "equal logits: the smallest ids first"
+    );
 }
 
 /// `Head::step_masked` on the device head: 30 steps of 4 slots with a fresh mask per

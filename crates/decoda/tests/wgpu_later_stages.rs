@@ -1,5 +1,6 @@
-//! Top-n-σ (stage 5a), typical-p (6a) and XTC (8a) on the device, each checked the same
-//! way against the reference at decode vocabularies: per-call rows through the device
+//! Top-n-σ (stage 5a), typical-p (6a), XTC (8a) and the kept distribution on the
+//! device, each checked the same way against the reference at decode vocabularies:
+//! per-call rows through the device
 //! API, the host API (equal to the device API) and fresh B = 1 calls (equal to the
 //! batch); many draws per row; slots of the device head over 40 steps with a
 //! `set_params` mid-run. The same token and log-probabilities, but on the contract's
@@ -40,7 +41,7 @@ fn sampler() -> Option<&'static WgpuSampler> {
 /// submitted and read back.
 fn device_api(b: &WgpuSampler, logits: &Logits<'_>, reqs: &[Request]) -> Vec<RowResult> {
     let buf = b.upload_logits(logits);
-    let out = b.outputs(reqs.len()).unwrap();
+    let out = b.outputs_kept(reqs.len()).unwrap();
     let view = DeviceLogits {
         buffer: &buf,
         dtype: DType::F32,
@@ -307,6 +308,63 @@ fn xtc() -> Stage {
     }
 }
 
+/// The kept distribution (`kept = n`): on the list path from the sorted candidates, on
+/// the full-row path (unfiltered rows, typical-p, top-n-σ, sets the list does not hold)
+/// by a radix select of the n-th largest y, ties split by id on rows of coarse ties and
+/// equal values; greedy rows keep their token.
+fn kept() -> Stage {
+    Stage {
+        params: |rng, r, _| {
+            mixed(
+                SamplingParams {
+                    kept: Some([1u32, 7, 64, 1024][(r / 6 + r) % 4]),
+                    temperature: pick(rng, &[0.0, 0.7, 1.0, 1.5]),
+                    ..SamplingParams::default()
+                },
+                r,
+                |p| {
+                    p.top_n_sigma = 2.0;
+                    p.typical_p = 0.95;
+                    p.xtc_probability = 1.0;
+                    p.xtc_threshold = 0.05;
+                },
+            )
+        },
+        off: |p| p.kept = None,
+        kind: |r| (r / 6 + r) % 8,
+        acted_share: 1,
+        head: [
+            SamplingParams {
+                kept: Some(16),
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                kept: Some(1024),
+                top_k: 50,
+                top_p: 0.9,
+                temperature: 0.7,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                kept: Some(5),
+                min_p: 0.05,
+                repetition_penalty: 1.2,
+                presence_penalty: 0.5,
+                logprobs: Some(2),
+                logprobs_mode: LogprobsMode::Processed,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: 1.2,
+                ..SamplingParams::default()
+            },
+        ],
+        head_change: |p| p.kept = Some(300),
+        head_kinds: [0, 2, 3, 1],
+        head_acted: 140,
+    }
+}
+
 /// Checks each row against the reference; returns how many were ties.
 fn check(got: &[RowResult], data: &[f32], reqs: &[Request], v: usize, what: &str) -> usize {
     let mut ties = 0;
@@ -519,4 +577,20 @@ fn xtc_draws_match_the_reference() {
 #[test]
 fn head_xtc_matches_the_reference() {
     head(&xtc(), 6);
+}
+
+#[test]
+fn per_call_kept_matches_the_reference() {
+    per_call(&kept(), 3);
+}
+
+/// Rows asking for the kept distribution draw step by step, each draw's set its own.
+#[test]
+fn kept_draws_match_the_reference() {
+    draws(&kept(), 80);
+}
+
+#[test]
+fn head_kept_matches_the_reference() {
+    head(&kept(), 8);
 }

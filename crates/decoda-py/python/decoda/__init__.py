@@ -270,8 +270,9 @@ class Head:
     sequence's parameters, seed, step, history, stop ids, ``max_tokens`` and fixed
     token mask; :meth:`step` draws a token for each given slot and advances it, so a
     decode loop passes only the logits (on a GPU the state stays on the device).
-    The later stages (DRY, top-n-σ, typical-p, XTC, ``kept``) run on the CPU head only
-    for now: the device head refuses them."""
+    The device head runs every stage and ``kept``, but DRY only over windows of up to
+    4,096 tokens (``dry_penalty_last_n <= 4096``, or ``-1`` with ``max_tokens`` keeping
+    the history within it): a longer window is a ``ValueError``; the CPU head takes any."""
 
     def __init__(self, slots: int, vocab: int, device: str = "auto") -> None:
         self._native = _native.Head(slots, vocab, device)

@@ -24,6 +24,8 @@ pub const CONFIGS: &[&str] = &[
     "typical095",
     "xtc",
     "minp005_xtc",
+    "kept64",
+    "minp005_kept64",
 ];
 
 /// Parameters of a named configuration (all sampled ones at temperature 0.8), or `None`.
@@ -38,7 +40,9 @@ pub const CONFIGS: &[&str] = &[
 /// half the tokens at random, or 1,000 of them, a grammar state's few choices);
 /// `dry` = DRY 0.8 / 1.75 / 2 over 256 history tokens with repeats; `topnsigma1` =
 /// top-n-σ 1; `typical095` = typical-p 0.95; `xtc` = XTC at probability 0.5, threshold
-/// 0.1; `minp005_xtc` = min-p 0.05 then that XTC (llama.cpp's usual XTC chain).
+/// 0.1; `minp005_xtc` = min-p 0.05 then that XTC (llama.cpp's usual XTC chain);
+/// `kept64` = temperature with the kept distribution's 64 most likely tokens (no filter:
+/// the whole row is the set), `minp005_kept64` = the same after min-p 0.05.
 pub fn config(name: &str) -> Option<SamplingParams> {
     let t = SamplingParams {
         temperature: 0.8,
@@ -81,6 +85,15 @@ pub fn config(name: &str) -> Option<SamplingParams> {
             min_p: 0.05,
             xtc_probability: 0.5,
             xtc_threshold: 0.1,
+            ..t
+        },
+        "kept64" => SamplingParams {
+            kept: Some(64),
+            ..t
+        },
+        "minp005_kept64" => SamplingParams {
+            min_p: 0.05,
+            kept: Some(64),
             ..t
         },
         "full" => SamplingParams {

@@ -29,7 +29,7 @@ use crate::logits::Logits;
 use crate::params::{SamplingParams, MAX_BREAKERS, MAX_BREAKER_LEN};
 
 use super::device::{make_buffer, Grow};
-use super::host::{checked, parse_logprobs, row_status};
+use super::host::{checked, parse_kept, parse_logprobs, row_status};
 use super::kernels::{self, Kernels, Plan, RowNeeds, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
 use super::sampler::{
@@ -60,7 +60,7 @@ struct Readback {
     buf: wgpu::Buffer,
     ready: Arc<AtomicBool>,
     /// The step it holds (None: free).
-    step: Option<(StepId, Vec<usize>)>,
+    step: Option<(StepId, Vec<usize>, bool)>,
 }
 
 /// What the host remembers of a slot.
@@ -193,7 +193,7 @@ impl WgpuHead {
             results: make_buffer(
                 &device,
                 "decoda head results",
-                (slots * RES_WORDS * 4) as u64,
+                (slots * (RES_WORDS + KEPT_WORDS) * 4) as u64,
                 u,
             ),
             queue: sampler.queue().clone(),
@@ -375,6 +375,7 @@ impl WgpuHead {
             zero: 0,
             mask_base: masks.map_or(0, |m| m.offset as u32),
             mask_stride: masks.map_or(0, |m| m.row_stride as u32),
+            kept_base: (b * RES_WORDS) as u32,
             ..CallU::default()
         };
         let rmap: Vec<u32> = rows.iter().map(|&s| s as u32).collect();
@@ -422,7 +423,14 @@ impl WgpuHead {
             timestamps.map_or(StepStamps::None, StepStamps::Step),
         );
         // the step's results into a readback buffer, mapped when the submission has run
-        let bytes = ((b + b * RES_WORDS) * 4) as u64;
+        // rows asking for their kept distribution bring back the kept areas too
+        let kept = rows.iter().any(|&s| {
+            self.host[s]
+                .as_ref()
+                .is_some_and(|h| h.params.kept.is_some())
+        });
+        let stride = RES_WORDS + if kept { KEPT_WORDS } else { 0 };
+        let bytes = ((b + b * stride) * 4) as u64;
         let k = match self
             .ring
             .iter()
@@ -433,7 +441,7 @@ impl WgpuHead {
                 let buf = make_buffer(
                     &self.device,
                     "decoda head readback",
-                    ((self.slots + self.slots * RES_WORDS) * 4) as u64,
+                    ((self.slots + self.slots * stride) * 4) as u64,
                     wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 );
                 self.ring.push(Readback {
@@ -451,7 +459,7 @@ impl WgpuHead {
             0,
             &r.buf,
             (b * 4) as u64,
-            (b * RES_WORDS * 4) as u64,
+            (b * stride * 4) as u64,
         );
         r.ready.store(false, Ordering::Release);
         let ready = Arc::clone(&r.ready);
@@ -460,7 +468,7 @@ impl WgpuHead {
                 ready.store(true, Ordering::Release);
             }
         });
-        r.step = Some((id, rows.to_vec()));
+        r.step = Some((id, rows.to_vec(), kept));
         self.next_step += 1;
         Ok(id)
     }
@@ -506,10 +514,11 @@ impl WgpuHead {
             if !self.ring[k].ready.load(Ordering::Acquire) {
                 break;
             }
-            let (id, rows) = self.ring[k].step.take().expect("checked");
+            let (id, rows, kept) = self.ring[k].step.take().expect("checked");
             let b = rows.len();
+            let stride = RES_WORDS + if kept { KEPT_WORDS } else { 0 };
             let words: Vec<u32> = {
-                let slice = self.ring[k].buf.slice(0..((b + b * RES_WORDS) * 4) as u64);
+                let slice = self.ring[k].buf.slice(0..((b + b * stride) * 4) as u64);
                 let view = slice
                     .get_mapped_range()
                     .map_err(|e| Error::Device(format!("reading a step's results: {e}")))?;
@@ -536,8 +545,14 @@ impl WgpuHead {
                     .as_ref()
                     .and_then(|h| h.params.logprobs)
                     .map(|_| parse_logprobs(&w[2..2 + LP_WORDS]));
+                let kept = self.host[slot].as_ref().and_then(|h| h.params.kept);
                 let result = match row_status(w[0], w[1]) {
-                    None => checked(tokens[r], self.vocab, logprobs),
+                    None => checked(tokens[r], self.vocab, logprobs).map(|mut s| {
+                        s.kept = kept.map(|_| {
+                            parse_kept(&res[b * RES_WORDS + r * KEPT_WORDS..][..KEPT_WORDS])
+                        });
+                        s
+                    }),
                     Some(e) => Err(e),
                 };
                 // the second word: the slot's finish (after this step, or from before)

@@ -6,7 +6,9 @@ use crate::error::{Error, Result, RowError};
 use crate::logits::Gathered;
 use crate::logits::{Logits, LogitsData};
 use crate::params::{Request, SamplingParams, MAX_LOGPROBS};
-use crate::pipeline::{self as pl, Row, RowResult, Sample, TokenLogprobs, TopLogprob};
+use crate::pipeline::{
+    self as pl, Kept, KeptToken, Row, RowResult, Sample, TokenLogprobs, TopLogprob,
+};
 
 use super::device::{make_buffer, poisoned};
 use super::kernels::StepStamps;
@@ -35,7 +37,8 @@ impl WgpuSampler {
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        let bytes = copy_results(&mut enc, out, b, b * RES_WORDS);
+        let kept = requests.iter().any(|r| r.params.kept.is_some());
+        let bytes = copy_results(&mut enc, out, b, b * res_stride(kept, 0));
         self.queue.submit([enc.finish()]);
         let words = self.map_words(&out.readback, bytes)?;
         let vocab = out.vocab.load(std::sync::atomic::Ordering::Relaxed);
@@ -75,7 +78,8 @@ impl WgpuSampler {
     fn host_call(&self, logits: &Logits<'_>, rows: &[Row<'_>], draws: usize) -> Result<Vec<u32>> {
         let _call = self.host_call.lock().map_err(|_| poisoned())?;
         let b = logits.rows();
-        let res_words = b * (RES_WORDS + draws);
+        let kept = rows.iter().any(|r| r.params.kept.is_some());
+        let res_words = b * res_stride(kept, draws);
         let (buf, out) = {
             let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
             if sc.host_logits.ensure(&self.device, logits_size(logits)) {
@@ -166,10 +170,10 @@ impl WgpuSampler {
 }
 
 impl WgpuSampler {
-    /// A call with rows whose stages the kernels do not run yet
-    /// ([`crate::pipeline::Row::beyond_device`]: typical-p, the kept distribution, a DRY
-    /// window longer than the kernels hold): those rows are drawn by the CPU sampler from the host's logits (the
-    /// same contract), the others on the device; results in the rows' order.
+    /// A call with rows whose DRY window is longer than the kernels hold
+    /// ([`crate::pipeline::Row::beyond_device`]): those rows are drawn by the CPU sampler
+    /// from the host's logits (the same contract), the others on the device; results in
+    /// the rows' order.
     fn sample_rows_split(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
         let (host, device): (Vec<usize>, Vec<usize>) =
             (0..rows.len()).partition(|&i| rows[i].beyond_device().is_some());
@@ -193,6 +197,12 @@ impl WgpuSampler {
             .map(|r| r.expect("every row drawn once"))
             .collect())
     }
+}
+
+/// Result words per row of a call: the results, then the many draws' tokens or (rows
+/// asking for it, which never have many draws) the kept distribution.
+fn res_stride(kept: bool, draws: usize) -> usize {
+    RES_WORDS + if kept { KEPT_WORDS.max(draws) } else { draws }
 }
 
 /// Bytes of a device copy of the logits: whole 4-byte words, at least one.
@@ -244,6 +254,7 @@ impl Backend for WgpuSampler {
     ) -> Result<Vec<Vec<RowResult>>> {
         if rows.iter().any(|r| {
             r.params.logprobs.is_some()
+                || r.params.kept.is_some()
                 || r.params.xtc_on()
                 || r.request().beyond_device().is_some()
         }) || !pl::reads_in_order(rows, logits.rows())
@@ -347,8 +358,23 @@ pub(crate) fn parse_logprobs(w: &[u32]) -> TokenLogprobs {
     }
 }
 
+/// A row's kept distribution from its kept area (size, listed, then (id, p) pairs).
+pub(crate) fn parse_kept(w: &[u32]) -> Kept {
+    let listed = (w[1] as usize).min(KEPT_TOKENS);
+    Kept {
+        size: w[0],
+        top: (0..listed)
+            .map(|k| KeptToken {
+                id: w[2 + 2 * k],
+                p: f32::from_bits(w[3 + 2 * k]),
+            })
+            .collect(),
+    }
+}
+
 /// Per-row results from words laid out by [`copy_results`] (tokens, then `[B, 46]`
-/// results). Tokens must be below `vocab`.
+/// results, then, when a row asks for it, `[B, 2050]` kept areas). Tokens must be below
+/// `vocab`.
 pub(crate) fn parse_results<'a>(
     words: &[u32],
     params: impl ExactSizeIterator<Item = &'a SamplingParams>,
@@ -356,6 +382,7 @@ pub(crate) fn parse_results<'a>(
 ) -> Vec<RowResult> {
     let b = params.len();
     let (tokens, res) = words.split_at(b);
+    let kept_at = |r: usize| &res[b * RES_WORDS + r * KEPT_WORDS..][..KEPT_WORDS];
     params
         .enumerate()
         .map(|(r, p)| {
@@ -365,7 +392,11 @@ pub(crate) fn parse_results<'a>(
                     tokens[r],
                     vocab,
                     p.logprobs.map(|_| parse_logprobs(&w[2..2 + LP_WORDS])),
-                ),
+                )
+                .map(|mut s| {
+                    s.kept = p.kept.map(|_| parse_kept(kept_at(r)));
+                    s
+                }),
                 Some(e) => Err(e),
             }
         })

@@ -16,6 +16,11 @@ pub(crate) const PART_WORDS: usize = 64;
 pub(crate) const LP_WORDS: usize = 44;
 /// Result words per row: status, a status word, then the log-probabilities (`RESW`).
 pub(crate) const RES_WORDS: usize = 46;
+/// Most tokens a kept distribution lists ([`crate::params::MAX_KEPT`], `KEPTN`).
+pub(crate) const KEPT_TOKENS: usize = crate::params::MAX_KEPT as usize;
+/// Kept-distribution words per row (`KEPTW`): the set's size, the tokens listed, then
+/// `KEPT_TOKENS` (id, probability bits) pairs.
+pub(crate) const KEPT_WORDS: usize = 2 + 2 * KEPT_TOKENS;
 /// Slot-state words per slot (`SSW`): step (2), tokens generated (2), finished, history
 /// length (`SS_HIST`).
 pub(crate) const SLOT_STATE_WORDS: usize = 8;
@@ -60,6 +65,9 @@ pub(crate) const F_XTC: u32 = 256;
 /// Stage 6a (typical-p): the row takes the full-row path, which cuts its band after
 /// top-k (`step/typical.wgsl`).
 pub(crate) const F_TYPICAL: u32 = 512;
+/// The kept distribution is asked for: written to the row's kept area of the results
+/// (`Call.kept_base`); an unfiltered row takes the full-row path (`step/kept.wgsl`).
+pub(crate) const F_KEPT: u32 = 1024;
 
 /// `Call.mode`: advance the slot state in `finish` (a head's step).
 pub(crate) const M_HEAD: u32 = 1;
@@ -110,7 +118,9 @@ pub(crate) struct CallU {
     pub mask_base: u32,
     /// Words between rows' masks.
     pub mask_stride: u32,
-    pub pad0: u32,
+    /// Word offset in the results of row 0's kept area (rows with `F_KEPT`), rows
+    /// `KEPT_WORDS` apart.
+    pub kept_base: u32,
     pub pad1: u32,
     pub pad2: u32,
 }
@@ -154,6 +164,8 @@ pub(crate) struct SlotU {
     pub xtc_thr: f32,
     /// Stage 6a's `p` (with `F_TYPICAL`).
     pub typical_p: f32,
+    /// Tokens the kept distribution lists (with `F_KEPT`).
+    pub n_kept: u32,
 }
 
 /// Storage buffers one kernel binds.
@@ -233,7 +245,7 @@ mod tests {
                 std::mem::size_of::<CallU>(),
                 &fields!(CallU; rows, vocab, stride, dtype, base, splits, chunk, bm_words,
                     cap, mode, draws, draw_lanes, part_base, cand_base, zero, mask_base,
-                    mask_stride, pad0, pad1, pad2),
+                    mask_stride, kept_base, pad1, pad2),
             );
             check(
                 &m,
@@ -243,7 +255,7 @@ mod tests {
                     seed_lo, seed_hi, n_lp, bias_off, bias_len, stop_off, stop_len, hist_off,
                     hist_len, max_lo, max_hi, pen_slot, dry_allowed, dry_n, dry_tab_off,
                     dry_tab_len, dry_brk_off, dry_brk_len, top_n_sigma, xtc_p,
-                    xtc_thr, typical_p),
+                    xtc_thr, typical_p, n_kept),
             );
         }
     }
@@ -327,6 +339,9 @@ mod tests {
             ("F_TOP_N_SIGMA", u64::from(F_TOP_N_SIGMA)),
             ("F_XTC", u64::from(F_XTC)),
             ("F_TYPICAL", u64::from(F_TYPICAL)),
+            ("F_KEPT", u64::from(F_KEPT)),
+            ("KEPTN", KEPT_TOKENS as u64),
+            ("KEPTW", KEPT_WORDS as u64),
             ("DRAW_WG", DRAW_WG as u64),
             ("F_TOUCH", u64::from(F_TOUCH)),
             ("F_LOGPROBS", u64::from(F_LOGPROBS)),

@@ -68,6 +68,7 @@ pub const SHADER_MAIN: &str = concat!(
     include_str!("step/sigma.wgsl"),
     include_str!("step/typical.wgsl"),
     include_str!("step/lp.wgsl"),
+    include_str!("step/kept.wgsl"),
     include_str!("step/finish.wgsl"),
     include_str!("step/draw_many.wgsl"),
 );

@@ -95,7 +95,10 @@ impl DeviceLogits<'_> {
 /// 3 = `NoWinner`, 4 = the slot had finished (a head's step)), a word (the count above,
 /// or for a head's step the slot's finish: 0 none, 1 stop token, 2 `max_tokens`), then
 /// 44 words of log-probabilities: chosen logprob (f32 bits), rank, number listed, then up
-/// to 20 pairs of token and logprob). Both have `STORAGE | COPY_SRC` usage.
+/// to 20 pairs of token and logprob). Both have `STORAGE | COPY_SRC` usage. Outputs made
+/// by [`WgpuSampler::outputs_kept`] also hold, after the `[rows, 46]` results of a call of
+/// B rows (at word `46 B`), B kept areas of 2,050 words: the kept set's size, the tokens
+/// listed (n), then n pairs of token and probability (f32 bits), most likely first.
 #[derive(Debug)]
 pub struct DeviceOutputs {
     pub(crate) rows: usize,
@@ -410,6 +413,13 @@ impl WgpuSampler {
         self.outputs_for(rows, 0)
     }
 
+    /// Output buffers for up to `rows` rows with room for their kept distributions
+    /// ([`crate::SamplingParams::kept`]): what [`WgpuSampler::record`] needs for a
+    /// request that asks for one.
+    pub fn outputs_kept(&self, rows: usize) -> Result<DeviceOutputs> {
+        self.outputs_for(rows, KEPT_WORDS)
+    }
+
     /// Output buffers with room for `draws` many-draws tokens per row after the results.
     pub(crate) fn outputs_for(&self, rows: usize, draws: usize) -> Result<DeviceOutputs> {
         use wgpu::BufferUsages as U;
@@ -445,9 +455,10 @@ impl WgpuSampler {
     /// error here, before anything is recorded. Host token masks ([`Request::allowed`])
     /// are taken by the host API ([`Backend::sample`](crate::Backend::sample)); here a
     /// request with one is an error (device masks go through [`Self::record_masked`]), as
-    /// is one asking for the kept distribution or a DRY window longer than the kernels
-    /// hold ([`crate::SamplingParams::beyond_device_with`]), which the host API draws on
-    /// the CPU for now.
+    /// is one with a DRY window longer than the kernels hold
+    /// ([`crate::SamplingParams::beyond_device_with`]), which the host API draws on the
+    /// CPU, and one asking for the kept distribution when `out` has no room for it
+    /// (make it with [`Self::outputs_kept`]).
     pub fn record(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -578,6 +589,21 @@ impl WgpuSampler {
             m.check(logits.rows, logits.vocab)?;
         }
         let b = logits.rows;
+        if let Some(row) = rows.iter().position(|r| r.params.kept.is_some()) {
+            if draws > 0 {
+                return Err(Error::Shape(format!(
+                    "row {row} asks for its kept distribution, which many draws do not                      return: draw it step by step"
+                )));
+            }
+            if out.res_words < b * (RES_WORDS + KEPT_WORDS) {
+                return Err(Error::InvalidParameter {
+                    row,
+                    field: "kept",
+                    value: format!("{:?}", rows[row].params.kept),
+                    expected: "outputs with room for kept distributions                                (WgpuSampler::outputs_kept)",
+                });
+            }
+        }
         if out.res_words < b * (RES_WORDS + draws) {
             return Err(Error::Shape(format!(
                 "{draws} draws of {b} rows do not fit outputs of {} words",
@@ -685,6 +711,7 @@ impl WgpuSampler {
             zero: 0,
             mask_base: masks.map_or(0, |m| m.offset as u32),
             mask_stride: masks.map_or(0, |m| m.row_stride as u32),
+            kept_base: (b * (RES_WORDS + draws)) as u32,
             ..CallU::default()
         };
         let dev = &self.device;
@@ -866,6 +893,7 @@ pub(crate) fn slot_params(
         xtc_p: p.xtc_probability,
         xtc_thr: p.xtc_threshold,
         typical_p: p.typical_p,
+        n_kept: p.kept.unwrap_or(0),
         ..SlotU::default()
     })
 }
@@ -945,6 +973,9 @@ pub(crate) fn row_flags(p: &crate::params::SamplingParams, vocab: usize) -> u32 
     }
     if p.typical_p < 1.0 {
         flags |= F_TYPICAL;
+    }
+    if p.kept.is_some() {
+        flags |= F_KEPT;
     }
     flags
 }

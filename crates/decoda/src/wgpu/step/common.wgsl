@@ -121,6 +121,7 @@ const F_DRY: u32 = 64u;      // stage 3a: the probe computes the slot's DRY area
 const F_TOP_N_SIGMA: u32 = 128u;   // stage 5a (top-n-σ): the full-row path (step/sigma.wgsl)
 const F_XTC: u32 = 256u;     // stage 8a (XTC) is on (`xtc_fires` says whether it acts)
 const F_TYPICAL: u32 = 512u; // stage 6a (typical-p): the full-row path (step/typical.wgsl)
+const F_KEPT: u32 = 1024u;   // the kept distribution is written (step/kept.wgsl)
 
 // Call.mode bits
 const M_HEAD: u32 = 1u;      // advance the slot state in finish
@@ -147,7 +148,7 @@ struct Call {
     zero: u32,        // always 0 (fp, in fmath.wgsl)
     mask_base: u32,   // word offset of row 0's mask in masks (M_MASK)
     mask_stride: u32, // words between rows' masks
-    pad0: u32,
+    kept_base: u32,   // out_res word offset of row 0's kept area (F_KEPT rows)
     pad1: u32,
     pad2: u32,
 }
@@ -183,6 +184,7 @@ struct SlotP {
     xtc_p: f32,       // stage 8a's probability (F_XTC)
     xtc_thr: f32,     // stage 8a's threshold (F_XTC)
     typical_p: f32,   // stage 6a's p (F_TYPICAL)
+    n_kept: u32,      // tokens the kept distribution lists (F_KEPT)
 }
 
 @group(0) @binding(0) var<uniform> call: Call;

@@ -5,6 +5,7 @@
 fn finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
     lanes_init(lanes);
+    kept_row(lid, wid.x);
     finish_row(lid, wid.x);
 }
 

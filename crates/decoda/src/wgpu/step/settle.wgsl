@@ -289,6 +289,7 @@ fn settle_finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         full_draw(lid, row);
     }
     storageBarrier();
+    kept_row(lid, row);
     finish_row(lid, row);
 }
 
@@ -394,8 +395,10 @@ fn settle_row(lid: u32, row: u32) {
     let st = wg_uniform(lid, status);
     // stage 8a acts at this step: the row is filtered even with no other filter
     let xf = xtc_fires(slot, sp);
-    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA | F_TYPICAL)) != 0u
-        || xf;
+    // (a row asking for its kept distribution is filtered too: an unfiltered one takes
+    // the full-row path, where `kept_row` finds its set with `member`)
+    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA | F_TYPICAL | F_KEPT))
+        != 0u || xf;
     if (lid == 0u) {
         sset(row, S_STATUS, status);
         sset(row, S_COUNT, count);

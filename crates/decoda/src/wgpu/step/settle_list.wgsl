@@ -229,6 +229,13 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
         lse = ln_f32(max(total, 1.0));
         pos = wg_argmax(lid, 0u, at).y;
     }
+    if (wg_flag(lid, (sp.flags & F_KEPT) != 0u && w.y != NO_TOKEN)) {
+        var acc = vec2<u32>(0u, 0u);
+        for (var j = j0 + lid; j < n_s; j = j + WG) {
+            acc = add64(acc, fixed40(exp_diff(bitcast<f32>(entry(row, j).y), vtop)));
+        }
+        kept_list(lid, row, sp, j0, n_s, vtop, val64(wg_sum64(lid, acc)));
+    }
     if (lid == 0u) {
         sset(row, S_NS, n_s);
         if (w.y == NO_TOKEN) {
