@@ -594,3 +594,73 @@ fn kept_draws_match_the_reference() {
 fn head_kept_matches_the_reference() {
     head(&kept(), 8);
 }
+
+/// The f64 top-n-σ threshold of a row at temperature 1 with biases, and the contract's
+/// margin `3e-7 (|ymax| + n σ)` around it.
+fn sigma_threshold(x: &[f32], p: &SamplingParams) -> (f64, f64, Vec<f64>) {
+    let y: Vec<f64> = x
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let z = x + p.logit_bias.get(&(i as u32)).copied().unwrap_or(0.0);
+            f64::from(z / p.temperature)
+        })
+        .collect();
+    let n = y.len() as f64;
+    let ymax = y.iter().copied().fold(f64::MIN, f64::max);
+    let mean = y.iter().sum::<f64>() / n;
+    let sigma = (y.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n).sqrt();
+    let n_sigma = f64::from(p.top_n_sigma) * sigma;
+    (ymax - n_sigma, 3e-7 * (ymax.abs() + n_sigma), y)
+}
+
+/// Top-n-σ's threshold on the device lies within the contract's `3e-7 (|ymax| + n σ)` of
+/// the f64 one: the kept set's size (`kept = 0`) counts every y above the f64 threshold
+/// plus that margin and none below it less the margin, on Gaussian, Zipf-like and
+/// peaked rows at V = 32,000 and 151,936, one row with a token pushed 1e30 down (a
+/// range of 2^100). Half the rows carry 400 values spaced `1e-6 (|ymax| + n σ)` apart
+/// across their own threshold (placed by a fixed-point iteration), so a threshold off
+/// by more than about the margin changes the count.
+#[test]
+fn top_n_sigma_threshold_within_its_bound() {
+    let Some(b) = sampler() else { return };
+    for v in [32_000usize, 151_936] {
+        let mut rng = Rng::new(v as u64 + 1);
+        let (mut data, mut reqs) = (Vec::new(), Vec::new());
+        for r in 0..16 {
+            let mut x = row_of([0, 1, 2, 5, 7][r % 5], &mut rng, v);
+            let mut p = SamplingParams {
+                top_n_sigma: [0.5f32, 1.0, 2.0, 3.0][r % 4],
+                temperature: if r % 2 == 0 { 1.0 } else { 0.7 },
+                kept: Some(0),
+                ..SamplingParams::default()
+            };
+            if r == 7 {
+                p.logit_bias.insert(3, -1e30);
+            }
+            if r % 2 == 0 {
+                let at: Vec<usize> = (0..400).map(|j| 7 + j * (v / 401)).collect();
+                for _ in 0..8 {
+                    let (tau, margin, _) = sigma_threshold(&x, &p);
+                    let step = margin / 0.3;
+                    for (j, &i) in at.iter().enumerate() {
+                        x[i] = (tau + (j as f64 - 200.0) * step) as f32;
+                    }
+                }
+            }
+            data.extend(x);
+            reqs.push(Request::new(p, r as u64));
+        }
+        let got = device_api(b, &Logits::f32(&data, reqs.len(), v).unwrap(), &reqs);
+        for (r, (g, req)) in got.iter().zip(&reqs).enumerate() {
+            let (tau, margin, y) = sigma_threshold(&data[r * v..(r + 1) * v], &req.params);
+            let surely = y.iter().filter(|&&v| v >= tau + margin).count() as u32;
+            let at_most = y.iter().filter(|&&v| v >= tau - margin).count() as u32;
+            let size = g.as_ref().unwrap().kept.as_ref().unwrap().size;
+            assert!(
+                (surely..=at_most).contains(&size),
+                "V {v} row {r}: kept {size}, the f64 threshold {tau} keeps {surely}..={at_most}"
+            );
+        }
+    }
+}
