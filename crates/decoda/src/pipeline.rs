@@ -772,6 +772,14 @@ pub fn kept_of(set: &[(u32, f32)], n: u32) -> Kept {
     let vmax = set.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = set.iter().map(|c| f64::from(c.1 - vmax).exp()).sum();
     let mut sorted = set.to_vec();
+    // the n first under a total order: selected, then only they are sorted
+    let n_top = (n as usize).min(sorted.len());
+    if n_top == 0 {
+        sorted.clear();
+    } else if n_top < sorted.len() {
+        sorted.select_nth_unstable_by(n_top - 1, rank_order);
+        sorted.truncate(n_top);
+    }
     sorted.sort_by(rank_order);
     Kept {
         size: set.len() as u32,

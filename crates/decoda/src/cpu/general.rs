@@ -16,11 +16,12 @@ use super::{kernels, Scratch};
 /// Whether a row takes the general path. XTC does when its coin fires at the row's step
 /// and no top-k or min-p (without top-p) leaves the streaming path an explicit list of
 /// the kept set for [`xtc_list`]; otherwise the stage does nothing and the streaming
-/// path draws the row.
+/// path draws the row. So does the kept distribution without such a list (the streaming
+/// path takes it from its list).
 pub(super) fn wanted(row: &Row<'_>, vocab: usize) -> bool {
     let p = &row.params;
     let listed = (p.top_k > 0 && (p.top_k as usize) < vocab) || (p.min_p > 0.0 && p.top_p >= 1.0);
-    p.top_n_sigma > 0.0 || p.typical_p < 1.0 || (row.xtc_acts() && !listed) || p.kept.is_some()
+    p.top_n_sigma > 0.0 || p.typical_p < 1.0 || ((row.xtc_acts() || p.kept.is_some()) && !listed)
 }
 
 /// Stage 8a over a kept list (its coin fired): the top choices' cut with the kept set's

@@ -411,7 +411,7 @@ fn sample_z(
         return Ok(Sample {
             token,
             logprobs: lp,
-            kept: None,
+            kept: p.kept.map(|n| pl::kept_of(&[(token, 0.0)], n)),
         });
     }
     let ymax = zmax / t;
@@ -515,11 +515,14 @@ fn sample_z(
         }
         LogprobsMode::Processed => subset_logprobs(&cands, token, n, &mut s.tmp),
     });
+    // the kept distribution from the list, which holds the kept set when a row asking for
+    // it comes here (`general::wanted`)
+    let kept = p.kept.map(|n| pl::kept_of(&cands, n));
     s.cands = cands;
     Ok(Sample {
         token,
         logprobs: lp,
-        kept: None,
+        kept,
     })
 }
 
