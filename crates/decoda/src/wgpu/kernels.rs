@@ -166,7 +166,7 @@ pub enum Plan {
 /// A row's part in choosing the [`Plan`]: its `SlotU.flags` and temperature.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct RowNeeds {
-    /// Top-k, top-p or min-p at a temperature that samples.
+    /// Top-k, top-p, min-p or top-n-σ at a temperature that samples.
     pub filtered: bool,
     /// Log-probabilities asked for.
     pub logprobs: bool,
@@ -179,7 +179,8 @@ impl RowNeeds {
     /// whatever its filters, as the kernels' `cold` says).
     pub fn of(flags: u32, temperature: f32) -> Self {
         Self {
-            filtered: flags & (F_TOP_K | F_TOP_P | F_MIN_P) != 0 && temperature >= 1e-5,
+            filtered: flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA) != 0
+                && temperature >= 1e-5,
             logprobs: flags & F_LOGPROBS != 0,
             dry: flags & F_DRY != 0,
         }

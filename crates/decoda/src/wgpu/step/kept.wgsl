@@ -66,43 +66,6 @@ fn kept_counts(lid: u32, row: u32, slot: u32, sp: SlotP, level: u32, prefix: u32
     return vec3<u32>(wg_uniform(lid, c), s);
 }
 
-// Reads (and clears) the counts of a level and finds the bin holding the rem-th largest
-// key: (bin, its rank inside the bin, the bin's count), uniform.
-fn kept_bin(lid: u32, row: u32, rem: u32) -> vec3<u32> {
-    let hb = hbase(row);
-    var cnts: array<u32, 8>;
-    var mine = 0u;
-    for (var j = 0u; j < 8u; j = j + 1u) {
-        let b = BINS - 1u - (lid * 8u + j);
-        let c = atomicLoad(&ctr[hb + b]);
-        cnts[j] = c;
-        mine = mine + c;
-        if (c != 0u) {
-            atomicStore(&ctr[hb + b], 0u);
-        }
-    }
-    let incl = wg_scan64(lid, vec2<u32>(mine, 0u)).x;
-    let before = incl - mine;
-    if (lid == 0u) {
-        wsum = vec3<u32>(0u, 0u, 0u);
-    }
-    workgroupBarrier();
-    if (before < rem && rem <= incl) {
-        var cum = before;
-        for (var j = 0u; j < 8u; j = j + 1u) {
-            if (rem <= cum + cnts[j]) {
-                wsum = vec3<u32>(BINS - 1u - (lid * 8u + j), rem - cum, cnts[j]);
-                break;
-            }
-            cum = cum + cnts[j];
-        }
-    }
-    workgroupBarrier();
-    let r = wsum;
-    workgroupBarrier();
-    return vec3<u32>(wg_uniform(lid, r.x), wg_uniform(lid, r.y), wg_uniform(lid, r.z));
-}
-
 // The slot's parameters with processed log-probabilities (what `vmax_of` reads as the
 // kept set's top).
 fn sp_processed(sp: SlotP) -> SlotP {
@@ -159,7 +122,7 @@ fn kept_row(lid: u32, row: u32) {
             if (level > 0u) {
                 kept_counts(lid, row, slot, sp, level, prefix, vmax);
             }
-            let b = kept_bin(lid, row, rem);
+            let b = count_bin(lid, row, rem);
             prefix = (prefix << digit_width(level)) | b.x;
             rem = b.y;
             ties = b.z;
@@ -173,7 +136,7 @@ fn kept_row(lid: u32, row: u32) {
             atomicStore(&ctr[hb + b], 0u);
         }
     } else if (m == size) {
-        kept_bin(lid, row, 1u);
+        count_bin(lid, row, 1u);
     }
     storageBarrier();
     // the tokens above kk, and kk's ties when every one of them is listed, in any order

@@ -38,7 +38,9 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         atomicStore(&ctr[2u * row], 0u);
         atomicStore(&ctr[2u * row + 1u], 0u);
     }
-    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P)) != 0u && !cold(sp);
+    // (top-n-σ's set, every y above its threshold, is settled on the list when the
+    // list holds it)
+    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA)) != 0u && !cold(sp);
     let sigma = filt && (sp.flags & F_TOP_P) != 0u && (sp.flags & F_TOP_K) == 0u;
     var kappa = 0u;
     var m0k = 0u;

@@ -1,10 +1,11 @@
 // ---------------------------------------------------------------------------------
 // The full-row path: exact radix selects over the whole row, by one workgroup (the old
 // multi-pass algorithm: top-k's k-th value by counts, then top-p's cut by masses in
-// 2^-40 units against ymax, three 11/11/10-bit levels each), after top-n-σ's threshold
-// (step/sigma.wgsl) for rows that use it, and typical-p's band after top-k
-// (step/typical.wgsl): rows with either always take this path; then XTC's upper bound
-// when its coin fired (`xtc_full`). The draw then runs in lp with `member`.
+// 2^-40 units against ymax, three 11/11/10-bit levels each), above top-n-σ's threshold
+// (step/sigma.wgsl, computed by settle_row first for rows that use it: the list path
+// takes it too), and typical-p's band after top-k (step/typical.wgsl: rows with it
+// always take this path); then XTC's upper bound when its coin fired (`xtc_full`). The
+// draw then runs in lp with `member`.
 
 fn digit_shift(level: u32) -> u32 {
     if (level == 0u) {
@@ -39,6 +40,44 @@ fn in_prefix(key: u32, level: u32, prefix: u32) -> bool {
         return (key >> 21u) == prefix;
     }
     return (key >> 10u) == prefix;
+}
+
+// Reads (and clears) a level's counts in the row's radix histogram and finds the bin
+// holding the rem-th largest key (rem at most their total): (bin, rem's rank inside the
+// bin, the bin's count), uniform. Top-k's walk and the kept distribution's use it.
+fn count_bin(lid: u32, row: u32, rem: u32) -> vec3<u32> {
+    let hb = hbase(row);
+    var cnts: array<u32, 8>;
+    var mine = 0u;
+    for (var j = 0u; j < 8u; j = j + 1u) {
+        let b = BINS - 1u - (lid * 8u + j);
+        let c = atomicLoad(&ctr[hb + b]);
+        cnts[j] = c;
+        mine = mine + c;
+        if (c != 0u) {
+            atomicStore(&ctr[hb + b], 0u);
+        }
+    }
+    let incl = wg_scan64(lid, vec2<u32>(mine, 0u)).x;
+    let before = incl - mine;
+    if (lid == 0u) {
+        wsum = vec3<u32>(0u, 0u, 0u);
+    }
+    workgroupBarrier();
+    if (before < rem && rem <= incl) {
+        var cum = before;
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            if (rem <= cum + cnts[j]) {
+                wsum = vec3<u32>(BINS - 1u - (lid * 8u + j), rem - cum, cnts[j]);
+                break;
+            }
+            cum = cum + cnts[j];
+        }
+    }
+    workgroupBarrier();
+    let r = wsum;
+    workgroupBarrier();
+    return vec3<u32>(wg_uniform(lid, r.x), wg_uniform(lid, r.y), wg_uniform(lid, r.z));
 }
 
 // Adds a token's mass `fx` (64-bit fixed point) to digit `d`'s bin of the row's mass
@@ -79,10 +118,9 @@ fn take_masses(lid: u32, hb: u32) -> Masses {
     return r;
 }
 
-// `fm`: a top-n-σ row's count of finite z and the complement of its smallest z's key
-// (from the scan).
+// (A top-n-σ row's threshold is in S_TAU_K already: settle_row computes it first.)
 // `xf`: XTC acts at this step.
-fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, fm: vec2<u32>, xf: bool) {
+fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, xf: bool) {
     let t = sp.temperature;
     let hb = hbase(row);
     if (lid == 0u) {
@@ -94,15 +132,6 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, fm: vec2<u32>, 
         sset(row, S_ABOVE_HI, 0u);
     }
     storageBarrier();
-    if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
-        // stage 5a: a lower bound on y for every stage after it (`member`)
-        let ymin = div_rn(from_key(~fm.y), t);
-        let tau_s = sigma_threshold(lid, row, slot, sp, ymax, fm.x, ymin);
-        if (lid == 0u) {
-            ssetf(row, S_TAU_K, tau_s);
-        }
-        storageBarrier();
-    }
     if (wg_flag(lid, (sp.flags & F_TOP_K) != 0u)) {
         for (var level = 0u; level < 3u; level = level + 1u) {
             let prefix = sget(row, S_K_PREFIX);
@@ -115,35 +144,11 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, fm: vec2<u32>, 
                 }
             }
             storageBarrier();
-            var cnts: array<u32, 8>;
-            var mine = 0u;
-            for (var j = 0u; j < 8u; j = j + 1u) {
-                let b = BINS - 1u - (lid * 8u + j);
-                let c = atomicLoad(&ctr[hb + b]);
-                cnts[j] = c;
-                mine = mine + c;
-                if (c != 0u) {
-                    atomicStore(&ctr[hb + b], 0u);
-                }
-            }
-            let incl = wg_scan64(lid, vec2<u32>(mine, 0u)).x;
-            let before = incl - mine;
-            let rem = sget(row, S_K_REM);
-            if (before < rem && rem <= incl) {
-                var cum = before;
-                var bin = 0u;
-                var left = rem;
-                for (var j = 0u; j < 8u; j = j + 1u) {
-                    if (rem <= cum + cnts[j]) {
-                        bin = BINS - 1u - (lid * 8u + j);
-                        left = rem - cum;
-                        break;
-                    }
-                    cum = cum + cnts[j];
-                }
-                let np = (prefix << digit_width(level)) | bin;
+            let bin = count_bin(lid, row, sget(row, S_K_REM));
+            if (lid == 0u) {
+                let np = (prefix << digit_width(level)) | bin.x;
                 sset(row, S_K_PREFIX, np);
-                sset(row, S_K_REM, left);
+                sset(row, S_K_REM, bin.y);
                 if (level == 2u) {
                     // the k-th largest y of the row, or top-n-σ's bound when higher
                     // (both keep every y above a value: the set is their intersection)
@@ -434,6 +439,16 @@ fn settle_row(lid: u32, row: u32) {
     }
     storageBarrier();
     if (wg_flag(lid, st == 0u && filt)) {
+        if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
+            // stage 5a: a lower bound on y for every stage after it, on the list
+            // (settle_list) or the whole row (`member`)
+            let ymin = div_rn(from_key(~fm.y), t);
+            let tau_s = sigma_threshold(lid, row, slot, sp, ymax, fm.x, ymin);
+            if (lid == 0u) {
+                ssetf(row, S_TAU_K, tau_s);
+            }
+            storageBarrier();
+        }
         let n_all = wg_uniform(lid, atomicLoad(&ctr[2u * row]));
         // without a probe (M_LIGHT: a row filtered only by top-n-σ or XTC) no list was
         // built, whatever an earlier call left in the row's state
@@ -443,14 +458,14 @@ fn settle_row(lid: u32, row: u32) {
             lid,
             (need & N_LIST) != 0u && n_all <= call.cap && ovt == 0u
                 && !(p_alone && (need & N_SIGMA) == 0u)
-                && (sp.flags & (F_TOP_N_SIGMA | F_TYPICAL)) == 0u
+                && (sp.flags & F_TYPICAL) == 0u
         );
         var done = false;
         if (ok_list) {
             done = settle_list(lid, row, slot, sp, n_all, ymax, s96, xf);
         }
         if (!wg_flag(lid, done)) {
-            full_row(lid, row, slot, sp, ymax, fm, xf);
+            full_row(lid, row, slot, sp, ymax, xf);
             if (lid == 0u) {
                 sset(row, S_PATH, P_FULL);
             }

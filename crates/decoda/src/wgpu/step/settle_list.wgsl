@@ -79,14 +79,29 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
     let top_k = wg_uniform(lid, sp.top_k);
     let kappa = wg_uniform(lid, sget(row, S_KAPPA));
     let complete = kappa == 0u;
-    // top-k: the k-th largest y, if the list holds k tokens
-    var n_k = n;
+    // top-n-σ: every y at or above its threshold (S_TAU_K, from settle_row), the first
+    // n_sig candidates; the list holds them all when the threshold is at or above kappa
+    let sg = wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u);
+    var n_sig = n;
+    var sig_ok = false;
+    if (sg) {
+        let ks = wg_uniform(lid, cmp_key(sgetf(row, S_TAU_K)));
+        n_sig = count_at_least(lid, row, n, ks);
+        sig_ok = complete || ks >= kappa;
+    }
+    // top-k over those: the k-th largest y, if the list holds k of them (or all of K0,
+    // when it holds fewer)
+    var n_k = n_sig;
     var k_ok = false;
-    if (tk && top_k <= n) {
+    if (tk && top_k <= n_sig) {
         let tau = wg_uniform(lid, cmp_key(bitcast<f32>(entry(row, top_k - 1u).y)));
         n_k = count_at_least(lid, row, n, tau);
         k_ok = true;
+    } else if (tk && sig_ok) {
+        k_ok = true;
     }
+    // K (after top-n-σ and top-k) lies in the list
+    let k_in = (tk && k_ok) || sig_ok;
     // min-p: y >= ymax + ln(min_p); the list holds every y >= m0 + ln(min_p) <= that
     var n_m = n;
     var m_ok = false;
@@ -98,10 +113,10 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
     var n_p = n_k;
     var p_ok = false;
     var p_covers = false;
-    if (tp && (!tk || k_ok)) {
+    if (tp && (k_in || (!tk && !sg))) {
         var r_ref = sgetf(row, S_R);
         var total = s96;
-        if (tk) {
+        if (k_in) {
             // K lies in the list: its mass, against ymax
             r_ref = ymax;
             var part_sum = vec3<u32>(0u, 0u, 0u);
@@ -149,7 +164,7 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
                 }
             }
             n_p = wg_uniform(lid, wg_sum_u32(lid, c));
-            if (tk || complete) {
+            if (k_in || complete) {
                 p_ok = true;
             } else {
                 // every token left out has y below the threshold: its mass is at most
@@ -158,13 +173,13 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
                 p_ok = gt96(em, eb);
             }
             p_covers = p_ok;
-        } else if (tk || complete) {
+        } else if (k_in || complete) {
             // the sum never reaches p (rounding): every token of K stays
             p_ok = true;
             n_p = n_k;
         }
     }
-    let covered = (tk && k_ok) || p_covers || (mp && m_ok) || complete;
+    let covered = k_in || p_covers || (mp && m_ok) || complete;
     let valid = wg_flag(lid, (!tp || p_ok) && covered);
     if (!valid) {
         return false;
