@@ -66,14 +66,6 @@ fn kept_counts(lid: u32, row: u32, slot: u32, sp: SlotP, level: u32, prefix: u32
     return vec3<u32>(wg_uniform(lid, c), s);
 }
 
-// The slot's parameters with processed log-probabilities (what `vmax_of` reads as the
-// kept set's top).
-fn sp_processed(sp: SlotP) -> SlotP {
-    var q = sp;
-    q.flags = q.flags | F_PROCESSED;
-    return q;
-}
-
 // Token i's y when it is in the kept set, else -inf.
 fn kept_y(row: u32, slot: u32, sp: SlotP, i: u32) -> f32 {
     let mb = member(row, z_of(slot, sp, i, load_x(row, i)), sp.temperature);
@@ -104,8 +96,7 @@ fn kept_row(lid: u32, row: u32) {
         return;
     }
     let hb = hbase(row);
-    // the set's top: ymax, or XTC's bound below it
-    let vmax = vmax_of(row, sp_processed(sp), 0u);
+    let vmax = set_top(row);
     // read 1: the set's size and mass; level 0's counts
     let sm = kept_counts(lid, row, slot, sp, 0u, 0u, vmax);
     let size = sm.x;

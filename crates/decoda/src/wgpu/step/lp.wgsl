@@ -51,7 +51,12 @@ fn vmax_of(row: u32, sp: SlotP, status: u32) -> f32 {
     if (status == 1u) {
         return sgetf(row, S_ZMAX);
     }
-    // the top of the kept set: below ymax when XTC removed its top choices
+    return set_top(row);
+}
+
+// The largest y of a sampling row's kept set: ymax, or below it when XTC removed its
+// top choices.
+fn set_top(row: u32) -> f32 {
     let top = sgetf(row, S_VMAX);
     let ymax = sgetf(row, S_YMAX);
     return select(ymax, top, cmp_key(top) < cmp_key(ymax));
