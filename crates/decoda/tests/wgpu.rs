@@ -633,7 +633,7 @@ fn full_row_path_draws_the_cpu_token_in_every_plan() {
 /// batch with plain rows, at a real vocabulary: the host API draws them on the device,
 /// each row the reference's; the device API gives the same results with outputs made
 /// by `outputs_kept`, and refuses outputs without room for the kept distributions,
-/// naming the first row that asks for one and the field.
+/// naming the first row that asks for one and the field (and `read` an error).
 #[test]
 fn later_stages_on_the_host_and_device_apis() {
     let Some(b) = sampler() else { return };
@@ -679,6 +679,9 @@ fn later_stages_on_the_host_and_device_apis() {
         Err(Error::InvalidParameter { row: 1, field, .. }) => assert_eq!(field, "kept"),
         other => panic!("expected the device API to refuse row 1, got {other:?}"),
     }
+    // and reading such rows from outputs without the room is an error, not a panic
+    let small = b.outputs(reqs.len()).unwrap();
+    assert!(matches!(b.read(&small, &reqs), Err(Error::Shape(_))));
     let out = b.outputs_kept(reqs.len()).unwrap();
     b.record(&mut enc, &view, &reqs, &out).unwrap();
     b.queue().submit([enc.finish()]);

@@ -38,6 +38,13 @@ impl WgpuSampler {
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         let kept = requests.iter().any(|r| r.params.kept.is_some());
+        if b * res_stride(kept, 0) > out.res_words {
+            return Err(Error::Shape(
+                "requests asking for the kept distribution read outputs made by \
+                 WgpuSampler::outputs_kept"
+                    .into(),
+            ));
+        }
         let bytes = copy_results(&mut enc, out, b, b * res_stride(kept, 0));
         self.queue.submit([enc.finish()]);
         let words = self.map_words(&out.readback, bytes)?;
