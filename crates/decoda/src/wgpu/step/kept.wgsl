@@ -46,17 +46,17 @@ fn kept_counts(lid: u32, row: u32, slot: u32, sp: SlotP, level: u32, prefix: u32
     var cnt = 0u;
     var acc = vec2<u32>(0u, 0u);
     for (var i = lid; i < call.vocab; i = i + WG) {
-        let mb = member(row, z_of(slot, sp, i, load_x(row, i)), sp.temperature);
-        if (!mb.inside) {
+        let y = kept_y(row, slot, sp, i);
+        if (is_neg_inf(y)) {
             continue;
         }
-        let key = cmp_key(mb.y);
+        let key = cmp_key(y);
         if (!in_prefix(key, level, prefix)) {
             continue;
         }
         if (level == 0u) {
             cnt = cnt + 1u;
-            acc = add64(acc, fixed40(exp_f32(mb.y - vmax)));
+            acc = add64(acc, fixed40(exp_f32(y - vmax)));
         }
         atomicAdd(&ctr[hb + ((key >> sh) & mask)], 1u);
     }
