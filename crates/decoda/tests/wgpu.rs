@@ -505,8 +505,8 @@ fn recorded_calls_keep_their_parameters() {
 }
 
 /// The passes a call records follow its parameters: greedy and temperature rows take
-/// two dispatches, filtered rows (or per-call penalties, whose history the probe
-/// scatters) three, log-probabilities five; each reads the row once on its common path.
+/// two dispatches, filtered rows (top-k, top-p, min-p, top-n-σ, typical-p, XTC, the kept
+/// distribution; or per-call penalties, whose history the probe scatters) three, log-probabilities five; each reads the row once on its common path.
 #[test]
 fn calls_record_the_passes_their_rows_need() {
     let Some(b) = sampler() else { return };
@@ -536,6 +536,11 @@ fn calls_record_the_passes_their_rows_need() {
         |p| {
             p.logit_bias.insert(3, 1.0);
         },
+        // the later stages: the probe builds their list too (XTC's when its coin fires)
+        |p| p.top_n_sigma = 1.0,
+        |p| p.typical_p = 0.9,
+        |p| p.xtc_probability = 0.5,
+        |p| p.kept = Some(8),
     ] {
         let s = with(&f);
         assert_eq!(s.stages, ["probe", "scan", "settle_finish"]);

@@ -7,10 +7,11 @@
 //! ties (counted), and each stage must change a share of the rows (against the
 //! reference with the stage off), so a stage the kernels skipped would fail.
 //!
-//! Top-n-σ rows take the full-row path, which computes `ymax - n σ` from integer sums
-//! (`wgpu/step/sigma.wgsl`); typical-p rows too, scoring `|y - c|` and walking the
-//! scores by radix levels (`step/typical.wgsl`); XTC's coin is drawn in settle, its cut
-//! made on the sorted candidates (list path) or by two reads of the row (full-row path).
+//! Top-n-σ's threshold `ymax - n σ` comes from integer sums (`wgpu/step/sigma.wgsl`);
+//! typical-p scores `|y - c|` and walks the scores by radix levels, over the candidate
+//! list when it holds the band, else over the row (`step/typical.wgsl`); XTC's coin is
+//! drawn in settle, its cut made on the sorted candidates (list path) or by two reads of
+//! the row (full-row path).
 //! Runs on lavapipe in CI; skips without an adapter unless `DECODA_REQUIRE_GPU=1`.
 
 use decoda::head::{Head, SlotRequest};
@@ -663,4 +664,145 @@ fn top_n_sigma_threshold_within_its_bound() {
             );
         }
     }
+}
+
+/// Typical-p rows whose band the candidate list holds are settled there (no read of the
+/// row after the scan), those whose band it cannot hold on the full-row path, and both
+/// give the reference's token and kept set: peaked rows (Zipf 1.4) alone, with min-p,
+/// top-k, top-p and the kept distribution, at V = 32,000 and 151,936; flat rows
+/// (Gaussian σ 1, bands of 10^4 tokens and more) and rows whose band crosses the list's
+/// threshold (2,300 tokens under it, half the mass, and the band's centre above it: the
+/// candidates alone would cut in the wrong place) as the full-row path's.
+/// (A proof that let the crossing rows settle on the list fails the reference check.)
+#[test]
+fn typical_p_bands_the_list_holds_settle_there() {
+    let Some(b) = sampler() else { return };
+    for v in [32_000usize, 151_936] {
+        let mut rng = Rng::new(v as u64 + 61);
+        let (mut data, mut reqs, mut flat) = (Vec::new(), Vec::new(), Vec::new());
+        for r in 0..24 {
+            let (kind, mut t) = (r % 6, pick(&mut rng, &[0.7, 1.0]));
+            if kind == 5 && r % 12 == 11 {
+                // the crossing row: one token at 5, 50 in [2.9, 3.1), 3,000 on a grid
+                // 3e-4 apart in (-0.9, 0] (scores apart by more than the contract's
+                // ties), the rest at -20, in places drawn at random
+                let mut x = vec![-20.0f32; v];
+                let mut put = |y: f32, x: &mut Vec<f32>| loop {
+                    let i = rng.below(v as u64) as usize;
+                    if x[i] == -20.0 {
+                        x[i] = y;
+                        break;
+                    }
+                };
+                for j in 0..3000 {
+                    put(-3e-4 * j as f32, &mut x);
+                }
+                for j in 0..50 {
+                    put(2.9 + 4e-3 * j as f32, &mut x);
+                }
+                put(5.0, &mut x);
+                data.extend(x);
+                t = 1.0;
+            } else {
+                data.extend(row_of(if kind == 5 { 7 } else { 5 }, &mut rng, v));
+            }
+            let mut p = SamplingParams {
+                typical_p: pick(&mut rng, &[0.5, 0.9, 0.95]),
+                temperature: t,
+                kept: Some(8),
+                ..SamplingParams::default()
+            };
+            if kind == 5 && r % 12 == 11 {
+                // the whole grid holds 63% of the mass, its listed part at most 35%:
+                // the candidates alone pass 0.45 of it in the wrong place
+                p.typical_p = 0.45;
+            }
+            match r % 6 {
+                1 => p.min_p = 0.05,
+                2 => p.top_k = 40,
+                3 => p.top_p = 0.9,
+                4 => {
+                    p.logprobs = Some(3);
+                    p.logprobs_mode = LogprobsMode::Processed;
+                }
+                _ => {}
+            }
+            flat.push(kind == 5);
+            reqs.push(Request::new(p, rng.below(1 << 40)));
+        }
+        let logits = Logits::f32(&data, reqs.len(), v).unwrap();
+        let full = b.full_row_rows(&logits, &reqs).unwrap();
+        // the reference first: a wrong proof shows as a wrong token or kept set
+        let ties = check(&device_api(b, &logits, &reqs), &data, &reqs, v, "typical-p");
+        assert_eq!(full, flat, "V {v}: rows on the full-row path");
+        assert!(ties <= 1, "V {v}: {ties} ties");
+    }
+}
+
+/// Rows whose only filter is the kept distribution, or XTC (its coin fired) finding
+/// fewer than two top choices, are settled from the scan's mass and winner and the
+/// list's top (no read of the row after the scan); rows with coarse ties at the top (a
+/// sixth of the row tied) on the full-row path. All against the reference, with kept
+/// 1 to 1,024 and XTC thresholds 0.1 to 0.5, at V = 32,000 and 151,936.
+#[test]
+fn kept_and_xtc_alone_settle_from_the_scan() {
+    let Some(b) = sampler() else { return };
+    for v in [32_000usize, 151_936] {
+        let mut rng = Rng::new(v as u64 + 67);
+        let (mut data, mut reqs, mut want_full) = (Vec::new(), Vec::new(), Vec::new());
+        let mut n_removed = 0;
+        for r in 0..32 {
+            let kind = [5, 1, 7, 3][r % 4];
+            data.extend(row_of(kind, &mut rng, v));
+            let mut p = SamplingParams {
+                temperature: pick(&mut rng, &[0.7, 1.0, 1.3]),
+                ..SamplingParams::default()
+            };
+            let xtc = r % 8 >= 4;
+            if xtc {
+                p.xtc_probability = 1.0;
+                // (1e-5: on Gaussian rows more top choices than the list holds)
+                p.xtc_threshold = pick(&mut rng, &[1e-5, 0.1, 0.3, 0.5]);
+            } else {
+                p.kept = Some(pick(&mut rng, &[1.0, 8.0, 64.0, 1024.0]) as u32);
+            }
+            if r % 3 == 0 {
+                p.logprobs = Some(3);
+                p.logprobs_mode = LogprobsMode::Processed;
+            }
+            let req = Request::new(p, rng.below(1 << 40));
+            // a kept row is settled there unless its top is a sixth of the row; an XTC
+            // row unless its top choices are removed (the draw over the row is left)
+            let removed = xtc && acts_xtc(&data[r * v..(r + 1) * v], &req);
+            n_removed += usize::from(removed);
+            want_full.push(kind == 3 || removed);
+            reqs.push(req);
+        }
+        let logits = Logits::f32(&data, reqs.len(), v).unwrap();
+        let full = b.full_row_rows(&logits, &reqs).unwrap();
+        let ties = check(
+            &device_api(b, &logits, &reqs),
+            &data,
+            &reqs,
+            v,
+            "kept / XTC",
+        );
+        assert_eq!(full, want_full, "V {v}: rows on the full-row path");
+        assert!(ties <= 1, "V {v}: {ties} ties");
+        assert!(want_full.iter().filter(|f| !**f).count() >= 10);
+        assert!(
+            n_removed >= 2,
+            "V {v}: XTC removed tokens from {n_removed} rows"
+        );
+    }
+}
+
+/// Whether XTC removes tokens from this row (the reference's kept set shrinks).
+fn acts_xtc(row: &[f32], req: &Request) -> bool {
+    let mut on = req.clone();
+    on.params.kept = Some(1);
+    let mut off = on.clone();
+    off.params.xtc_probability = 0.0;
+    let size = |q: &Request| reference_row(row, q).0.unwrap().kept.unwrap().size;
+    size(&on) != size(&off)
 }

@@ -274,6 +274,69 @@ impl WgpuSampler {
         })
     }
 
+    /// Which rows of one call on these rows were drawn on the full-row path, their
+    /// candidate list not settling them: a test's view of where each row's work went.
+    /// The call and the copy of the rows' state are one submission, so calls of other
+    /// threads cannot come between them.
+    #[doc(hidden)]
+    pub fn full_row_rows(
+        &self,
+        logits: &crate::logits::Logits<'_>,
+        requests: &[Request],
+    ) -> Result<Vec<bool>> {
+        use super::layout::{P_FULL, STATE_WORDS, S_PATH};
+        let buf = self.upload_logits(logits);
+        let out = self.outputs_kept(requests.len())?;
+        let view = DeviceLogits {
+            buffer: &buf,
+            dtype: logits.dtype(),
+            rows: logits.rows(),
+            vocab: logits.vocab(),
+            row_stride: logits.vocab(),
+            offset: 0,
+        };
+        let bytes = (requests.len() * STATE_WORDS * 4) as u64;
+        let read = make_buffer(
+            &self.device,
+            "decoda paths",
+            bytes,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        );
+        let generation = || -> Result<u64> {
+            Ok(self
+                .scratch
+                .lock()
+                .map_err(|_| super::device::poisoned())?
+                .work()
+                .1)
+        };
+        // the copy must read the buffers the call bound: a call of another thread (or
+        // this one, the first time) may replace them, and then this tries again
+        let mut tries = 0;
+        let enc = loop {
+            let before = generation()?;
+            let mut enc = self.encoder();
+            self.record(&mut enc, &view, requests, &out)?;
+            let sc = self.scratch.lock().map_err(|_| super::device::poisoned())?;
+            let (work, now) = sc.work();
+            if now == before {
+                enc.copy_buffer_to_buffer(work, 0, &read, 0, bytes);
+                break enc;
+            }
+            drop(sc);
+            self.queue.submit([enc.finish()]);
+            tries += 1;
+            if tries == 8 {
+                return Err(Error::Device("the step buffers kept changing".into()));
+            }
+        };
+        self.queue.submit([enc.finish()]);
+        let words = self.map_words(&read, bytes)?;
+        Ok((0..requests.len())
+            .map(|r| words[r * STATE_WORDS + S_PATH] == P_FULL)
+            .collect())
+    }
+
     /// Calls issued back to back, as a serving loop issues them: `n` calls, call `i` on
     /// `logits[i % len]`, each recorded and submitted without waiting for the one
     /// before. Returns the `n - 1` intervals between consecutive calls' end timestamps

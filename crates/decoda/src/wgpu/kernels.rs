@@ -166,7 +166,9 @@ pub enum Plan {
 /// A row's part in choosing the [`Plan`]: its `SlotU.flags` and temperature.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct RowNeeds {
-    /// Top-k, top-p, min-p or top-n-σ at a temperature that samples.
+    /// Top-k, top-p, min-p, top-n-σ, typical-p, XTC or the kept distribution at a
+    /// temperature that samples (the probe builds their candidate list; XTC's only when
+    /// its coin fires, which the probe draws).
     pub filtered: bool,
     /// Log-probabilities asked for.
     pub logprobs: bool,
@@ -179,7 +181,9 @@ impl RowNeeds {
     /// whatever its filters, as the kernels' `cold` says).
     pub fn of(flags: u32, temperature: f32) -> Self {
         Self {
-            filtered: flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA) != 0
+            filtered: flags
+                & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA | F_TYPICAL | F_XTC | F_KEPT)
+                != 0
                 && temperature >= 1e-5,
             logprobs: flags & F_LOGPROBS != 0,
             dry: flags & F_DRY != 0,
@@ -302,7 +306,8 @@ impl StepBuffers {
             rmap: Grow::new(device, "decoda row slots", st),
             pen: Grow::new(device, "decoda penalties", st),
             lists: Grow::new(device, "decoda lists", st | U::COPY_SRC),
-            work: Grow::new(device, "decoda work", st),
+            // (COPY_SRC: `WgpuSampler::full_row_rows` reads the rows' paths)
+            work: Grow::new(device, "decoda work", st | U::COPY_SRC),
             ctr: Grow::new(device, "decoda counters", st),
             generation: 0,
         }

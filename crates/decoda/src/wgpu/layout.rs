@@ -21,6 +21,11 @@ pub(crate) const KEPT_TOKENS: usize = crate::params::MAX_KEPT as usize;
 /// Kept-distribution words per row (`KEPTW`): the set's size, the tokens listed, then
 /// `KEPT_TOKENS` (id, probability bits) pairs.
 pub(crate) const KEPT_WORDS: usize = 2 + 2 * KEPT_TOKENS;
+/// The state word saying how a row was drawn (`S_PATH`).
+pub(crate) const S_PATH: usize = 10;
+/// `S_PATH` of a row drawn over the whole row (`P_FULL`): its candidate list did not
+/// settle it.
+pub(crate) const P_FULL: u32 = 1;
 /// Slot-state words per slot (`SSW`): step (2), tokens generated (2), finished, history
 /// length (`SS_HIST`).
 pub(crate) const SLOT_STATE_WORDS: usize = 8;
@@ -62,8 +67,8 @@ pub(crate) const F_TOP_N_SIGMA: u32 = 128;
 /// Stage 8a (XTC) is on: settle draws its coin at the slot's step; when it fires the
 /// row is filtered (list or full-row path) and its top choices removed.
 pub(crate) const F_XTC: u32 = 256;
-/// Stage 6a (typical-p): the row takes the full-row path, which cuts its band after
-/// top-k (`step/typical.wgsl`).
+/// Stage 6a (typical-p): its band after top-k, on the candidate list when the list
+/// holds it, else on the full-row path (`step/typical.wgsl`).
 pub(crate) const F_TYPICAL: u32 = 512;
 /// The kept distribution is asked for: written to the row's kept area of the results
 /// (`Call.kept_base`); an unfiltered row takes the full-row path (`step/kept.wgsl`).
@@ -329,6 +334,8 @@ mod tests {
             ("WG", WG as u64),
             ("HW", HIST_WORDS as u64),
             ("ST", STATE_WORDS as u64),
+            ("S_PATH", S_PATH as u64),
+            ("P_FULL", u64::from(P_FULL)),
             ("PW", PART_WORDS as u64),
             ("LPW", LP_WORDS as u64),
             ("RESW", RES_WORDS as u64),

@@ -205,6 +205,14 @@ pub(crate) struct Scratch {
     pub generation: u64,
 }
 
+impl Scratch {
+    /// The per-row state calls leave (`STATE_WORDS` words a row first), and the
+    /// generation of the step buffers (bumped when a call replaces them).
+    pub(crate) fn work(&self) -> (&wgpu::Buffer, u64) {
+        (&self.bufs.work.buf, self.bufs.generation)
+    }
+}
+
 /// Per-call parameter lists built on the host, kept to reuse their allocations.
 #[derive(Default)]
 struct HostLists {

@@ -93,7 +93,7 @@ const S_ABOVE_HI: u32 = 27u;
 const S_TARGET: u32 = 28u;
 const S_SLOT: u32 = 29u;
 const S_M0: u32 = 30u;
-const S_TYP_C: u32 = 31u;    // typical-p (full-row path): the scores' centre c
+const S_TYP_C: u32 = 31u;    // typical-p: the scores' centre c
 const S_TYP_D: u32 = 32u;    // its cut s* (+inf: no cut)
 const S_TYP_M: u32 = 33u;    // the ymax its weights are taken against
 const S_T_PREFIX: u32 = 34u; // its radix walk
@@ -103,7 +103,8 @@ const S_T_ABOVE_HI: u32 = 37u;
 
 // S_NEED flags
 const N_LIST: u32 = 1u;
-const N_SIGMA: u32 = 2u;
+const N_SIGMA: u32 = 2u;     // the scan sums Σ exp(y - R) (top-p's mass; typical-p's Σ w)
+const N_TYP: u32 = 4u;       // and Σ exp(y - R) (m0 - y) (typical-p's centre: K is every y)
 
 // S_PATH values
 const P_DONE: u32 = 0u;      // token known after settle (greedy, unfiltered, list path)
@@ -120,7 +121,7 @@ const F_MIN_P: u32 = 32u;
 const F_DRY: u32 = 64u;      // stage 3a: the probe computes the slot's DRY area
 const F_TOP_N_SIGMA: u32 = 128u;   // stage 5a (top-n-σ): the full-row path (step/sigma.wgsl)
 const F_XTC: u32 = 256u;     // stage 8a (XTC) is on (`xtc_fires` says whether it acts)
-const F_TYPICAL: u32 = 512u; // stage 6a (typical-p): the full-row path (step/typical.wgsl)
+const F_TYPICAL: u32 = 512u; // stage 6a (typical-p): on the list or the row (step/typical.wgsl)
 const F_KEPT: u32 = 1024u;   // the kept distribution is written (step/kept.wgsl)
 
 // Call.mode bits

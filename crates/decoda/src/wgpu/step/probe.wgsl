@@ -40,8 +40,17 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     }
     // (top-n-σ's set, every y above its threshold, is settled on the list when the
     // list holds it)
-    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA)) != 0u && !cold(sp);
-    let sigma = filt && (sp.flags & F_TOP_P) != 0u && (sp.flags & F_TOP_K) == 0u;
+    // rows with no filter but XTC (its coin fired) or the kept distribution: the scan's
+    // mass of every finite y and the list's top decide them (`settle_whole`)
+    let others = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA | F_TYPICAL)) != 0u;
+    let alone = !others && ((sp.flags & F_KEPT) != 0u || xtc_fires(slot, sp));
+    let filt = (others || alone) && !cold(sp);
+    // typical-p over every finite y (no top-k or top-n-σ before it): the scan sums its
+    // centre and mass, and its band is settled on the list when the list proves it
+    let typ = filt && (sp.flags & F_TYPICAL) != 0u
+        && (sp.flags & (F_TOP_K | F_TOP_N_SIGMA)) == 0u;
+    let sigma = filt
+        && (((sp.flags & F_TOP_P) != 0u && (sp.flags & F_TOP_K) == 0u) || typ || alone);
     var kappa = 0u;
     var m0k = 0u;
     if (wg_flag(lid, filt)) {
@@ -75,8 +84,13 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         // vocabulary), and a row whose nucleus the list misses takes the full-row path,
         // which the whole batch waits for (on an H200: top-p 0.9 at B = 32, 1.5 ms with
         // 512 candidates, 0.37 ms with 1,024)
+        // (typical-p's band, around the q-weighted mean of y, likewise)
         if (sigma) {
             goal_n = max(goal_n, min(2u * LIST_TARGET, call.cap / 2u));
+        }
+        // the kept distribution's n most likely, and their ties
+        if ((sp.flags & F_KEPT) != 0u) {
+            goal_n = max(goal_n, min(2u * sp.n_kept, call.cap / 2u));
         }
         let r = (goal_n + 15u) / 16u;
         // rows the list holds whole, or too few valid samples: every token is a candidate
@@ -117,6 +131,9 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
             if (sigma) {
                 need = need | N_SIGMA;
                 r_ref = m0 + R_HEADROOM;
+            }
+            if (typ) {
+                need = need | N_TYP;
             }
             if ((sp.flags & F_MIN_P) != 0u) {
                 gthr = m0 + sp.ln_min_p;

@@ -71,6 +71,12 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     // top-n-σ rows: the finite z's count and smallest key (its threshold's first read)
     var n_fin = 0u;
     var kz_min = 0xffffffffu;
+    // typical-p rows whose K is every finite y: Σ exp(y - R) (m0 - y), signed
+    let typ = (need & N_TYP) != 0u;
+    let m0 = sgetf(row, S_M0);
+    var tsum = vec3<u32>(0u, 0u, 0u);
+    // rows summing their mass: how many y are finite (the kept set's size, `settle_whole`)
+    var n_y = 0u;
     let start = split * call.chunk;
     let end = min(call.vocab, start + call.chunk);
     let g0 = start / 4u;
@@ -119,7 +125,11 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
                 if (yk > rkey) {
                     over = 1u;
                 } else {
+                    n_y = n_y + select(0u, 1u, !is_neg_inf(y));
                     sig = add96(sig, fixed72(exp_f32(y - r_ref)));
+                    if (typ) {
+                        tsum = add96(tsum, typ_term(y, r_ref, m0));
+                    }
                 }
             }
             if (unf) {
@@ -149,6 +159,14 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let dr = wg_argmax(lid, bk, bi);
     let s96 = wg_sum96(lid, sig);
     let ov = wg_sum_u32(lid, over);
+    var ny = 0u;
+    if (wg_flag(lid, (need & N_SIGMA) != 0u)) {
+        ny = wg_sum_u32(lid, n_y);
+    }
+    var ts = vec3<u32>(0u, 0u, 0u);
+    if (wg_flag(lid, typ)) {
+        ts = wg_sum96(lid, tsum);
+    }
     var fm = vec2<u32>(0u, 0u);
     if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
         fm = wg_sum_max(lid, n_fin, ~kz_min);
@@ -168,6 +186,10 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         work[pb + 10u] = ov;
         work[pb + 11u] = fm.x;
         work[pb + 12u] = fm.y;
+        work[pb + 13u] = ts.x;
+        work[pb + 14u] = ts.y;
+        work[pb + 15u] = ts.z;
+        work[pb + 16u] = ny;
     }
 }
 

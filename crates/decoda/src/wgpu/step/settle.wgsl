@@ -3,8 +3,8 @@
 // multi-pass algorithm: top-k's k-th value by counts, then top-p's cut by masses in
 // 2^-40 units against ymax, three 11/11/10-bit levels each), above top-n-σ's threshold
 // (step/sigma.wgsl, computed by settle_row first for rows that use it: the list path
-// takes it too), and typical-p's band after top-k (step/typical.wgsl: rows with it
-// always take this path); then XTC's upper bound when its coin fired (`xtc_full`). The
+// takes it too), and typical-p's band after top-k (step/typical.wgsl: rows whose band
+// the list does not hold); then XTC's upper bound when its coin fired (`xtc_full`). The
 // draw then runs in lp with `member`.
 
 fn digit_shift(level: u32) -> u32 {
@@ -120,7 +120,7 @@ fn take_masses(lid: u32, hb: u32) -> Masses {
 
 // (A top-n-σ row's threshold is in S_TAU_K already: settle_row computes it first.)
 // `xf`: XTC acts at this step.
-fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, xf: bool) {
+fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, xf: bool, typ: Typ) {
     let t = sp.temperature;
     let hb = hbase(row);
     if (lid == 0u) {
@@ -163,7 +163,7 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, xf: bool) {
     // stage 6a: typical-p's band, and the largest y left (the ymax from here on)
     var ym = ymax;
     if (wg_flag(lid, (sp.flags & F_TYPICAL) != 0u)) {
-        ym = typical_row(lid, row, slot, sp, ymax);
+        ym = typical_row(lid, row, slot, sp, ymax, NO_TOKEN, typ);
     }
     if (wg_flag(lid, (sp.flags & F_TOP_P) != 0u)) {
         let tau_k = sgetf(row, S_TAU_K);
@@ -339,6 +339,8 @@ fn settle_row(lid: u32, row: u32) {
     var ov = 0u;
     var n_fin = 0u;
     var kz_not_min = 0u;
+    var tsum = vec3<u32>(0u, 0u, 0u);
+    var n_y = 0u;
     for (var s = lid; s < call.splits; s = s + WG) {
         let pb = part(row, s);
         bad_x = bad_x + work[pb];
@@ -360,6 +362,8 @@ fn settle_row(lid: u32, row: u32) {
         ov = ov + work[pb + 10u];
         n_fin = n_fin + work[pb + 11u];
         kz_not_min = max(kz_not_min, work[pb + 12u]);
+        tsum = add96(tsum, vec3<u32>(work[pb + 13u], work[pb + 14u], work[pb + 15u]));
+        n_y = n_y + work[pb + 16u];
     }
     let a = wg_sum_max(lid, bad_x, xk);
     let bz = wg_sum_u32(lid, bad_z);
@@ -450,22 +454,41 @@ fn settle_row(lid: u32, row: u32) {
             storageBarrier();
         }
         let n_all = wg_uniform(lid, atomicLoad(&ctr[2u * row]));
-        // without a probe (M_LIGHT: a row filtered only by top-n-σ or XTC) no list was
-        // built, whatever an earlier call left in the row's state
+        // without a probe (M_LIGHT: no row of the call asked for one) no list was built,
+        // whatever an earlier call left in the row's state
         let need = select(sget(row, S_NEED), 0u, (call.mode & M_LIGHT) != 0u);
+        // typical-p's centre and mass from the scan's sums, when it made them
+        var typ = Typ(false, 0.0, 0.0);
+        if (wg_flag(lid, (need & N_TYP) != 0u)) {
+            typ = typ_pre(row, need, ovt, ymax, s96, wg_sum96(lid, tsum));
+        }
         let p_alone = (sp.flags & F_TOP_P) != 0u && (sp.flags & F_TOP_K) == 0u;
         let ok_list = wg_flag(
             lid,
             (need & N_LIST) != 0u && n_all <= call.cap && ovt == 0u
                 && !(p_alone && (need & N_SIGMA) == 0u)
-                && (sp.flags & F_TYPICAL) == 0u
         );
-        var done = false;
-        if (ok_list) {
-            done = settle_list(lid, row, slot, sp, n_all, ymax, s96, xf);
+        // no filter but XTC (its coin fired) or the kept distribution: the set is every
+        // finite y (less XTC's top choices), so the scan's mass and winner and the
+        // list's top settle it, or leave only the draw over the row
+        let others = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA | F_TYPICAL))
+            != 0u;
+        var whole = W_NONE;
+        if (wg_flag(lid, !others && ok_list && (need & N_SIGMA) != 0u)) {
+            whole = settle_whole(lid, row, sp, n_all, ymax, s96, wg_sum_u32(lid, n_y), xf,
+                                 dr.y);
         }
-        if (!wg_flag(lid, done)) {
-            full_row(lid, row, slot, sp, ymax, xf);
+        var done = whole == W_DONE;
+        if (wg_flag(lid, ok_list && others)) {
+            done = settle_list(lid, row, slot, sp, n_all, ymax, s96, xf, typ);
+        }
+        if (wg_flag(lid, whole == W_DRAW)) {
+            // drawn over the row below XTC's bound (S_VMAX), by lp or settle_finish
+            if (lid == 0u) {
+                sset(row, S_PATH, P_FULL);
+            }
+        } else if (!wg_flag(lid, done)) {
+            full_row(lid, row, slot, sp, ymax, xf, typ);
             if (lid == 0u) {
                 sset(row, S_PATH, P_FULL);
             }

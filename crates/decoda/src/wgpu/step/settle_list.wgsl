@@ -71,7 +71,7 @@ fn wg_scan96(lid: u32, v: vec3<u32>) -> vec3<u32> {
 // in S_TOKEN, and the kept set is the first S_NS candidates, less XTC's top choices when
 // `xf`, its coin fired: rows whose XTC is on never reach `draw_many`).
 fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>,
-               xf: bool) -> bool {
+               xf: bool, typ: Typ) -> bool {
     sort_list(lid, row, n);
     let tk = wg_flag(lid, (sp.flags & F_TOP_K) != 0u);
     let tp = wg_flag(lid, (sp.flags & F_TOP_P) != 0u);
@@ -101,12 +101,60 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
         k_ok = true;
     }
     // K (after top-n-σ and top-k) lies in the list
-    let k_in = (tk && k_ok) || sig_ok;
+    var k_in = (tk && k_ok) || sig_ok;
+    // stage 6a, typical-p: its band is candidates ja..n_k, topped by `ym`, when the
+    // list holds K (its sums from the list) or, with the scan's sums (K is every finite
+    // y), when the cut the walk finds proves the band lies in the list
+    var ja = 0u;
+    var ym = ymax;
+    if (wg_flag(lid, (sp.flags & F_TYPICAL) != 0u)) {
+        let whole = k_in || complete;
+        if (!wg_flag(lid, whole || typ.pre)) {
+            return false;
+        }
+        var pre = typ;
+        if (whole) {
+            pre.pre = false;
+        }
+        ym = typical_row(lid, row, slot, sp, ymax, n_k, pre);
+        let cut = sgetf(row, S_TYP_D);
+        if (!whole) {
+            // a token off the list has y <= yb (under every gathering threshold), so a
+            // score of at least c - yb (rounded down by no more than the score is)
+            var lk = kappa;
+            if (mp && !is_neg_inf(sgetf(row, S_GTHR))) {
+                lk = min(lk, cmp_key(sgetf(row, S_GTHR)));
+            }
+            let yb = from_key(lk - 1u);
+            let c = sgetf(row, S_TYP_C);
+            let proven = bitcast<u32>(cut) != 0x7f800000u && yb < c
+                && cmp_key(cut) < cmp_key(c - yb);
+            if (!wg_flag(lid, proven)) {
+                return false;
+            }
+        }
+        if (wg_flag(lid, bitcast<u32>(cut) != 0x7f800000u)) {
+            // the band: a run of the list (|y - c| grows away from c both ways)
+            var cnt = 0u;
+            var last = 0u;
+            for (var j = lid; j < n_k; j = j + WG) {
+                if (typ_in(row, bitcast<f32>(entry(row, j).y))) {
+                    cnt = cnt + 1u;
+                    last = max(last, j);
+                }
+            }
+            let band = wg_sum_max(lid, cnt, last);
+            n_k = band.y + 1u;
+            ja = n_k - band.x;
+            ym = bitcast<f32>(wg_uniform(lid, entry(row, ja).y));
+        }
+        k_in = true;
+    }
     // min-p: y >= ymax + ln(min_p); the list holds every y >= m0 + ln(min_p) <= that
     var n_m = n;
     var m_ok = false;
     if (mp) {
-        n_m = count_at_least(lid, row, n, wg_uniform(lid, cmp_key(ymax + sp.ln_min_p)));
+        n_m = count_at_least(lid, row, n, wg_uniform(lid, cmp_key(ym + sp.ln_min_p)));
         m_ok = !is_neg_inf(sgetf(row, S_GTHR));
     }
     // top-p over K: walk the candidates in order until their mass reaches p of K's
@@ -118,9 +166,9 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
         var total = s96;
         if (k_in) {
             // K lies in the list: its mass, against ymax
-            r_ref = ymax;
+            r_ref = ym;
             var part_sum = vec3<u32>(0u, 0u, 0u);
-            for (var j = lid; j < n_k; j = j + WG) {
+            for (var j = ja + lid; j < n_k; j = j + WG) {
                 part_sum = add96(part_sum, fixed72(exp_f32(bitcast<f32>(entry(row, j).y) - r_ref)));
             }
             total = wg_sum96(lid, part_sum);
@@ -128,7 +176,7 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
         let goal = sp.top_p * val96(total);
         var above = vec3<u32>(0u, 0u, 0u);
         var m = NO_TOKEN;
-        for (var tile = 0u; tile < n_k; tile = tile + WG) {
+        for (var tile = ja; tile < n_k; tile = tile + WG) {
             let j = tile + lid;
             var e = vec3<u32>(0u, 0u, 0u);
             if (j < n_k) {
@@ -157,13 +205,13 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
         if (m != NO_TOKEN) {
             let em = fixed72(exp_f32(bitcast<f32>(entry(row, m).y) - r_ref));
             var c = 0u;
-            for (var j = lid; j < n_k; j = j + WG) {
+            for (var j = ja + lid; j < n_k; j = j + WG) {
                 let e = fixed72(exp_f32(bitcast<f32>(entry(row, j).y) - r_ref));
                 if (!gt96(em, e)) {
                     c = c + 1u;
                 }
             }
-            n_p = wg_uniform(lid, wg_sum_u32(lid, c));
+            n_p = ja + wg_uniform(lid, wg_sum_u32(lid, c));
             if (k_in || complete) {
                 p_ok = true;
             } else {
@@ -188,18 +236,18 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
     // stage 8a, XTC: the kept set is the list's first n_s, so its top choices (q >= the
     // threshold) come first; with two or more, the tokens above the least likely one
     // leave (its ties stay): the set becomes candidates j0..n_s, topped by `vtop`
-    var j0 = 0u;
-    var vtop = ymax;
-    if (wg_flag(lid, xf && n_s >= 2u)) {
+    var j0 = ja;
+    var vtop = ym;
+    if (wg_flag(lid, xf && n_s >= ja + 2u)) {
         var part_sum = vec3<u32>(0u, 0u, 0u);
-        for (var j = lid; j < n_s; j = j + WG) {
-            part_sum = add96(part_sum, fixed72(exp_f32(bitcast<f32>(entry(row, j).y) - ymax)));
+        for (var j = ja + lid; j < n_s; j = j + WG) {
+            part_sum = add96(part_sum, fixed72(exp_f32(bitcast<f32>(entry(row, j).y) - ym)));
         }
         let bar = sp.xtc_thr * (val96(wg_sum96(lid, part_sum)) * TWO_M40 * TWO_M32);
         var c = 0u;
         var last = 0u;
-        for (var j = lid; j < n_s; j = j + WG) {
-            if (exp_f32(bitcast<f32>(entry(row, j).y) - ymax) >= bar) {
+        for (var j = ja + lid; j < n_s; j = j + WG) {
+            if (exp_f32(bitcast<f32>(entry(row, j).y) - ym) >= bar) {
                 c = c + 1u;
                 last = max(last, j);
             }
@@ -278,3 +326,68 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
     return true;
 }
 
+
+// settle_whole's outcomes: not settled (the full-row path), settled (the token in
+// S_TOKEN), or only the draw left (over the row, below S_VMAX).
+const W_NONE: u32 = 0u;
+const W_DONE: u32 = 1u;
+const W_DRAW: u32 = 2u;
+
+// A row whose only filter is XTC (its coin fired) or the kept distribution: the set is
+// every finite y, its mass the scan's (`s96`, against R) and its size `n_fin`; the
+// sorted list holds the top. XTC's top choices (w >= threshold Σ w) are a prefix of the
+// list when the largest y off it is no top choice; with two or more, S_VMAX bounds the
+// set and the draw over the row is left (W_DRAW: one read); with fewer the set is
+// every finite y and the scan's winner `won` is the token. The kept distribution is its
+// first n entries (their ties too: the list holds every y at or above its threshold).
+fn settle_whole(lid: u32, row: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>,
+                n_fin: u32, xf: bool, won: u32) -> u32 {
+    sort_list(lid, row, n);
+    let kappa = wg_uniform(lid, sget(row, S_KAPPA));
+    // Σ exp(y - ymax) in 2^-40 units
+    let total = val96(s96) * TWO_M32 * exp_f32(sgetf(row, S_R) - ymax);
+    // the largest y off the list (none when the list holds the row)
+    var yb = neg_inf();
+    if (kappa != 0u) {
+        yb = from_key(kappa - 1u);
+    }
+    if (wg_flag(lid, xf && n_fin >= 2u)) {
+        let bar = sp.xtc_thr * (total * TWO_M40);
+        if (!wg_flag(lid, exp_f32(yb - ymax) < bar)) {
+            return W_NONE;
+        }
+        var c = 0u;
+        var last = 0u;
+        for (var j = lid; j < n; j = j + WG) {
+            if (exp_f32(bitcast<f32>(entry(row, j).y) - ymax) >= bar) {
+                c = c + 1u;
+                last = max(last, j);
+            }
+        }
+        let top = wg_sum_max(lid, c, last);
+        if (wg_flag(lid, top.x >= 2u)) {
+            if ((sp.flags & F_KEPT) == 0u && lid == 0u) {
+                ssetf(row, S_VMAX, bitcast<f32>(entry(row, top.y).y));
+            }
+            // (with the kept distribution too: the full-row path's `kept_row`)
+            return select(W_DRAW, W_NONE, (sp.flags & F_KEPT) != 0u);
+        }
+    }
+    if ((sp.flags & F_KEPT) != 0u) {
+        let m = min(wg_uniform(lid, sp.n_kept), n_fin);
+        if (!wg_flag(lid, m <= n)) {
+            return W_NONE;
+        }
+        kept_list(lid, row, sp, 0u, n_fin, ymax, total);
+    }
+    if (lid == 0u) {
+        if (won == NO_TOKEN) {
+            sset(row, S_STATUS, 4u);
+            sset(row, S_PATH, P_NONE);
+        } else {
+            sset(row, S_TOKEN, won);
+            sset(row, S_PATH, P_DONE);
+        }
+    }
+    return W_DONE;
+}

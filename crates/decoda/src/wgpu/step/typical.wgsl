@@ -1,13 +1,60 @@
 // ---------------------------------------------------------------------------------
-// Stage 6a, typical-p, on the device: the full-row path's workgroup, after top-k. Over
-// K (finite y >= S_TAU_K), with w = exp(y - ymax), q = w / Σ w and d = ymax - y, a
-// token's score |-ln q - H| equals |y - c| for c = ymax - Σ w d / Σ w, the q-weighted
-// mean of y (-ln q = ln Σ w + d, so H = ln Σ w + Σ q d). One read sums Σ w and Σ w d
-// as integers (2^-40 units: the same in any order, for any split); three more walk the
-// scores upward, top-p's radix levels on the complement of the score's key, to the
-// first token whose mass sum exceeds p Σ w (strictly): its score s* bounds the set
-// (`typ_in`: |y - c| <= s*, ties kept); the last level's read also finds the largest y
-// left, the ymax of every later stage. Rows that use it always take this path.
+// Stage 6a, typical-p, on the device, after top-k. Over K (finite y >= S_TAU_K), with
+// w = exp(y - ymax), q = w / Σ w and d = ymax - y, a token's score |-ln q - H| equals
+// |y - c| for c = ymax - Σ w d / Σ w, the q-weighted mean of y (-ln q = ln Σ w + d, so
+// H = ln Σ w + Σ q d). The sums are integers (fixed point: the same in any order, for
+// any split): the scan's, when K is every finite y (`Typ.pre`: Σ exp(y - R) and
+// Σ exp(y - R) (m0 - y) against the probe's R and m0), else one read of K. Three radix
+// levels then walk the scores upward, top-p's levels on the complement of the score's
+// key, to the first token whose mass sum exceeds p Σ w (strictly): its score s* bounds
+// the set (`typ_in`: |y - c| <= s*, ties kept); the last level also finds the largest y
+// left, the ymax of every later stage.
+//
+// The walk runs over the row (the full-row path) or over the candidate list (the list
+// path, `typical_list`): there it holds when the list holds K, or when the cut it finds
+// lies below every score a token off the list can have (those have y under the list's
+// threshold, so a score above c - that threshold): then the band is on the list too.
+
+// What the scan's sums give typical-p: the centre and K's mass (2^-40 units against
+// ymax, as f32) when `pre`.
+struct Typ {
+    pre: bool,
+    c: f32,
+    total: f32,
+}
+
+// Typical-p's sums from the scan (`d`: Σ exp(y - R) (m0 - y), signed, in 2^-72 units;
+// `w`: Σ exp(y - R)) when the row asked for them (N_TYP: K is every finite y) and no y
+// passed R.
+fn typ_pre(row: u32, need: u32, over: u32, ymax: f32, w: vec3<u32>, d: vec3<u32>) -> Typ {
+    var r: Typ;
+    r.pre = (need & N_TYP) != 0u && over == 0u;
+    r.c = 0.0;
+    r.total = 0.0;
+    if (r.pre) {
+        let m0 = sgetf(row, S_M0);
+        let wf = val96(w);
+        var df = 0.0;
+        if ((d.z & 0x80000000u) != 0u) {
+            df = -val96(sub96(vec3<u32>(0u, 0u, 0u), d));
+        } else {
+            df = val96(d);
+        }
+        r.c = m0 - div_rn(df, wf);
+        r.total = wf * TWO_M32 * exp_f32(sgetf(row, S_R) - ymax);
+    }
+    return r;
+}
+
+// One token's term of the scan's signed sum: exp(y - R) (m0 - y) in 2^-72 units, two's
+// complement (|term| <= 20 for y <= R = m0 + 20).
+fn typ_term(y: f32, r_ref: f32, m0: f32) -> vec3<u32> {
+    let v = exp_f32(y - r_ref) * (m0 - y);
+    if (v < 0.0) {
+        return sub96(vec3<u32>(0u, 0u, 0u), fixed72(-v));
+    }
+    return fixed72(v);
+}
 
 // A token's score on the device: |y - c|, +inf for a weight that is 0 or subnormal
 // (q = 0: the contract's +inf score).
@@ -41,28 +88,46 @@ fn y_in_k(row: u32, slot: u32, sp: SlotP, i: u32, kk: u32) -> f32 {
     return y;
 }
 
-// Typical-p's cut over K for a sampling row (ymax finite); returns the largest y left.
-fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
+// Token (or candidate, `listed`) i's y when it is in K, else -inf. The candidates
+// walked are K's own or, with the scan's sums, any finite y.
+fn typ_y(row: u32, slot: u32, sp: SlotP, i: u32, kk: u32, listed: bool) -> f32 {
+    if (listed) {
+        return bitcast<f32>(entry(row, i).y);
+    }
+    return y_in_k(row, slot, sp, i, kk);
+}
+
+// Typical-p's cut over K for a sampling row (ymax finite), walking the row
+// (`n_list` = NO_TOKEN) or the first n_list candidates; returns the largest y left.
+// Only the row's walk sets S_YMAX (and min-p's threshold from it).
+fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n_list: u32, pre: Typ)
+    -> f32 {
     let hb = hbase(row);
     let kk = cmp_key(sgetf(row, S_TAU_K));
-    var sw = vec2<u32>(0u, 0u);
-    var swd = vec2<u32>(0u, 0u);
-    for (var i = lid; i < call.vocab; i = i + WG) {
-        let y = y_in_k(row, slot, sp, i, kk);
-        if (is_neg_inf(y)) {
-            continue;
+    let listed = n_list != NO_TOKEN;
+    let n = select(call.vocab, n_list, listed);
+    var c = pre.c;
+    var total = pre.total;
+    if (!pre.pre) {
+        var sw = vec2<u32>(0u, 0u);
+        var swd = vec2<u32>(0u, 0u);
+        for (var i = lid; i < n; i = i + WG) {
+            let y = typ_y(row, slot, sp, i, kk, listed);
+            if (is_neg_inf(y)) {
+                continue;
+            }
+            let w = exp_f32(y - ymax);
+            sw = add64(sw, fixed40(w));
+            swd = add64(swd, fixed40(w * (ymax - y)));
         }
-        let w = exp_f32(y - ymax);
-        sw = add64(sw, fixed40(w));
-        swd = add64(swd, fixed40(w * (ymax - y)));
+        total = val64(wg_sum64(lid, sw));
+        c = ymax - div_rn(val64(wg_sum64(lid, swd)), total);
     }
-    let total = val64(wg_sum64(lid, sw));
-    let mean_d = div_rn(val64(wg_sum64(lid, swd)), total);
-    let c = ymax - mean_d;
     let goal = sp.typical_p * total;
     if (lid == 0u) {
         ssetf(row, S_TYP_C, c);
         ssetf(row, S_TYP_M, ymax);
+        ssetf(row, S_TYP_D, bitcast<f32>(0x7f800000u));
         sset(row, S_T_PREFIX, 0u);
         sset(row, S_T_LEVEL, 1u);
         sset(row, S_T_ABOVE_LO, 0u);
@@ -80,8 +145,8 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
         let mask = digit_mask(level);
         // last level: the largest y scoring below the bin (kept whatever its digit)
         var below = 0u;
-        for (var i = lid; i < call.vocab; i = i + WG) {
-            let y = y_in_k(row, slot, sp, i, kk);
+        for (var i = lid; i < n; i = i + WG) {
+            let y = typ_y(row, slot, sp, i, kk, listed);
             if (is_neg_inf(y)) {
                 continue;
             }
@@ -160,7 +225,7 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) -> f32 {
     }
     // the ymax of top-p, min-p, XTC and the log-probabilities from here on
     let ym = from_key(ymk);
-    if (lid == 0u) {
+    if (lid == 0u && !listed) {
         ssetf(row, S_YMAX, ym);
         if ((sp.flags & F_MIN_P) != 0u) {
             ssetf(row, S_TAU_MIN, ym + sp.ln_min_p);
