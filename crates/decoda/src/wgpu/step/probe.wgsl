@@ -84,9 +84,14 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         // vocabulary), and a row whose nucleus the list misses takes the full-row path,
         // which the whole batch waits for (on an H200: top-p 0.9 at B = 32, 1.5 ms with
         // 512 candidates, 0.37 ms with 1,024)
-        // (typical-p's band, around the q-weighted mean of y, likewise)
         if (sigma) {
             goal_n = max(goal_n, min(2u * LIST_TARGET, call.cap / 2u));
+        }
+        // typical-p's band lies around the q-weighted mean of y, below the top: the list
+        // must reach down to it (bands of 500 to 2,100 tokens at p 0.95, T 0.8 on the
+        // benchmark's Zipf rows of 151,936)
+        if (typ) {
+            goal_n = max(goal_n, call.cap / 2u);
         }
         // the kept distribution's n most likely, and their ties
         if ((sp.flags & F_KEPT) != 0u) {
