@@ -18,9 +18,7 @@ use decoda::head::{Head, SlotRequest};
 use decoda::reference::reference_row;
 use decoda::testing::{classify, zipf_logits, Rng, Verdict};
 use decoda::wgpu::{DeviceLogits, WgpuHead, WgpuSampler};
-use decoda::{
-    Backend, DType, Logits, LogprobsMode, Request, RowResult, SamplingParams, SequenceState,
-};
+use decoda::{Backend, Logits, LogprobsMode, Request, RowResult, SamplingParams, SequenceState};
 
 fn sampler() -> Option<&'static WgpuSampler> {
     static S: std::sync::OnceLock<Option<WgpuSampler>> = std::sync::OnceLock::new();
@@ -43,14 +41,7 @@ fn sampler() -> Option<&'static WgpuSampler> {
 fn device_api(b: &WgpuSampler, logits: &Logits<'_>, reqs: &[Request]) -> Vec<RowResult> {
     let buf = b.upload_logits(logits);
     let out = b.outputs_kept(reqs.len()).unwrap();
-    let view = DeviceLogits {
-        buffer: &buf,
-        dtype: DType::F32,
-        rows: reqs.len(),
-        vocab: logits.vocab(),
-        row_stride: logits.vocab(),
-        offset: 0,
-    };
+    let view = DeviceLogits::packed(&buf, logits);
     let mut enc = b
         .device()
         .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });

@@ -287,14 +287,7 @@ impl WgpuSampler {
         use super::layout::{P_FULL, STATE_WORDS, S_PATH};
         let buf = self.upload_logits(logits);
         let out = self.outputs_kept(requests.len())?;
-        let view = DeviceLogits {
-            buffer: &buf,
-            dtype: logits.dtype(),
-            rows: logits.rows(),
-            vocab: logits.vocab(),
-            row_stride: logits.vocab(),
-            offset: 0,
-        };
+        let view = DeviceLogits::packed(&buf, logits);
         let bytes = (requests.len() * STATE_WORDS * 4) as u64;
         let read = make_buffer(
             &self.device,

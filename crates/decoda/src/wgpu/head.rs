@@ -828,14 +828,7 @@ impl Head for WgpuHead {
         let mut padded = bytes;
         padded.resize(size as usize, 0);
         self.queue.write_buffer(&buf, 0, &padded);
-        let view = DeviceLogits {
-            buffer: &buf,
-            dtype: logits.dtype(),
-            rows: logits.rows(),
-            vocab: logits.vocab(),
-            row_stride: logits.vocab(),
-            offset: 0,
-        };
+        let view = DeviceLogits::packed(&buf, logits);
         let mut enc = self
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });

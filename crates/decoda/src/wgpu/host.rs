@@ -99,14 +99,7 @@ impl WgpuSampler {
             };
             (sc.host_logits.buf.clone(), out)
         };
-        let view = DeviceLogits {
-            buffer: &buf,
-            dtype: logits.dtype(),
-            rows: b,
-            vocab: logits.vocab(),
-            row_stride: logits.vocab(),
-            offset: 0,
-        };
+        let view = DeviceLogits::packed(&buf, logits);
         let result = (|| {
             let mut enc = self
                 .device

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::error::{Error, Result};
-use crate::logits::DType;
+use crate::logits::{DType, Logits};
 use crate::params::{LogprobsMode, Request, MAX_LOGPROBS};
 use crate::pipeline::{self as pl, Row};
 
@@ -36,7 +36,20 @@ pub struct DeviceLogits<'a> {
     pub offset: usize,
 }
 
-impl DeviceLogits<'_> {
+impl<'a> DeviceLogits<'a> {
+    /// The view of host logits uploaded whole into `buffer` (rows back to back, from
+    /// its start), as `WgpuSampler::upload_logits` leaves them.
+    pub fn packed(buffer: &'a wgpu::Buffer, logits: &Logits<'_>) -> Self {
+        Self {
+            buffer,
+            dtype: logits.dtype(),
+            rows: logits.rows(),
+            vocab: logits.vocab(),
+            row_stride: logits.vocab(),
+            offset: 0,
+        }
+    }
+
     /// Checks the view against `device`: the row stride, the buffer's usage and size, a
     /// span addressable in 32 bits, and the adapter's binding limit (the per-call API and
     /// the head both call it).
