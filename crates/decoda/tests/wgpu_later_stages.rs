@@ -728,6 +728,26 @@ fn typical_p_bands_the_list_holds_settle_there() {
         let ties = check(&device_api(b, &logits, &reqs), &data, &reqs, v, "typical-p");
         assert_eq!(full, flat, "V {v}: rows on the full-row path");
         assert!(ties <= 1, "V {v}: {ties} ties");
+        // many draws of the same rows draw over the band's run of the list (past the
+        // top tokens typical-p removed), each at its own step
+        for q in &mut reqs {
+            q.params.kept = None;
+            q.params.logprobs = None;
+        }
+        let (out, mut ties) = (b.sample_draws(&logits, &reqs, 4).unwrap(), 0);
+        for (r, draws) in out.iter().enumerate() {
+            for (d, got) in draws.iter().enumerate() {
+                let mut q = reqs[r].clone();
+                q.state.step += d as u64;
+                let (want, tie) = reference_row(&data[r * v..(r + 1) * v], &q);
+                match classify(got, &want, &tie) {
+                    Verdict::Mismatch => panic!("V {v} row {r} draw {d}: {got:?} vs {want:?}"),
+                    Verdict::AllowedTie => ties += 1,
+                    Verdict::Same { .. } => {}
+                }
+            }
+        }
+        assert!(ties <= 2, "V {v}: {ties} ties in the draws");
     }
 }
 

@@ -73,7 +73,7 @@ const S_R: u32 = 7u;         // top-p mass reference (0 bits: none)
 const S_NEED: u32 = 8u;      // N_* flags
 const S_TOKEN: u32 = 9u;
 const S_PATH: u32 = 10u;     // P_* : how the row is drawn
-const S_NS: u32 = 11u;       // list path: kept tokens (a prefix of the sorted list)
+const S_NS: u32 = 11u;       // list path: the end of the kept set in the sorted list
 const S_TAU_K: u32 = 12u;    // full-row path thresholds (`member`)
 const S_TAU_MIN: u32 = 13u;
 const S_P_CUT: u32 = 14u;
@@ -100,6 +100,7 @@ const S_T_PREFIX: u32 = 34u; // its radix walk
 const S_T_LEVEL: u32 = 35u;
 const S_T_ABOVE_LO: u32 = 36u;
 const S_T_ABOVE_HI: u32 = 37u;
+const S_J0: u32 = 38u;       // list path: the kept set's first candidate (S_NS its end)
 
 // S_NEED flags
 const N_LIST: u32 = 1u;

@@ -426,6 +426,7 @@ fn settle_row(lid: u32, row: u32) {
         ssetf(row, S_TAU_Q, -1.0);
         ssetf(row, S_SUM, 0.0);
         sset(row, S_NS, 0u);
+        sset(row, S_J0, 0u);
         sset(row, S_LP_DONE, 0u);
         sset(row, S_PATH, P_NONE);
         sset(row, S_TOKEN, 0u);

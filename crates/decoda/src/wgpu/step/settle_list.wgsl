@@ -68,8 +68,9 @@ fn wg_scan96(lid: u32, v: vec3<u32>) -> vec3<u32> {
 }
 
 // The list path of a filtered row: true when the candidates settle it (then the token is
-// in S_TOKEN, and the kept set is the first S_NS candidates, less XTC's top choices when
-// `xf`, its coin fired: rows whose XTC is on never reach `draw_many`).
+// in S_TOKEN, and the kept set is candidates S_J0 .. S_NS: past typical-p's excluded top
+// and XTC's top choices when `xf`, its coin fired; rows whose XTC is on never reach
+// `draw_many`).
 fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>,
                xf: bool, typ: Typ) -> bool {
     sort_list(lid, row, n);
@@ -301,6 +302,7 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
     }
     if (lid == 0u) {
         sset(row, S_NS, n_s);
+        sset(row, S_J0, j0);
         if (w.y == NO_TOKEN) {
             sset(row, S_STATUS, 4u);
             sset(row, S_PATH, P_NONE);
