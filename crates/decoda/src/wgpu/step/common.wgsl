@@ -124,6 +124,8 @@ const F_TOP_N_SIGMA: u32 = 128u;   // stage 5a (top-n-σ): the full-row path (st
 const F_XTC: u32 = 256u;     // stage 8a (XTC) is on (`xtc_fires` says whether it acts)
 const F_TYPICAL: u32 = 512u; // stage 6a (typical-p): on the list or the row (step/typical.wgsl)
 const F_KEPT: u32 = 1024u;   // the kept distribution is written (step/kept.wgsl)
+// the stages that cut the set on every step (XTC only when its coin fires)
+const F_SET_FILTERS: u32 = F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA | F_TYPICAL;
 
 // Call.mode bits
 const M_HEAD: u32 = 1u;      // advance the slot state in finish
@@ -460,6 +462,12 @@ fn gt96(a: vec3<u32>, b: vec3<u32>) -> bool {
         return a.y > b.y;
     }
     return a.x > b.x;
+}
+
+// The scan's mass Σ exp(y - R) (96-bit, 2^-72 units, against the row's S_R) as
+// Σ exp(y - ymax) in 2^-40 units, as f32 (ymax <= R).
+fn mass_at_ymax(row: u32, s96: vec3<u32>, ymax: f32) -> f32 {
+    return val96(s96) * TWO_M32 * exp_f32(sgetf(row, S_R) - ymax);
 }
 
 // A weight in [0, 1] in 64-bit fixed point, units of 2^-40 (truncated).

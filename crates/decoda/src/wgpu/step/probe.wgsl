@@ -38,11 +38,11 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         atomicStore(&ctr[2u * row], 0u);
         atomicStore(&ctr[2u * row + 1u], 0u);
     }
-    // (top-n-σ's set, every y above its threshold, is settled on the list when the
-    // list holds it)
-    // rows with no filter but XTC (its coin fired) or the kept distribution: the scan's
-    // mass of every finite y and the list's top decide them (`settle_whole`)
-    let others = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA | F_TYPICAL)) != 0u;
+    // every filtered row gets a list (top-n-σ's set, every y above its threshold, is
+    // settled on it when it holds the set); rows with no filter but XTC (its coin
+    // fired) or the kept distribution too: the scan's mass of every finite y and the
+    // list's top decide them (`settle_whole`)
+    let others = (sp.flags & F_SET_FILTERS) != 0u;
     let alone = !others && ((sp.flags & F_KEPT) != 0u || xtc_fires(slot, sp));
     let filt = (others || alone) && !cold(sp);
     // typical-p over every finite y (no top-k or top-n-σ before it): the scan sums its

@@ -404,10 +404,9 @@ fn settle_row(lid: u32, row: u32) {
     let st = wg_uniform(lid, status);
     // stage 8a acts at this step: the row is filtered even with no other filter
     let xf = xtc_fires(slot, sp);
-    // (a row asking for its kept distribution is filtered too: an unfiltered one takes
-    // the full-row path, where `kept_row` finds its set with `member`)
-    let filt = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA | F_TYPICAL | F_KEPT))
-        != 0u || xf;
+    // (a row asking for its kept distribution is filtered too: with no other filter
+    // `settle_whole` takes it from the list, else the full-row path's `kept_row`)
+    let filt = (sp.flags & (F_SET_FILTERS | F_KEPT)) != 0u || xf;
     if (lid == 0u) {
         sset(row, S_STATUS, status);
         sset(row, S_COUNT, count);
@@ -461,7 +460,7 @@ fn settle_row(lid: u32, row: u32) {
         // typical-p's centre and mass from the scan's sums, when it made them
         var typ = Typ(false, 0.0, 0.0);
         if (wg_flag(lid, (need & N_TYP) != 0u)) {
-            typ = typ_pre(row, need, ovt, ymax, s96, wg_sum96(lid, tsum));
+            typ = typ_pre(row, ovt, ymax, s96, wg_sum96(lid, tsum));
         }
         let p_alone = (sp.flags & F_TOP_P) != 0u && (sp.flags & F_TOP_K) == 0u;
         let ok_list = wg_flag(
@@ -472,8 +471,7 @@ fn settle_row(lid: u32, row: u32) {
         // no filter but XTC (its coin fired) or the kept distribution: the set is every
         // finite y (less XTC's top choices), so the scan's mass and winner and the
         // list's top settle it, or leave only the draw over the row
-        let others = (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA | F_TYPICAL))
-            != 0u;
+        let others = (sp.flags & F_SET_FILTERS) != 0u;
         var whole = W_NONE;
         if (wg_flag(lid, !others && ok_list && (need & N_SIGMA) != 0u)) {
             whole = settle_whole(lid, row, sp, n_all, ymax, s96, wg_sum_u32(lid, n_y), xf,
@@ -483,16 +481,12 @@ fn settle_row(lid: u32, row: u32) {
         if (wg_flag(lid, ok_list && others)) {
             done = settle_list(lid, row, slot, sp, n_all, ymax, s96, xf, typ);
         }
-        if (wg_flag(lid, whole == W_DRAW)) {
-            // drawn over the row below XTC's bound (S_VMAX), by lp or settle_finish
-            if (lid == 0u) {
-                sset(row, S_PATH, P_FULL);
-            }
-        } else if (!wg_flag(lid, done)) {
+        // (W_DRAW: only the draw over the row below XTC's bound, S_VMAX, is left)
+        if (!wg_flag(lid, done || whole == W_DRAW)) {
             full_row(lid, row, slot, sp, ymax, xf, typ);
-            if (lid == 0u) {
-                sset(row, S_PATH, P_FULL);
-            }
+        }
+        if (lid == 0u && !done) {
+            sset(row, S_PATH, P_FULL);
         }
     }
     storageBarrier();

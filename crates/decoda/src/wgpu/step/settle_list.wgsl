@@ -346,8 +346,7 @@ fn settle_whole(lid: u32, row: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>
                 n_fin: u32, xf: bool, won: u32) -> u32 {
     sort_list(lid, row, n);
     let kappa = wg_uniform(lid, sget(row, S_KAPPA));
-    // Σ exp(y - ymax) in 2^-40 units
-    let total = val96(s96) * TWO_M32 * exp_f32(sgetf(row, S_R) - ymax);
+    let total = mass_at_ymax(row, s96, ymax);
     // the largest y off the list (none when the list holds the row)
     var yb = neg_inf();
     if (kappa != 0u) {

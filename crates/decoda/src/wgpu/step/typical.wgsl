@@ -11,7 +11,7 @@
 // left, the ymax of every later stage.
 //
 // The walk runs over the row (the full-row path) or over the candidate list (the list
-// path, `typical_list`): there it holds when the list holds K, or when the cut it finds
+// path, in `settle_list`): there it holds when the list holds K, or when the cut it finds
 // lies below every score a token off the list can have (those have y under the list's
 // threshold, so a score above c - that threshold): then the band is on the list too.
 
@@ -24,11 +24,11 @@ struct Typ {
 }
 
 // Typical-p's sums from the scan (`d`: Σ exp(y - R) (m0 - y), signed, in 2^-72 units;
-// `w`: Σ exp(y - R)) when the row asked for them (N_TYP: K is every finite y) and no y
-// passed R.
-fn typ_pre(row: u32, need: u32, over: u32, ymax: f32, w: vec3<u32>, d: vec3<u32>) -> Typ {
+// `w`: Σ exp(y - R)), for a row that asked for them (N_TYP: K is every finite y), when
+// no y passed R.
+fn typ_pre(row: u32, over: u32, ymax: f32, w: vec3<u32>, d: vec3<u32>) -> Typ {
     var r: Typ;
-    r.pre = (need & N_TYP) != 0u && over == 0u;
+    r.pre = over == 0u;
     r.c = 0.0;
     r.total = 0.0;
     if (r.pre) {
@@ -41,7 +41,7 @@ fn typ_pre(row: u32, need: u32, over: u32, ymax: f32, w: vec3<u32>, d: vec3<u32>
             df = val96(d);
         }
         r.c = m0 - div_rn(df, wf);
-        r.total = wf * TWO_M32 * exp_f32(sgetf(row, S_R) - ymax);
+        r.total = mass_at_ymax(row, w, ymax);
     }
     return r;
 }
