@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -170,6 +171,23 @@ def test_wgpu_matches_the_cpu():
     params = {"top_k": 50, "top_p": 0.9, "temperature": 0.8}
     assert gpu.sample(x, params, seeds=3).tokens.tolist() == cpu.sample(x, params, seeds=3).tokens.tolist()
     assert gpu.device.startswith("wgpu:")
+
+
+def test_probing_for_an_adapter_keeps_stderr_clean():
+    """On a headless machine Mesa's device-selection layer would print an XDG_RUNTIME_DIR
+    error at every adapter probe; the package switches it off as the CLI does."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XDG_RUNTIME_DIR", "NODEVICE_SELECT", "MESA_VK_DEVICE_SELECT")}
+    code = ("import decoda\n"
+            "for d in ('auto', 'wgpu'):\n"
+            "    try:\n"
+            "        decoda.Sampler(device=d)\n"
+            "    except RuntimeError:\n"
+            "        pass\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "XDG_RUNTIME_DIR" not in out.stderr, out.stderr
 
 
 def test_head_steps_like_the_sampler_driven_by_hand():

@@ -23,7 +23,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _native
+# Mesa's device-selection layer (an implicit Vulkan layer installed with Mesa's drivers)
+# connects to the Wayland and X displays when it orders the GPUs, and on a machine
+# without a desktop session prints "error: XDG_RUNTIME_DIR is invalid or not set in the
+# environment." at every adapter probe. decoda picks its adapter itself and presents
+# nothing, so the layer is switched off by its documented variable, as the CLI does,
+# unless the user configured it. Set before the native module asks for any adapter.
+if "NODEVICE_SELECT" not in os.environ and "MESA_VK_DEVICE_SELECT" not in os.environ:
+    os.environ["NODEVICE_SELECT"] = "1"
+
+from . import _native  # noqa: E402
 
 __all__ = [
     "Sampler", "SampleResult", "Head", "StepResult", "load", "Model", "Generation",
