@@ -10,8 +10,9 @@ use crate::params::LogprobsMode;
 use crate::pipeline::{self as pl, Row, RowResult, Sample};
 
 use super::draw::draw;
+use super::kernels;
 use super::logprobs::{full_logprobs, subset_logprobs};
-use super::{kernels, Scratch};
+use super::scratch::Scratch;
 
 /// Whether a row takes the general path. XTC does when its coin fires at the row's step
 /// and no top-k or min-p (without top-p) leaves the streaming path an explicit list of

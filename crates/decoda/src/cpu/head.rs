@@ -2,7 +2,7 @@
 //! and pushes the drawn tokens into the slots' histories. The head's semantics (slots,
 //! requests, finishing) are `crate::head`'s.
 
-use super::CpuSampler;
+use super::sampler::CpuSampler;
 use crate::error::{Error, Result, RowError};
 use crate::head::{
     check_rows, check_slot, check_slot_lists, seed_of, FinishReason, Head, SlotRequest, SlotStep,

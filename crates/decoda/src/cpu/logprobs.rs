@@ -1,7 +1,8 @@
 //! Log-probabilities of the drawn token and the top `n`, over the row or the kept set.
 
+use super::kernels;
+use super::scratch::Scratch;
 use super::select::select_top;
-use super::{kernels, Scratch};
 use crate::pipeline::{self as pl, TokenLogprobs};
 
 /// Log-probabilities of `log_softmax(values)` over the whole row, without sorting it.

@@ -2,7 +2,8 @@
 
 use std::cmp::Ordering::Less;
 
-use super::{kernels, BLOCK, SAMPLE};
+use super::kernels;
+use super::settings::{BLOCK, SAMPLE};
 use crate::pipeline as pl;
 
 /// The [`SAMPLE`] values that thresholds are estimated from: runs of 16 neighbours, evenly

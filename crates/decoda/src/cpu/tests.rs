@@ -1,11 +1,11 @@
 use super::draw::{draw, draw_whole_row, wide_draw, WIDE_DRAW};
 use super::kernels::Terms;
+use super::scratch::Scratch;
 use super::select::sampled_threshold;
 use super::top_p::{
     first_top_p_list, rest_error, sampled_retry, top_p_candidates, top_p_peel, top_p_scan,
     top_p_walk, wide_top_p, TopPScan, TOP_P_CAP, TOP_P_WIDE,
 };
-use super::Scratch;
 use crate::philox;
 use crate::pipeline as pl;
 

@@ -4,8 +4,9 @@
 use super::draw::gated_draw;
 use super::kernels::{self, Terms};
 use super::logprobs::{full_logprobs, subset_logprobs};
+use super::scratch::Scratch;
 use super::select::{gather_y_at_least, sample_runs, sampled_largest};
-use super::{Scratch, BLOCK, SAMPLE};
+use super::settings::{BLOCK, SAMPLE};
 use crate::params::LogprobsMode;
 use crate::pipeline::{self as pl, Row, RowResult, Sample};
 
