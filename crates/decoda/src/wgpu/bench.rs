@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::params::Request;
 use crate::pipeline as pl;
 
-use super::device::make_buffer;
+use super::buffers::{make_buffer, read_back};
 use super::head::WgpuHead;
 use super::kernels::StepStamps;
 use super::sampler::{DeviceLogits, DeviceOutputs, WgpuSampler};
@@ -66,24 +66,7 @@ impl Stamps {
 
     /// The stamps, in ticks (after the submission is done).
     fn ticks(&self, device: &wgpu::Device) -> Result<Vec<u64>> {
-        let slice = self.read.slice(0..8 * u64::from(self.count));
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
-        rx.recv()
-            .map_err(|_| Error::Device("the map callback never ran".into()))?
-            .map_err(|e| Error::Device(format!("mapping the timestamps: {e}")))?;
-        let w: Vec<u32> = {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| Error::Device(format!("mapping the timestamps: {e}")))?;
-            bytemuck::cast_slice::<u8, u32>(&view).to_vec()
-        };
-        self.read.unmap();
+        let w: Vec<u32> = read_back(device, &self.read, 8 * u64::from(self.count))?;
         Ok(w.chunks(2)
             .map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32))
             .collect())
@@ -106,28 +89,27 @@ impl WgpuHead {
         rows: &[usize],
         iters: usize,
     ) -> Result<Vec<StepTime>> {
-        let ts = self
-            .device()
-            .features()
-            .contains(wgpu::Features::TIMESTAMP_QUERY);
-        let stamps = ts.then(|| Stamps::new(self.device(), 2));
-        let period = f64::from(self.queue().get_timestamp_period());
+        let ts = self.ctx.has_timestamps();
+        let stamps = ts.then(|| Stamps::new(self.ctx.device(), 2));
+        let period = f64::from(self.ctx.queue().get_timestamp_period());
         let mut out = Vec::with_capacity(iters);
         for _ in 0..iters {
             let t = std::time::Instant::now();
             let mut enc = self
+                .ctx
                 .device()
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
             self.record_step_with(&mut enc, logits, None, rows, stamps.as_ref().map(|s| &s.qs))?;
             if let Some(s) = &stamps {
                 s.copy(&mut enc);
             }
-            self.queue().submit([enc.finish()]);
+            self.ctx.queue().submit([enc.finish()]);
             let host_us = t.elapsed().as_secs_f64() * 1e6;
             let device_us = match &stamps {
-                Some(s) => s.read(self.device(), period)?,
+                Some(s) => s.read(self.ctx.device(), period)?,
                 None => {
-                    self.device()
+                    self.ctx
+                        .device()
                         .poll(wgpu::PollType::wait_indefinitely())
                         .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
                     t.elapsed().as_secs_f64() * 1e6 - host_us
@@ -143,12 +125,12 @@ impl WgpuHead {
 impl WgpuSampler {
     /// [`Error::Device`] when the adapter has no timestamp queries.
     fn need_timestamps(&self) -> Result<()> {
-        if self.timestamps {
+        if self.ctx.has_timestamps() {
             Ok(())
         } else {
             Err(Error::Device(format!(
                 "{} has no timestamp queries",
-                self.info.name
+                self.ctx.info().name
             )))
         }
     }
@@ -175,18 +157,20 @@ impl WgpuSampler {
             .flat_map(|r| r.allowed.clone().unwrap_or_else(|| vec![u32::MAX; w]))
             .collect();
         let buf = make_buffer(
-            &self.device,
+            self.ctx.device(),
             "decoda bench masks",
             (words.len() * 4) as u64,
             wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
         );
-        self.queue
+        self.ctx
+            .queue()
             .write_buffer(&buf, 0, bytemuck::cast_slice(&words));
         Ok((rows, Some(buf)))
     }
 
     fn encoder(&self) -> wgpu::CommandEncoder {
-        self.device
+        self.ctx
+            .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
     }
 
@@ -204,16 +188,16 @@ impl WgpuSampler {
         self.need_timestamps()?;
         let (rows, mbuf) = self.bench_call(logits, requests)?;
         let masks = masks_view(&mbuf, logits.vocab);
-        let st = Stamps::new(&self.device, 2);
-        let period = f64::from(self.queue.get_timestamp_period());
+        let st = Stamps::new(self.ctx.device(), 2);
+        let period = f64::from(self.ctx.queue().get_timestamp_period());
         let mut times = Vec::with_capacity(iters);
         for _ in 0..iters {
             let mut enc = self.encoder();
             let stamps = StepStamps::Step(&st.qs);
             self.record_inner_masked(&mut enc, logits, masks.as_ref(), &rows, out, stamps, 0)?;
             st.copy(&mut enc);
-            self.queue.submit([enc.finish()]);
-            times.push(st.read(&self.device, period)?);
+            self.ctx.queue().submit([enc.finish()]);
+            times.push(st.read(self.ctx.device(), period)?);
         }
         Ok(times)
     }
@@ -236,14 +220,14 @@ impl WgpuSampler {
         let (rows, mbuf) = self.bench_call(logits, requests)?;
         let masks = masks_view(&mbuf, logits.vocab);
         let names = WgpuSampler::plan_for(&rows, logits.vocab, 0).stages(false);
-        let st = Stamps::new(&self.device, 2 * names.len() as u32);
+        let st = Stamps::new(self.ctx.device(), 2 * names.len() as u32);
         let mut enc = self.encoder();
         let stamps = StepStamps::Stages(&st.qs);
         self.record_inner_masked(&mut enc, logits, masks.as_ref(), &rows, out, stamps, 0)?;
         st.copy(&mut enc);
-        self.queue.submit([enc.finish()]);
-        let t = st.ticks(&self.device)?;
-        let period = f64::from(self.queue.get_timestamp_period());
+        self.ctx.queue().submit([enc.finish()]);
+        let t = st.ticks(self.ctx.device())?;
+        let period = f64::from(self.ctx.queue().get_timestamp_period());
         Ok(names
             .iter()
             .copied()
@@ -290,7 +274,7 @@ impl WgpuSampler {
         let view = DeviceLogits::packed(&buf, logits);
         let bytes = (requests.len() * STATE_WORDS * 4) as u64;
         let read = make_buffer(
-            &self.device,
+            self.ctx.device(),
             "decoda paths",
             bytes,
             wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
@@ -317,14 +301,14 @@ impl WgpuSampler {
                 break enc;
             }
             drop(sc);
-            self.queue.submit([enc.finish()]);
+            self.ctx.queue().submit([enc.finish()]);
             tries += 1;
             if tries == 8 {
                 return Err(Error::Device("the step buffers kept changing".into()));
             }
         };
-        self.queue.submit([enc.finish()]);
-        let words = self.map_words(&read, bytes)?;
+        self.ctx.queue().submit([enc.finish()]);
+        let words: Vec<u32> = self.ctx.read_back(&read, bytes)?;
         Ok((0..requests.len())
             .map(|r| words[r * STATE_WORDS + S_PATH] == P_FULL)
             .collect())
@@ -352,22 +336,24 @@ impl WgpuSampler {
         use wgpu::BufferUsages as U;
         let sets: Vec<wgpu::QuerySet> = (0..n)
             .map(|_| {
-                self.device.create_query_set(&wgpu::QuerySetDescriptor {
-                    label: Some("decoda stream timing"),
-                    ty: wgpu::QueryType::Timestamp,
-                    count: 2,
-                })
+                self.ctx
+                    .device()
+                    .create_query_set(&wgpu::QuerySetDescriptor {
+                        label: Some("decoda stream timing"),
+                        ty: wgpu::QueryType::Timestamp,
+                        count: 2,
+                    })
             })
             .collect();
         // one 256-byte slot per call (resolve offsets must be 256-aligned)
         let resolve = make_buffer(
-            &self.device,
+            self.ctx.device(),
             "decoda stream ts",
             256 * n as u64,
             U::QUERY_RESOLVE | U::COPY_SRC,
         );
         let read = make_buffer(
-            &self.device,
+            self.ctx.device(),
             "decoda stream ts read",
             256 * n as u64,
             U::MAP_READ | U::COPY_DST,
@@ -384,13 +370,13 @@ impl WgpuSampler {
                 0,
             )?;
             enc.resolve_query_set(qs, 0..2, &resolve, 256 * i as u64);
-            self.queue.submit([enc.finish()]);
+            self.ctx.queue().submit([enc.finish()]);
         }
         let mut enc = self.encoder();
         enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, 256 * n as u64);
-        self.queue.submit([enc.finish()]);
-        let w = self.map_words(&read, 256 * n as u64)?;
-        let period = f64::from(self.queue.get_timestamp_period());
+        self.ctx.queue().submit([enc.finish()]);
+        let w: Vec<u32> = self.ctx.read_back(&read, 256 * n as u64)?;
+        let period = f64::from(self.ctx.queue().get_timestamp_period());
         let end = |i: usize| u64::from(w[64 * i + 2]) | (u64::from(w[64 * i + 3]) << 32);
         Ok((1..n)
             .map(|i| end(i).saturating_sub(end(i - 1)) as f64 * period / 1000.0)
@@ -407,8 +393,11 @@ impl WgpuSampler {
         out: &DeviceOutputs,
         iters: usize,
     ) -> Result<Vec<StepTime>> {
-        let stamps = self.timestamps.then(|| Stamps::new(&self.device, 2));
-        let period = f64::from(self.queue.get_timestamp_period());
+        let stamps = self
+            .ctx
+            .has_timestamps()
+            .then(|| Stamps::new(self.ctx.device(), 2));
+        let period = f64::from(self.ctx.queue().get_timestamp_period());
         let (_, mbuf) = self.bench_call(logits, requests)?;
         let masks = masks_view(&mbuf, logits.vocab);
         let mut times = Vec::with_capacity(iters);
@@ -429,12 +418,13 @@ impl WgpuSampler {
             if let Some(s) = &stamps {
                 s.copy(&mut enc);
             }
-            self.queue.submit([enc.finish()]);
+            self.ctx.queue().submit([enc.finish()]);
             let host_us = t.elapsed().as_secs_f64() * 1e6;
             let device_us = match &stamps {
-                Some(s) => s.read(&self.device, period)?,
+                Some(s) => s.read(self.ctx.device(), period)?,
                 None => {
-                    self.device
+                    self.ctx
+                        .device()
                         .poll(wgpu::PollType::wait_indefinitely())
                         .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
                     t.elapsed().as_secs_f64() * 1e6 - host_us
@@ -463,8 +453,9 @@ impl WgpuSampler {
             let mut enc = self.encoder();
             let stamps = StepStamps::None;
             self.record_inner_masked(&mut enc, logits, masks.as_ref(), &rows, out, stamps, 0)?;
-            self.queue.submit([enc.finish()]);
-            self.device
+            self.ctx.queue().submit([enc.finish()]);
+            self.ctx
+                .device()
                 .poll(wgpu::PollType::wait_indefinitely())
                 .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
             times.push(t.elapsed().as_secs_f64() * 1e6);
@@ -480,8 +471,18 @@ impl WgpuSampler {
     pub fn copy_bandwidth(&self) -> Result<f64> {
         use wgpu::BufferUsages as U;
         let size: u64 = 256 << 20;
-        let a = make_buffer(&self.device, "decoda bw a", size, U::COPY_SRC | U::COPY_DST);
-        let b = make_buffer(&self.device, "decoda bw b", size, U::COPY_SRC | U::COPY_DST);
+        let a = make_buffer(
+            self.ctx.device(),
+            "decoda bw a",
+            size,
+            U::COPY_SRC | U::COPY_DST,
+        );
+        let b = make_buffer(
+            self.ctx.device(),
+            "decoda bw b",
+            size,
+            U::COPY_SRC | U::COPY_DST,
+        );
         let mut best = f64::INFINITY;
         for _ in 0..5 {
             let t = std::time::Instant::now();
@@ -489,8 +490,9 @@ impl WgpuSampler {
             for _ in 0..4 {
                 enc.copy_buffer_to_buffer(&a, 0, &b, 0, size);
             }
-            self.queue.submit([enc.finish()]);
-            self.device
+            self.ctx.queue().submit([enc.finish()]);
+            self.ctx
+                .device()
                 .poll(wgpu::PollType::wait_indefinitely())
                 .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
             best = best.min(t.elapsed().as_secs_f64());

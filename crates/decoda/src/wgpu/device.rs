@@ -1,177 +1,242 @@
-//! Adapters and devices.
+//! The device context every part of the device backend is built from: [`WgpuDevice`].
+//!
+//! It holds what lives once per device: the adapter's device and queue, its limits and
+//! features, the options it was opened with, the compiled pipelines (built once per
+//! device, by shader, and shared by every sampler, head, MoE layer and model made from
+//! it), the pool of staging buffers that carries per-call parameters, and the size of a
+//! weight part. A CUDA or Metal backend written later would hold the same things in a
+//! context of its own.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
-use super::layout::{STORAGE_BUFFERS, WG, WORKGROUP_BYTES};
-use super::{WgpuOptions, ADAPTER_ENV, SUBGROUPS_ENV};
+use super::adapter::{self, Opened};
+use super::buffers::read_back;
+use super::options::WgpuOptions;
+use super::staging::StagePool;
 
-/// One adapter the sampler can run on.
-#[derive(Debug, Clone)]
-pub struct AdapterSummary {
-    /// The adapter's name (`NVIDIA H100 80GB HBM3`, `llvmpipe (LLVM 15.0.6, 256 bits)`).
-    pub name: String,
-    /// Vulkan, Metal, Dx12, ...
-    pub backend: String,
-    /// Whether it is a CPU (software) adapter.
-    pub software: bool,
+/// Pipelines built once per device, by key, of any type.
+type PipelineCache = Mutex<HashMap<&'static str, Arc<dyn Any + Send + Sync>>>;
+
+/// One wgpu device and what is kept once per device (see the module docs). Cheap to
+/// clone (a reference count); every clone is the same context. [`super::WgpuSampler`],
+/// [`super::WgpuHead`], [`super::WgpuMoe`], [`super::WgpuModel`] and
+/// [`super::WgpuEngine`] are built from one (or from anything that holds one, such as a
+/// sampler: `AsRef<WgpuDevice>`), and share its pipelines.
+///
+/// ```no_run
+/// use decoda::wgpu::{WgpuDevice, WgpuHead, WgpuSampler};
+///
+/// let device = WgpuDevice::new()?; // a hardware adapter first, else a software one
+/// let sampler = WgpuSampler::on(&device)?;
+/// let head = WgpuHead::new(&device, 8, 32_000)?; // the same device and pipelines
+/// # Ok::<(), decoda::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct WgpuDevice {
+    inner: Arc<Context>,
 }
 
-/// An instance with the backends that run compute shaders (Vulkan, Metal, DX12) and no
-/// display connection: the sampler presents nothing.
-fn instance() -> wgpu::Instance {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-    desc.backends &= wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
-    wgpu::Instance::new(desc)
-}
-
-fn adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
-    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
-        .into_iter()
-        .filter(|a| {
-            let i = a.get_info();
-            i.backend != wgpu::Backend::Noop && i.backend != wgpu::Backend::Gl
-        })
-        .collect()
-}
-
-pub(crate) fn is_software(info: &wgpu::AdapterInfo) -> bool {
-    info.device_type == wgpu::DeviceType::Cpu
-}
-
-/// Lists the adapters wgpu finds, hardware ones first.
-pub fn list_adapters() -> Vec<AdapterSummary> {
-    let mut v: Vec<AdapterSummary> = adapters(&instance())
-        .iter()
-        .map(|a| {
-            let i = a.get_info();
-            AdapterSummary {
-                name: i.name.clone(),
-                backend: format!("{:?}", i.backend),
-                software: is_software(&i),
-            }
-        })
-        .collect();
-    v.sort_by_key(|a| a.software);
-    v
-}
-
-/// An opened device: what [`super::WgpuSampler`] is built from.
-pub(crate) struct Opened {
+/// What a [`WgpuDevice`] shares.
+struct Context {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub info: wgpu::AdapterInfo,
+    /// Whether the device was opened with subgroup operations (the reductions use them).
+    pub subgroups: bool,
+    /// Whether the device has timestamp queries.
+    pub timestamps: bool,
+    /// Workgroups a step aims to keep busy (rows times splits).
+    pub target_wg: usize,
+    /// Staging buffers for per-call parameters, shared by everything on the device.
+    pub stages: StagePool,
+    /// Most bytes of weights one binding holds (`set_weight_part_bytes`).
+    weight_part: AtomicU64,
+    pipelines: PipelineCache,
 }
 
-/// Picks an adapter as [`super::WgpuSampler::new`] documents and opens a device on it.
-pub(crate) fn open(options: WgpuOptions) -> Result<Opened> {
-    let inst = instance();
-    let mut all = adapters(&inst);
-    if all.is_empty() {
-        return Err(Error::NoDevice(
-            "wgpu found no Vulkan, Metal or DX12 adapter (on Linux without a GPU, install \
-             Mesa's lavapipe: apt-get install mesa-vulkan-drivers libvulkan1)"
-                .into(),
-        ));
+impl std::fmt::Debug for WgpuDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuDevice")
+            .field("adapter", &self.inner.info.name)
+            .field("backend", &self.inner.info.backend)
+            .field("subgroups", &self.inner.subgroups)
+            .finish()
     }
-    all.sort_by_key(|a| is_software(&a.get_info()));
-    let names: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
-    let chosen = match std::env::var(ADAPTER_ENV) {
-        Ok(want) if !want.is_empty() => {
-            let w = want.to_lowercase();
-            all.into_iter()
-                .find(|a| a.get_info().name.to_lowercase().contains(&w))
-                .ok_or_else(|| {
-                    Error::NoDevice(format!(
-                        "{ADAPTER_ENV}={want:?} matches no adapter (found: {names:?})"
-                    ))
-                })?
+}
+
+impl AsRef<WgpuDevice> for WgpuDevice {
+    fn as_ref(&self) -> &WgpuDevice {
+        self
+    }
+}
+
+impl WgpuDevice {
+    /// A device on the best adapter: the one named by `DECODA_WGPU_ADAPTER` (a substring
+    /// of its name) when set, else a hardware adapter, else a software one (such as Mesa's
+    /// lavapipe). [`Error::NoDevice`] when there is none.
+    pub fn new() -> Result<Self> {
+        Self::with_options(WgpuOptions::default())
+    }
+
+    /// Like [`WgpuDevice::new`], but only a hardware adapter will do (`DECODA_WGPU_ADAPTER`
+    /// still applies): what `--device auto` uses before falling back to the CPU.
+    pub fn hardware() -> Result<Self> {
+        Self::with_options(WgpuOptions {
+            hardware_only: true,
+            ..Default::default()
+        })
+    }
+
+    /// A device chosen as [`WgpuDevice::new`] does, with `options`.
+    pub fn with_options(options: WgpuOptions) -> Result<Self> {
+        let Opened {
+            device,
+            queue,
+            info,
+        } = adapter::open(options)?;
+        Ok(Self::build(device, queue, info))
+    }
+
+    /// The context of an application's device and queue (for example the one its model
+    /// runs on), so logits never leave it. Subgroup operations are used when the device
+    /// was created with `Features::SUBGROUP`, 64-bit integers with `SHADER_INT64`.
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        let info = device.adapter_info();
+        Self::build(device, queue, info)
+    }
+
+    fn build(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
+        let features = device.features();
+        let target_wg = adapter::target_workgroups(&info);
+        Self {
+            inner: Arc::new(Context {
+                subgroups: features.contains(wgpu::Features::SUBGROUP),
+                timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+                target_wg,
+                stages: StagePool::new(),
+                weight_part: AtomicU64::new(u64::MAX),
+                pipelines: Mutex::new(HashMap::new()),
+                device,
+                queue,
+                info,
+            }),
         }
-        _ => {
-            let a = all.into_iter().next().expect("non-empty");
-            if options.hardware_only && is_software(&a.get_info()) {
-                return Err(Error::NoDevice(format!(
-                    "no hardware GPU adapter (found only software ones: {names:?})"
-                )));
-            }
-            a
+    }
+
+    /// The adapter's description.
+    pub(crate) fn info(&self) -> &wgpu::AdapterInfo {
+        &self.inner.info
+    }
+
+    /// Workgroups a step aims to keep busy on this adapter.
+    pub(crate) fn target_wg(&self) -> usize {
+        self.inner.target_wg
+    }
+
+    /// The staging buffers for per-call parameters.
+    pub(crate) fn stages(&self) -> &StagePool {
+        &self.inner.stages
+    }
+
+    /// The wgpu device.
+    pub fn device(&self) -> &wgpu::Device {
+        &self.inner.device
+    }
+
+    /// The queue everything made from this context submits to.
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.inner.queue
+    }
+
+    /// The adapter's name and backend, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)`.
+    pub fn adapter(&self) -> String {
+        format!("{} ({:?})", self.inner.info.name, self.inner.info.backend)
+    }
+
+    /// The adapter's name alone.
+    pub fn adapter_name(&self) -> &str {
+        &self.inner.info.name
+    }
+
+    /// Whether the adapter is a software (CPU) implementation.
+    pub fn is_software(&self) -> bool {
+        adapter::is_software(&self.inner.info)
+    }
+
+    /// Whether Philox's products use 64-bit integers (the device was created with
+    /// `SHADER_INT64`, see [`WgpuOptions::int64`]); the bits are the same either way.
+    pub fn uses_int64(&self) -> bool {
+        self.inner
+            .device
+            .features()
+            .contains(wgpu::Features::SHADER_INT64)
+    }
+
+    /// Whether the reductions use subgroup operations (the adapter has them and they were
+    /// chosen, see [`WgpuOptions::subgroups`]).
+    pub fn uses_subgroups(&self) -> bool {
+        self.inner.subgroups
+    }
+
+    /// Whether GPU timestamps are available.
+    pub fn has_timestamps(&self) -> bool {
+        self.inner.timestamps
+    }
+
+    /// Bytes of weights one binding holds at most: what the adapter binds at once (and
+    /// holds in one buffer), or less after [`WgpuDevice::set_weight_part_bytes`]. A
+    /// model's matrix or an MoE layer larger than this is split into parts of whole rows
+    /// (whole experts), each in a buffer of its own, and dispatched part by part.
+    pub fn weight_part_bytes(&self) -> u64 {
+        let l = self.inner.device.limits();
+        l.max_storage_buffer_binding_size
+            .min(l.max_buffer_size)
+            .min(self.inner.weight_part.load(Ordering::Relaxed))
+            & !3
+    }
+
+    /// Caps the bytes of weights per binding for the layers and models made from this
+    /// context afterwards (at least 4 KiB). Results do not depend on it: tests use it to
+    /// split small models as real ones are split on adapters that bind little.
+    pub fn set_weight_part_bytes(&self, bytes: u64) {
+        self.inner
+            .weight_part
+            .store(bytes.max(4096), Ordering::Relaxed);
+    }
+
+    /// The pipelines under `key`, built by `build` the first time this device needs them
+    /// and shared from then on (every sampler, head, MoE layer and model runs the same
+    /// compiled shaders).
+    pub(crate) fn pipelines<T: Send + Sync + 'static>(
+        &self,
+        key: &'static str,
+        build: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
+        let mut cache = self.inner.pipelines.lock().map_err(|_| poisoned())?;
+        if let Some(p) = cache.get(key) {
+            return Arc::clone(p)
+                .downcast::<T>()
+                .map_err(|_| Error::Device(format!("pipelines {key}: another type")));
         }
-    };
-    let mut features = wgpu::Features::empty();
-    if chosen.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
-        features |= wgpu::Features::TIMESTAMP_QUERY;
+        let p = Arc::new(build()?);
+        cache.insert(key, p.clone());
+        Ok(p)
     }
-    let want_subgroups =
-        options
-            .subgroups
-            .unwrap_or_else(|| match std::env::var(SUBGROUPS_ENV).as_deref() {
-                Ok("0") => false,
-                Ok("1") => true,
-                _ => !is_software(&chosen.get_info()),
-            });
-    if want_subgroups && chosen.features().contains(wgpu::Features::SUBGROUP) {
-        features |= wgpu::Features::SUBGROUP;
-    }
-    if options.int64 != Some(false) && chosen.features().contains(wgpu::Features::SHADER_INT64) {
-        features |= wgpu::Features::SHADER_INT64;
-    }
-    let (device, queue) = pollster::block_on(chosen.request_device(&wgpu::DeviceDescriptor {
-        label: Some("decoda"),
-        required_features: features,
-        required_limits: chosen.limits(),
-        ..Default::default()
-    }))
-    .map_err(|e| Error::NoDevice(format!("{}: {e}", chosen.get_info().name)))?;
-    Ok(Opened {
-        device,
-        queue,
-        info: chosen.get_info(),
-    })
-}
 
-/// Fails when the device's limits are below what the kernels need.
-pub(crate) fn check_limits(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<()> {
-    let limits = device.limits();
-    if limits.max_storage_buffers_per_shader_stage < STORAGE_BUFFERS {
-        return Err(Error::NoDevice(format!(
-            "{}: max_storage_buffers_per_shader_stage = {}, the sampler needs {STORAGE_BUFFERS} \
-             (request the adapter's limits when creating the device)",
-            info.name, limits.max_storage_buffers_per_shader_stage
-        )));
-    }
-    if limits.max_compute_workgroup_storage_size < WORKGROUP_BYTES
-        || limits.max_compute_invocations_per_workgroup < WG as u32
-    {
-        return Err(Error::NoDevice(format!(
-            "{}: compute limits too small (workgroup storage {} B, {} invocations; the \
-             sampler needs {WORKGROUP_BYTES} B and {WG})",
-            info.name,
-            limits.max_compute_workgroup_storage_size,
-            limits.max_compute_invocations_per_workgroup
-        )));
-    }
-    Ok(())
-}
-
-/// Environment variable: how many workgroups a step aims to keep busy (rows times
-/// splits); the row split follows from it and the batch.
-pub const WORKGROUPS_ENV: &str = "DECODA_WGPU_WORKGROUPS";
-
-/// Workgroups a step aims to keep busy on this adapter. wgpu does not report an
-/// adapter's compute units, so: `DECODA_WGPU_WORKGROUPS` when set; on a software adapter
-/// (its "compute units" are CPU threads) four per thread; on a hardware one 1024, enough
-/// for the largest GPUs (an H100 has 132 multiprocessors, each running several
-/// workgroups at once). Results never depend on it.
-pub(crate) fn target_workgroups(info: &wgpu::AdapterInfo) -> usize {
-    if let Some(n) = std::env::var(WORKGROUPS_ENV)
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        return n.clamp(1, 1 << 20);
-    }
-    if is_software(info) {
-        4 * std::thread::available_parallelism().map_or(4, |n| n.get())
-    } else {
-        1024
+    /// The first `bytes` bytes of `buf` (usage `MAP_READ`) once the device has finished
+    /// the work submitted so far, as values of `T`: the one way results come back to
+    /// the host.
+    pub(crate) fn read_back<T: bytemuck::Pod>(
+        &self,
+        buf: &wgpu::Buffer,
+        bytes: u64,
+    ) -> Result<Vec<T>> {
+        read_back(&self.inner.device, buf, bytes)
     }
 }
 
@@ -243,51 +308,6 @@ pub(crate) fn build_pipelines<const N: usize>(
         return Err(Error::Device(format!("{failed}: {e}")));
     }
     Ok((layout, pipes))
-}
-
-/// A working buffer, grown on demand and reused.
-pub(crate) struct Grow {
-    pub buf: wgpu::Buffer,
-    usage: wgpu::BufferUsages,
-    label: &'static str,
-}
-
-impl Grow {
-    pub(crate) fn new(
-        device: &wgpu::Device,
-        label: &'static str,
-        usage: wgpu::BufferUsages,
-    ) -> Self {
-        Self {
-            buf: make_buffer(device, label, 256, usage),
-            usage,
-            label,
-        }
-    }
-
-    /// Makes the buffer at least `bytes` long; true when it was replaced.
-    pub fn ensure(&mut self, device: &wgpu::Device, bytes: u64) -> bool {
-        if self.buf.size() >= bytes {
-            return false;
-        }
-        let size = bytes.max(self.buf.size() * 2).next_multiple_of(256);
-        self.buf = make_buffer(device, self.label, size, self.usage);
-        true
-    }
-}
-
-pub(crate) fn make_buffer(
-    device: &wgpu::Device,
-    label: &str,
-    size: u64,
-    usage: wgpu::BufferUsages,
-) -> wgpu::Buffer {
-    device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size,
-        usage,
-        mapped_at_creation: false,
-    })
 }
 
 /// The error of a call that finds a lock poisoned by an earlier panic.

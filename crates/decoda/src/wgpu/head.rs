@@ -28,15 +28,16 @@ use crate::head::{self, FinishReason, Head, SlotRequest, SlotStep, MAX_SLOT_BIAS
 use crate::logits::Logits;
 use crate::params::{SamplingParams, MAX_BREAKERS, MAX_BREAKER_LEN};
 
-use super::device::{make_buffer, Grow};
+use super::adapter;
+use super::buffers::{make_buffer, Grow};
+use super::call::{call_block, CallShape};
+use super::device::WgpuDevice;
 use super::host::{checked, parse_kept, parse_logprobs, row_status};
 use super::kernels::{self, Kernels, Plan, RowNeeds, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
 use super::sampler::{
-    bind_group_raw, dry_lists, dtype_code, push_history, row_flags, slot_params, DeviceLogits,
-    DeviceMasks, WgpuSampler,
+    bind_group_raw, dry_lists, push_history, row_flags, slot_params, DeviceLogits, DeviceMasks,
 };
-use super::staging::StagePool;
 
 /// List words of one slot: its bias pairs, its stop ids, then its DRY penalty table (one
 /// entry per excess a window allows) and sequence breakers ((length, ids...) each).
@@ -77,11 +78,9 @@ struct HostSlot {
 
 /// The sampling head on a wgpu device. See the module docs.
 pub struct WgpuHead {
-    device: wgpu::Device,
-    queue: wgpu::Queue,
+    pub(crate) ctx: WgpuDevice,
     name: String,
     kernels: Arc<Kernels>,
-    target_wg: usize,
     slots: usize,
     vocab: usize,
     bufs: StepBuffers,
@@ -101,7 +100,6 @@ pub struct WgpuHead {
     /// Which slots have a fixed mask.
     masked: Vec<bool>,
     op_bind: Option<(u64, wgpu::BindGroup)>,
-    stages: StagePool,
     ring: Vec<Readback>,
     next_step: StepId,
     host: Vec<Option<HostSlot>>,
@@ -112,17 +110,10 @@ pub struct WgpuHead {
 }
 
 impl WgpuHead {
-    pub(crate) fn device(&self) -> &wgpu::Device {
-        &self.device
-    }
-
     /// Compute dispatches the last recorded step ran: 2 when no slot of the step has
     /// filters or log-probabilities, 3 with filters, 5 with log-probabilities.
     pub fn step_dispatches(&self) -> usize {
         self.last_dispatches
-    }
-    pub(crate) fn queue(&self) -> &wgpu::Queue {
-        &self.queue
     }
 }
 
@@ -137,9 +128,11 @@ impl std::fmt::Debug for WgpuHead {
 }
 
 impl WgpuHead {
-    /// A head of `slots` slots for a vocabulary of `vocab` tokens on `sampler`'s device
-    /// (sharing its compiled kernels). Allocates every slot's state up front.
-    pub fn new(sampler: &WgpuSampler, slots: usize, vocab: usize) -> Result<Self> {
+    /// A head of `slots` slots for a vocabulary of `vocab` tokens on a device (a
+    /// [`WgpuDevice`], or a [`super::WgpuSampler`] on one), sharing its compiled kernels.
+    /// Allocates every slot's state up front.
+    pub fn new(on: &impl AsRef<WgpuDevice>, slots: usize, vocab: usize) -> Result<Self> {
+        let ctx = on.as_ref().clone();
         if slots == 0 || vocab == 0 {
             return Err(Error::Shape(
                 "a head needs at least one slot and one token".into(),
@@ -151,7 +144,9 @@ impl WgpuHead {
                 super::sampler::MAX_VOCAB
             )));
         }
-        let device = sampler.device().clone();
+        adapter::check_limits(ctx.device(), ctx.info())?;
+        let kernels = ctx.pipelines("sampler", || Kernels::build(ctx.device(), ctx.info()))?;
+        let device = ctx.device().clone();
         let max_binding = device.limits().max_storage_buffer_binding_size;
         let pen_bytes = (slots * kernels::pen_words(vocab) * 4) as u64;
         if pen_bytes > max_binding {
@@ -161,7 +156,7 @@ impl WgpuHead {
             )));
         }
         let mut bufs = StepBuffers::new(&device);
-        let (splits, _) = kernels::split(vocab, 1, sampler.target_wg, 4096);
+        let (splits, _) = kernels::split(vocab, 1, ctx.target_wg(), 4096);
         bufs.ensure(
             &device,
             &Sizes {
@@ -196,11 +191,9 @@ impl WgpuHead {
                 (slots * (RES_WORDS + KEPT_WORDS) * 4) as u64,
                 u,
             ),
-            queue: sampler.queue().clone(),
-            name: sampler.info.name.clone(),
-            kernels: Arc::clone(&sampler.kernels),
-            target_wg: sampler.target_wg,
-            device,
+            name: ctx.adapter_name().to_string(),
+            kernels,
+            ctx,
             slots,
             vocab,
             bufs,
@@ -210,7 +203,6 @@ impl WgpuHead {
             slot_masks: None,
             masked: vec![false; slots],
             op_bind: None,
-            stages: StagePool::new(),
             ring: Vec::new(),
             next_step: 0,
             host: vec![None; slots],
@@ -270,12 +262,12 @@ impl WgpuHead {
         }
         if self.slot_masks.is_none() {
             let buf = make_buffer(
-                &self.device,
+                self.ctx.device(),
                 "decoda head slot masks",
                 (self.slots * w * 4) as u64,
                 wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
             );
-            self.queue.write_buffer(
+            self.ctx.queue().write_buffer(
                 &buf,
                 0,
                 bytemuck::cast_slice(&vec![u32::MAX; self.slots * w]),
@@ -284,7 +276,8 @@ impl WgpuHead {
         }
         let buf = self.slot_masks.as_ref().expect("made above");
         let words = mask.map_or_else(|| vec![u32::MAX; w], <[u32]>::to_vec);
-        self.queue
+        self.ctx
+            .queue()
             .write_buffer(buf, (slot * w * 4) as u64, bytemuck::cast_slice(&words));
     }
 
@@ -328,14 +321,14 @@ impl WgpuHead {
                 logits.vocab, self.vocab
             )));
         }
-        logits.check(&self.device)?;
+        logits.check(self.ctx.device())?;
         let b = rows.len();
         let id = self.next_step;
         if b == 0 {
             return Err(Error::Shape("a step needs at least one row".into()));
         }
         let v = self.vocab;
-        let (splits, chunk) = kernels::split(v, b, self.target_wg, 4096);
+        let (splits, chunk) = kernels::split(v, b, self.ctx.target_wg(), 4096);
         // the passes, from the rows' parameters (the head keeps the penalty areas up to
         // date itself, so nothing is scattered)
         let plan = Plan::of(
@@ -354,50 +347,43 @@ impl WgpuHead {
             pen_words: self.slots * kernels::pen_words(v),
             list_words: self.bufs_list_words(),
         };
-        let call = CallU {
-            rows: b as u32,
-            vocab: v as u32,
-            stride: logits.row_stride as u32,
-            dtype: dtype_code(logits.dtype),
-            base: logits.offset as u32,
-            splits: splits as u32,
-            chunk: chunk as u32,
-            bm_words: v.div_ceil(32) as u32,
-            cap: CAP as u32,
-            mode: M_HEAD
-                | if masks.is_some() { M_MASK } else { 0 }
-                | if by_slot { M_SLOT_MASK } else { 0 }
-                | plan.mode(),
-            draws: 0,
-            draw_lanes: 1,
-            part_base: sizes.part_base() as u32,
-            cand_base: sizes.cand_base() as u32,
-            zero: 0,
-            mask_base: masks.map_or(0, |m| m.offset as u32),
-            mask_stride: masks.map_or(0, |m| m.row_stride as u32),
-            kept_base: (b * RES_WORDS) as u32,
-            ..CallU::default()
-        };
+        let call = call_block(
+            logits,
+            masks,
+            CallShape {
+                rows: b,
+                splits,
+                chunk,
+                sizes: &sizes,
+                plan,
+                mode: M_HEAD | if by_slot { M_SLOT_MASK } else { 0 },
+                draws: 0,
+                draw_lanes: 1,
+            },
+        );
         let rmap: Vec<u32> = rows.iter().map(|&s| s as u32).collect();
         let changed = !matches!(&self.current, Some((c, m)) if *c == call && *m == rmap);
         if changed {
             // through a staging buffer of its own, copied by this step's commands
             let mut bytes = bytemuck::bytes_of(&call).to_vec();
             bytes.extend_from_slice(bytemuck::cast_slice(&rmap));
-            let (stage, _) = self.stages.take(&self.device, bytes.len() as u64);
-            self.queue.write_buffer(&stage, 0, &bytes);
+            let (stage, _) = self
+                .ctx
+                .stages()
+                .take(self.ctx.device(), bytes.len() as u64);
+            self.ctx.queue().write_buffer(&stage, 0, &bytes);
             self.bytes_written += bytes.len() as u64;
             let c = std::mem::size_of::<CallU>() as u64;
             encoder.copy_buffer_to_buffer(&stage, 0, &self.bufs.call, 0, c);
             encoder.copy_buffer_to_buffer(&stage, c, &self.bufs.rmap.buf, 0, (b * 4) as u64);
-            self.stages.release_after(encoder, stage);
+            self.ctx.stages().release_after(encoder, stage);
             self.current = Some((call, rmap));
         }
         let mask_buf = masks.map(|m| m.buffer.clone());
         let fresh = !matches!(&self.bind, Some((l, m, g, _)) if l == logits.buffer && *m == mask_buf && *g == self.bufs.generation);
         if fresh {
             let group = bind_group_raw(
-                &self.device,
+                self.ctx.device(),
                 &self.kernels,
                 &self.bufs,
                 (
@@ -439,7 +425,7 @@ impl WgpuHead {
             Some(k) => k,
             None => {
                 let buf = make_buffer(
-                    &self.device,
+                    self.ctx.device(),
                     "decoda head readback",
                     ((self.slots + self.slots * stride) * 4) as u64,
                     wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
@@ -476,7 +462,8 @@ impl WgpuHead {
     /// The results of the steps whose submissions have finished, oldest first, stopping
     /// at the first that has not (without waiting).
     pub fn poll(&mut self) -> Result<Vec<StepResults>> {
-        self.device
+        self.ctx
+            .device()
             .poll(wgpu::PollType::Poll)
             .map_err(|e| Error::Device(format!("polling the device: {e}")))?;
         self.collect()
@@ -484,7 +471,8 @@ impl WgpuHead {
 
     /// Waits for every submitted step, then returns their results as [`WgpuHead::poll`].
     pub fn wait(&mut self) -> Result<Vec<StepResults>> {
-        self.device
+        self.ctx
+            .device()
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
         // The device is idle, but a readback's callback may still be running on another
@@ -498,7 +486,8 @@ impl WgpuHead {
             && start.elapsed() < std::time::Duration::from_secs(2)
         {
             std::thread::yield_now();
-            self.device
+            self.ctx
+                .device()
                 .poll(wgpu::PollType::Poll)
                 .map_err(|e| Error::Device(format!("polling the device: {e}")))?;
         }
@@ -579,7 +568,7 @@ impl WgpuHead {
         let v = self.vocab;
         self.grow_lists(self.slots * SLOT_LIST_WORDS + extra_lists.len());
         if !extra_lists.is_empty() {
-            self.queue.write_buffer(
+            self.ctx.queue().write_buffer(
                 &self.bufs.lists.buf,
                 (self.slots * SLOT_LIST_WORDS * 4) as u64,
                 bytemuck::cast_slice(extra_lists),
@@ -595,9 +584,11 @@ impl WgpuHead {
             draw_lanes: 1,
             ..Default::default()
         };
-        self.queue
+        self.ctx
+            .queue()
             .write_buffer(&self.op_call, 0, bytemuck::bytes_of(&call));
-        self.queue
+        self.ctx
+            .queue()
             .write_buffer(&self.op_rmap, 0, bytemuck::bytes_of(&(slot as u32)));
         let gen = self.bufs.generation;
         if !matches!(&self.op_bind, Some((g, _)) if *g == gen) {
@@ -624,16 +615,20 @@ impl WgpuHead {
                     resource: buf.as_entire_binding(),
                 })
                 .collect();
-            let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("decoda head op"),
-                layout: &self.kernels.layout,
-                entries: &entries,
-            });
+            let group = self
+                .ctx
+                .device()
+                .create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("decoda head op"),
+                    layout: &self.kernels.layout,
+                    entries: &entries,
+                });
             self.op_bind = Some((gen, group));
         }
         let group = &self.op_bind.as_ref().expect("set above").1;
         let mut enc = self
-            .device
+            .ctx
+            .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
@@ -652,7 +647,7 @@ impl WgpuHead {
                 pass.dispatch_workgroups(x as u32, y as u32, 1);
             }
         }
-        self.queue.submit([enc.finish()]);
+        self.ctx.queue().submit([enc.finish()]);
         Ok(())
     }
 
@@ -685,12 +680,12 @@ impl WgpuHead {
             d.brk_off += base as u32;
             sp.set_dry(d);
         }
-        self.queue.write_buffer(
+        self.ctx.queue().write_buffer(
             &self.bufs.sparams.buf,
             (slot * std::mem::size_of::<SlotU>()) as u64,
             bytemuck::bytes_of(&sp),
         );
-        self.queue.write_buffer(
+        self.ctx.queue().write_buffer(
             &self.bufs.lists.buf,
             (base * 4) as u64,
             bytemuck::cast_slice(&lists),
@@ -749,7 +744,7 @@ impl Head for WgpuHead {
         ];
         state[SS_HIST] = had as u32;
         self.write_ring(slot, &request.prompt, &request.output);
-        self.queue.write_buffer(
+        self.ctx.queue().write_buffer(
             &self.bufs.sstate.buf,
             (slot * SLOT_STATE_WORDS * 4) as u64,
             bytemuck::cast_slice(&state),
@@ -816,23 +811,28 @@ impl Head for WgpuHead {
                 .flat_map(|m| m.map_or_else(|| vec![u32::MAX; w], <[u32]>::to_vec))
                 .collect();
             self.mask_upload
-                .ensure(&self.device, (words.len() as u64 * 4).max(4));
-            self.queue
+                .ensure(self.ctx.device(), (words.len() as u64 * 4).max(4));
+            self.ctx
+                .queue()
                 .write_buffer(&self.mask_upload.buf, 0, bytemuck::cast_slice(&words));
         }
         // host logits: uploaded into the head's buffer, then a device step
         let bytes = logits_bytes(logits);
         let size = (bytes.len() as u64).next_multiple_of(4).max(4);
-        self.upload.ensure(&self.device, size);
+        self.upload.ensure(self.ctx.device(), size);
         let buf = self.upload.buf.clone();
         let mut padded = bytes;
         padded.resize(size as usize, 0);
-        self.queue.write_buffer(&buf, 0, &padded);
+        self.ctx.queue().write_buffer(&buf, 0, &padded);
         let view = DeviceLogits::packed(&buf, logits);
         let mut enc = self
-            .device
+            .ctx
+            .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let scope = self
+            .ctx
+            .device()
+            .push_error_scope(wgpu::ErrorFilter::Validation);
         let mask_buf = self.mask_upload.buf.clone();
         let mask_view = masked.then_some(DeviceMasks {
             buffer: &mask_buf,
@@ -840,7 +840,7 @@ impl Head for WgpuHead {
             row_stride: w,
         });
         let id = self.record_step_with(&mut enc, &view, mask_view.as_ref(), rows, None)?;
-        self.queue.submit([enc.finish()]);
+        self.ctx.queue().submit([enc.finish()]);
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Device(format!("{}: {e}", self.name)));
         }
@@ -867,7 +867,8 @@ impl WgpuHead {
             ring[i % DRY_CAP] = t;
         }
         let at = (slot * kernels::pen_words(self.vocab) + kernels::dry_ring_offset(self.vocab)) * 4;
-        self.queue
+        self.ctx
+            .queue()
             .write_buffer(&self.bufs.pen.buf, at as u64, bytemuck::cast_slice(&ring));
     }
 
@@ -878,12 +879,13 @@ impl WgpuHead {
         if old.size() >= bytes {
             return;
         }
-        self.bufs.lists.ensure(&self.device, bytes);
+        self.bufs.lists.ensure(self.ctx.device(), bytes);
         let mut enc = self
-            .device
+            .ctx
+            .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         enc.copy_buffer_to_buffer(&old, 0, &self.bufs.lists.buf, 0, old.size());
-        self.queue.submit([enc.finish()]);
+        self.ctx.queue().submit([enc.finish()]);
         self.bufs.generation += 1;
     }
 
@@ -898,7 +900,7 @@ impl WgpuHead {
         let bm = self.vocab.div_ceil(32);
         let base = (slot * kernels::pen_words(self.vocab) + bm) * 4;
         for &t in old.keys() {
-            self.queue.write_buffer(
+            self.ctx.queue().write_buffer(
                 &self.bufs.pen.buf,
                 (base + (t as usize >> 5) * 4) as u64,
                 &[0u8; 4],

@@ -9,8 +9,10 @@ use crate::params::{Request, SamplingParams, MAX_LOGPROBS};
 use crate::pipeline::{
     self as pl, Kept, KeptToken, Row, RowResult, Sample, TokenLogprobs, TopLogprob,
 };
+use crate::reference::ReferenceSampler;
 
-use super::device::{make_buffer, poisoned};
+use super::buffers::make_buffer;
+use super::device::poisoned;
 use super::kernels::StepStamps;
 use super::layout::*;
 use super::sampler::{DeviceLogits, DeviceOutputs, WgpuSampler};
@@ -35,7 +37,8 @@ impl WgpuSampler {
             return Ok(Vec::new());
         }
         let mut enc = self
-            .device
+            .ctx
+            .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
         let kept = requests.iter().any(|r| r.params.kept.is_some());
         if b * res_stride(kept, 0) > out.res_words {
@@ -46,36 +49,14 @@ impl WgpuSampler {
             ));
         }
         let bytes = copy_results(&mut enc, out, b, b * res_stride(kept, 0));
-        self.queue.submit([enc.finish()]);
-        let words = self.map_words(&out.readback, bytes)?;
+        self.ctx.queue().submit([enc.finish()]);
+        let words = self.ctx.read_back(&out.readback, bytes)?;
         let vocab = out.vocab.load(std::sync::atomic::Ordering::Relaxed);
         Ok(parse_results(
             &words,
             requests.iter().map(|r| &r.params),
             vocab,
         ))
-    }
-
-    pub(crate) fn map_words(&self, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u32>> {
-        let slice = buf.slice(0..bytes);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
-        rx.recv()
-            .map_err(|_| Error::Device("the map callback never ran".into()))?
-            .map_err(|e| Error::Device(format!("mapping the results: {e}")))?;
-        let words = {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| Error::Device(format!("mapping the results: {e}")))?;
-            bytemuck::cast_slice::<u8, u32>(&view).to_vec()
-        };
-        buf.unmap();
-        Ok(words)
     }
 
     /// One host call: uploads the logits into the sampler's buffer, records the call
@@ -89,7 +70,10 @@ impl WgpuSampler {
         let res_words = b * res_stride(kept, draws);
         let (buf, out) = {
             let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
-            if sc.host_logits.ensure(&self.device, logits_size(logits)) {
+            if sc
+                .host_logits
+                .ensure(self.ctx.device(), logits_size(logits))
+            {
                 sc.generation += 1;
             }
             self.write_logits(&sc.host_logits.buf, logits);
@@ -102,16 +86,20 @@ impl WgpuSampler {
         let view = DeviceLogits::packed(&buf, logits);
         let result = (|| {
             let mut enc = self
-                .device
+                .ctx
+                .device()
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let scope = self
+                .ctx
+                .device()
+                .push_error_scope(wgpu::ErrorFilter::Validation);
             self.record_inner(&mut enc, &view, rows, &out, StepStamps::None, draws)?;
             let bytes = copy_results(&mut enc, &out, b, res_words);
-            self.queue.submit([enc.finish()]);
+            self.ctx.queue().submit([enc.finish()]);
             if let Some(e) = pollster::block_on(scope.pop()) {
-                return Err(Error::Device(format!("{}: {e}", self.info.name)));
+                return Err(Error::Device(format!("{}: {e}", self.ctx.info().name)));
             }
-            self.map_words(&out.readback, bytes)
+            self.ctx.read_back(&out.readback, bytes)
         })();
         self.scratch.lock().map_err(|_| poisoned())?.host_out = Some(out);
         result
@@ -119,7 +107,7 @@ impl WgpuSampler {
 
     /// Rows per host call: as many as one storage binding holds, at most `cap`.
     fn rows_per_call(&self, logits: &Logits<'_>, cap: usize) -> Result<usize> {
-        let limits = self.device.limits();
+        let limits = self.ctx.device().limits();
         let max_bytes = limits
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size);
@@ -139,7 +127,7 @@ impl WgpuSampler {
     /// tests of the device API.
     pub fn upload_logits(&self, logits: &Logits<'_>) -> wgpu::Buffer {
         let buf = make_buffer(
-            &self.device,
+            self.ctx.device(),
             "decoda logits",
             logits_size(logits),
             wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
@@ -159,26 +147,27 @@ impl WgpuSampler {
         };
         let whole = bytes.len() / 4 * 4;
         if whole > 0 {
-            self.queue.write_buffer(buf, 0, &bytes[..whole]);
+            self.ctx.queue().write_buffer(buf, 0, &bytes[..whole]);
         }
         if whole < bytes.len() {
             let mut tail = [0u8; 4];
             tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
-            self.queue.write_buffer(buf, whole as u64, &tail);
+            self.ctx.queue().write_buffer(buf, whole as u64, &tail);
         }
     }
 }
 
 impl WgpuSampler {
     /// A call with rows whose DRY window is longer than the kernels hold
-    /// ([`crate::pipeline::Row::beyond_device`]): those rows are drawn by the CPU sampler
-    /// from the host's logits (the same contract), the others on the device; results in
-    /// the rows' order.
+    /// ([`crate::pipeline::Row::beyond_device`]): those rows are drawn on the host from
+    /// the host's logits by the contract's own oracle ([`ReferenceSampler`], from the
+    /// neutral layer: the backends never name each other), the others on the device;
+    /// results in the rows' order.
     fn sample_rows_split(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
         let (host, device): (Vec<usize>, Vec<usize>) =
             (0..rows.len()).partition(|&i| rows[i].beyond_device().is_some());
         let pick = |ids: &[usize]| ids.iter().map(|&i| rows[i]).collect::<Vec<_>>();
-        let on_host = crate::cpu::CpuSampler::new().sample_rows(logits, &pick(&host))?;
+        let on_host = ReferenceSampler.sample_rows(logits, &pick(&host))?;
         let on_device = if device.is_empty() {
             Vec::new()
         } else {
@@ -212,7 +201,7 @@ fn logits_size(logits: &Logits<'_>) -> u64 {
 
 impl Backend for WgpuSampler {
     fn name(&self) -> String {
-        format!("wgpu:{}", self.info.name)
+        format!("wgpu:{}", self.ctx.info().name)
     }
 
     fn sample_rows(&self, logits: &Logits<'_>, rows: &[Row<'_>]) -> Result<Vec<RowResult>> {
@@ -266,7 +255,7 @@ impl Backend for WgpuSampler {
             return Ok(out);
         }
         let v = logits.vocab();
-        let max_words = ((self.device.limits().max_storage_buffer_binding_size / 4) as usize)
+        let max_words = ((self.ctx.device().limits().max_storage_buffer_binding_size / 4) as usize)
             .min(MAX_DRAW_WORDS);
         let piece = self.rows_per_call(logits, 64)?;
         // draws one call can dispatch: a workgroup holds 256 / lanes draws of a row

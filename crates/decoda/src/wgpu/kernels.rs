@@ -3,7 +3,7 @@
 
 use crate::error::Result;
 
-use super::device::{make_buffer, Grow};
+use super::buffers::{make_buffer, Grow};
 use super::layout::*;
 
 /// The compute pipelines, one per entry point of `step/`.
@@ -34,7 +34,7 @@ impl Kernels {
             build_pipelines(
                 device,
                 "decoda step",
-                super::shader_source_with(subgroups, int64),
+                super::shaders::shader_source_with(subgroups, int64),
                 // call, logits, sparams, sstate, rmap, pen, lists, work, ctr, tokens, results,
                 // masks
                 &[
@@ -54,7 +54,7 @@ impl Kernels {
                 &format!("{}: building the shaders failed", info.name),
             )?;
         let no_mask =
-            super::device::make_buffer(device, "decoda no mask", 4, wgpu::BufferUsages::STORAGE);
+            super::buffers::make_buffer(device, "decoda no mask", 4, wgpu::BufferUsages::STORAGE);
         Ok(Self {
             no_mask,
             join,

@@ -182,7 +182,7 @@ mod tests {
     use super::*;
 
     fn module(subgroups: bool) -> (naga::Module, naga::valid::ModuleInfo) {
-        let src = super::super::shader_source(subgroups);
+        let src = super::super::shaders::shader_source(subgroups);
         let module = naga::front::wgsl::parse_str(&src)
             .unwrap_or_else(|e| panic!("WGSL parse error:\n{}", e.emit_to_string(&src)));
         let caps = if subgroups {

@@ -14,16 +14,15 @@ use crate::moe::{
     WeightDtype,
 };
 
-use super::device::{make_buffer, poisoned, Grow};
-use super::sampler::WgpuSampler;
-use super::staging::StagePool;
+use super::buffers::{make_buffer, Grow};
+use super::device::{poisoned, WgpuDevice};
 
 /// The WGSL of the MoE kernels (without the shared arithmetic).
 pub const SHADER_MOE: &str = include_str!("moe.wgsl");
 
 /// The complete MoE module (with `fmath.wgsl`).
 pub fn moe_shader_source() -> String {
-    format!("{SHADER_MOE}\n{}", super::SHADER_FMATH)
+    format!("{SHADER_MOE}\n{}", super::shaders::SHADER_FMATH)
 }
 
 #[repr(C)]
@@ -115,8 +114,7 @@ struct Scratch {
 
 /// A SwiGLU expert layer on the device.
 pub struct WgpuMoe {
-    device: wgpu::Device,
-    queue: wgpu::Queue,
+    ctx: WgpuDevice,
     name: String,
     pipes: std::sync::Arc<Pipes>,
     /// The weights in parts of whole experts, each in a buffer of its own with the
@@ -127,7 +125,6 @@ pub struct WgpuMoe {
     inter: usize,
     sort_cutoff: usize,
     scratch: Mutex<Scratch>,
-    stages: StagePool,
     calls: Mutex<std::collections::HashMap<CallKey, (Vec<wgpu::BindGroup>, wgpu::Buffer)>>,
     /// The call's parameters, a block per part: copied from a staging buffer by each
     /// recorded call just before its dispatches, so calls recorded back to back each see
@@ -211,10 +208,12 @@ fn push_halves(all: &mut Vec<u32>, it: impl Iterator<Item = u16>) {
 }
 
 impl WgpuMoe {
-    /// Uploads `layer`'s weights to `sampler`'s device. Every matrix must have the same
-    /// dtype (as checkpoints have).
-    pub fn new(sampler: &WgpuSampler, layer: &SwitchMlp) -> Result<Self> {
-        let device = sampler.device().clone();
+    /// Uploads `layer`'s weights to a device (a [`WgpuDevice`], or a
+    /// [`super::WgpuSampler`] on one), whose compiled MoE pipelines every layer made from
+    /// it shares. Every matrix must have the same dtype (as checkpoints have).
+    pub fn new(on: &impl AsRef<WgpuDevice>, layer: &SwitchMlp) -> Result<Self> {
+        let ctx = on.as_ref().clone();
+        let device = ctx.device().clone();
         let dtype = layer.down().dtype();
         let (gate, up) = match layer.gate_up() {
             GateUp::Fused(w) => (w, None),
@@ -231,7 +230,7 @@ impl WgpuMoe {
         let expert_bytes = 4
             * (expert_words(gate) + up.map_or(0, expert_words) + expert_words(layer.down()) + 1)
                 as u64;
-        let limit = sampler.weight_part_bytes();
+        let limit = ctx.weight_part_bytes();
         let per = (limit / expert_bytes) as usize;
         if per == 0 {
             return Err(Error::Shape(format!(
@@ -287,12 +286,11 @@ impl WgpuMoe {
             };
             parts.push((weights, offsets));
         }
-        let pipes = sampler.shared_pipelines("moe", || build(&device, &sampler.info))?;
+        let pipes = ctx.pipelines("moe", || build(&device, ctx.info()))?;
         use wgpu::BufferUsages as U;
         let st = U::STORAGE | U::COPY_DST | U::COPY_SRC;
         Ok(Self {
-            queue: sampler.queue().clone(),
-            name: sampler.info.name.clone(),
+            name: ctx.adapter_name().to_string(),
             scratch: Mutex::new(Scratch {
                 work: Grow::new(&device, "decoda moe work", st),
                 counts: Grow::new(&device, "decoda moe counts", st),
@@ -302,14 +300,13 @@ impl WgpuMoe {
                 read: Grow::new(&device, "decoda moe read", U::MAP_READ | U::COPY_DST),
             }),
             params_buf: make_params(&device, parts.len()),
-            device,
+            ctx,
             pipes,
             parts,
             experts: layer.experts(),
             hidden: layer.hidden(),
             inter: layer.intermediate(),
             sort_cutoff: layer.sort_cutoff(),
-            stages: StagePool::new(),
             calls: Mutex::new(std::collections::HashMap::new()),
         })
     }
@@ -326,7 +323,7 @@ impl WgpuMoe {
         counts: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> wgpu::BindGroup {
-        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        self.ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("decoda moe"),
             layout: &self.pipes.layout,
             entries: &[
@@ -486,15 +483,16 @@ impl WgpuMoe {
         };
         let work_words = p.w_out as usize + n * k * d;
         let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
-        let limit = self.device.limits().max_storage_buffer_binding_size;
+        let limit = self.ctx.device().limits().max_storage_buffer_binding_size;
         if (work_words * 4) as u64 > limit {
             return Err(Error::Shape(format!(
                 "{n} tokens need {} bytes of work space; this adapter binds at most {limit}",
                 work_words * 4
             )));
         }
-        sc.work.ensure(&self.device, (work_words * 4) as u64);
-        sc.counts.ensure(&self.device, (self.experts * 4) as u64);
+        sc.work.ensure(self.ctx.device(), (work_words * 4) as u64);
+        sc.counts
+            .ensure(self.ctx.device(), (self.experts * 4) as u64);
         let (groups, counts) = match routing {
             // device routing: the parameters and bind group of each (shape, buffers) are
             // made once, so a decode loop writes nothing and creates nothing per call
@@ -515,7 +513,8 @@ impl WgpuMoe {
                 let entry = cache.entry(key).or_insert_with(|| {
                     use wgpu::util::DeviceExt;
                     let params =
-                        self.device
+                        self.ctx
+                            .device()
                             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                                 label: Some("decoda moe call params"),
                                 contents: &param_bytes(),
@@ -543,13 +542,16 @@ impl WgpuMoe {
                 let mut bytes = param_bytes();
                 bytes.extend_from_slice(bytemuck::cast_slice(&r.indices));
                 bytes.extend(r.weights.iter().flat_map(|w| w.to_bits().to_le_bytes()));
-                let (stage, _) = self.stages.take(&self.device, bytes.len() as u64);
-                self.queue.write_buffer(&stage, 0, &bytes);
+                let (stage, _) = self
+                    .ctx
+                    .stages()
+                    .take(self.ctx.device(), bytes.len() as u64);
+                self.ctx.queue().write_buffer(&stage, 0, &bytes);
                 let psize = self.parts.len() as u64 * PARAM_STRIDE;
                 encoder.copy_buffer_to_buffer(&stage, 0, &self.params_buf, 0, psize);
                 let rbytes = (2 * n * k * 4) as u64;
                 encoder.copy_buffer_to_buffer(&stage, psize, &sc.work.buf, 0, rbytes);
-                self.stages.release_after(encoder, stage);
+                self.ctx.stages().release_after(encoder, stage);
                 // (no router logits: any read-only buffer)
                 let groups = (0..self.parts.len())
                     .map(|i| {
@@ -622,26 +624,33 @@ impl WgpuMoe {
         };
         let (xb, yb, lb) = {
             let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
-            sc.x.ensure(&self.device, (x.len().max(1) * 4) as u64);
-            sc.y.ensure(&self.device, (x.len().max(1) * 4) as u64);
+            sc.x.ensure(self.ctx.device(), (x.len().max(1) * 4) as u64);
+            sc.y.ensure(self.ctx.device(), (x.len().max(1) * 4) as u64);
             if let HostRouting::Logits { logits, .. } = routing {
                 sc.logits
-                    .ensure(&self.device, (logits.len().max(1) * 4) as u64);
+                    .ensure(self.ctx.device(), (logits.len().max(1) * 4) as u64);
             }
             (sc.x.buf.clone(), sc.y.buf.clone(), sc.logits.buf.clone())
         };
-        self.queue.write_buffer(&xb, 0, bytemuck::cast_slice(x));
+        self.ctx
+            .queue()
+            .write_buffer(&xb, 0, bytemuck::cast_slice(x));
         let mut enc = self
-            .device
+            .ctx
+            .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let scope = self
+            .ctx
+            .device()
+            .push_error_scope(wgpu::ErrorFilter::Validation);
         let taken = match routing {
             HostRouting::Logits {
                 logits,
                 top_k,
                 router,
             } => {
-                self.queue
+                self.ctx
+                    .queue()
                     .write_buffer(&lb, 0, bytemuck::cast_slice(logits));
                 self.record(
                     &mut enc,
@@ -675,7 +684,7 @@ impl WgpuMoe {
         let total: u64 = parts.iter().map(|p| p.2).sum();
         let read = {
             let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
-            sc.read.ensure(&self.device, total.max(4));
+            sc.read.ensure(self.ctx.device(), total.max(4));
             sc.read.buf.clone()
         };
         let mut at = 0;
@@ -685,11 +694,11 @@ impl WgpuMoe {
             }
             at += len;
         }
-        self.queue.submit([enc.finish()]);
+        self.ctx.queue().submit([enc.finish()]);
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Device(format!("{}: {e}", self.name)));
         }
-        let words = map_words(&self.device, &read, total)?;
+        let words: Vec<u32> = self.ctx.read_back(&read, total)?;
         let y: Vec<f32> = words[..n * d].iter().map(|&w| f32::from_bits(w)).collect();
         let w = &words[n * d..];
         let routing = Routing {
@@ -768,28 +777,6 @@ fn make_params(device: &wgpu::Device, parts: usize) -> wgpu::Buffer {
         parts as u64 * PARAM_STRIDE,
         wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
     )
-}
-
-fn map_words(device: &wgpu::Device, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u32>> {
-    let slice = buf.slice(0..bytes);
-    let (tx, rx) = std::sync::mpsc::channel();
-    slice.map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r);
-    });
-    device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
-    rx.recv()
-        .map_err(|_| Error::Device("the map callback never ran".into()))?
-        .map_err(|e| Error::Device(format!("mapping the results: {e}")))?;
-    let words = {
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| Error::Device(format!("mapping the results: {e}")))?;
-        bytemuck::cast_slice::<u8, u32>(&view).to_vec()
-    };
-    buf.unmap();
-    Ok(words)
 }
 
 fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Pipes> {

@@ -8,11 +8,13 @@ use crate::logits::{DType, Logits};
 use crate::params::{LogprobsMode, Request, MAX_LOGPROBS};
 use crate::pipeline::{self as pl, Row};
 
-use super::device::{self, make_buffer, poisoned, Grow};
+use super::adapter;
+use super::buffers::{make_buffer, Grow};
+use super::call::{call_block, CallShape};
+use super::device::{poisoned, WgpuDevice};
 use super::kernels::{self, Kernels, Plan, RowNeeds, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
-use super::staging::StagePool;
-use super::WgpuOptions;
+use super::options::WgpuOptions;
 
 /// Longest row the device sampler takes (token ids and per-invocation loops stay small).
 pub(crate) const MAX_VOCAB: usize = 1 << 24;
@@ -245,150 +247,124 @@ struct BindKey {
 }
 
 /// The wgpu sampler. Cheap to share between threads (`&self` everywhere; calls are
-/// serialised internally).
+/// serialised internally). Built on a [`WgpuDevice`], whose pipelines and staging pool
+/// it shares with every other part made from that device.
 pub struct WgpuSampler {
-    pub(crate) device: wgpu::Device,
-    pub(crate) queue: wgpu::Queue,
-    pub(crate) info: wgpu::AdapterInfo,
+    pub(crate) ctx: WgpuDevice,
     pub(crate) kernels: std::sync::Arc<Kernels>,
     pub(crate) scratch: Mutex<Scratch>,
-    stages: StagePool,
     /// Held for a whole host call (upload, record, submit, read back).
     pub(crate) host_call: Mutex<()>,
     min_chunk: AtomicUsize,
-    /// Most bytes of weights one binding holds (`set_weight_part_bytes`).
-    weight_part: AtomicU64,
-    /// Workgroups a step aims to keep busy (rows times splits).
-    pub(crate) target_wg: usize,
     /// Device objects (buffers, bind groups) `record` has created: flat after warm-up.
     created: AtomicU64,
-    pub(crate) timestamps: bool,
-    subgroups: bool,
-    /// Pipelines of the other shaders (MoE, model) built once per device and shared by
-    /// every layer or model made from this sampler, by shader name.
-    shared_pipelines: SharedPipelines,
 }
-
-/// Pipelines built once per device, by key, of any type.
-type SharedPipelines =
-    Mutex<std::collections::HashMap<&'static str, std::sync::Arc<dyn std::any::Any + Send + Sync>>>;
 
 impl std::fmt::Debug for WgpuSampler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WgpuSampler")
-            .field("adapter", &self.info.name)
-            .field("backend", &self.info.backend)
-            .field("subgroups", &self.subgroups)
+            .field("adapter", &self.ctx.info().name)
+            .field("backend", &self.ctx.info().backend)
+            .field("subgroups", &self.ctx.uses_subgroups())
             .finish()
     }
 }
 
+impl AsRef<WgpuDevice> for WgpuSampler {
+    fn as_ref(&self) -> &WgpuDevice {
+        &self.ctx
+    }
+}
+
 impl WgpuSampler {
-    /// A sampler on the best adapter: the one named by `DECODA_WGPU_ADAPTER` (a substring
-    /// of its name) when set, else a hardware adapter, else a software one (such as Mesa's
-    /// lavapipe). [`Error::NoDevice`] when there is none.
+    /// A sampler on the best adapter ([`WgpuDevice::new`]: the one named by
+    /// `DECODA_WGPU_ADAPTER` when set, else a hardware adapter, else a software one such
+    /// as Mesa's lavapipe). [`Error::NoDevice`] when there is none.
     pub fn new() -> Result<Self> {
-        Self::with_options(WgpuOptions::default())
+        Self::on(&WgpuDevice::new()?)
     }
 
     /// Like [`WgpuSampler::new`], but only a hardware adapter will do (`DECODA_WGPU_ADAPTER`
     /// still applies): what `--device auto` uses before falling back to the CPU.
     pub fn hardware() -> Result<Self> {
-        Self::with_options(WgpuOptions {
-            hardware_only: true,
-            ..Default::default()
-        })
+        Self::on(&WgpuDevice::hardware()?)
     }
 
     /// A sampler chosen as [`WgpuSampler::new`] does, with `options`.
     pub fn with_options(options: WgpuOptions) -> Result<Self> {
-        let o = device::open(options)?;
-        Self::build(o.device, o.queue, o.info)
+        Self::on(&WgpuDevice::with_options(options)?)
     }
 
     /// A sampler on an application's device and queue (for example the one its model runs
-    /// on), so logits never leave it. Subgroup operations are used when the device was
-    /// created with `Features::SUBGROUP`. The device needs at least 10 storage buffers per
-    /// shader stage and 11 KiB of workgroup memory (what every desktop adapter offers).
+    /// on), so logits never leave it: [`WgpuSampler::on`] of [`WgpuDevice::from_device`].
+    /// The device needs at least 10 storage buffers per shader stage and 11 KiB of
+    /// workgroup memory (what every desktop adapter offers).
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Result<Self> {
-        let info = device.adapter_info();
-        Self::build(device, queue, info)
+        Self::on(&WgpuDevice::from_device(device, queue))
     }
 
-    fn build(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Result<Self> {
-        device::check_limits(&device, &info)?;
-        let kernels = std::sync::Arc::new(Kernels::build(&device, &info)?);
-        let timestamps = device.features().contains(wgpu::Features::TIMESTAMP_QUERY);
-        let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
-        let target_wg = device::target_workgroups(&info);
+    /// A sampler on `device`, sharing its compiled kernels with every sampler and head
+    /// made from it.
+    pub fn on(device: &WgpuDevice) -> Result<Self> {
+        let ctx = device.clone();
+        adapter::check_limits(ctx.device(), ctx.info())?;
+        let kernels = ctx.pipelines("sampler", || Kernels::build(ctx.device(), ctx.info()))?;
         use wgpu::BufferUsages as U;
         let scratch = Scratch {
-            bufs: StepBuffers::new(&device),
+            bufs: StepBuffers::new(ctx.device()),
             bind: None,
             host_lists: HostLists::default(),
-            host_logits: Grow::new(&device, "decoda host logits", U::STORAGE | U::COPY_DST),
+            host_logits: Grow::new(ctx.device(), "decoda host logits", U::STORAGE | U::COPY_DST),
             host_out: None,
             generation: 0,
         };
         Ok(Self {
-            device,
-            queue,
-            info,
+            ctx,
             kernels,
             scratch: Mutex::new(scratch),
-            stages: StagePool::new(),
             host_call: Mutex::new(()),
             min_chunk: AtomicUsize::new(4096),
-            weight_part: AtomicU64::new(u64::MAX),
-            target_wg,
             created: AtomicU64::new(0),
-            timestamps,
-            subgroups,
-            shared_pipelines: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
-    /// Bytes of weights one binding holds at most: what the adapter binds at once (and
-    /// holds in one buffer), or less after [`WgpuSampler::set_weight_part_bytes`]. A
-    /// model's matrix or an MoE layer larger than this is split into parts of whole rows
-    /// (whole experts), each in a buffer of its own, and dispatched part by part.
-    pub fn weight_part_bytes(&self) -> u64 {
-        let l = self.device.limits();
-        l.max_storage_buffer_binding_size
-            .min(l.max_buffer_size)
-            .min(self.weight_part.load(Ordering::Relaxed))
-            & !3
+    /// The device context this sampler runs on (build heads, MoE layers and models from
+    /// it to share its pipelines).
+    pub fn context(&self) -> &WgpuDevice {
+        &self.ctx
     }
 
-    /// Caps the bytes of weights per binding for the layers and models made from this
-    /// sampler afterwards (at least 4 KiB). Results do not depend on it: tests use it to
-    /// split small models as real ones are split on adapters that bind little.
+    /// [`WgpuDevice::weight_part_bytes`] of the sampler's device.
+    pub fn weight_part_bytes(&self) -> u64 {
+        self.ctx.weight_part_bytes()
+    }
+
+    /// [`WgpuDevice::set_weight_part_bytes`] of the sampler's device: caps the bytes of
+    /// weights per binding for the layers and models made from it afterwards.
     pub fn set_weight_part_bytes(&self, bytes: u64) {
-        self.weight_part.store(bytes.max(4096), Ordering::Relaxed);
+        self.ctx.set_weight_part_bytes(bytes);
     }
 
     /// The adapter's name and backend, e.g. `llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)`.
     pub fn adapter(&self) -> String {
-        format!("{} ({:?})", self.info.name, self.info.backend)
+        self.ctx.adapter()
     }
 
     /// Whether the adapter is a software (CPU) implementation.
     pub fn is_software(&self) -> bool {
-        device::is_software(&self.info)
+        self.ctx.is_software()
     }
 
     /// Whether Philox's products use 64-bit integers (the device was created with
     /// `SHADER_INT64`, see [`WgpuOptions::int64`]); the bits are the same either way.
     pub fn uses_int64(&self) -> bool {
-        self.device
-            .features()
-            .contains(wgpu::Features::SHADER_INT64)
+        self.ctx.uses_int64()
     }
 
     /// Whether the reductions use subgroup operations (the adapter has them and they were
     /// chosen, see [`WgpuOptions::subgroups`]).
     pub fn uses_subgroups(&self) -> bool {
-        self.subgroups
+        self.ctx.uses_subgroups()
     }
 
     /// How many times [`WgpuSampler::record`] has had to create device objects (grow a
@@ -403,22 +379,22 @@ impl WgpuSampler {
     /// finished on the device.
     #[doc(hidden)]
     pub fn free_staging_buffers(&self) -> usize {
-        self.stages.free_count()
+        self.ctx.stages().free_count()
     }
 
     /// Whether GPU timestamps are available ([`WgpuSampler::time_gpu`]).
     pub fn has_timestamps(&self) -> bool {
-        self.timestamps
+        self.ctx.has_timestamps()
     }
 
     /// The device the sampler runs on.
     pub fn device(&self) -> &wgpu::Device {
-        &self.device
+        self.ctx.device()
     }
 
     /// The queue the sampler submits to.
     pub fn queue(&self) -> &wgpu::Queue {
-        &self.queue
+        self.ctx.queue()
     }
 
     /// The fewest logits one workgroup handles (default 4096): a row of V logits is cut
@@ -451,10 +427,10 @@ impl WgpuSampler {
             rows,
             vocab: AtomicUsize::new(0),
             res_words,
-            tokens: make_buffer(&self.device, "decoda tokens", rows1 * 4, u),
-            results: make_buffer(&self.device, "decoda results", res_words as u64 * 4, u),
+            tokens: make_buffer(self.ctx.device(), "decoda tokens", rows1 * 4, u),
+            results: make_buffer(self.ctx.device(), "decoda results", res_words as u64 * 4, u),
             readback: make_buffer(
-                &self.device,
+                self.ctx.device(),
                 "decoda readback",
                 (rows1 + res_words as u64) * 4,
                 U::MAP_READ | U::COPY_DST,
@@ -534,31 +510,17 @@ impl WgpuSampler {
                 out.rows, l.rows
             )));
         }
-        l.check(&self.device)
-    }
-
-    /// The pipelines under `key`, built by `build` the first time this sampler's device
-    /// needs them and shared from then on (every MoE layer of a model, say, runs the
-    /// same compiled shader).
-    pub(crate) fn shared_pipelines<T: Send + Sync + 'static>(
-        &self,
-        key: &'static str,
-        build: impl FnOnce() -> Result<T>,
-    ) -> Result<std::sync::Arc<T>> {
-        let mut cache = self.shared_pipelines.lock().map_err(|_| poisoned())?;
-        if let Some(p) = cache.get(key) {
-            return std::sync::Arc::clone(p)
-                .downcast::<T>()
-                .map_err(|_| Error::Device(format!("pipelines {key}: another type")));
-        }
-        let p = std::sync::Arc::new(build()?);
-        cache.insert(key, p.clone());
-        Ok(p)
+        l.check(self.ctx.device())
     }
 
     /// The grid of a call of `b` rows of `v` logits.
     pub(crate) fn shape(&self, v: usize, b: usize) -> (usize, usize) {
-        kernels::split(v, b, self.target_wg, self.min_chunk.load(Ordering::Relaxed))
+        kernels::split(
+            v,
+            b,
+            self.ctx.target_wg(),
+            self.min_chunk.load(Ordering::Relaxed),
+        )
     }
 
     /// The passes a call of these rows records (`draws`: many draws per row).
@@ -703,7 +665,7 @@ impl WgpuSampler {
             pen_words: pens * kernels::pen_words(v),
             list_words: host.lists.len(),
         };
-        let max_binding = self.device.limits().max_storage_buffer_binding_size;
+        let max_binding = self.ctx.device().limits().max_storage_buffer_binding_size;
         if (sizes.pen_words as u64) * 4 > max_binding
             || (sizes.work_words() as u64) * 4 > max_binding
         {
@@ -712,30 +674,21 @@ impl WgpuSampler {
                  {max_binding} bytes this adapter binds at once; split the batch"
             )));
         }
-        let call = CallU {
-            rows: b as u32,
-            vocab: v as u32,
-            stride: logits.row_stride as u32,
-            dtype: dtype_code(logits.dtype),
-            base: logits.offset as u32,
-            splits: splits as u32,
-            chunk: chunk as u32,
-            bm_words: v.div_ceil(32) as u32,
-            cap: CAP as u32,
-            mode: if pens > 0 { M_SCATTER } else { 0 }
-                | if masks.is_some() { M_MASK } else { 0 }
-                | plan.mode(),
-            draws: draws as u32,
-            draw_lanes: lanes as u32,
-            part_base: sizes.part_base() as u32,
-            cand_base: sizes.cand_base() as u32,
-            zero: 0,
-            mask_base: masks.map_or(0, |m| m.offset as u32),
-            mask_stride: masks.map_or(0, |m| m.row_stride as u32),
-            kept_base: (b * (RES_WORDS + draws)) as u32,
-            ..CallU::default()
-        };
-        let dev = &self.device;
+        let call = call_block(
+            logits,
+            masks,
+            CallShape {
+                rows: b,
+                splits,
+                chunk,
+                sizes: &sizes,
+                plan,
+                mode: if pens > 0 { M_SCATTER } else { 0 },
+                draws,
+                draw_lanes: lanes,
+            },
+        );
+        let dev = self.ctx.device();
         if sc.bufs.ensure(dev, &sizes) {
             self.created.fetch_add(1, Ordering::Relaxed);
         }
@@ -751,11 +704,11 @@ impl WgpuSampler {
         for p in parts {
             host.bytes.extend_from_slice(p);
         }
-        let (stage, made) = self.stages.take(dev, host.bytes.len() as u64);
+        let (stage, made) = self.ctx.stages().take(dev, host.bytes.len() as u64);
         if made {
             self.created.fetch_add(1, Ordering::Relaxed);
         }
-        self.queue.write_buffer(&stage, 0, &host.bytes);
+        self.ctx.queue().write_buffer(&stage, 0, &host.bytes);
         let targets = [
             &sc.bufs.call,
             &sc.bufs.sparams.buf,
@@ -770,7 +723,7 @@ impl WgpuSampler {
             }
             at += p.len() as u64;
         }
-        self.stages.release_after(encoder, stage);
+        self.ctx.stages().release_after(encoder, stage);
         sc.host_lists = host;
 
         let key = BindKey {
@@ -856,14 +809,6 @@ pub(crate) fn bind_group_raw(
         layout: &kernels.layout,
         entries: &entries,
     })
-}
-
-pub(crate) fn dtype_code(d: DType) -> u32 {
-    match d {
-        DType::F32 => 0,
-        DType::F16 => 1,
-        DType::Bf16 => 2,
-    }
 }
 
 /// The device's view of a slot's parameters; its logit bias is appended to `lists` as

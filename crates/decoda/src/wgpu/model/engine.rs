@@ -10,9 +10,10 @@ use crate::model::generate::Engine;
 use crate::model::qwen3_moe::Qwen3Moe;
 use crate::moe::Dispatch;
 
-use super::super::device::make_buffer;
+use super::super::buffers::make_buffer;
+use super::super::device::WgpuDevice;
 use super::super::head::WgpuHead;
-use super::super::sampler::{DeviceLogits, WgpuSampler};
+use super::super::sampler::DeviceLogits;
 use super::{Tokens, WgpuModel};
 
 /// The model and a sampling head on one device: the generation loop's [`Engine`].
@@ -42,20 +43,21 @@ impl std::fmt::Debug for WgpuEngine {
 }
 
 impl WgpuEngine {
-    /// `model` on `sampler`'s device with `slots` slots of `positions` positions each.
+    /// `model` on a device (a [`WgpuDevice`], or a [`WgpuSampler`](super::super::WgpuSampler) on one) with
+    /// `slots` slots of `positions` positions each.
     /// With `host_head` (for example `decoda::CpuHead::new(slots, vocab)`), each step
     /// copies the logits to the host and that head samples them there (the comparison the
     /// benchmarks make); it needs `slots` slots of the model's vocabulary.
     pub fn new(
-        sampler: &WgpuSampler,
+        on: &impl AsRef<WgpuDevice>,
         model: Arc<Qwen3Moe>,
         slots: usize,
         positions: usize,
         host_head: Option<Box<dyn Head + Send>>,
     ) -> Result<Self> {
         let v = model.config.vocab_size;
-        let mut m = WgpuModel::new(sampler, model, slots, positions)?;
-        let head = WgpuHead::new(sampler, slots, v)?;
+        let mut m = WgpuModel::new(on, model, slots, positions)?;
+        let head = WgpuHead::new(on, slots, v)?;
         m.head_tokens = Some(head.tokens().clone());
         let host = match host_head {
             Some(head) => {
@@ -69,7 +71,7 @@ impl WgpuEngine {
                 Some(HostSampling {
                     head,
                     read: make_buffer(
-                        &m.device,
+                        &m.ctx.device(),
                         "decoda logits readback",
                         (slots * v * 4) as u64,
                         wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
@@ -100,45 +102,19 @@ impl WgpuEngine {
     }
 }
 
-fn read_f32(
-    device: &wgpu::Device,
-    queue: &wgpu::Queue,
-    buf: &wgpu::Buffer,
-    n: usize,
-) -> Result<Vec<f32>> {
+/// The first `n` floats of `buf`, copied to a readback buffer and read back.
+fn read_f32(ctx: &WgpuDevice, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
     let bytes = (n * 4) as u64;
     let read = make_buffer(
-        device,
+        ctx.device(),
         "decoda read",
         bytes.max(4),
         wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
     );
-    let mut enc = device.create_command_encoder(&Default::default());
+    let mut enc = ctx.device().create_command_encoder(&Default::default());
     enc.copy_buffer_to_buffer(buf, 0, &read, 0, bytes);
-    queue.submit([enc.finish()]);
-    map_f32(device, &read, n)
-}
-
-fn map_f32(device: &wgpu::Device, read: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
-    let slice = read.slice(0..(n * 4) as u64);
-    let (tx, rx) = std::sync::mpsc::channel();
-    slice.map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r);
-    });
-    device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
-    rx.recv()
-        .map_err(|_| Error::Device("the map callback never ran".into()))?
-        .map_err(|e| Error::Device(format!("mapping the logits: {e}")))?;
-    let v = {
-        let view = slice
-            .get_mapped_range()
-            .map_err(|e| Error::Device(format!("mapping the logits: {e}")))?;
-        bytemuck::cast_slice::<u8, f32>(&view).to_vec()
-    };
-    read.unmap();
-    Ok(v)
+    ctx.queue().submit([enc.finish()]);
+    ctx.read_back(&read, bytes)
 }
 
 impl Engine for WgpuEngine {
@@ -181,7 +157,8 @@ impl Engine for WgpuEngine {
         self.model.reset(slot);
         let b = self.model.prefill(slot, prompt, logits_row)?;
         self.model
-            .device
+            .ctx
+            .device()
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Device(format!("waiting for the device: {e}")))?;
         Ok(b)
@@ -220,11 +197,12 @@ impl Engine for WgpuEngine {
             let (read, words) = (h.read.clone(), sample.len() * v);
             let mut enc = self
                 .model
-                .device
+                .ctx
+                .device()
                 .create_command_encoder(&Default::default());
             enc.copy_buffer_to_buffer(&self.model.logits, 0, &read, 0, (words * 4) as u64);
-            self.model.queue.submit([enc.finish()]);
-            let logits = map_f32(&self.model.device, &read, words)?;
+            self.model.ctx.queue().submit([enc.finish()]);
+            let logits: Vec<f32> = self.model.ctx.read_back(&read, (words * 4) as u64)?;
             let Some(h) = self.host.as_mut() else {
                 return Err(Error::Model("host sampling without its head".into()));
             };
@@ -239,24 +217,28 @@ impl Engine for WgpuEngine {
             if forward.is_empty() {
                 return Ok(Vec::new());
             }
-            self.model
-                .queue
-                .write_buffer(&self.model.host_tokens, 0, bytemuck::cast_slice(&toks));
+            self.model.ctx.queue().write_buffer(
+                &self.model.host_tokens,
+                0,
+                bytemuck::cast_slice(&toks),
+            );
             let map: Vec<(usize, usize)> = forward
                 .iter()
                 .map(|s| (*s, sample.iter().position(|x| x == s).unwrap_or(0)))
                 .collect();
             let mut enc = self
                 .model
-                .device
+                .ctx
+                .device()
                 .create_command_encoder(&Default::default());
             let b = self.model.record_decode(&mut enc, &map, Tokens::Host)?;
-            self.model.queue.submit([enc.finish()]);
+            self.model.ctx.queue().submit([enc.finish()]);
             return Ok(b);
         }
         let mut enc = self
             .model
-            .device
+            .ctx
+            .device()
             .create_command_encoder(&Default::default());
         let view = DeviceLogits {
             buffer: &self.model.logits,
@@ -277,7 +259,7 @@ impl Engine for WgpuEngine {
             b = self.model.record_decode(&mut enc, &map, Tokens::Head)?;
             self.last_dispatches += self.model.last_dispatches;
         }
-        let index = self.model.queue.submit([enc.finish()]);
+        let index = self.model.ctx.queue().submit([enc.finish()]);
         self.in_flight.push_back(index);
         Ok(b)
     }
@@ -308,7 +290,8 @@ impl Engine for WgpuEngine {
             _ => return self.wait(),
         };
         self.model
-            .device
+            .ctx
+            .device()
             .poll(wgpu::PollType::Wait {
                 submission_index: Some(oldest),
                 timeout: None,
@@ -337,12 +320,7 @@ impl Engine for WgpuEngine {
             )));
         }
         let v = self.model.model.config.vocab_size;
-        read_f32(
-            &self.model.device,
-            &self.model.queue,
-            &self.model.logits,
-            rows * v,
-        )
+        read_f32(&self.model.ctx, &self.model.logits, rows * v)
     }
 
     fn ahead(&self) -> usize {

@@ -24,9 +24,9 @@ use crate::error::{Error, Result};
 use crate::model::qwen3_moe::{Act, Mlp, NormId, Qwen3Moe, RopeTable, WeightId};
 use crate::moe::{Dispatch, Router};
 
-use super::device::make_buffer;
+use super::buffers::make_buffer;
+use super::device::WgpuDevice;
 use super::moe::{MoeRouting, WgpuMoe};
-use super::sampler::WgpuSampler;
 
 pub use engine::WgpuEngine;
 use plan::{Plan, PlanKey, Tokens};
@@ -37,7 +37,7 @@ pub const SHADER_MODEL: &str = include_str!("model.wgsl");
 
 /// The complete module (with `fmath.wgsl`).
 pub fn model_shader_source() -> String {
-    format!("{SHADER_MODEL}\n{}", super::SHADER_FMATH)
+    format!("{SHADER_MODEL}\n{}", super::shaders::SHADER_FMATH)
 }
 
 /// One dispatch's parameters (`Op` in `model.wgsl`; the layout is checked by a test).
@@ -98,8 +98,7 @@ enum Pipe {
 
 /// The model's buffers and pipelines on one device.
 pub struct WgpuModel {
-    device: wgpu::Device,
-    queue: wgpu::Queue,
+    ctx: WgpuDevice,
     name: String,
     model: Arc<Qwen3Moe>,
     layout: wgpu::BindGroupLayout,
@@ -181,27 +180,28 @@ fn grid_of(n: usize) -> (u32, u32) {
 }
 
 impl WgpuModel {
-    /// Uploads `model` to `sampler`'s device with `slots` KV caches of `positions`
-    /// positions each.
+    /// Uploads `model` to a device (a [`WgpuDevice`], or a [`super::WgpuSampler`] on
+    /// one) with `slots` KV caches of `positions` positions each.
     pub fn new(
-        sampler: &WgpuSampler,
+        on: &impl AsRef<WgpuDevice>,
         model: Arc<Qwen3Moe>,
         slots: usize,
         positions: usize,
     ) -> Result<Self> {
-        let device = sampler.device().clone();
+        let ctx = on.as_ref().clone();
+        let device = ctx.device().clone();
         let cfg = model.config.clone();
         if slots == 0 || positions == 0 {
             return Err(Error::Model(
                 "a model needs at least one slot and one position".into(),
             ));
         }
-        // compiled once per device, shared by every model made from this sampler
-        let shared = sampler.shared_pipelines("model", || build_pipes(&device))?;
+        // compiled once per device, shared by every model made from it
+        let shared = ctx.pipelines("model", || build_pipes(&device))?;
         let (layout, pipes) = (shared.0.clone(), shared.1.clone());
         let mut mats = HashMap::new();
         // a matrix larger than one binding goes up in parts of whole rows
-        let part = sampler.weight_part_bytes();
+        let part = ctx.weight_part_bytes();
         for id in model.weight_ids() {
             let name = format!("{id:?}");
             let m = match id {
@@ -237,7 +237,7 @@ impl WgpuModel {
         let mut moe = Vec::new();
         for layer in &model.layers {
             moe.push(match &layer.mlp {
-                Mlp::Moe { experts, .. } => Some(WgpuMoe::new(sampler, experts)?),
+                Mlp::Moe { experts, .. } => Some(WgpuMoe::new(&ctx, experts)?),
                 Mlp::Dense { .. } => None,
             });
         }
@@ -311,8 +311,7 @@ impl WgpuModel {
         let host_tokens = sized("decoda host tokens", slots * 4)?;
         let dummy = |l| make_buffer(&device, l, 16, st);
         Ok(Self {
-            queue: sampler.queue().clone(),
-            name: sampler.adapter(),
+            name: ctx.adapter(),
             layout,
             pipes,
             mats,
@@ -344,7 +343,7 @@ impl WgpuModel {
             positions: vec![0; slots],
             decode_map: Vec::new(),
             last_dispatches: 0,
-            device,
+            ctx,
             model,
         })
     }
@@ -362,7 +361,8 @@ impl WgpuModel {
     /// Empties `slot` (its position back to 0).
     fn reset(&mut self, slot: usize) {
         self.positions[slot] = 0;
-        self.queue
+        self.ctx
+            .queue()
             .write_buffer(&self.ctl, (slot * 4) as u64, &0u32.to_le_bytes());
     }
 
@@ -374,18 +374,22 @@ impl WgpuModel {
         let v = self.model.config.vocab_size;
         let n = self.positions[from];
         self.positions[to] = n;
-        self.queue
+        self.ctx
+            .queue()
             .write_buffer(&self.ctl, (to * 4) as u64, &(n as u32).to_le_bytes());
         let region = (n * kvw * 4) as u64;
         let scratch_bytes = region.max((v * 4) as u64).max(4);
-        let scratch = super::device::make_buffer(
-            &self.device,
+        let scratch = super::buffers::make_buffer(
+            &self.ctx.device(),
             "decoda fork scratch",
             scratch_bytes,
             wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
         );
         let slot_bytes = (self.max_pos * kvw * 4) as u64;
-        let mut enc = self.device.create_command_encoder(&Default::default());
+        let mut enc = self
+            .ctx
+            .device()
+            .create_command_encoder(&Default::default());
         if region > 0 {
             for buf in self.kc.iter().chain(&self.vc) {
                 enc.copy_buffer_to_buffer(buf, from as u64 * slot_bytes, &scratch, 0, region);
@@ -395,7 +399,7 @@ impl WgpuModel {
         let row = (v * 4) as u64;
         enc.copy_buffer_to_buffer(&self.logits, from_row as u64 * row, &scratch, 0, row);
         enc.copy_buffer_to_buffer(&scratch, 0, &self.logits, to_row as u64 * row, row);
-        self.queue.submit([enc.finish()]);
+        self.ctx.queue().submit([enc.finish()]);
         Ok(())
     }
 
@@ -437,9 +441,10 @@ impl WgpuModel {
                     if j + 1 == n { ROW_LAST } else { 0 },
                 ]);
             }
-            self.queue
+            self.ctx
+                .queue()
                 .write_buffer(&self.prompt_tokens, 0, bytemuck::cast_slice(chunk));
-            self.queue.write_buffer(
+            self.ctx.queue().write_buffer(
                 &self.ctl,
                 (self.map_off_prompt() * 4) as u64,
                 bytemuck::cast_slice(&map),
@@ -450,9 +455,12 @@ impl WgpuModel {
                 tokens: Tokens::Prompt,
                 out: last.then_some((n - 1, logits_row, 1)),
             };
-            let mut enc = self.device.create_command_encoder(&Default::default());
+            let mut enc = self
+                .ctx
+                .device()
+                .create_command_encoder(&Default::default());
             branches = self.record(&mut enc, key)?;
-            self.queue.submit([enc.finish()]);
+            self.ctx.queue().submit([enc.finish()]);
             self.positions[slot] += n;
         }
         Ok(branches)
@@ -481,7 +489,7 @@ impl WgpuModel {
             .collect();
         if map != self.decode_map {
             // the batch changed: the new row map (the only host write of a decode step)
-            self.queue.write_buffer(
+            self.ctx.queue().write_buffer(
                 &self.ctl,
                 (self.map_off_decode() * 4) as u64,
                 bytemuck::cast_slice(&map),

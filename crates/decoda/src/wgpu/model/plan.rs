@@ -95,7 +95,8 @@ impl WgpuModel {
         }
         use wgpu::util::DeviceExt;
         let params = self
-            .device
+            .ctx
+            .device()
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some("decoda model plan"),
                 contents: &bytes,
@@ -148,11 +149,14 @@ impl WgpuModel {
                     resource: buf.as_entire_binding(),
                 });
             }
-            let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some("decoda model"),
-                layout: &self.layout,
-                entries: &entries,
-            });
+            let group = self
+                .ctx
+                .device()
+                .create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("decoda model"),
+                    layout: &self.layout,
+                    entries: &entries,
+                });
             segments
                 .last_mut()
                 .expect("non-empty")

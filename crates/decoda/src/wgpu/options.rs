@@ -1,0 +1,29 @@
+//! How a device is chosen and opened: [`WgpuOptions`] and the environment variables that
+//! override it.
+
+/// How to open a [`WgpuDevice`](super::WgpuDevice) (and so a [`WgpuSampler`](super::WgpuSampler)); `Default` = subgroups by adapter kind, any adapter.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WgpuOptions {
+    /// Subgroup operations for the reductions: `None` (default) uses them on hardware
+    /// adapters that have them and not on software ones (on lavapipe they measured
+    /// 1.3-2x slower than workgroup memory); `Some(true)` whenever the adapter has them;
+    /// `Some(false)` never. Results are the same either way. `DECODA_WGPU_SUBGROUPS=0`
+    /// or `=1` overrides `None`.
+    pub subgroups: Option<bool>,
+    /// Accept only a hardware adapter (no software one such as lavapipe).
+    pub hardware_only: bool,
+    /// Philox's products in 64-bit integers: `None` (default) or `Some(true)` whenever
+    /// the adapter has `SHADER_INT64`; `Some(false)` never (the 16-bit construction).
+    /// Results are the same bits either way.
+    pub int64: Option<bool>,
+}
+
+/// Environment variable: a substring of the adapter name to use (`llvmpipe`, `H100`, ...).
+pub const ADAPTER_ENV: &str = "DECODA_WGPU_ADAPTER";
+/// Environment variable: `0` or `1` turns subgroup operations off or on where
+/// [`WgpuOptions::subgroups`] is `None`.
+pub const SUBGROUPS_ENV: &str = "DECODA_WGPU_SUBGROUPS";
+
+/// Environment variable: how many workgroups a step aims to keep busy (rows times
+/// splits); the row split follows from it and the batch.
+pub const WORKGROUPS_ENV: &str = "DECODA_WGPU_WORKGROUPS";

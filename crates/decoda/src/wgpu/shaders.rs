@@ -1,0 +1,56 @@
+//! The sampler's WGSL: the step passes of `step/`, the arithmetic shared with the CPU and
+//! the two ways of reducing, put together for a device.
+
+/// The WGSL of the sampler's kernels, without the shared arithmetic and the reductions:
+/// the files of `step/`, one per pass, in the order they are concatenated (`common`
+/// holds the layout, the bindings and the helpers every pass uses).
+pub const SHADER_MAIN: &str = concat!(
+    include_str!("step/common.wgsl"),
+    include_str!("step/scatter.wgsl"),
+    include_str!("step/dry.wgsl"),
+    include_str!("step/probe.wgsl"),
+    include_str!("step/scan.wgsl"),
+    include_str!("step/settle_list.wgsl"),
+    include_str!("step/settle.wgsl"),
+    include_str!("step/sigma.wgsl"),
+    include_str!("step/typical.wgsl"),
+    include_str!("step/lp.wgsl"),
+    include_str!("step/kept.wgsl"),
+    include_str!("step/finish.wgsl"),
+    include_str!("step/draw_many.wgsl"),
+);
+/// The arithmetic that decides tokens (ln, exp, correctly rounded division, Philox),
+/// shared with the CPU ([`crate::fmath`], [`crate::philox`]), with Philox's products
+/// built from 16-bit ones (any adapter).
+pub const SHADER_FMATH: &str = concat!(include_str!("fmath.wgsl"), include_str!("mulhi32.wgsl"));
+/// The same with Philox's products in 64-bit integers (adapters with `SHADER_INT64`):
+/// the same bits in fewer operations.
+pub const SHADER_FMATH_INT64: &str =
+    concat!(include_str!("fmath.wgsl"), include_str!("mulhi64.wgsl"));
+/// Workgroup reductions through workgroup memory (the portable path).
+pub const REDUCE_WG: &str = include_str!("reduce_wg.wgsl");
+/// Workgroup reductions with subgroup operations (device feature `SUBGROUP`).
+pub const REDUCE_SG: &str = include_str!("reduce_sg.wgsl");
+
+/// The complete WGSL module: with `subgroups`, the reductions use subgroup operations
+/// (every row kernel takes its subgroup builtins through the `Lanes` struct that
+/// `reduce_sg.wgsl` declares); without, workgroup memory (`reduce_wg.wgsl` declares a
+/// `Lanes` with the invocation index only). Both are validated and translated for every
+/// platform by the `shaders` test.
+pub fn shader_source(subgroups: bool) -> String {
+    shader_source_with(subgroups, false)
+}
+
+/// [`shader_source`], with Philox's products in 64-bit integers when `int64` (devices
+/// with `Features::SHADER_INT64`; [`SHADER_FMATH_INT64`]).
+pub fn shader_source_with(subgroups: bool, int64: bool) -> String {
+    // (naga, which wgpu compiles WGSL with, enables subgroup operations through the
+    // device's SUBGROUP feature and rejects the `enable subgroups;` directive)
+    let reduce = if subgroups { REDUCE_SG } else { REDUCE_WG };
+    let fmath = if int64 {
+        SHADER_FMATH_INT64
+    } else {
+        SHADER_FMATH
+    };
+    format!("{SHADER_MAIN}\n{fmath}\n{reduce}")
+}
