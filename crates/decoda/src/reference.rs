@@ -7,7 +7,6 @@ use crate::backend::Backend;
 use crate::error::{Result, RowError};
 use crate::logits::Logits;
 use crate::params::{LogprobsMode, Request};
-use crate::philox::gumbel;
 use crate::pipeline::{self as pl, Row, RowResult, Sample};
 
 /// How close a row's decision came to a floating-point tie (the contract's "same result" rule).
@@ -138,8 +137,8 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
     if pl::is_greedy(t, zmax) {
         let token = z.iter().position(|&zi| zi == zmax).expect("max exists") as u32;
         let lp = p.logprobs.map(|n| match p.logprobs_mode {
-            LogprobsMode::Raw => full_logprobs(x, token, n),
-            LogprobsMode::Processed => full_logprobs(&z, token, n),
+            LogprobsMode::Raw => pl::logprobs::full(x, token, n),
+            LogprobsMode::Processed => pl::logprobs::full(&z, token, n),
         });
         let kept = p.kept.map(|n| pl::kept_of(&[(token, 0.0)], n));
         return (
@@ -160,53 +159,37 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
 
     // Stage 5a: top-n-sigma.
     if p.top_n_sigma > 0.0 {
-        let tau = stage_top_n_sigma(&y, ymax, p.top_n_sigma, &mut keep);
-        tie.sigma_margin = sigma_margin(&y, ymax, tau);
+        let tau = pl::top_n_sigma::apply(&y, ymax, p.top_n_sigma, &mut keep);
+        tie.sigma_margin = pl::top_n_sigma::margin(&y, ymax, tau);
     }
     // Stage 6: top-k.
     let k = p.top_k as usize;
     if k > 0 && k < v {
-        stage_top_k(&y, k, &mut keep);
+        pl::top_k::apply(&y, k, &mut keep);
     }
     // Stage 6a: typical-p over K.
     if p.typical_p < 1.0 {
-        let (m, s) = stage_typical(&y, p.typical_p, &mut keep);
+        let (m, s) = pl::typical::apply(&y, p.typical_p, &mut keep);
         tie.top_p_margin = tie.top_p_margin.min(m);
         tie.typical_margin = s;
     }
     // From here on, ymax is the largest kept value (typical-p may have removed the top).
-    let ymax = kept_max(&y, &keep);
+    let ymax = pl::weights::kept_max(&y, &keep);
     // Stage 7: top-p.
     if p.top_p < 1.0 {
-        let m = stage_top_p(&y, ymax, p.top_p, &mut keep);
+        let m = pl::top_p::apply(&y, ymax, p.top_p, &mut keep);
         tie.top_p_margin = tie.top_p_margin.min(m);
     }
     // Stage 8: min-p.
-    stage_min_p(&y, ymax, p.min_p, &mut keep);
+    pl::min_p::apply(&y, ymax, p.min_p, &mut keep);
     // Stage 8a: XTC.
     if pl::xtc_fires(p, req.state.seed, req.step()) {
-        tie.xtc_margin = stage_xtc(&y, p.xtc_threshold, &mut keep);
+        tie.xtc_margin = pl::xtc::apply(&y, p.xtc_threshold, &mut keep);
     }
 
     // Stage 10: the Gumbel draw over S.
-    let mut best: Option<(u32, f32)> = None;
-    let mut runner_up = f32::NEG_INFINITY;
-    for i in 0..v {
-        if !keep[i] {
-            continue;
-        }
-        let s = y[i] + gumbel(req.state.seed, req.step(), i as u32);
-        match best {
-            Some((_, bs)) if s <= bs => runner_up = runner_up.max(s),
-            _ => {
-                if let Some((_, bs)) = best {
-                    runner_up = runner_up.max(bs);
-                }
-                best = Some((i as u32, s));
-            }
-        }
-    }
-    let (token, s_best) = best.expect("S contains the maximum");
+    let (token, s_best, runner_up) =
+        pl::draw::apply(&y, &keep, req.state.seed, req.step()).expect("S contains the maximum");
     if runner_up > f32::NEG_INFINITY {
         tie.s_gap_ulps = ulps_between(s_best, runner_up);
     }
@@ -216,8 +199,8 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
         .map(|i| (i as u32, y[i]))
         .collect();
     let lp = p.logprobs.map(|n| match p.logprobs_mode {
-        LogprobsMode::Raw => full_logprobs(x, token, n),
-        LogprobsMode::Processed => subset_logprobs(&set, token, n),
+        LogprobsMode::Raw => pl::logprobs::full(x, token, n),
+        LogprobsMode::Processed => pl::logprobs::subset(&set, token, n),
     });
     let kept = p.kept.map(|n| pl::kept_of(&set, n));
     (
@@ -228,152 +211,6 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
         }),
         tie,
     )
-}
-
-/// Stage 6: keeps `y >=` the k-th largest value (ties kept); returns that value.
-fn stage_top_k(y: &[f32], k: usize, keep: &mut [bool]) -> f32 {
-    let mut sorted = y.to_vec();
-    sorted.sort_by(|a, b| b.total_cmp(a));
-    let tau = sorted[k - 1];
-    for (kp, &yi) in keep.iter_mut().zip(y) {
-        *kp = *kp && yi >= tau;
-    }
-    tau
-}
-
-/// Stage 7 over the kept tokens; returns the walk's distance to `p` (for tie counting).
-pub(crate) fn stage_top_p(y: &[f32], ymax: f32, p: f32, keep: &mut [bool]) -> f64 {
-    let v = y.len();
-    let sum: f64 = (0..v)
-        .filter(|&i| keep[i])
-        .map(|i| f64::from(pl::weight(y[i], ymax)))
-        .sum();
-    let q: Vec<f32> = y
-        .iter()
-        .map(|&yi| pl::prob(pl::weight(yi, ymax), sum))
-        .collect();
-    let mut in_k: Vec<f32> = (0..v).filter(|&i| keep[i]).map(|i| q[i]).collect();
-    in_k.sort_by(|a, b| b.total_cmp(a));
-    let (tau, margin) = pl::top_p_cut(in_k, p);
-    for (kp, &qi) in keep.iter_mut().zip(&q) {
-        *kp = *kp && qi >= tau;
-    }
-    margin
-}
-
-/// The largest value still kept (`-inf` for none).
-fn kept_max(y: &[f32], keep: &[bool]) -> f32 {
-    (0..y.len())
-        .filter(|&i| keep[i])
-        .map(|i| y[i])
-        .fold(f32::NEG_INFINITY, f32::max)
-}
-
-/// The smallest distance of a finite `y` to top-n-σ's threshold `tau`, relative to
-/// `|ymax| + n σ` (`n σ = ymax - tau`).
-fn sigma_margin(y: &[f32], ymax: f32, tau: f64) -> f64 {
-    let scale = f64::from(ymax).abs() + (f64::from(ymax) - tau);
-    y.iter()
-        .filter(|v| **v > f32::NEG_INFINITY)
-        .map(|&v| (f64::from(v) - tau).abs())
-        .fold(f64::INFINITY, f64::min)
-        / scale
-}
-
-/// Stage 5a: keeps `y >= ymax - n * σ` over the finite values (f64); returns the threshold.
-fn stage_top_n_sigma(y: &[f32], ymax: f32, n: f32, keep: &mut [bool]) -> f64 {
-    let tau = pl::top_n_sigma_threshold(y, ymax, n);
-    for (kp, &yi) in keep.iter_mut().zip(y) {
-        *kp = *kp && f64::from(yi) >= tau;
-    }
-    tau
-}
-
-/// Stage 6a over the kept tokens: keeps those whose typical score is at most the cut's;
-/// returns the walk's distance to `p` and the scores' distance to the cut
-/// ([`TieReport::typical_margin`]).
-fn stage_typical(y: &[f32], p: f32, keep: &mut [bool]) -> (f64, f64) {
-    let ids: Vec<usize> = (0..y.len()).filter(|&i| keep[i]).collect();
-    let ymax = kept_max(y, keep);
-    let w: Vec<f32> = ids.iter().map(|&i| pl::weight(y[i], ymax)).collect();
-    let sum: f64 = w.iter().map(|&e| f64::from(e)).sum();
-    let q: Vec<f64> = w.iter().map(|&e| pl::prob64(e, sum)).collect();
-    let (h, cut, margin) = pl::typical_cut(&q, p);
-    let scores: Vec<f64> = q.iter().map(|&qi| pl::typical_score(qi, h)).collect();
-    for (&i, &s) in ids.iter().zip(&scores) {
-        keep[i] = s <= cut;
-    }
-    let mut score_margin = f64::INFINITY;
-    if cut.is_finite() {
-        let at_cut: Vec<f32> = ids
-            .iter()
-            .zip(&scores)
-            .filter(|(_, &s)| s == cut)
-            .map(|(&i, _)| y[i])
-            .collect();
-        let top = f64::from(ymax).abs();
-        for (&i, &s) in ids.iter().zip(&scores) {
-            if s.is_finite() && !at_cut.contains(&y[i]) {
-                let scale = 1.0 + f64::from(y[i]).abs() + top;
-                score_margin = score_margin.min((s - cut).abs() / scale);
-            }
-        }
-    }
-    (margin, score_margin)
-}
-
-/// Stage 8a over the kept tokens (its coin already came up); returns the smallest
-/// distance of a kept token's `q` to the threshold (`inf` for a set of one).
-fn stage_xtc(y: &[f32], threshold: f32, keep: &mut [bool]) -> f64 {
-    let ids: Vec<usize> = (0..y.len()).filter(|&i| keep[i]).collect();
-    if ids.len() < 2 {
-        return f64::INFINITY;
-    }
-    let ymax = kept_max(y, keep);
-    let sum: f64 = ids.iter().map(|&i| f64::from(pl::weight(y[i], ymax))).sum();
-    let q = |i: usize| pl::prob64(pl::weight(y[i], ymax), sum);
-    let margin = ids
-        .iter()
-        .map(|&i| (q(i) - f64::from(threshold)).abs())
-        .fold(f64::INFINITY, f64::min);
-    if let Some(low) = pl::xtc_cut(ids.iter().map(|&i| (y[i], q(i))), threshold) {
-        for &i in &ids {
-            keep[i] = y[i] <= low;
-        }
-    }
-    margin
-}
-
-/// Stage 8: keeps `y >= ymax + ln(min_p)` (nothing removed when `min_p = 0`).
-fn stage_min_p(y: &[f32], ymax: f32, min_p: f32, keep: &mut [bool]) {
-    let tau = pl::min_p_threshold(ymax, min_p);
-    for (kp, &yi) in keep.iter_mut().zip(y) {
-        *kp = *kp && yi >= tau;
-    }
-}
-
-/// Log-probabilities of `log_softmax(values)` over the whole row.
-fn full_logprobs(values: &[f32], token: u32, n: u32) -> pl::TokenLogprobs {
-    let all: Vec<(u32, f32)> = values
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| (i as u32, v))
-        .collect();
-    subset_logprobs(&all, token, n)
-}
-
-/// Log-probabilities of `log_softmax` over the listed `(id, value)` pairs.
-fn subset_logprobs(set: &[(u32, f32)], token: u32, n: u32) -> pl::TokenLogprobs {
-    let vmax = set.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-    let lse = pl::log_sum_exp(set.iter().map(|c| c.1), vmax);
-    let mut sorted = set.to_vec();
-    sorted.sort_by(pl::rank_order);
-    let chosen = *set
-        .iter()
-        .find(|c| c.0 == token)
-        .expect("chosen token is in the set");
-    let rank = pl::rank_of(chosen, set.iter().copied());
-    pl::assemble_logprobs(chosen, rank, &sorted, n, vmax, lse)
 }
 
 /// One stage of [`explain_row`]: the distribution after the stage.
@@ -479,7 +316,7 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
         before,
     ));
     if p.top_n_sigma > 0.0 {
-        let tau = stage_top_n_sigma(&y, ymax, p.top_n_sigma, &mut keep);
+        let tau = pl::top_n_sigma::apply(&y, ymax, p.top_n_sigma, &mut keep);
         stages.push(view(
             "top-n-sigma",
             format!(
@@ -494,7 +331,7 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
     }
     let k = p.top_k as usize;
     if k > 0 && k < v {
-        let tau = stage_top_k(&y, k, &mut keep);
+        let tau = pl::top_k::apply(&y, k, &mut keep);
         stages.push(view(
             "top-k",
             format!("kept the {k} most likely (ties kept), threshold {tau:.4}"),
@@ -505,7 +342,7 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
         before = keep.iter().filter(|&&k| k).count();
     }
     if p.typical_p < 1.0 {
-        let _ = stage_typical(&y, p.typical_p, &mut keep);
+        let _ = pl::typical::apply(&y, p.typical_p, &mut keep);
         stages.push(view(
             "typical-p",
             format!(
@@ -518,9 +355,9 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
         ));
         before = keep.iter().filter(|&&k| k).count();
     }
-    let ymax = kept_max(&y, &keep);
+    let ymax = pl::weights::kept_max(&y, &keep);
     if p.top_p < 1.0 {
-        stage_top_p(&y, ymax, p.top_p, &mut keep);
+        pl::top_p::apply(&y, ymax, p.top_p, &mut keep);
         stages.push(view(
             "top-p",
             format!("kept the nucleus of mass {}", p.top_p),
@@ -531,7 +368,7 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
         before = keep.iter().filter(|&&k| k).count();
     }
     if p.min_p > 0.0 {
-        stage_min_p(&y, ymax, p.min_p, &mut keep);
+        pl::min_p::apply(&y, ymax, p.min_p, &mut keep);
         stages.push(view(
             "min-p",
             format!("kept tokens with p >= {} * max p", p.min_p),
@@ -545,7 +382,7 @@ pub fn explain_row(x: &[f32], req: &Request) -> Explanation {
         let coin = pl::xtc_coin(req.state.seed, req.state.step);
         let fires = coin <= p.xtc_probability;
         if fires {
-            stage_xtc(&y, p.xtc_threshold, &mut keep);
+            pl::xtc::apply(&y, p.xtc_threshold, &mut keep);
         }
         stages.push(view(
             "xtc",

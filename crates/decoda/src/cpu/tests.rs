@@ -139,7 +139,7 @@ fn wide_kept_sets_match_the_reference() {
 /// reference walk's distance to `p` (for its ties).
 fn reference_top_p_edge(y: &[f32], ymax: f32, p: f32) -> (f32, f64) {
     let mut keep = vec![true; y.len()];
-    let margin = crate::reference::stage_top_p(y, ymax, p, &mut keep);
+    let margin = crate::pipeline::top_p::apply(y, ymax, p, &mut keep);
     let edge = y
         .iter()
         .zip(&keep)
@@ -223,7 +223,7 @@ fn sampled_retry_guesses_the_nucleus() {
         let ymax = zmax / t;
         for p in [0.95f32, 0.97, 0.98, 0.99] {
             let mut keep = vec![true; v];
-            crate::reference::stage_top_p(&y, ymax, p, &mut keep);
+            crate::pipeline::top_p::apply(&y, ymax, p, &mut keep);
             let truth = keep.iter().filter(|&&k| k).count();
             if truth <= n {
                 continue;
