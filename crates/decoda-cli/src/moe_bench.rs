@@ -212,7 +212,7 @@ pub fn run(a: MoeBenchArgs) -> Result<ExitCode, String> {
     };
     let layer: Box<dyn MoeLayer> = match &gpu {
         Some(g) => Box::new(decoda::wgpu::WgpuMoe::new(g, &cpu_layer).map_err(|e| e.to_string())?),
-        None => Box::new(cpu_layer),
+        None => Box::new(decoda::cpu::CpuMoe::new(cpu_layer)),
     };
     let device_name = layer.name();
     if !a.json {

@@ -348,7 +348,7 @@ pub fn check_mask_width(row: usize, mask: &[u32], vocab: usize) -> Result<()> {
 /// An error naming the first parameter of row `row` that the device kernels do not run
 /// yet over a history that reaches `history` tokens
 /// ([`SamplingParams::beyond_device_with`]): the device API and the device head refuse
-/// it; the per-call host API draws such rows on the CPU.
+/// it; the per-call host API draws such rows on the host (with the reference sampler).
 pub fn on_device_only(p: &SamplingParams, row: usize, history: usize) -> Result<()> {
     match p.beyond_device_with(history) {
         None => Ok(()),

@@ -193,7 +193,7 @@ fn cpu_batch_and_thread_invariant() {
                 .build()
                 .unwrap();
             pool.install(|| {
-                let mut e = CpuEngine::new(Arc::clone(&model), 1).unwrap();
+                let mut e = CpuEngine::new(model.clone(), 1).unwrap();
                 decoda::model::generate(&mut e, std::slice::from_ref(&seq), &mut |_| {})
                     .unwrap()
                     .outputs[0]

@@ -2,6 +2,7 @@
 //! `wgpu` feature, against the device's (`WgpuMoe`), which must also build the CPU's
 //! dispatch plan.
 
+use decoda::cpu::CpuMoe;
 use decoda::moe::SwitchMlp;
 use decoda::testing::moe::{branches_match_reference, routing_matches_cpu, uneven_routings};
 use decoda::MoeLayer;
@@ -13,7 +14,7 @@ fn cpu(layer: &SwitchMlp) -> Result<Box<dyn MoeLayer>, String> {
         layer.down().clone(),
         layer.sort_cutoff(),
     )
-    .map(|l| Box::new(l) as Box<dyn MoeLayer>)
+    .map(|l| Box::new(CpuMoe::new(l)) as Box<dyn MoeLayer>)
     .map_err(|e| e.to_string())
 }
 

@@ -10,7 +10,7 @@
 //! all).
 //!
 //! The folder is the whole CPU backend: the per-call sampler ([`CpuSampler`]), the
-//! sampling head ([`CpuHead`]), the MoE layer's execution (`moe.rs`: [`SwitchMlp`]'s
+//! sampling head ([`CpuHead`]), the MoE layer ([`CpuMoe`], `moe.rs`: [`SwitchMlp`]'s
 //! forward pass and the expert products), the model's ops ([`CpuModel`], [`CpuEngine`])
 //! and the SIMD kernels under all of them.
 //!
@@ -33,7 +33,7 @@ mod top_p;
 pub use draw::philox_row_words;
 pub use head::CpuHead;
 pub use model::{CpuEngine, CpuModel};
-pub use moe::grouped_matmul;
+pub use moe::{grouped_matmul, CpuMoe};
 pub use sampler::{sample_row_f32, CpuSampler};
 
 #[cfg(test)]

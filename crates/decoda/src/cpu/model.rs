@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::head::{Head, SlotRequest, SlotStep};
 use crate::logits::Logits;
 use crate::model::generate::Engine;
-use crate::model::qwen3_moe::{forward, Acc, Act, Mlp, NormId, Ops, Qwen3Moe, RopeTable, WeightId};
+use crate::model::ops::{Acc, Act, ModelWeights, MoeBlock, NormId, Ops, RopeTable, WeightId};
 use crate::moe::{route_with, Dispatch, ExpertWeights};
 
 /// Floats of weights one task of a product reads (so ranges are fixed by the shapes).
@@ -34,7 +34,7 @@ struct SlotCache {
 /// The model on the CPU, with `slots` KV caches.
 #[derive(Debug)]
 pub struct CpuModel {
-    model: Arc<Qwen3Moe>,
+    model: Arc<dyn ModelWeights>,
     rope: RopeTable,
     caches: Vec<SlotCache>,
     // the current call
@@ -109,12 +109,12 @@ fn rms(x: &mut [f32], w: &[f32], eps: f32) {
 
 impl CpuModel {
     /// The model with `slots` empty sequences.
-    pub fn new(model: Arc<Qwen3Moe>, slots: usize) -> Result<Self> {
+    pub fn new(model: Arc<dyn ModelWeights>, slots: usize) -> Result<Self> {
         if slots == 0 {
             return Err(Error::Model("a model needs at least one slot".into()));
         }
-        let layers = model.config.num_hidden_layers;
-        let rope = RopeTable::new(&model.config, 256);
+        let layers = model.config().num_hidden_layers;
+        let rope = RopeTable::new(model.config(), 256);
         Ok(Self {
             model,
             rope,
@@ -136,8 +136,8 @@ impl CpuModel {
     }
 
     /// The model.
-    pub fn model(&self) -> &Qwen3Moe {
-        &self.model
+    pub fn model(&self) -> &dyn ModelWeights {
+        self.model.as_ref()
     }
 
     /// Empties `slot`'s cache (a new sequence).
@@ -175,7 +175,7 @@ impl CpuModel {
     /// one row per segment. A decode call has one token per segment; a prefill one
     /// segment. Returns the branch each MoE layer took.
     pub fn run(&mut self, segments: &[(usize, &[u32])]) -> Result<Vec<Dispatch>> {
-        let v = self.model.config.vocab_size;
+        let v = self.model.config().vocab_size;
         self.rows.clear();
         self.tokens.clear();
         self.out_rows.clear();
@@ -209,11 +209,11 @@ impl CpuModel {
         }
         let need = self.rows.iter().map(|r| r.1 + 1).max().unwrap_or(0);
         if need > self.rope.positions() {
-            self.rope = RopeTable::new(&self.model.config, need.next_power_of_two());
+            self.rope = RopeTable::new(self.model.config(), need.next_power_of_two());
         }
         self.one_row_products = segments.iter().all(|s| s.1.len() == 1);
         let model = Arc::clone(&self.model);
-        let branches = forward(&model.config, self)?;
+        let branches = model.forward(self)?;
         for (slot, toks) in segments {
             self.caches[*slot].len += toks.len();
         }
@@ -226,7 +226,7 @@ impl CpuModel {
     }
 
     fn act(&mut self, a: Act) -> &mut Vec<f32> {
-        let n = self.rows.len() * a.width(&self.model.config);
+        let n = self.rows.len() * a.width(self.model.config());
         let v = &mut self.acts[slot_of(a)];
         v.resize(n, 0.0);
         v
@@ -244,12 +244,12 @@ impl CpuModel {
 
 impl Ops for CpuModel {
     fn embed(&mut self) -> Result<()> {
-        let d = self.model.config.hidden_size;
+        let d = self.model.config().hidden_size;
         let mut x = self.take(Act::X);
         let model = Arc::clone(&self.model);
         x.par_chunks_mut(d)
             .zip(self.tokens.par_iter())
-            .for_each(|(row, &t)| row.copy_from_slice(&model.embed.row_f32(0, t as usize)));
+            .for_each(|(row, &t)| row.copy_from_slice(&model.embed().row_f32(0, t as usize)));
         self.put(Act::X, x);
         Ok(())
     }
@@ -257,8 +257,8 @@ impl Ops for CpuModel {
     fn rms_norm(&mut self, src: Act, dst: Act, w: NormId, groups: usize) -> Result<()> {
         let model = Arc::clone(&self.model);
         let weight = model.norm_weight(w)?;
-        let eps = model.config.rms_norm_eps;
-        let width = src.width(&model.config) / groups;
+        let eps = model.config().rms_norm_eps;
+        let width = src.width(model.config()) / groups;
         if src != dst {
             let s = std::mem::take(&mut self.acts[slot_of(src)]);
             let d = self.act(dst);
@@ -301,7 +301,7 @@ impl Ops for CpuModel {
     }
 
     fn rope_store(&mut self, layer: usize) -> Result<()> {
-        let cfg = self.model.config.clone();
+        let cfg = self.model.config().clone();
         let (hd, half) = (cfg.head_dim, cfg.head_dim / 2);
         let kvw = cfg.kv_width();
         let rows = self.rows.clone();
@@ -344,7 +344,7 @@ impl Ops for CpuModel {
     }
 
     fn attention(&mut self, layer: usize) -> Result<()> {
-        let cfg = self.model.config.clone();
+        let cfg = self.model.config().clone();
         let (hd, hq) = (cfg.head_dim, cfg.num_attention_heads);
         let group = hq / cfg.num_key_value_heads;
         let kvw = cfg.kv_width();
@@ -385,17 +385,16 @@ impl Ops for CpuModel {
 
     fn moe(&mut self, layer: usize) -> Result<Dispatch> {
         let model = Arc::clone(&self.model);
-        let Mlp::Moe {
+        let Some(MoeBlock {
             experts,
             top_k,
             routing,
-            ..
-        } = &model.layers[layer].mlp
+        }) = model.moe(layer)
         else {
             return Err(Error::Model(format!("layer {layer} is not an MoE layer")));
         };
         let r = &self.acts[slot_of(Act::R)];
-        let route = route_with(r, experts.experts(), *top_k, *routing)?;
+        let route = route_with(r, experts.experts(), top_k, routing)?;
         let out = experts.forward(&self.acts[slot_of(Act::H)], &route)?;
         self.put(Act::M, out.y);
         Ok(out.dispatch)
@@ -412,7 +411,7 @@ impl Ops for CpuModel {
 
     fn lm_head(&mut self) -> Result<()> {
         let model = Arc::clone(&self.model);
-        let d = model.config.hidden_size;
+        let d = model.config().hidden_size;
         let h = &self.acts[slot_of(Act::H)];
         let x: Vec<f32> = self
             .out_rows
@@ -420,7 +419,7 @@ impl Ops for CpuModel {
             .flat_map(|&r| h[r * d..(r + 1) * d].iter().copied())
             .collect();
         let mut logits = std::mem::take(&mut self.logits);
-        logits.resize(self.out_rows.len() * model.config.vocab_size, 0.0);
+        logits.resize(self.out_rows.len() * model.config().vocab_size, 0.0);
         // one row at a time: a sequence's logits never depend on the call's other rows
         product(
             model.weight(WeightId::LmHead)?,
@@ -446,8 +445,8 @@ pub struct CpuEngine {
 
 impl CpuEngine {
     /// `model` with `slots` slots.
-    pub fn new(model: Arc<Qwen3Moe>, slots: usize) -> Result<Self> {
-        let vocab = model.config.vocab_size;
+    pub fn new(model: Arc<dyn ModelWeights>, slots: usize) -> Result<Self> {
+        let vocab = model.config().vocab_size;
         Ok(Self {
             head: CpuHead::new(slots, vocab)?,
             model: CpuModel::new(model, slots)?,
@@ -468,7 +467,7 @@ impl Engine for CpuEngine {
     }
 
     fn vocab(&self) -> usize {
-        self.model.model.config.vocab_size
+        self.model.model.config().vocab_size
     }
 
     fn slots(&self) -> usize {

@@ -245,18 +245,47 @@ impl SwitchMlp {
     }
 }
 
-impl MoeLayer for SwitchMlp {
+/// The CPU's MoE layer, beside the device's `WgpuMoe`: a [`SwitchMlp`]'s weights run by
+/// the CPU's kernels, both branches in parallel with rayon. It owns the layer (moving it
+/// in copies nothing).
+#[derive(Debug)]
+pub struct CpuMoe {
+    layer: SwitchMlp,
+}
+
+impl CpuMoe {
+    /// The layer run on the CPU.
+    pub fn new(layer: SwitchMlp) -> Self {
+        Self { layer }
+    }
+
+    /// The weights, shapes and cutoff it runs.
+    pub fn layer(&self) -> &SwitchMlp {
+        &self.layer
+    }
+
+    /// The layer back.
+    pub fn into_inner(self) -> SwitchMlp {
+        self.layer
+    }
+}
+
+impl MoeLayer for CpuMoe {
     fn name(&self) -> String {
         "cpu".into()
     }
     fn dims(&self) -> (usize, usize, usize) {
-        (self.experts, self.hidden, self.intermediate)
+        (
+            self.layer.experts,
+            self.layer.hidden,
+            self.layer.intermediate,
+        )
     }
     fn sort_cutoff(&self) -> usize {
-        self.sort_cutoff
+        self.layer.sort_cutoff
     }
     fn forward_with(&self, x: &[f32], routing: &Routing, dispatch: Dispatch) -> Result<MoeOutput> {
-        SwitchMlp::forward_with(self, x, routing, dispatch)
+        self.layer.forward_with(x, routing, dispatch)
     }
 }
 

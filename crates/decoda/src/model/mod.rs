@@ -1,4 +1,5 @@
-//! A whole decode step: Qwen3-MoE checkpoints (`config.json` and safetensors, Hugging
+//! A whole decode step: the model's ops apart from any family (`ops`: what a backend
+//! implements, what it reads of a model), Qwen3-MoE checkpoints (`config.json` and safetensors, Hugging
 //! Face's and MLX's layouts, f32/bf16/f16 and MLX's 4- and 8-bit affine weights), the
 //! forward pass written once over each backend's ops (the CPU's are
 //! `decoda::cpu::CpuEngine`, the device's `decoda::wgpu::WgpuEngine`), and the generation loop that feeds
@@ -26,9 +27,11 @@
 pub mod config;
 pub mod generate;
 pub mod load;
+pub mod ops;
 pub mod qwen3_moe;
 
 pub use config::Config;
 pub use generate::{generate, generate_until, Engine, Report, Sequence, SequenceOutput};
 pub use load::Checkpoint;
-pub use qwen3_moe::{Qwen3Moe, RopeTable, DEFAULT_SORT_CUTOFF};
+pub use ops::{ModelWeights, MoeBlock, Ops, RopeTable};
+pub use qwen3_moe::{Qwen3Moe, DEFAULT_SORT_CUTOFF};

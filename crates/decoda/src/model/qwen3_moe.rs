@@ -1,6 +1,7 @@
 //! Qwen3-MoE: the weights, and the forward pass written once over [`Ops`], the small set
-//! of operations each backend provides (the CPU's in `crate::cpu::model`, the device's in
-//! `crate::wgpu::model`).
+//! of operations each backend provides (`super::ops`; the CPU's in `crate::cpu::model`,
+//! the device's in `crate::wgpu::model`). [`Qwen3Moe`] is one [`ModelWeights`]: the
+//! backends run it without naming it.
 //!
 //! A layer is `h = x + o_proj(attention(rope(q_norm(q)), rope(k_norm(k)), v))`, then
 //! `x = h + mlp(post_norm(h))` where the MLP is a SwiGLU MoE layer (router softmax over
@@ -17,6 +18,7 @@ use crate::moe::{Dispatch, ExpertWeights, GateUp, Router, SwitchMlp};
 
 use super::config::Config;
 use super::load::Checkpoint;
+pub use super::ops::{Acc, Act, ModelWeights, MoeBlock, NormId, Ops, RopeTable, WeightId};
 
 /// The `sort_cutoff` a model's MoE layers get unless the caller names one: calls with more
 /// tokens than this sort the pairs by expert (prefill), others do not (decode). The CPU's
@@ -87,117 +89,6 @@ pub struct Qwen3Moe {
     pub lm_head: Option<ExpertWeights>,
 }
 
-/// A matrix of the model, by role.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WeightId {
-    /// The LM head (or the tied embeddings).
-    LmHead,
-    /// Layer `l`'s `q_proj`.
-    Q(usize),
-    /// Layer `l`'s `k_proj`.
-    K(usize),
-    /// Layer `l`'s `v_proj`.
-    V(usize),
-    /// Layer `l`'s `o_proj`.
-    O(usize),
-    /// Layer `l`'s router.
-    Router(usize),
-    /// Layer `l`'s dense `gate_proj`.
-    Gate(usize),
-    /// Layer `l`'s dense `up_proj`.
-    Up(usize),
-    /// Layer `l`'s dense `down_proj`.
-    Down(usize),
-}
-
-/// A norm weight of the model, by role.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum NormId {
-    /// Layer `l`'s `input_layernorm`.
-    Input(usize),
-    /// Layer `l`'s `post_attention_layernorm`.
-    Post(usize),
-    /// Layer `l`'s `q_norm` (per head).
-    QNorm(usize),
-    /// Layer `l`'s `k_norm` (per head).
-    KNorm(usize),
-    /// The final norm.
-    Final,
-}
-
-/// The activations the forward passes between ops, each `[rows, width]` f32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Act {
-    /// The residual stream `[rows, D]`.
-    X,
-    /// A normed copy of it `[rows, D]`.
-    H,
-    /// Queries `[rows, Hq * hd]`.
-    Q,
-    /// Keys `[rows, Hkv * hd]`.
-    K,
-    /// Values `[rows, Hkv * hd]`.
-    V,
-    /// Attention output `[rows, Hq * hd]`.
-    A,
-    /// The dense MLP's activation `[rows, I]`.
-    G,
-    /// Router logits `[rows, E]`.
-    R,
-    /// The MLP's output `[rows, D]`.
-    M,
-}
-
-impl Act {
-    /// The width of this activation for `cfg`.
-    pub fn width(self, cfg: &Config) -> usize {
-        match self {
-            Act::X | Act::H | Act::M => cfg.hidden_size,
-            Act::Q | Act::A => cfg.q_width(),
-            Act::K | Act::V => cfg.kv_width(),
-            Act::G => cfg.intermediate_size,
-            Act::R => cfg.num_experts,
-        }
-    }
-}
-
-/// Whether a product replaces its destination or adds to it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Acc {
-    /// `dst = W src`.
-    Store,
-    /// `dst += W src` (the residual connections).
-    Add,
-}
-
-/// What a backend provides for the forward pass. Each op runs over every row of the
-/// current call (a backend's own entry point sets the call up: which slots, which
-/// positions, which tokens) except [`Ops::lm_head`], which runs over the rows whose
-/// logits the call wants.
-pub trait Ops {
-    /// `X` = the embedding rows of the call's tokens.
-    fn embed(&mut self) -> Result<()>;
-    /// `dst = rms_norm(src) * w`, each row split into `groups` equal parts normed apart
-    /// (`groups` > 1: the per-head q/k norms). `src` and `dst` may be the same.
-    fn rms_norm(&mut self, src: Act, dst: Act, w: NormId, groups: usize) -> Result<()>;
-    /// `dst (=|+=) W src`.
-    fn linear(&mut self, src: Act, dst: Act, w: WeightId, acc: Acc) -> Result<()>;
-    /// `dst = silu(gate src) * (up src)`.
-    fn swiglu(&mut self, src: Act, dst: Act, gate: WeightId, up: WeightId) -> Result<()>;
-    /// RoPE on `Q` and `K` at each row's position; `K` and `V` into layer `layer`'s cache
-    /// at those positions.
-    fn rope_store(&mut self, layer: usize) -> Result<()>;
-    /// `A` = causal attention of `Q` over layer `layer`'s cache up to each row's position.
-    fn attention(&mut self, layer: usize) -> Result<()>;
-    /// `M` = layer `layer`'s experts over `H`, routed by the router logits `R`; returns
-    /// the branch the call took (from the call's row count against the layer's cutoff).
-    fn moe(&mut self, layer: usize) -> Result<Dispatch>;
-    /// `dst += src`.
-    fn add(&mut self, src: Act, dst: Act) -> Result<()>;
-    /// The logits of the call's output rows: `LM head · H`.
-    fn lm_head(&mut self) -> Result<()>;
-}
-
 /// The forward pass of one call, over any backend's [`Ops`]. Returns the branch each
 /// MoE layer took (empty when no layer is MoE).
 pub fn forward<O: Ops + ?Sized>(cfg: &Config, ops: &mut O) -> Result<Vec<Dispatch>> {
@@ -226,44 +117,6 @@ pub fn forward<O: Ops + ?Sized>(cfg: &Config, ops: &mut O) -> Result<Vec<Dispatc
     ops.rms_norm(Act::X, Act::H, NormId::Final, 1)?;
     ops.lm_head()?;
     Ok(branches)
-}
-
-/// RoPE's cosines and sines for positions `0 .. positions`: `[pos, hd / 2]` each,
-/// computed in f64 and rounded once, so every backend rotates by the same values.
-#[derive(Clone, Debug)]
-pub struct RopeTable {
-    /// Half the head width.
-    pub half: usize,
-    /// `cos(pos * theta^(-2i/hd))`, `[positions, half]`.
-    pub cos: Vec<f32>,
-    /// `sin(pos * theta^(-2i/hd))`, `[positions, half]`.
-    pub sin: Vec<f32>,
-}
-
-impl RopeTable {
-    /// The table for `positions` positions of `cfg`'s heads.
-    pub fn new(cfg: &Config, positions: usize) -> Self {
-        let half = cfg.head_dim / 2;
-        let theta = f64::from(cfg.rope_theta);
-        let inv: Vec<f64> = (0..half)
-            .map(|i| theta.powf(-(2.0 * i as f64) / cfg.head_dim as f64))
-            .collect();
-        let mut cos = Vec::with_capacity(positions * half);
-        let mut sin = Vec::with_capacity(positions * half);
-        for p in 0..positions {
-            for f in &inv {
-                let a = p as f64 * f;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
-            }
-        }
-        Self { half, cos, sin }
-    }
-
-    /// Positions the table covers.
-    pub fn positions(&self) -> usize {
-        self.cos.len() / self.half.max(1)
-    }
 }
 
 impl Qwen3Moe {
@@ -427,5 +280,55 @@ impl Qwen3Moe {
             Mlp::Moe { experts, .. } => Some(experts.dtype()),
             Mlp::Dense { .. } => None,
         })
+    }
+}
+
+impl ModelWeights for Qwen3Moe {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn embed(&self) -> &ExpertWeights {
+        &self.embed
+    }
+
+    fn tied_lm_head(&self) -> bool {
+        self.lm_head.is_none()
+    }
+
+    fn weight(&self, id: WeightId) -> Result<&ExpertWeights> {
+        Qwen3Moe::weight(self, id)
+    }
+
+    fn norm_weight(&self, id: NormId) -> Result<&[f32]> {
+        Qwen3Moe::norm_weight(self, id)
+    }
+
+    fn weight_ids(&self) -> Vec<WeightId> {
+        Qwen3Moe::weight_ids(self)
+    }
+
+    fn norm_ids(&self) -> Vec<NormId> {
+        Qwen3Moe::norm_ids(self)
+    }
+
+    fn moe(&self, layer: usize) -> Option<MoeBlock<'_>> {
+        match &self.layers.get(layer)?.mlp {
+            Mlp::Moe {
+                experts,
+                top_k,
+                routing,
+                ..
+            } => Some(MoeBlock {
+                experts,
+                top_k: *top_k,
+                routing: *routing,
+            }),
+            Mlp::Dense { .. } => None,
+        }
+    }
+
+    fn forward(&self, ops: &mut dyn Ops) -> Result<Vec<Dispatch>> {
+        forward(&self.config, ops)
     }
 }

@@ -454,7 +454,7 @@ impl WgpuSampler {
     /// request with one is an error (device masks go through [`Self::record_masked`]), as
     /// is one with a DRY window longer than the kernels hold
     /// ([`crate::SamplingParams::beyond_device_with`]), which the host API draws on the
-    /// CPU, and one asking for the kept distribution when `out` has no room for it
+    /// host, and one asking for the kept distribution when `out` has no room for it
     /// (make it with [`Self::outputs_kept`]).
     pub fn record(
         &self,

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::head::{Head, SlotRequest, SlotStep};
 use crate::logits::{DType, Logits};
 use crate::model::generate::Engine;
-use crate::model::qwen3_moe::Qwen3Moe;
+use crate::model::ops::ModelWeights;
 use crate::moe::Dispatch;
 
 use super::super::buffers::make_buffer;
@@ -50,12 +50,12 @@ impl WgpuEngine {
     /// benchmarks make); it needs `slots` slots of the model's vocabulary.
     pub fn new(
         on: &impl AsRef<WgpuDevice>,
-        model: Arc<Qwen3Moe>,
+        model: Arc<dyn ModelWeights>,
         slots: usize,
         positions: usize,
         host_head: Option<Box<dyn Head + Send>>,
     ) -> Result<Self> {
-        let v = model.config.vocab_size;
+        let v = model.config().vocab_size;
         let mut m = WgpuModel::new(on, model, slots, positions)?;
         let head = WgpuHead::new(on, slots, v)?;
         m.head_tokens = Some(head.tokens().clone());
@@ -123,7 +123,7 @@ impl Engine for WgpuEngine {
     }
 
     fn vocab(&self) -> usize {
-        self.model.model.config.vocab_size
+        self.model.model.config().vocab_size
     }
 
     fn slots(&self) -> usize {
@@ -319,7 +319,7 @@ impl Engine for WgpuEngine {
                 self.model.slots
             )));
         }
-        let v = self.model.model.config.vocab_size;
+        let v = self.model.model.config().vocab_size;
         read_f32(&self.model.ctx, &self.model.logits, rows * v)
     }
 

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::model::qwen3_moe::{Act, Mlp, NormId, Qwen3Moe, RopeTable, WeightId};
+use crate::model::ops::{Act, ModelWeights, NormId, RopeTable, WeightId};
 use crate::moe::{Dispatch, Router};
 
 use super::buffers::make_buffer;
@@ -100,7 +100,7 @@ enum Pipe {
 pub struct WgpuModel {
     ctx: WgpuDevice,
     name: String,
-    model: Arc<Qwen3Moe>,
+    model: Arc<dyn ModelWeights>,
     layout: wgpu::BindGroupLayout,
     pipes: HashMap<Pipe, wgpu::ComputePipeline>,
     mats: HashMap<WeightId, Mat>,
@@ -184,13 +184,13 @@ impl WgpuModel {
     /// one) with `slots` KV caches of `positions` positions each.
     pub fn new(
         on: &impl AsRef<WgpuDevice>,
-        model: Arc<Qwen3Moe>,
+        model: Arc<dyn ModelWeights>,
         slots: usize,
         positions: usize,
     ) -> Result<Self> {
         let ctx = on.as_ref().clone();
         let device = ctx.device().clone();
-        let cfg = model.config.clone();
+        let cfg = model.config().clone();
         if slots == 0 || positions == 0 {
             return Err(Error::Model(
                 "a model needs at least one slot and one position".into(),
@@ -213,13 +213,13 @@ impl WgpuModel {
                     part,
                 )?,
                 WeightId::Up(_) => continue,
-                WeightId::LmHead if model.lm_head.is_none() => continue,
+                WeightId::LmHead if model.tied_lm_head() => continue,
                 _ => upload(&device, &name, &[model.weight(id)?], part)?,
             };
             mats.insert(id, m);
         }
-        let embed = upload(&device, "embed_tokens", &[&model.embed], part)?;
-        if model.lm_head.is_none() {
+        let embed = upload(&device, "embed_tokens", &[model.embed()], part)?;
+        if model.tied_lm_head() {
             mats.insert(WeightId::LmHead, embed.clone());
         }
         let mut norm_words = Vec::new();
@@ -235,10 +235,10 @@ impl WgpuModel {
             wgpu::BufferUsages::STORAGE,
         );
         let mut moe = Vec::new();
-        for layer in &model.layers {
-            moe.push(match &layer.mlp {
-                Mlp::Moe { experts, .. } => Some(WgpuMoe::new(&ctx, experts)?),
-                Mlp::Dense { .. } => None,
+        for l in 0..cfg.num_hidden_layers {
+            moe.push(match model.moe(l) {
+                Some(block) => Some(WgpuMoe::new(&ctx, block.experts)?),
+                None => None,
             });
         }
         let table = RopeTable::new(&cfg, positions);
@@ -370,8 +370,8 @@ impl WgpuModel {
     /// and logits row `to_row` a copy of row `from_row`, through a scratch buffer (a
     /// buffer cannot be copied onto itself); submits the copies.
     fn fork(&mut self, from: usize, to: usize, from_row: usize, to_row: usize) -> Result<()> {
-        let kvw = self.model.config.kv_width();
-        let v = self.model.config.vocab_size;
+        let kvw = self.model.config().kv_width();
+        let v = self.model.config().vocab_size;
         let n = self.positions[from];
         self.positions[to] = n;
         self.ctx
@@ -414,7 +414,7 @@ impl WgpuModel {
     /// Records the prefill of `prompt` for `slot` (in chunks), the logits of its last
     /// token into row `logits_row`; submits each chunk. Returns the MoE branches.
     fn prefill(&mut self, slot: usize, prompt: &[u32], logits_row: usize) -> Result<Vec<Dispatch>> {
-        let v = self.model.config.vocab_size;
+        let v = self.model.config().vocab_size;
         if let Some((j, t)) = prompt.iter().enumerate().find(|(_, &t)| t as usize >= v) {
             return Err(Error::Model(format!(
                 "prompt token {j} = {t} is not below vocab_size {v}"
@@ -519,7 +519,7 @@ impl WgpuModel {
             self.plans.insert(key.clone(), plan);
         }
         let plan = &self.plans[&key];
-        let cfg = &self.model.config;
+        let cfg = self.model.config();
         let mut dispatches = 0;
         for seg in &plan.segments {
             dispatches += seg.kernels.len();

@@ -3,7 +3,7 @@
 //! block per dispatch) and bind group made once; the MoE layers' calls in between.
 
 use crate::error::{Error, Result};
-use crate::model::qwen3_moe::{forward, Acc, Act, NormId, Ops, WeightId};
+use crate::model::ops::{Acc, Act, NormId, Ops, WeightId};
 use crate::moe::Dispatch;
 
 use super::weights::Part;
@@ -74,7 +74,7 @@ impl WgpuModel {
             pending: Vec::new(),
             cuts: Vec::new(),
         };
-        let branches = forward(&self.model.config, &mut rec)?;
+        let branches = self.model.forward(&mut rec)?;
         let map_off = key.map_off as u32;
         rec.push(
             Pipe::Advance,
@@ -200,7 +200,7 @@ impl Recorder<'_> {
     }
 
     fn width(&self, a: Act) -> u32 {
-        a.width(&self.m.model.config) as u32
+        a.width(self.m.model.config()) as u32
     }
 
     /// The parameters of one part of a matrix: its format, offsets, rows (`out_w`) and
@@ -249,7 +249,7 @@ impl Recorder<'_> {
     }
 
     fn cfg_op(&self) -> ModelOp {
-        let c = &self.m.model.config;
+        let c = self.m.model.config();
         ModelOp {
             rows: self.key.rows as u32,
             heads: c.num_attention_heads as u32,
@@ -301,7 +301,7 @@ impl Ops for Recorder<'_> {
             groups: groups as u32,
             src_w: width,
             dst_w: self.width(dst),
-            eps: self.m.model.config.rms_norm_eps,
+            eps: self.m.model.config().rms_norm_eps,
             aux_off: self.m.norm_off[&w],
             inplace: u32::from(src == dst),
             ..Default::default()
@@ -371,7 +371,7 @@ impl Ops for Recorder<'_> {
 
     fn attention(&mut self, layer: usize) -> Result<()> {
         let op = ModelOp {
-            eps: 1.0 / (self.m.model.config.head_dim as f32).sqrt(),
+            eps: 1.0 / (self.m.model.config().head_dim as f32).sqrt(),
             ..self.cfg_op()
         };
         let binds = Binds {
@@ -382,7 +382,7 @@ impl Ops for Recorder<'_> {
             scr: Some(self.m.scores.clone()),
             ..Default::default()
         };
-        let heads = self.m.model.config.num_attention_heads;
+        let heads = self.m.model.config().num_attention_heads;
         self.push(Pipe::Attend, op, binds, self.key.rows * heads);
         Ok(())
     }
