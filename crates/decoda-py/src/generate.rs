@@ -170,26 +170,9 @@ impl Model {
             request.allowed = r.allowed;
             seqs.push(Sequence { prompt, request });
         }
-        if seqs.is_empty() {
-            return Err(PyValueError::new_err("no sequence to generate"));
-        }
-        // every request is checked here, before the thread starts
-        let v = self.model.config.vocab_size;
-        for (i, s) in seqs.iter().enumerate() {
-            s.request
-                .validate(i, v)
-                .map_err(|e| PyValueError::new_err(e.to_string()))?;
-            if let Some(&t) = s.prompt.iter().find(|&&t| t as usize >= v) {
-                return Err(PyValueError::new_err(format!(
-                    "sequence {i}: prompt token {t} is not below the vocabulary size {v}"
-                )));
-            }
-            if s.prompt.is_empty() {
-                return Err(PyValueError::new_err(format!(
-                    "sequence {i}: the prompt is empty"
-                )));
-            }
-        }
+        // the door every binding shares, before the thread starts
+        decoda::model::check_sequences(&seqs, self.model.config.vocab_size, seqs.len())
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         if !stop_strings.is_empty() && self.tokenizer.is_none() {
             return Err(PyValueError::new_err("stop strings need tokenizer.json"));
         }

@@ -236,6 +236,64 @@ pub trait Head {
     }
 }
 
+/// The door of [`Head::join`], the same for every head: `slot` exists and is free
+/// (`joined[s]`: slot `s` holds a sequence), and the request is valid for the vocabulary
+/// (parameters, history, mask, stop ids, the slot's lists). Returns the slot's seed (its
+/// own, or one from the OS). A head adds only what its own storage cannot hold (the
+/// device head's stages and windows).
+pub fn join_door(slot: usize, joined: &[bool], request: &SlotRequest, vocab: usize) -> Result<u64> {
+    check_slot(slot, joined.len())?;
+    if joined[slot] {
+        return Err(Error::Shape(format!(
+            "slot {slot} is taken: leave it first"
+        )));
+    }
+    request.validate(slot, vocab)?;
+    seed_of(request)
+}
+
+/// The door of [`Head::set_params`], the same for every head: `slot` exists, the
+/// parameters are valid for the vocabulary, the slot holds a sequence (`stops`: its
+/// number of stop ids, `None` for a free slot), and the slot's lists fit.
+pub fn set_params_door(
+    slot: usize,
+    slots: usize,
+    stops: Option<usize>,
+    params: &SamplingParams,
+    vocab: usize,
+) -> Result<()> {
+    check_slot(slot, slots)?;
+    params.validate(slot, vocab)?;
+    let Some(stops) = stops else {
+        return Err(Error::Shape(format!("slot {slot} has no sequence")));
+    };
+    check_slot_lists(slot, params, stops)
+}
+
+/// The door of a step, the same for every head ([`Head::step`], [`Head::step_masked`],
+/// the device head's recorded steps): the row -> slot map against the joined slots, the
+/// logits' vocabulary against the head's, and the step's masks when any are given (one
+/// per row, `ceil(V / 32)` words each; an empty `masks` is none).
+pub fn step_door(
+    rows: &[usize],
+    joined: &[bool],
+    logits_rows: usize,
+    logits_vocab: usize,
+    vocab: usize,
+    masks: &[Option<&[u32]>],
+) -> Result<()> {
+    check_rows(rows, logits_rows, joined)?;
+    if logits_vocab != vocab {
+        return Err(Error::Shape(format!(
+            "logits of {logits_vocab} tokens for a head of {vocab}"
+        )));
+    }
+    if !masks.is_empty() {
+        check_masks(masks, logits_rows, logits_vocab)?;
+    }
+    Ok(())
+}
+
 /// Checks the masks of a step: one per row, each `ceil(V / 32)` words.
 pub fn check_masks(masks: &[Option<&[u32]>], rows: usize, vocab: usize) -> Result<()> {
     if masks.len() != rows {

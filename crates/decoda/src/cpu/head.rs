@@ -5,7 +5,7 @@
 use super::sampler::CpuSampler;
 use crate::error::{Error, Result, RowError};
 use crate::head::{
-    check_rows, check_slot, check_slot_lists, seed_of, FinishReason, Head, SlotRequest, SlotStep,
+    check_slot, join_door, set_params_door, step_door, FinishReason, Head, SlotRequest, SlotStep,
 };
 use crate::logits::Logits;
 use crate::params::{Request, SamplingParams, SequenceState};
@@ -71,14 +71,8 @@ impl Head for CpuHead {
     }
 
     fn join(&mut self, slot: usize, request: SlotRequest) -> Result<u64> {
-        check_slot(slot, self.seqs.len())?;
-        if self.seqs[slot].is_some() {
-            return Err(Error::Shape(format!(
-                "slot {slot} is taken: leave it first"
-            )));
-        }
-        request.validate(slot, self.vocab)?;
-        let seed = seed_of(&request)?;
+        let joined: Vec<bool> = self.seqs.iter().map(Option::is_some).collect();
+        let seed = join_door(slot, &joined, &request, self.vocab)?;
         self.seqs[slot] = Some(Sequence {
             request: Request {
                 params: request.params,
@@ -105,12 +99,13 @@ impl Head for CpuHead {
     }
 
     fn set_params(&mut self, slot: usize, params: SamplingParams) -> Result<()> {
-        check_slot(slot, self.seqs.len())?;
-        params.validate(slot, self.vocab)?;
-        let seq = self.seqs[slot]
-            .as_mut()
-            .ok_or_else(|| Error::Shape(format!("slot {slot} has no sequence")))?;
-        check_slot_lists(slot, &params, seq.stop.len())?;
+        let stops = self
+            .seqs
+            .get(slot)
+            .and_then(Option::as_ref)
+            .map(|s| s.stop.len());
+        set_params_door(slot, self.seqs.len(), stops, &params, self.vocab)?;
+        let seq = self.seqs[slot].as_mut().expect("checked by the door");
         seq.request.params = params;
         Ok(())
     }
@@ -134,13 +129,19 @@ impl Head for CpuHead {
                 .and_then(Option::as_ref)
                 .and_then(|q| q.request.allowed.as_deref())
         };
+        let joined: Vec<bool> = self.seqs.iter().map(Option::is_some).collect();
+        step_door(
+            rows,
+            &joined,
+            logits.rows(),
+            logits.vocab(),
+            self.vocab,
+            masks,
+        )?;
         if masks.iter().all(Option::is_none) {
             // the slots' own masks ride on their requests: the CPU sampler applies each
             // to its row's copy on the row's thread (no copy of the batch)
-            return self.step_unmasked(logits, rows);
-        }
-        if !masks.is_empty() {
-            crate::head::check_masks(masks, logits.rows(), logits.vocab())?;
+            return self.step_checked(logits, rows);
         }
         let both: Vec<Option<Vec<u32>>> = rows
             .iter()
@@ -153,25 +154,16 @@ impl Head for CpuHead {
             .collect();
         let refs: Vec<Option<&[u32]>> = both.iter().map(|m| m.as_deref()).collect();
         match crate::logits::Gathered::masked_rows(logits, &refs) {
-            Some(copy) => self.step_unmasked(&copy.view()?, rows),
-            None => self.step_unmasked(logits, rows),
+            Some(copy) => self.step_checked(&copy.view()?, rows),
+            None => self.step_checked(logits, rows),
         }
     }
 }
 
 impl CpuHead {
-    /// A step over logits whose step masks are already applied (rows and shapes checked
-    /// here); the slots' own masks ride on their requests, and the sampler applies them.
-    fn step_unmasked(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
-        let joined: Vec<bool> = self.seqs.iter().map(Option::is_some).collect();
-        check_rows(rows, logits.rows(), &joined)?;
-        if logits.vocab() != self.vocab {
-            return Err(Error::Shape(format!(
-                "logits of {} tokens for a head of {}",
-                logits.vocab(),
-                self.vocab
-            )));
-        }
+    /// A step that passed the door, over logits whose step masks are already applied;
+    /// the slots' own masks ride on their requests, and the sampler applies them.
+    fn step_checked(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
         // finished slots draw nothing: sample the others as one batch
         let live: Vec<usize> = (0..rows.len())
             .filter(|&r| {

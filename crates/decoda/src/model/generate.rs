@@ -166,6 +166,46 @@ pub fn generate<E: Engine + ?Sized>(
     generate_until(engine, seqs, on_token, &mut |_, _| false)
 }
 
+/// The door of [`generate`] and [`generate_until`], the same for every engine and
+/// binding (the Python package calls it before its thread starts): at least one
+/// sequence and at most `slots`; each with a prompt of ids below `vocab`, `max_tokens` of
+/// at least 1, and a request valid for `vocab` (parameters, history, mask, stop ids).
+/// Errors name the sequence.
+pub fn check_sequences(seqs: &[Sequence], vocab: usize, slots: usize) -> Result<()> {
+    if seqs.is_empty() {
+        return Err(Error::Model("no sequence to generate".into()));
+    }
+    if seqs.len() > slots {
+        return Err(Error::Model(format!(
+            "{} sequences for {slots} slots",
+            seqs.len()
+        )));
+    }
+    for (i, s) in seqs.iter().enumerate() {
+        if s.prompt.is_empty() {
+            return Err(Error::Model(format!("sequence {i}: the prompt is empty")));
+        }
+        if let Some(&t) = s.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange {
+                row: i,
+                field: "prompt",
+                id: t.into(),
+                vocab,
+            });
+        }
+        match s.request.max_tokens {
+            Some(n) if n >= 1 => {}
+            other => {
+                return Err(Error::Model(format!(
+                    "sequence {i}: max_tokens = {other:?}: expected at least 1"
+                )))
+            }
+        }
+        s.request.validate(i, vocab)?;
+    }
+    Ok(())
+}
+
 /// [`generate`], with `stop(i, tokens)` asked after each token of sequence `i` (its
 /// tokens so far, the last one included even when it ends the sequence): `true` ends
 /// the sequence there (`FinishReason::Stop`), as a stop id would — stop strings,
@@ -177,30 +217,11 @@ pub fn generate_until<E: Engine + ?Sized>(
     on_token: &mut dyn FnMut(usize),
     stop: &mut dyn FnMut(usize, &[u32]) -> bool,
 ) -> Result<Report> {
-    if seqs.is_empty() {
-        return Err(Error::Model("no sequence to generate".into()));
-    }
-    if seqs.len() > engine.slots() {
-        return Err(Error::Model(format!(
-            "{} sequences for {} slots",
-            seqs.len(),
-            engine.slots()
-        )));
-    }
-    let mut limits = Vec::with_capacity(seqs.len());
-    for (i, s) in seqs.iter().enumerate() {
-        if s.prompt.is_empty() {
-            return Err(Error::Model(format!("sequence {i}: the prompt is empty")));
-        }
-        match s.request.max_tokens {
-            Some(n) if n >= 1 => limits.push(n as usize),
-            other => {
-                return Err(Error::Model(format!(
-                    "sequence {i}: max_tokens = {other:?}: expected at least 1"
-                )))
-            }
-        }
-    }
+    check_sequences(seqs, engine.vocab(), engine.slots())?;
+    let limits: Vec<usize> = seqs
+        .iter()
+        .map(|s| s.request.max_tokens.unwrap_or(1) as usize)
+        .collect();
     let mut report = Report {
         outputs: vec![SequenceOutput::default(); seqs.len()],
         prefill_ms: 0.0,

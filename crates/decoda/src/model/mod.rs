@@ -31,7 +31,9 @@ pub mod ops;
 pub mod qwen3_moe;
 
 pub use config::Config;
-pub use generate::{generate, generate_until, Engine, Report, Sequence, SequenceOutput};
+pub use generate::{
+    check_sequences, generate, generate_until, Engine, Report, Sequence, SequenceOutput,
+};
 pub use load::Checkpoint;
 pub use ops::{ModelWeights, MoeBlock, Ops, RopeTable};
 pub use qwen3_moe::{Qwen3Moe, DEFAULT_SORT_CUTOFF};

@@ -290,7 +290,7 @@ impl WgpuHead {
         timestamps: Option<&wgpu::QuerySet>,
     ) -> Result<StepId> {
         let joined: Vec<bool> = self.host.iter().map(Option::is_some).collect();
-        head::check_rows(rows, logits.rows, &joined)?;
+        head::step_door(rows, &joined, logits.rows, logits.vocab, self.vocab, &[])?;
         if let Some(m) = masks {
             m.check(logits.rows, logits.vocab)?;
             if let Some(r) = rows.iter().position(|&s| self.masked[s]) {
@@ -315,12 +315,6 @@ impl WgpuHead {
             }
             (m, _) => (m, false),
         };
-        if logits.vocab != self.vocab {
-            return Err(Error::Shape(format!(
-                "logits of {} tokens for a head of {}",
-                logits.vocab, self.vocab
-            )));
-        }
         logits.check(self.ctx.device())?;
         let b = rows.len();
         let id = self.next_step;
@@ -708,17 +702,12 @@ impl Head for WgpuHead {
     }
 
     fn join(&mut self, slot: usize, request: SlotRequest) -> Result<u64> {
-        head::check_slot(slot, self.slots)?;
-        if self.host[slot].is_some() {
-            return Err(Error::Shape(format!(
-                "slot {slot} is taken: leave it first"
-            )));
-        }
-        request.validate(slot, self.vocab)?;
+        let joined: Vec<bool> = self.host.iter().map(Option::is_some).collect();
+        let seed = head::join_door(slot, &joined, &request, self.vocab)?;
         let had = request.prompt.len() + request.output.len();
         let history_most = request.history_most();
+        // what the device's slots cannot hold (beyond the door every head shares)
         crate::params::on_device_only(&request.params, slot, history_most)?;
-        let seed = head::seed_of(&request)?;
         self.write_slot_mask(slot, request.allowed.as_deref());
         let h = HostSlot {
             params: request.params,
@@ -765,20 +754,15 @@ impl Head for WgpuHead {
     }
 
     fn set_params(&mut self, slot: usize, params: SamplingParams) -> Result<()> {
-        head::check_slot(slot, self.slots)?;
-        params.validate(slot, self.vocab)?;
-        let Some(mut h) = self.host[slot].clone() else {
-            return Err(Error::Shape(format!("slot {slot} has no sequence")));
-        };
+        let stops = self
+            .host
+            .get(slot)
+            .and_then(Option::as_ref)
+            .map(|h| h.stop.len());
+        head::set_params_door(slot, self.slots, stops, &params, self.vocab)?;
+        let mut h = self.host[slot].clone().expect("checked by the door");
+        // what the device's slots cannot hold (beyond the door every head shares)
         crate::params::on_device_only(&params, slot, h.history_most)?;
-        if params.logit_bias.len() > MAX_SLOT_BIAS {
-            return Err(Error::InvalidParameter {
-                row: slot,
-                field: "logit_bias",
-                value: format!("{} entries", params.logit_bias.len()),
-                expected: "at most 1024 entries per slot",
-            });
-        }
         let old_bias: BTreeMap<u32, f32> = h.params.logit_bias.clone();
         h.params = params;
         self.write_slot(slot, &h, (0, 0))?;
@@ -791,7 +775,7 @@ impl Head for WgpuHead {
     }
 
     fn step(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
-        self.step_masked(logits, rows, &vec![None; rows.len()])
+        self.step_masked(logits, rows, &[])
     }
 
     /// Host masks are uploaded with the logits and applied on the device
@@ -802,7 +786,15 @@ impl Head for WgpuHead {
         rows: &[usize],
         masks: &[Option<&[u32]>],
     ) -> Result<Vec<SlotStep>> {
-        head::check_masks(masks, logits.rows(), logits.vocab())?;
+        let joined: Vec<bool> = self.host.iter().map(Option::is_some).collect();
+        head::step_door(
+            rows,
+            &joined,
+            logits.rows(),
+            logits.vocab(),
+            self.vocab,
+            masks,
+        )?;
         let w = logits.vocab().div_ceil(32);
         let masked = masks.iter().any(Option::is_some);
         if masked {
