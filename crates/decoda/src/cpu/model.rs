@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::CpuHead;
+use super::head::CpuHead;
 use crate::error::{Error, Result};
 use crate::head::{Head, SlotRequest, SlotStep};
 use crate::logits::Logits;

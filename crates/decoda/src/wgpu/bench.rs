@@ -9,7 +9,8 @@ use crate::pipeline as pl;
 use super::buffers::{make_buffer, read_back};
 use super::head::WgpuHead;
 use super::kernels::StepStamps;
-use super::sampler::{DeviceLogits, DeviceOutputs, WgpuSampler};
+use super::sampler::WgpuSampler;
+use super::views::{DeviceLogits, DeviceMasks, DeviceOutputs};
 
 /// Host and device time of one step or call, in microseconds.
 #[doc(hidden)]
@@ -502,8 +503,8 @@ impl WgpuSampler {
 }
 
 /// The bench's mask buffer as a view: row `r`'s mask at word `r * ceil(V / 32)`.
-fn masks_view(buf: &Option<wgpu::Buffer>, vocab: usize) -> Option<super::sampler::DeviceMasks<'_>> {
-    buf.as_ref().map(|buffer| super::sampler::DeviceMasks {
+fn masks_view(buf: &Option<wgpu::Buffer>, vocab: usize) -> Option<DeviceMasks<'_>> {
+    buf.as_ref().map(|buffer| DeviceMasks {
         buffer,
         offset: 0,
         row_stride: vocab.div_ceil(32),

@@ -30,14 +30,15 @@ use crate::params::{SamplingParams, MAX_BREAKERS, MAX_BREAKER_LEN};
 
 use super::adapter;
 use super::buffers::{make_buffer, Grow};
-use super::call::{call_block, CallShape};
+use super::call::{
+    bind_group_raw, call_block, dry_lists, push_history, row_flags, slot_params, CallShape,
+    MAX_VOCAB,
+};
 use super::device::WgpuDevice;
 use super::host::{checked, parse_kept, parse_logprobs, row_status};
 use super::kernels::{self, Kernels, Plan, RowNeeds, Sizes, StepBuffers, StepShape, StepStamps};
 use super::layout::*;
-use super::sampler::{
-    bind_group_raw, dry_lists, push_history, row_flags, slot_params, DeviceLogits, DeviceMasks,
-};
+use super::views::{DeviceLogits, DeviceMasks};
 
 /// List words of one slot: its bias pairs, its stop ids, then its DRY penalty table (one
 /// entry per excess a window allows) and sequence breakers ((length, ids...) each).
@@ -138,10 +139,10 @@ impl WgpuHead {
                 "a head needs at least one slot and one token".into(),
             ));
         }
-        if slots > MAX_GRID || vocab > super::sampler::MAX_VOCAB {
+        if slots > MAX_GRID || vocab > MAX_VOCAB {
             return Err(Error::Shape(format!(
                 "{slots} slots of {vocab} tokens: at most {MAX_GRID} slots and {} tokens",
-                super::sampler::MAX_VOCAB
+                MAX_VOCAB
             )));
         }
         adapter::check_limits(ctx.device(), ctx.info())?;

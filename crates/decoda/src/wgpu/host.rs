@@ -15,7 +15,8 @@ use super::buffers::make_buffer;
 use super::device::poisoned;
 use super::kernels::StepStamps;
 use super::layout::*;
-use super::sampler::{DeviceLogits, DeviceOutputs, WgpuSampler};
+use super::sampler::WgpuSampler;
+use super::views::{DeviceLogits, DeviceOutputs};
 
 /// Rows per piece when [`Backend::sample`] splits a large host batch.
 const HOST_PIECE_ROWS: usize = 1024;

@@ -26,8 +26,9 @@
 //! cache), `buffers` (working buffers and the one readback), `shaders` (the sampler's
 //! WGSL put together), `kernels` (the step kernels' pipelines, buffers and dispatch
 //! sequence, beside `step/`, one WGSL file per pass), `layout` (the structs and sizes
-//! shared with the WGSL, checked against it by tests), `sampler` (the per-call device
-//! API: recording a call), `call` (a step's call block, which the sampler and the head
+//! shared with the WGSL, checked against it by tests), `views` (the logits, masks and
+//! outputs a call reads and writes), `sampler` (the per-call device API: recording a
+//! call), `call` (a step's call block, which the sampler and the head
 //! both build), `head` (the sampling head: slots whose state lives on the device),
 //! `staging` (per-call parameters on their way to the device), `host` (the host API:
 //! upload, submit, read back), `moe` (the MoE layer), `model` (the model's ops) and
@@ -59,6 +60,7 @@ mod options;
 mod sampler;
 mod shaders;
 mod staging;
+mod views;
 
 pub use adapter::{list_adapters, AdapterSummary};
 pub use bench::{CallStructure, StepTime};
@@ -67,8 +69,9 @@ pub use head::{StepId, StepResults, WgpuHead};
 pub use model::{model_shader_source, WgpuEngine, WgpuModel, SHADER_MODEL};
 pub use moe::{moe_shader_source, MoeRouting, WgpuMoe, SHADER_MOE};
 pub use options::{WgpuOptions, ADAPTER_ENV, SUBGROUPS_ENV, WORKGROUPS_ENV};
-pub use sampler::{DeviceLogits, DeviceMasks, DeviceOutputs, WgpuSampler};
+pub use sampler::WgpuSampler;
 pub use shaders::{
     shader_source, shader_source_with, REDUCE_SG, REDUCE_WG, SHADER_FMATH, SHADER_FMATH_INT64,
     SHADER_MAIN,
 };
+pub use views::{DeviceLogits, DeviceMasks, DeviceOutputs};

@@ -13,7 +13,7 @@ use crate::moe::Dispatch;
 use super::super::buffers::make_buffer;
 use super::super::device::WgpuDevice;
 use super::super::head::WgpuHead;
-use super::super::sampler::DeviceLogits;
+use super::super::views::DeviceLogits;
 use super::{Tokens, WgpuModel};
 
 /// The model and a sampling head on one device: the generation loop's [`Engine`].
