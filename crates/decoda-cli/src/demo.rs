@@ -194,7 +194,12 @@ pub struct SelftestArgs {
 }
 
 pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
-    let be = backend(a.device, 0)?;
+    // one device for every part of the run: each shader is compiled once
+    let gpu = crate::device::gpu_device(a.device)?;
+    let be: Box<dyn decoda::Backend> = match &gpu {
+        Some(d) => Box::new(decoda::wgpu::WgpuSampler::on(d).map_err(|e| e.to_string())?),
+        None => Box::new(crate::device::cpu(0)?),
+    };
     println!("conformance suite on {}", be.name());
     let report = testing::run_all(be.as_ref(), |name, r| match r {
         Ok(()) => println!("  ok    {name}"),
@@ -203,9 +208,8 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
     let mut passed = report.passed;
     let mut failed = report.failed.len();
     // the sampling head: 64 slots, 300 steps of joins, leaves, stops and long histories
-    let head: Result<Box<dyn decoda::head::Head>, String> = if be.name().starts_with("wgpu") {
-        decoda::wgpu::WgpuSampler::new()
-            .and_then(|g| decoda::wgpu::WgpuHead::new(&g, 64, 3000))
+    let head: Result<Box<dyn decoda::head::Head>, String> = if let Some(d) = &gpu {
+        decoda::wgpu::WgpuHead::new(d, 64, 3000)
             .map(|h| Box::new(h) as Box<dyn decoda::head::Head>)
             .map_err(|e| e.to_string())
     } else {
@@ -276,12 +280,12 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
     );
     // real decode shapes: every vocabulary size of real models at B = 1, 2, 3 (--quick:
     // the smallest and the largest at B = 1 and 3), through sample and sample_draws (1
-    // and 3 draws), on a long-lived sampler and a fresh one per vocabulary
-    let on_gpu = be.name().starts_with("wgpu");
+    // and 3 draws), on a long-lived sampler and a fresh one per vocabulary (on the
+    // run's device)
     let make = || -> Result<Box<dyn decoda::Backend>, String> {
-        if on_gpu {
+        if let Some(d) = &gpu {
             Ok(Box::new(
-                decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?,
+                decoda::wgpu::WgpuSampler::on(d).map_err(|e| e.to_string())?,
             ))
         } else {
             Ok(Box::new(crate::device::cpu(0)?))

@@ -53,6 +53,25 @@ pub fn backend(device: Device, threads: usize) -> Result<Box<dyn Backend>, Strin
     }
 }
 
+/// The device context for `device`: `None` for the CPU (`cpu`, or `auto` without a
+/// hardware GPU, said on stderr); every GPU part of a command is built from it, so
+/// each shader is compiled once per run.
+pub fn gpu_device(device: Device) -> Result<Option<decoda::wgpu::WgpuDevice>, String> {
+    match device {
+        Device::Cpu => Ok(None),
+        Device::Wgpu => decoda::wgpu::WgpuDevice::new()
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        Device::Auto => match decoda::wgpu::WgpuDevice::hardware() {
+            Ok(d) => Ok(Some(d)),
+            Err(e) => {
+                eprintln!("decoda: --device auto: using the CPU ({e})");
+                Ok(None)
+            }
+        },
+    }
+}
+
 /// `--device auto`: a hardware GPU adapter, or `None` after saying on stderr why the
 /// command falls back to the CPU.
 pub fn auto_gpu() -> Option<decoda::wgpu::WgpuSampler> {

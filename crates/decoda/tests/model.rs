@@ -219,20 +219,13 @@ mod wgpu {
     /// Whether a wgpu adapter is there (lavapipe in CI); without one the tests say so
     /// and pass, unless `DECODA_REQUIRE_GPU=1`.
     fn available() -> bool {
-        match WgpuSampler::new() {
-            Ok(_) => true,
-            Err(e) => {
-                if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                    panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
-                }
-                eprintln!("skipped: {e}");
-                false
-            }
-        }
+        decoda::testing::gpu::device().is_some()
     }
 
+    /// A fresh sampler on the process's test device (`decoda::testing::gpu`): its
+    /// engines share the device's compiled pipelines.
     fn sampler() -> WgpuSampler {
-        WgpuSampler::new().expect("checked by available()")
+        decoda::testing::gpu::sampler().expect("checked by available()")
     }
 
     fn dev(
@@ -294,8 +287,19 @@ mod wgpu {
             slots: usize,
             positions: usize,
         ) -> Result<Box<dyn Engine>, String> {
-            thread_local!(static S: WgpuSampler = sampler());
-            S.with(|s| {
+            // a device of its own: the part size is the device's (set under a lock, as
+            // engines are made, so tests in parallel each get the size they set)
+            static PARTS: std::sync::OnceLock<Option<WgpuSampler>> = std::sync::OnceLock::new();
+            static SET: std::sync::Mutex<()> = std::sync::Mutex::new(());
+            let s = PARTS
+                .get_or_init(|| {
+                    decoda::testing::gpu::own_device(Default::default())
+                        .and_then(|d| WgpuSampler::on(&d).ok())
+                })
+                .as_ref()
+                .ok_or("no adapter")?;
+            let _held = SET.lock().map_err(|e| e.to_string())?;
+            {
                 let mut bytes = 4096u64;
                 loop {
                     s.set_weight_part_bytes(bytes);
@@ -307,7 +311,7 @@ mod wgpu {
                         Err(e) => return Err(e.to_string()),
                     }
                 }
-            })
+            }
         }
         // the quick tier: f32 (default: an MoE layer in parts of experts, a dense layer
         // in row parts), 4-bit affine rows and experts (mlx_q4g64), the embedding and

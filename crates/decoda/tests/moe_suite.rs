@@ -70,19 +70,10 @@ mod device {
     use decoda::wgpu::{WgpuMoe, WgpuSampler};
     use std::sync::OnceLock;
 
+    /// A long-lived sampler on the process's test device (`decoda::testing::gpu`).
     fn sampler() -> Option<&'static WgpuSampler> {
         static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
-        S.get_or_init(|| match WgpuSampler::new() {
-            Ok(s) => Some(s),
-            Err(e) => {
-                if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                    panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
-                }
-                eprintln!("skipped: {e}");
-                None
-            }
-        })
-        .as_ref()
+        S.get_or_init(decoda::testing::gpu::sampler).as_ref()
     }
 
     fn gpu(layer: &SwitchMlp) -> Result<Box<dyn MoeLayer>, String> {
@@ -99,7 +90,12 @@ mod device {
         static PARTS: OnceLock<Option<WgpuSampler>> = OnceLock::new();
         static SET: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let s = PARTS
-            .get_or_init(|| WgpuSampler::new().ok())
+            // a device of its own: the part size is the device's, and the shared one's
+            // layers are whole
+            .get_or_init(|| {
+                decoda::testing::gpu::own_device(Default::default())
+                    .and_then(|d| WgpuSampler::on(&d).ok())
+            })
             .as_ref()
             .ok_or("no adapter")?;
         // f32 gate, up and down of one expert, a third of the experts a part

@@ -51,10 +51,16 @@ fn open_with(min_chunk: usize, options: WgpuOptions) -> Option<WgpuSampler> {
     }
 }
 
-/// The sampler with its defaults, but workgroup-memory reductions.
+/// The sampler with its defaults, but workgroup-memory reductions: on the shared test
+/// device (`decoda::testing::gpu`) when that one does not use subgroups (lavapipe),
+/// else on a device of its own.
 fn sampler() -> Option<&'static WgpuSampler> {
     static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
-    S.get_or_init(|| open(4096, Some(false))).as_ref()
+    S.get_or_init(|| match decoda::testing::gpu::device() {
+        Some(d) if !d.uses_subgroups() => WgpuSampler::on(d).ok(),
+        _ => open(4096, Some(false)),
+    })
+    .as_ref()
 }
 
 /// The default sampler's reductions, with Philox's products from 16-bit ones even where
@@ -80,11 +86,31 @@ fn subgroup_sampler() -> Option<&'static WgpuSampler> {
     S.get_or_init(|| open(4096, Some(true))).as_ref()
 }
 
-/// A sampler that cuts every row into 64-logit pieces, one workgroup each: the
-/// multi-workgroup reductions on small vocabularies.
+/// A sampler on the shared test device (default options) that cuts every row into
+/// 64-logit pieces, one workgroup each: the multi-workgroup reductions on small
+/// vocabularies.
 fn split_sampler() -> Option<&'static WgpuSampler> {
     static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
-    S.get_or_init(|| open(64, None)).as_ref()
+    S.get_or_init(|| {
+        let s = decoda::testing::gpu::sampler()?;
+        s.set_min_chunk(64);
+        Some(s)
+    })
+    .as_ref()
+}
+
+/// A variant for the whole conformance suite in the full tier (`DECODA_TESTS=full`). In
+/// the quick tier the variants run `variants_give_the_same_bits` instead: every token,
+/// log-probability and kept distribution of mixed rows equal to the default sampler's,
+/// which the default's suite checks against the reference.
+fn full_tier_only(variant: &str, s: Option<&'static WgpuSampler>) -> Option<&'static WgpuSampler> {
+    if decoda::testing::full_tier() {
+        return s;
+    }
+    eprintln!(
+        "{variant}: its suite runs in the full tier; variants_give_the_same_bits checks it here"
+    );
+    None
 }
 
 mod conformance {
@@ -96,24 +122,33 @@ mod conformance_split {
 }
 
 mod conformance_subgroups {
-    decoda::conformance_suite!(crate::subgroup_sampler());
+    decoda::conformance_suite!(crate::full_tier_only(
+        "subgroups",
+        crate::subgroup_sampler()
+    ));
 }
 
 mod conformance_int32 {
-    decoda::conformance_suite!(crate::int32_sampler());
+    decoda::conformance_suite!(crate::full_tier_only("int32", crate::int32_sampler()));
 }
 
-/// Philox with 64-bit products (where the adapter has `SHADER_INT64`) and with 16-bit
-/// ones draw the same bits: every token and log-probability of mixed rows, per call and
-/// through many draws per row.
+/// Every variant of the device sampler draws the default sampler's bits: Philox with
+/// 16-bit products (where the adapter has `SHADER_INT64`, the others use 64-bit ones),
+/// subgroup reductions, and rows cut into 64-logit workgroups. Every token,
+/// log-probability and kept distribution of mixed rows (every stage), per call and
+/// through many draws per row, at V = 1 to 151,936.
 #[test]
-fn philox_in_64_bit_integers_gives_the_same_bits() {
-    let (Some(a), Some(b)) = (sampler(), int32_sampler()) else {
+fn variants_give_the_same_bits() {
+    let Some(a) = sampler() else {
+        return;
+    };
+    let (Some(b), Some(c), Some(d)) = (int32_sampler(), subgroup_sampler(), split_sampler()) else {
         return;
     };
     assert!(!b.uses_int64());
     if a.adapter().contains("llvmpipe") {
         assert!(a.uses_int64(), "lavapipe has 64-bit integers");
+        assert!(c.uses_subgroups(), "lavapipe has subgroup operations");
     }
     if !a.uses_int64() {
         eprintln!(
@@ -127,14 +162,17 @@ fn philox_in_64_bit_integers_gives_the_same_bits() {
         let flat: Vec<f32> = cases.iter().flat_map(|c| c.0.iter().copied()).collect();
         let reqs: Vec<Request> = cases.iter().map(|c| c.1.clone()).collect();
         let l = Logits::f32(&flat, reqs.len(), v).unwrap();
-        let (x, y) = (a.sample(&l, &reqs).unwrap(), b.sample(&l, &reqs).unwrap());
-        assert_eq!(x, y, "V = {v}");
         let one = Logits::f32(&cases[0].0, 1, v).unwrap();
-        let (x, y) = (
-            a.sample_draws(&one, &reqs[..1], 64).unwrap(),
-            b.sample_draws(&one, &reqs[..1], 64).unwrap(),
-        );
-        assert_eq!(x, y, "V = {v}, 64 draws");
+        let want = a.sample(&l, &reqs).unwrap();
+        let want_draws = a.sample_draws(&one, &reqs[..1], 64).unwrap();
+        for (name, s) in [("int32", b), ("subgroups", c), ("split", d)] {
+            assert_eq!(s.sample(&l, &reqs).unwrap(), want, "{name}, V = {v}");
+            assert_eq!(
+                s.sample_draws(&one, &reqs[..1], 64).unwrap(),
+                want_draws,
+                "{name}, V = {v}, 64 draws"
+            );
+        }
     }
 }
 

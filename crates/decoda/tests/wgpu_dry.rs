@@ -12,20 +12,10 @@ use decoda::testing::{classify, Rng, Verdict};
 use decoda::wgpu::{DeviceLogits, WgpuHead, WgpuSampler};
 use decoda::{Backend, CpuHead, DType, Error, Logits, Request, SamplingParams, SequenceState};
 
+/// A long-lived sampler on the process's test device (`decoda::testing::gpu`).
 fn sampler() -> Option<&'static WgpuSampler> {
     static S: std::sync::OnceLock<Option<WgpuSampler>> = std::sync::OnceLock::new();
-    S.get_or_init(|| match WgpuSampler::new() {
-        Ok(s) => Some(s),
-        Err(e) => {
-            assert!(
-                std::env::var("DECODA_REQUIRE_GPU").is_err(),
-                "DECODA_REQUIRE_GPU is set but no adapter opened: {e}"
-            );
-            eprintln!("skipped: {e}");
-            None
-        }
-    })
-    .as_ref()
+    S.get_or_init(decoda::testing::gpu::sampler).as_ref()
 }
 
 /// A history that repeats phrases (so DRY finds long repeats) over `ids` ids, ending

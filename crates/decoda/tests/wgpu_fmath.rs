@@ -36,17 +36,9 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 }
 "#;
 
+/// A fresh sampler on the process's test device (`decoda::testing::gpu`).
 fn sampler() -> Option<WgpuSampler> {
-    match WgpuSampler::new() {
-        Ok(s) => Some(s),
-        Err(e) => {
-            if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
-            }
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
+    decoda::testing::gpu::sampler()
 }
 
 /// Runs operation `op` of the harness on `(a[i], b[i])` on the device.

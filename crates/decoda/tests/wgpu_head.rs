@@ -10,17 +10,9 @@ use decoda::testing::Rng;
 use decoda::wgpu::{DeviceLogits, WgpuHead, WgpuSampler};
 use decoda::{Backend, CpuSampler, DType, Logits, Request, SamplingParams, SequenceState};
 
+/// A fresh sampler on the process's test device (`decoda::testing::gpu`).
 fn sampler() -> Option<WgpuSampler> {
-    match WgpuSampler::new() {
-        Ok(s) => Some(s),
-        Err(e) => {
-            if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
-            }
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
+    decoda::testing::gpu::sampler()
 }
 
 #[test]

@@ -20,20 +20,10 @@ use decoda::testing::{classify, zipf_logits, Rng, Verdict};
 use decoda::wgpu::{DeviceLogits, WgpuHead, WgpuSampler};
 use decoda::{Backend, Logits, LogprobsMode, Request, RowResult, SamplingParams, SequenceState};
 
+/// A long-lived sampler on the process's test device (`decoda::testing::gpu`).
 fn sampler() -> Option<&'static WgpuSampler> {
     static S: std::sync::OnceLock<Option<WgpuSampler>> = std::sync::OnceLock::new();
-    S.get_or_init(|| match WgpuSampler::new() {
-        Ok(s) => Some(s),
-        Err(e) => {
-            assert!(
-                std::env::var("DECODA_REQUIRE_GPU").is_err(),
-                "DECODA_REQUIRE_GPU is set but no adapter opened: {e}"
-            );
-            eprintln!("skipped: {e}");
-            None
-        }
-    })
-    .as_ref()
+    S.get_or_init(decoda::testing::gpu::sampler).as_ref()
 }
 
 /// The rows through the device API: uploaded, recorded into an encoder of ours,

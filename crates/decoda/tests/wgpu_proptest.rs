@@ -19,19 +19,10 @@ use decoda::wgpu::{DeviceLogits, WgpuSampler};
 use decoda::{DType, LogitsData, Request, RowResult};
 use proptest::prelude::*;
 
+/// A long-lived sampler on the process's test device (`decoda::testing::gpu`).
 fn long_lived() -> Option<&'static WgpuSampler> {
     static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
-    S.get_or_init(|| match WgpuSampler::new() {
-        Ok(s) => Some(s),
-        Err(e) => {
-            if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
-            }
-            eprintln!("skipped: {e}");
-            None
-        }
-    })
-    .as_ref()
+    S.get_or_init(decoda::testing::gpu::sampler).as_ref()
 }
 
 /// The ways into the device sampler.
@@ -190,7 +181,13 @@ fn run_case(c: &Case) -> Result<(), String> {
     };
     let fresh;
     let s = if c.fresh {
-        fresh = WgpuSampler::new().map_err(|e| e.to_string())?;
+        // a fresh sampler (its own buffers, staging, scratch) on the shared device; in
+        // the full tier on a device of its own
+        fresh = if decoda::testing::full_tier() {
+            WgpuSampler::new().map_err(|e| e.to_string())?
+        } else {
+            decoda::testing::gpu::sampler().ok_or("no adapter")?
+        };
         &fresh
     } else {
         long
@@ -213,7 +210,7 @@ fn cases() -> u32 {
         .unwrap_or(if decoda::testing::full_tier() {
             400
         } else {
-            40
+            16
         })
 }
 

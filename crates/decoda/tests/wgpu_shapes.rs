@@ -16,21 +16,18 @@ use decoda::testing::Rng;
 use decoda::wgpu::{DeviceLogits, WgpuSampler};
 use decoda::{Backend, LogitsData, Request, SamplingParams};
 
+/// A fresh sampler on the process's test device (`decoda::testing::gpu`).
 fn sampler() -> Option<WgpuSampler> {
-    match WgpuSampler::new() {
-        Ok(s) => Some(s),
-        Err(e) => {
-            if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
-            }
-            eprintln!("skipped: {e}");
-            None
-        }
-    }
+    decoda::testing::gpu::sampler()
 }
 
+/// A fresh sampler: on the shared test device in the quick tier, on a device of its own
+/// (every pipeline compiled or loaded anew) in the full tier.
 fn make() -> Result<Box<dyn Backend>, String> {
-    Ok(Box::new(WgpuSampler::new().map_err(|e| e.to_string())?))
+    if full_tier() {
+        return Ok(Box::new(WgpuSampler::new().map_err(|e| e.to_string())?));
+    }
+    Ok(Box::new(sampler().ok_or("no adapter")?))
 }
 
 /// `sample`, `sample_draws(1)` and `sample_draws(3)` at every decode shape, fresh and

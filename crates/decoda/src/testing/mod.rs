@@ -12,6 +12,8 @@ use crate::params::{LogprobsMode, Request, SamplingParams};
 use crate::pipeline::RowResult;
 use crate::reference::{reference_row, TieReport};
 
+#[cfg(feature = "wgpu")]
+pub mod gpu;
 pub mod head;
 pub mod model;
 pub mod moe;
