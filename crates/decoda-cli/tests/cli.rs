@@ -1204,16 +1204,23 @@ fn generate_on_wgpu_matches_the_cpu() {
         let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
         (v["tokens"].clone(), v["dispatches_per_step"].clone())
     };
-    for (extra, dispatches) in [
+    // (the same run twice for one of them: each run is a process that builds every
+    // pipeline anew, seconds on lavapipe, and the others repeat what it shows)
+    for (i, (extra, dispatches)) in [
         (&["--top-n-sigma", "1.5"][..], 51),
         (
             &["--xtc-probability", "0.8", "--xtc-threshold", "0.02"][..],
             51,
         ),
         (&["--typical-p", "0.7"][..], 51),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let (first, sd) = sampled(extra);
-        assert_eq!(sampled(extra).0, first, "{extra:?}");
+        if i == 0 || decoda::testing::full_tier() {
+            assert_eq!(sampled(extra).0, first, "{extra:?}");
+        }
         assert_eq!(sd, dispatches, "{extra:?}");
     }
 }

@@ -176,6 +176,38 @@ fn variants_give_the_same_bits() {
     }
 }
 
+/// A device builds a step kernel's pipeline only when a call first needs it: none at
+/// construction, 2 for a greedy call (scan, settle_finish), 5 more for a call with
+/// log-probabilities, and a second sampler on the same device builds none again.
+#[test]
+fn pipelines_are_built_when_first_needed() {
+    let Some(d) = decoda::testing::gpu::own_device(Default::default()) else {
+        return;
+    };
+    let s = WgpuSampler::on(&d).unwrap();
+    assert_eq!(s.pipelines_built(), 0);
+    let x = [0.5f32, 2.0, 1.0, -1.0];
+    let l = Logits::f32(&x, 1, 4).unwrap();
+    let greedy = [Request::new(SamplingParams::greedy(), 1)];
+    assert_eq!(s.sample(&l, &greedy).unwrap()[0].as_ref().unwrap().token, 1);
+    assert_eq!(s.pipelines_built(), 2);
+    let lp = [Request::new(
+        SamplingParams {
+            logprobs: Some(2),
+            ..SamplingParams::default()
+        },
+        1,
+    )];
+    s.sample(&l, &lp).unwrap()[0].as_ref().unwrap();
+    assert_eq!(s.pipelines_built(), 6, "probe, settle, lp and finish too");
+    let again = WgpuSampler::on(&d).unwrap();
+    assert_eq!(
+        again.pipelines_built(),
+        6,
+        "the device's pipelines are shared"
+    );
+}
+
 #[derive(Default, Debug)]
 struct Count {
     rows: usize,

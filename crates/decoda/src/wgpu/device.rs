@@ -251,22 +251,81 @@ pub(crate) enum Bind {
     Write,
 }
 
-/// One WGSL module's pipelines: the bind group layout where binding `i` is `binds[i]`, and
-/// a compute pipeline for each of `entries`, in order. A shader or validation error is
-/// [`Error::Device`], `failed` followed by the error.
-pub(crate) fn build_pipelines<const N: usize>(
+/// One WGSL module's pipelines, each built the first time it is used: the module and
+/// the bind group layout (binding `i` is `binds[i]`) are made and validated at once, a
+/// compute pipeline for an entry point only when a call first records it. Creating a
+/// pipeline costs real time (on lavapipe seconds for the step kernels, even with the
+/// driver's disk cache warm; a GPU driver compiles it to its machine code), and a call
+/// or a command that never needs an entry point (many draws, log-probabilities, a
+/// head's joins) should not pay for it.
+pub(crate) struct Pipelines<const N: usize> {
+    device: wgpu::Device,
+    module: wgpu::ShaderModule,
+    layout: wgpu::PipelineLayout,
+    entries: [&'static str; N],
+    pipes: [std::sync::OnceLock<wgpu::ComputePipeline>; N],
+    /// The bind group layout every pipeline of the module uses.
+    pub binds: wgpu::BindGroupLayout,
+}
+
+impl<const N: usize> Pipelines<N> {
+    /// Entry point `i`'s pipeline, built at the first call.
+    pub fn get(&self, i: usize) -> &wgpu::ComputePipeline {
+        self.pipes[i].get_or_init(|| {
+            self.device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(self.entries[i]),
+                    layout: Some(&self.layout),
+                    module: &self.module,
+                    entry_point: Some(self.entries[i]),
+                    compilation_options: Default::default(),
+                    cache: None,
+                })
+        })
+    }
+
+    /// How many pipelines have been built so far.
+    pub fn built(&self) -> usize {
+        self.pipes.iter().filter(|p| p.get().is_some()).count()
+    }
+}
+
+/// One WGSL module's [`Pipelines`], built lazily, with `entries` its entry points. A
+/// shader or validation error of the module is [`Error::Device`], `failed` followed by
+/// the error.
+pub(crate) fn lazy_pipelines<const N: usize>(
     device: &wgpu::Device,
     label: &str,
     source: String,
     binds: &[Bind],
-    entries: [&str; N],
+    entries: [&'static str; N],
     failed: &str,
-) -> Result<(wgpu::BindGroupLayout, [wgpu::ComputePipeline; N])> {
+) -> Result<Pipelines<N>> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some(label),
         source: wgpu::ShaderSource::Wgsl(source.into()),
     });
+    let (bind_layout, layout) = layouts(device, label, binds);
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(Error::Device(format!("{failed}: {e}")));
+    }
+    Ok(Pipelines {
+        device: device.clone(),
+        module,
+        layout,
+        entries,
+        pipes: std::array::from_fn(|_| std::sync::OnceLock::new()),
+        binds: bind_layout,
+    })
+}
+
+/// The bind group layout where binding `i` is `binds[i]`, and the pipeline layout of it.
+fn layouts(
+    device: &wgpu::Device,
+    label: &str,
+    binds: &[Bind],
+) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
     let layout_entries: Vec<_> = binds
         .iter()
         .enumerate()
@@ -294,6 +353,26 @@ pub(crate) fn build_pipelines<const N: usize>(
         bind_group_layouts: &[Some(&layout)],
         immediate_size: 0,
     });
+    (layout, pl)
+}
+
+/// One WGSL module's pipelines, all built now: the bind group layout where binding `i`
+/// is `binds[i]`, and a compute pipeline for each of `entries`, in order. A shader or
+/// validation error is [`Error::Device`], `failed` followed by the error.
+pub(crate) fn build_pipelines<const N: usize>(
+    device: &wgpu::Device,
+    label: &str,
+    source: String,
+    binds: &[Bind],
+    entries: [&str; N],
+    failed: &str,
+) -> Result<(wgpu::BindGroupLayout, [wgpu::ComputePipeline; N])> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    });
+    let (layout, pl) = layouts(device, label, binds);
     let pipes = entries.map(|entry| {
         device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(entry),

@@ -36,7 +36,9 @@ use super::call::{
 };
 use super::device::WgpuDevice;
 use super::host::{checked, parse_kept, parse_logprobs, row_status};
-use super::kernels::{self, Kernels, Plan, RowNeeds, Sizes, StepBuffers, StepShape, StepStamps};
+use super::kernels::{
+    self, Entry, Kernels, Plan, RowNeeds, Sizes, StepBuffers, StepShape, StepStamps,
+};
 use super::layout::*;
 use super::views::{DeviceLogits, DeviceMasks};
 
@@ -629,10 +631,10 @@ impl WgpuHead {
             let mut pass = enc.begin_compute_pass(&Default::default());
             pass.set_bind_group(0, group, &[]);
             if pipe_join {
-                pass.set_pipeline(&self.kernels.join);
+                pass.set_pipeline(self.kernels.pipe(Entry::Join));
                 pass.dispatch_workgroups(1, 1, 1);
             } else {
-                pass.set_pipeline(&self.kernels.wipe);
+                pass.set_pipeline(self.kernels.pipe(Entry::Wipe));
                 let groups = kernels::pen_words(v).div_ceil(WG);
                 let (x, y) = if groups <= MAX_GRID {
                     (groups, 1)

@@ -4,70 +4,78 @@
 use crate::error::Result;
 
 use super::buffers::{make_buffer, Grow};
+use super::device::{lazy_pipelines, Pipelines};
 use super::layout::*;
 
-/// The compute pipelines, one per entry point of `step/`.
+/// The step kernels' entry points, in the order of [`Kernels::pipes`].
+const ENTRIES: [&str; 9] = [
+    "join",
+    "wipe",
+    "probe",
+    "scan",
+    "settle",
+    "lp",
+    "finish",
+    "settle_finish",
+    "draw_many",
+];
+
+/// An entry point of `step/`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Entry {
+    Join = 0,
+    Wipe,
+    Probe,
+    Scan,
+    Settle,
+    Lp,
+    Finish,
+    SettleFinish,
+    DrawMany,
+}
+
+/// The compute pipelines, one per entry point of `step/`, each built at its first use.
 pub(crate) struct Kernels {
+    pub pipes: Pipelines<9>,
+    /// The bind group layout of every step kernel.
     pub layout: wgpu::BindGroupLayout,
     /// Bound as `masks` by calls without a token mask (one word, never read).
     pub no_mask: wgpu::Buffer,
-    pub join: wgpu::ComputePipeline,
-    pub wipe: wgpu::ComputePipeline,
-    pub probe: wgpu::ComputePipeline,
-    pub scan: wgpu::ComputePipeline,
-    pub settle: wgpu::ComputePipeline,
-    pub lp: wgpu::ComputePipeline,
-    pub finish: wgpu::ComputePipeline,
-    pub settle_finish: wgpu::ComputePipeline,
-    pub draw_many: wgpu::ComputePipeline,
 }
 
 impl Kernels {
     /// Compiles the module (with subgroup reductions when the device has the feature,
-    /// and Philox's products in 64-bit integers when it has `SHADER_INT64`)
-    /// and builds every pipeline; a shader error is [`Error::Device`].
+    /// and Philox's products in 64-bit integers when it has `SHADER_INT64`); its
+    /// pipelines are built as calls first need them. A shader error is
+    /// [`Error::Device`].
     pub fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Self> {
-        use super::device::{build_pipelines, Bind::*};
+        use super::device::Bind::*;
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
         let int64 = device.features().contains(wgpu::Features::SHADER_INT64);
-        let (layout, [join, wipe, probe, scan, settle, lp, finish, settle_finish, draw_many]) =
-            build_pipelines(
-                device,
-                "decoda step",
-                super::shaders::shader_source_with(subgroups, int64),
-                // call, logits, sparams, sstate, rmap, pen, lists, work, ctr, tokens, results,
-                // masks
-                &[
-                    Uniform, Read, Read, Write, Read, Write, Read, Write, Write, Write, Write, Read,
-                ],
-                [
-                    "join",
-                    "wipe",
-                    "probe",
-                    "scan",
-                    "settle",
-                    "lp",
-                    "finish",
-                    "settle_finish",
-                    "draw_many",
-                ],
-                &format!("{}: building the shaders failed", info.name),
-            )?;
+        let pipes = lazy_pipelines(
+            device,
+            "decoda step",
+            super::shaders::shader_source_with(subgroups, int64),
+            // call, logits, sparams, sstate, rmap, pen, lists, work, ctr, tokens, results,
+            // masks
+            &[
+                Uniform, Read, Read, Write, Read, Write, Read, Write, Write, Write, Write, Read,
+            ],
+            ENTRIES,
+            &format!("{}: building the shaders failed", info.name),
+        )?;
         let no_mask =
             super::buffers::make_buffer(device, "decoda no mask", 4, wgpu::BufferUsages::STORAGE);
         Ok(Self {
+            layout: pipes.binds.clone(),
+            pipes,
             no_mask,
-            join,
-            wipe,
-            probe,
-            scan,
-            settle,
-            lp,
-            finish,
-            settle_finish,
-            draw_many,
-            layout,
         })
+    }
+
+    /// Entry point `e`'s pipeline (built at its first use).
+    pub fn pipe(&self, e: Entry) -> &wgpu::ComputePipeline {
+        self.pipes.get(e as usize)
     }
 
     /// Records one step, the passes of `shape.plan` ([`Plan::stages`]) in one compute
@@ -84,18 +92,20 @@ impl Kernels {
         // the stages in order, as (pipeline, grid x, grid y); no allocation per call
         let full = shape.plan == Plan::Full;
         let stages = [
-            (shape.plan != Plan::Light).then_some((&self.probe, b, 1)),
-            Some((&self.scan, w, b)),
-            full.then_some((&self.settle, b, 1)),
+            (shape.plan != Plan::Light).then_some((Entry::Probe, b, 1)),
+            Some((Entry::Scan, w, b)),
+            full.then_some((Entry::Settle, b, 1)),
             (full && shape.draw_groups > 0).then_some((
-                &self.draw_many,
+                Entry::DrawMany,
                 shape.draw_groups as u32,
                 b,
             )),
-            full.then_some((&self.lp, w, b)),
-            full.then_some((&self.finish, b, 1)),
-            (!full).then_some((&self.settle_finish, b, 1)),
+            full.then_some((Entry::Lp, w, b)),
+            full.then_some((Entry::Finish, b, 1)),
+            (!full).then_some((Entry::SettleFinish, b, 1)),
         ];
+        // the pipelines before the passes borrow the encoder (built at their first use)
+        let stages = stages.map(|s| s.map(|(e, x, y)| (self.pipe(e), x, y)));
         let stages = stages.into_iter().flatten();
         fn pass_with<'e>(
             encoder: &'e mut wgpu::CommandEncoder,

@@ -201,6 +201,13 @@ impl WgpuSampler {
         self.ctx.uses_subgroups()
     }
 
+    /// How many of the step kernels' pipelines the device has built: each is built the
+    /// first time a call needs it (a greedy call builds 2 of the 9).
+    #[doc(hidden)]
+    pub fn pipelines_built(&self) -> usize {
+        self.kernels.pipes.built()
+    }
+
     /// How many times [`WgpuSampler::record`] has had to create device objects (grow a
     /// working or staging buffer, build a bind group). It stops moving once calls repeat
     /// the same sizes and buffers: the steady state allocates nothing on the device.
