@@ -287,29 +287,17 @@ mod wgpu {
             slots: usize,
             positions: usize,
         ) -> Result<Box<dyn Engine>, String> {
-            // a device of its own: the part size is the device's (set under a lock, as
-            // engines are made, so tests in parallel each get the size they set)
-            static PARTS: std::sync::OnceLock<Option<WgpuSampler>> = std::sync::OnceLock::new();
-            static SET: std::sync::Mutex<()> = std::sync::Mutex::new(());
-            let s = PARTS
-                .get_or_init(|| {
-                    decoda::testing::gpu::own_device(Default::default())
-                        .and_then(|d| WgpuSampler::on(&d).ok())
-                })
-                .as_ref()
-                .ok_or("no adapter")?;
-            let _held = SET.lock().map_err(|e| e.to_string())?;
-            {
-                let mut bytes = 4096u64;
-                loop {
-                    s.set_weight_part_bytes(bytes);
-                    match WgpuEngine::new(s, model.clone(), slots, positions, None) {
-                        Ok(e) => return Ok(Box::new(e) as Box<dyn Engine>),
-                        Err(e) if e.to_string().contains("binds at most") && bytes < 1 << 30 => {
-                            bytes *= 2
-                        }
-                        Err(e) => return Err(e.to_string()),
+            // the shared test device, through a handle with its own part size
+            let d = decoda::testing::gpu::device().ok_or("no adapter")?;
+            let mut bytes = 4096u64;
+            loop {
+                let parts = d.with_weight_part_bytes(bytes);
+                match WgpuEngine::new(&parts, model.clone(), slots, positions, None) {
+                    Ok(e) => return Ok(Box::new(e) as Box<dyn Engine>),
+                    Err(e) if e.to_string().contains("binds at most") && bytes < 1 << 30 => {
+                        bytes *= 2
                     }
+                    Err(e) => return Err(e.to_string()),
                 }
             }
         }

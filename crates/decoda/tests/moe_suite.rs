@@ -94,22 +94,12 @@ mod device {
     /// an adapter that binds less than it: Qwen3-30B-A3B's is 377 MB at 4 bits, lavapipe
     /// binds 128 MiB), each part a buffer and a dispatch of its own.
     fn gpu_in_parts(layer: &SwitchMlp) -> Result<Box<dyn MoeLayer>, String> {
-        static PARTS: OnceLock<Option<WgpuSampler>> = OnceLock::new();
-        static SET: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let s = PARTS
-            // a device of its own: the part size is the device's, and the shared one's
-            // layers are whole
-            .get_or_init(|| {
-                decoda::testing::gpu::own_device(Default::default())
-                    .and_then(|d| WgpuSampler::on(&d).ok())
-            })
-            .as_ref()
-            .ok_or("no adapter")?;
-        // f32 gate, up and down of one expert, a third of the experts a part
+        let d = decoda::testing::gpu::device().ok_or("no adapter")?;
+        // f32 gate, up and down of one expert, a third of the experts a part (a handle to
+        // the shared test device with its own part size)
         let expert = 3 * layer.hidden() * layer.intermediate() * 4 + 64;
-        let _held = SET.lock().map_err(|e| e.to_string())?;
-        s.set_weight_part_bytes((expert * layer.experts().div_ceil(3)) as u64);
-        WgpuMoe::new(s, layer)
+        let parts = d.with_weight_part_bytes((expert * layer.experts().div_ceil(3)) as u64);
+        WgpuMoe::new(&parts, layer)
             .map(|l| Box::new(l) as Box<dyn MoeLayer>)
             .map_err(|e| e.to_string())
     }

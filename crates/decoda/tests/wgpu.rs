@@ -208,6 +208,26 @@ fn pipelines_are_built_when_first_needed() {
     );
 }
 
+/// A handle with its own weight part size shares the device and leaves the part size
+/// of the handle it came from (and of that one's samplers) as it was.
+#[test]
+fn weight_part_handles_are_their_own() {
+    let Some(d) = decoda::testing::gpu::device() else {
+        return;
+    };
+    let whole = d.weight_part_bytes();
+    let parts = d.with_weight_part_bytes(8192);
+    assert_eq!(parts.weight_part_bytes(), 8192);
+    assert_eq!(d.weight_part_bytes(), whole);
+    let s = WgpuSampler::on(&parts).unwrap();
+    assert_eq!(s.weight_part_bytes(), 8192);
+    assert_eq!(
+        d.with_weight_part_bytes(1).weight_part_bytes(),
+        4096,
+        "at least 4 KiB"
+    );
+}
+
 #[derive(Default, Debug)]
 struct Count {
     rows: usize,

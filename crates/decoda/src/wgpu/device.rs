@@ -39,6 +39,9 @@ type PipelineCache = Mutex<HashMap<&'static str, Arc<dyn Any + Send + Sync>>>;
 #[derive(Clone)]
 pub struct WgpuDevice {
     inner: Arc<Context>,
+    /// Most bytes of weights one binding holds (`set_weight_part_bytes`): shared by the
+    /// clones of this handle, not by handles from [`WgpuDevice::with_weight_part_bytes`].
+    weight_part: Arc<AtomicU64>,
 }
 
 /// What a [`WgpuDevice`] shares.
@@ -54,8 +57,6 @@ struct Context {
     pub target_wg: usize,
     /// Staging buffers for per-call parameters, shared by everything on the device.
     pub stages: StagePool,
-    /// Most bytes of weights one binding holds (`set_weight_part_bytes`).
-    weight_part: AtomicU64,
     pipelines: PipelineCache,
 }
 
@@ -119,12 +120,12 @@ impl WgpuDevice {
                 timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
                 target_wg,
                 stages: StagePool::new(),
-                weight_part: AtomicU64::new(u64::MAX),
                 pipelines: Mutex::new(HashMap::new()),
                 device,
                 queue,
                 info,
             }),
+            weight_part: Arc::new(AtomicU64::new(u64::MAX)),
         }
     }
 
@@ -196,17 +197,26 @@ impl WgpuDevice {
         let l = self.inner.device.limits();
         l.max_storage_buffer_binding_size
             .min(l.max_buffer_size)
-            .min(self.inner.weight_part.load(Ordering::Relaxed))
+            .min(self.weight_part.load(Ordering::Relaxed))
             & !3
     }
 
     /// Caps the bytes of weights per binding for the layers and models made from this
-    /// context afterwards (at least 4 KiB). Results do not depend on it: tests use it to
+    /// handle (and its clones) afterwards (at least 4 KiB). Results do not depend on it: tests use it to
     /// split small models as real ones are split on adapters that bind little.
     pub fn set_weight_part_bytes(&self, bytes: u64) {
-        self.inner
-            .weight_part
-            .store(bytes.max(4096), Ordering::Relaxed);
+        self.weight_part.store(bytes.max(4096), Ordering::Relaxed);
+    }
+
+    /// A handle to the same device (its queue, pipelines and staging) whose layers and
+    /// models are split into weight parts of at most `bytes` (at least 4 KiB), leaving
+    /// this handle's part size as it is: tests split small models as real ones are split
+    /// on adapters that bind little, beside whole ones on the same device.
+    pub fn with_weight_part_bytes(&self, bytes: u64) -> WgpuDevice {
+        WgpuDevice {
+            inner: Arc::clone(&self.inner),
+            weight_part: Arc::new(AtomicU64::new(bytes.max(4096))),
+        }
     }
 
     /// The pipelines under `key`, built by `build` the first time this device needs them

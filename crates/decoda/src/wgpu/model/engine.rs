@@ -71,7 +71,7 @@ impl WgpuEngine {
                 Some(HostSampling {
                     head,
                     read: make_buffer(
-                        &m.ctx.device(),
+                        m.ctx.device(),
                         "decoda logits readback",
                         (slots * v * 4) as u64,
                         wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,

@@ -380,7 +380,7 @@ impl WgpuModel {
         let region = (n * kvw * 4) as u64;
         let scratch_bytes = region.max((v * 4) as u64).max(4);
         let scratch = super::buffers::make_buffer(
-            &self.ctx.device(),
+            self.ctx.device(),
             "decoda fork scratch",
             scratch_bytes,
             wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
