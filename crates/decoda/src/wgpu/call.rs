@@ -116,6 +116,18 @@ pub(crate) fn bind_group_raw(
         results,
         masks,
     ];
+    step_group(device, kernels, "decoda", all)
+}
+
+/// A bind group of the step kernels over `all`, binding `i` to `all[i]` (the call
+/// block, logits, slot parameters, slot state, row map, penalty areas, lists, work,
+/// counters, tokens, results, masks).
+pub(crate) fn step_group(
+    device: &wgpu::Device,
+    kernels: &Kernels,
+    label: &str,
+    all: [&wgpu::Buffer; 12],
+) -> wgpu::BindGroup {
     let entries: Vec<wgpu::BindGroupEntry<'_>> = all
         .iter()
         .enumerate()
@@ -125,7 +137,7 @@ pub(crate) fn bind_group_raw(
         })
         .collect();
     device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some("decoda"),
+        label: Some(label),
         layout: &kernels.layout,
         entries: &entries,
     })

@@ -31,8 +31,8 @@ use crate::params::{SamplingParams, MAX_BREAKERS, MAX_BREAKER_LEN};
 use super::adapter;
 use super::buffers::{make_buffer, Grow};
 use super::call::{
-    bind_group_raw, call_block, dry_lists, push_history, row_flags, slot_params, CallShape,
-    MAX_VOCAB,
+    bind_group_raw, call_block, dry_lists, push_history, row_flags, slot_params, step_group,
+    CallShape, MAX_VOCAB,
 };
 use super::device::WgpuDevice;
 use super::host::{checked, parse_kept, parse_logprobs, row_status};
@@ -604,22 +604,7 @@ impl WgpuHead {
                 &self.results,
                 &self.kernels.no_mask,
             ];
-            let entries: Vec<wgpu::BindGroupEntry<'_>> = all
-                .iter()
-                .enumerate()
-                .map(|(i, buf)| wgpu::BindGroupEntry {
-                    binding: i as u32,
-                    resource: buf.as_entire_binding(),
-                })
-                .collect();
-            let group = self
-                .ctx
-                .device()
-                .create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("decoda head op"),
-                    layout: &self.kernels.layout,
-                    entries: &entries,
-                });
+            let group = step_group(self.ctx.device(), &self.kernels, "decoda head op", all);
             self.op_bind = Some((gen, group));
         }
         let group = &self.op_bind.as_ref().expect("set above").1;
