@@ -323,6 +323,13 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
     if a.sort_cutoff == 0 {
         return Err("--sort-cutoff 0: expected at least 1 (calls with more tokens sort)".into());
     }
+    if !a.model.is_dir() {
+        return Err(format!(
+            "--model {}: no such directory (a checkpoint is a directory with config.json and \
+             its safetensors)",
+            a.model.display()
+        ));
+    }
     let tok = load_tokenizer(&a.model)?;
     let seqs = sequences(&a, tok.as_ref())?;
     let model = Arc::new(Qwen3Moe::load(&a.model, a.sort_cutoff).map_err(|e| e.to_string())?);

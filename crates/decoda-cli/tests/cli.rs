@@ -1084,6 +1084,21 @@ fn generate_bad_input_exits_2_naming_the_problem() {
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("/nonexistent"), "{err}");
+    // a missing directory is named as missing, whatever the prompt needs from it
+    let (code, _, err) = run(&[
+        "generate",
+        "--model",
+        "/nonexistent",
+        "--prompt",
+        "hi",
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("/nonexistent") && err.contains("no such directory"),
+        "{err}"
+    );
     let (code, _, err) = run(&[
         "tiny-model",
         tmp("q").to_str().unwrap(),
