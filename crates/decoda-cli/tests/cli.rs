@@ -1179,6 +1179,10 @@ fn generate_on_wgpu_matches_the_cpu() {
     // rope, attention, adds; the MoE layers' router, routing, products and combine)
     assert_eq!(cd, serde_json::Value::Null);
     assert_eq!(gd, 50);
+    // sampled on the host, the device still runs the forward's 48
+    let (h, _, hd) = ids_with("wgpu", &["--host-sampling"]);
+    assert_eq!(h, c);
+    assert_eq!(hd, 48);
     let dry = [
         "--dry-multiplier",
         "3",

@@ -193,6 +193,7 @@ impl Engine for WgpuEngine {
     fn step(&mut self, sample: &[usize], forward: &[usize]) -> Result<Vec<Dispatch>> {
         let v = self.vocab();
         if let Some(h) = &self.host {
+            self.last_dispatches = 0;
             // the comparison: logits to the host, sampled there, tokens back
             let (read, words) = (h.read.clone(), sample.len() * v);
             let mut enc = self
@@ -232,6 +233,8 @@ impl Engine for WgpuEngine {
                 .device()
                 .create_command_encoder(&Default::default());
             let b = self.model.record_decode(&mut enc, &map, Tokens::Host)?;
+            // the model's dispatches (the host samples: none of the head's)
+            self.last_dispatches = self.model.last_dispatches;
             self.model.ctx.queue().submit([enc.finish()]);
             return Ok(b);
         }
