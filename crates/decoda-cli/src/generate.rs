@@ -333,6 +333,14 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
     let tok = load_tokenizer(&a.model)?;
     let seqs = sequences(&a, tok.as_ref())?;
     let model = Arc::new(Qwen3Moe::load(&a.model, a.sort_cutoff).map_err(|e| e.to_string())?);
+    // generate's door, before any cache is sized from the sequences
+    decoda::model::check_sequences(
+        &seqs,
+        model.config.vocab_size,
+        seqs.len(),
+        model.config.max_position_embeddings,
+    )
+    .map_err(|e| e.to_string())?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads)
         .build()

@@ -1065,6 +1065,11 @@ fn generate_bad_input_exits_2_naming_the_problem() {
             "--sort-cutoff",
         ),
         (vec![], "--prompt"),
+        // the tiny checkpoint holds 4,096 positions
+        (
+            vec!["--prompt-ids", "1,2", "--max-tokens", "5000"],
+            "max_position_embeddings",
+        ),
     ];
     for (extra, want) in cases {
         let mut args = vec!["generate", "--model", m, "--device", "cpu"];

@@ -171,8 +171,14 @@ impl Model {
             seqs.push(Sequence { prompt, request });
         }
         // the door every binding shares, before the thread starts
-        decoda::model::check_sequences(&seqs, self.model.config.vocab_size, seqs.len())
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let cfg = &self.model.config;
+        decoda::model::check_sequences(
+            &seqs,
+            cfg.vocab_size,
+            seqs.len(),
+            cfg.max_position_embeddings,
+        )
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
         if !stop_strings.is_empty() && self.tokenizer.is_none() {
             return Err(PyValueError::new_err("stop strings need tokenizer.json"));
         }

@@ -403,5 +403,8 @@ def test_generate_stop_strings_masks_and_errors(tiny_model):
         m.generate("a", params={"top_p": 2.0}).collect()
     with pytest.raises(ValueError, match="prompt"):
         m.generate()
+    # the tiny checkpoint holds 4,096 positions: refused before anything runs
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        m.generate("a", max_tokens=5000)
     with pytest.raises(ValueError):
         decoda.load(tiny_model / "missing")

@@ -470,6 +470,10 @@ impl Engine for CpuEngine {
         self.model.model.config().vocab_size
     }
 
+    fn max_positions(&self) -> Option<usize> {
+        self.model.model.config().max_position_embeddings
+    }
+
     fn slots(&self) -> usize {
         self.head.slots()
     }

@@ -42,6 +42,9 @@ pub struct Config {
     pub mlp_only_layers: Vec<usize>,
     /// MLX's `quantization` block (`group_size`, `bits`), when the checkpoint has one.
     pub quantization: Option<(usize, u32)>,
+    /// The positions the model was trained for (`max_position_embeddings`), when the
+    /// config says: a sequence's prompt and output together stay within it.
+    pub max_position_embeddings: Option<usize>,
 }
 
 /// Largest size of any dimension a config may declare (a hostile file's 10^9 experts is
@@ -238,6 +241,10 @@ impl Config {
             norm_topk_prob: flag(&v, "norm_topk_prob", false)?,
             decoder_sparse_step,
             mlp_only_layers,
+            max_position_embeddings: match get(&v, "max_position_embeddings") {
+                None => None,
+                Some(_) => Some(count(&v, "max_position_embeddings", 1 << 30)?),
+            },
             quantization: match get(&v, "quantization") {
                 None => None,
                 Some(q) => {

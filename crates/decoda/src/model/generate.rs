@@ -50,6 +50,11 @@ pub trait Engine {
     /// The first `rows` rows of the last call's logits (read back from the device after
     /// waiting for it): for tests and tools, never needed to generate.
     fn read_logits(&mut self, rows: usize) -> Result<Vec<f32>>;
+    /// The most positions a sequence may reach (prompt and output): the model's
+    /// `max_position_embeddings`, when its config says; `None` for no limit.
+    fn max_positions(&self) -> Option<usize> {
+        None
+    }
     /// How many steps may be recorded before the loop must collect results.
     fn ahead(&self) -> usize {
         1
@@ -169,9 +174,15 @@ pub fn generate<E: Engine + ?Sized>(
 /// The door of [`generate`] and [`generate_until`], the same for every engine and
 /// binding (the Python package calls it before its thread starts): at least one
 /// sequence and at most `slots`; each with a prompt of ids below `vocab`, `max_tokens` of
-/// at least 1, and a request valid for `vocab` (parameters, history, mask, stop ids).
-/// Errors name the sequence.
-pub fn check_sequences(seqs: &[Sequence], vocab: usize, slots: usize) -> Result<()> {
+/// at least 1 whose total with the prompt stays within `max_positions` (the model's
+/// `max_position_embeddings`, when it has one), and a request valid for `vocab`
+/// (parameters, history, mask, stop ids). Errors name the sequence.
+pub fn check_sequences(
+    seqs: &[Sequence],
+    vocab: usize,
+    slots: usize,
+    max_positions: Option<usize>,
+) -> Result<()> {
     if seqs.is_empty() {
         return Err(Error::Model("no sequence to generate".into()));
     }
@@ -193,12 +204,22 @@ pub fn check_sequences(seqs: &[Sequence], vocab: usize, slots: usize) -> Result<
                 vocab,
             });
         }
-        match s.request.max_tokens {
-            Some(n) if n >= 1 => {}
+        let n = match s.request.max_tokens {
+            Some(n) if n >= 1 => n,
             other => {
                 return Err(Error::Model(format!(
                     "sequence {i}: max_tokens = {other:?}: expected at least 1"
                 )))
+            }
+        };
+        if let Some(most) = max_positions {
+            let need = (s.prompt.len() as u64).saturating_add(n);
+            if need > most as u64 {
+                return Err(Error::Model(format!(
+                    "sequence {i}: a prompt of {} tokens and max_tokens = {n} need {need} \
+                     positions; the model holds {most} (max_position_embeddings)",
+                    s.prompt.len()
+                )));
             }
         }
         s.request.validate(i, vocab)?;
@@ -217,7 +238,7 @@ pub fn generate_until<E: Engine + ?Sized>(
     on_token: &mut dyn FnMut(usize),
     stop: &mut dyn FnMut(usize, &[u32]) -> bool,
 ) -> Result<Report> {
-    check_sequences(seqs, engine.vocab(), engine.slots())?;
+    check_sequences(seqs, engine.vocab(), engine.slots(), engine.max_positions())?;
     let limits: Vec<usize> = seqs
         .iter()
         .map(|s| s.request.max_tokens.unwrap_or(1) as usize)

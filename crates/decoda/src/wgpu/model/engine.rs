@@ -126,6 +126,10 @@ impl Engine for WgpuEngine {
         self.model.model.config().vocab_size
     }
 
+    fn max_positions(&self) -> Option<usize> {
+        self.model.model.config().max_position_embeddings
+    }
+
     fn slots(&self) -> usize {
         self.model.slots
     }
