@@ -8,7 +8,8 @@ use std::sync::Arc;
 use clap::Args;
 use decoda::head::SlotRequest;
 use decoda::model::{
-    generate_until, Engine, Qwen3Moe, Report, Sequence, SequenceOutput, DEFAULT_SORT_CUTOFF,
+    generate_checked, CheckedSequences, Engine, Qwen3Moe, Report, Sequence, SequenceOutput,
+    DEFAULT_SORT_CUTOFF,
 };
 use decoda::CpuEngine;
 use serde_json::{json, Value};
@@ -334,8 +335,8 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
     let seqs = sequences(&a, tok.as_ref())?;
     let model = Arc::new(Qwen3Moe::load(&a.model, a.sort_cutoff).map_err(|e| e.to_string())?);
     // generate's door, before any cache is sized from the sequences
-    decoda::model::check_sequences(
-        &seqs,
+    let checked = CheckedSequences::new(
+        std::borrow::Cow::Borrowed(&seqs),
         model.config.vocab_size,
         seqs.len(),
         model.config.max_position_embeddings,
@@ -381,9 +382,9 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
     };
     let mut report = pool
         .install(|| {
-            generate_until(
+            generate_checked(
                 eng.as_mut(),
-                &seqs,
+                &checked,
                 &mut |n| bar.set_position(n as u64),
                 &mut stop_check,
             )

@@ -1,5 +1,5 @@
 //! `decoda.load(...)` and `Model.generate(...)`: a Qwen3-MoE checkpoint's decode loop
-//! (the library's `generate_until`) on a thread of its own, its tokens streamed to a
+//! (the library's `generate_checked`) on a thread of its own, its tokens streamed to a
 //! Python iterator as they are drawn.
 
 use std::path::PathBuf;
@@ -7,7 +7,9 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 
 use decoda::head::SlotRequest;
-use decoda::model::{generate_until, Engine, Qwen3Moe, Sequence, DEFAULT_SORT_CUTOFF};
+use decoda::model::{
+    generate_checked, CheckedSequences, Engine, Qwen3Moe, Sequence, DEFAULT_SORT_CUTOFF,
+};
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 
@@ -172,13 +174,15 @@ impl Model {
         }
         // the door every binding shares, before the thread starts
         let cfg = &self.model.config;
-        decoda::model::check_sequences(
-            &seqs,
+        let slots = seqs.len();
+        let checked = CheckedSequences::new(
+            std::borrow::Cow::Owned(seqs),
             cfg.vocab_size,
-            seqs.len(),
+            slots,
             cfg.max_position_embeddings,
         )
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let seqs = checked.sequences();
         if !stop_strings.is_empty() && self.tokenizer.is_none() {
             return Err(PyValueError::new_err("stop strings need tokenizer.json"));
         }
@@ -192,7 +196,7 @@ impl Model {
         let (model, device, tok) = (self.model.clone(), self.device, self.tokenizer.clone());
         std::thread::spawn(move || {
             let run = || -> decoda::Result<String> {
-                let mut eng = engine(device, model, seqs.len(), positions, host_head)?;
+                let mut eng = engine(device, model, slots, positions, host_head)?;
                 let mut stop = |i: usize, ids: &[u32]| -> bool {
                     if let Some(&t) = ids.last() {
                         let _ = tx.send(Event::Token(i, t));
@@ -206,7 +210,7 @@ impl Model {
                         _ => false,
                     }
                 };
-                let report = generate_until(eng.as_mut(), &seqs, &mut |_| {}, &mut stop)?;
+                let report = generate_checked(eng.as_mut(), &checked, &mut |_| {}, &mut stop)?;
                 let mut v = serde_json::to_value(&report)
                     .map_err(|e| decoda::Error::Model(e.to_string()))?;
                 v["device"] = serde_json::json!(eng.name());

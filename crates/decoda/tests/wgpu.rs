@@ -25,30 +25,20 @@ fn open(min_chunk: usize, subgroups: Option<bool>) -> Option<WgpuSampler> {
 
 fn open_with(min_chunk: usize, options: WgpuOptions) -> Option<WgpuSampler> {
     let subgroups = options.subgroups;
-    match WgpuSampler::with_options(options) {
-        Ok(s) => {
-            eprintln!(
-                "wgpu tests on {} (subgroups: {})",
-                s.adapter(),
-                s.uses_subgroups()
-            );
-            if subgroups == Some(false) {
-                assert!(!s.uses_subgroups(), "subgroups were turned off");
-            }
-            if subgroups == Some(true) && s.adapter().contains("llvmpipe") {
-                assert!(s.uses_subgroups(), "lavapipe has subgroup operations");
-            }
-            s.set_min_chunk(min_chunk);
-            Some(s)
-        }
-        Err(e) => {
-            if std::env::var("DECODA_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("DECODA_REQUIRE_GPU=1 but the wgpu backend is unavailable: {e}");
-            }
-            eprintln!("wgpu tests skipped: {e}");
-            None
-        }
+    let s = decoda::testing::gpu::or_skip(WgpuSampler::with_options(options))?;
+    eprintln!(
+        "wgpu tests on {} (subgroups: {})",
+        s.adapter(),
+        s.uses_subgroups()
+    );
+    if subgroups == Some(false) {
+        assert!(!s.uses_subgroups(), "subgroups were turned off");
     }
+    if subgroups == Some(true) && s.adapter().contains("llvmpipe") {
+        assert!(s.uses_subgroups(), "lavapipe has subgroup operations");
+    }
+    s.set_min_chunk(min_chunk);
+    Some(s)
 }
 
 /// The sampler with its defaults, but workgroup-memory reductions: on the shared test

@@ -8,6 +8,7 @@
 //! sequence the host has not yet seen finish may be sampled again; the head reports such
 //! a row as finished and the loop ignores it.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -238,7 +239,74 @@ pub fn generate_until<E: Engine + ?Sized>(
     on_token: &mut dyn FnMut(usize),
     stop: &mut dyn FnMut(usize, &[u32]) -> bool,
 ) -> Result<Report> {
-    check_sequences(seqs, engine.vocab(), engine.slots(), engine.max_positions())?;
+    let checked = CheckedSequences::new(
+        Cow::Borrowed(seqs),
+        engine.vocab(),
+        engine.slots(),
+        engine.max_positions(),
+    )?;
+    generate_checked(engine, &checked, on_token, stop)
+}
+
+/// Sequences that passed generate's door ([`check_sequences`]) for a vocabulary, a
+/// number of slots and a position limit: what [`generate_checked`] runs without checking
+/// them again. A binding that checks before it builds its engine (the CLI, before sizing
+/// caches; Python, before its thread starts) makes one and hands it on.
+#[derive(Debug, Clone)]
+pub struct CheckedSequences<'a> {
+    seqs: Cow<'a, [Sequence]>,
+    vocab: usize,
+    slots: usize,
+    max_positions: Option<usize>,
+}
+
+impl<'a> CheckedSequences<'a> {
+    /// `seqs` through [`check_sequences`].
+    pub fn new(
+        seqs: Cow<'a, [Sequence]>,
+        vocab: usize,
+        slots: usize,
+        max_positions: Option<usize>,
+    ) -> Result<Self> {
+        check_sequences(&seqs, vocab, slots, max_positions)?;
+        Ok(Self {
+            seqs,
+            vocab,
+            slots,
+            max_positions,
+        })
+    }
+
+    /// The sequences.
+    pub fn sequences(&self) -> &[Sequence] {
+        &self.seqs
+    }
+}
+
+/// [`generate_until`] for sequences already through the door. The engine must be one
+/// they were checked for (its vocabulary and position limit, at least their slots).
+pub fn generate_checked<E: Engine + ?Sized>(
+    engine: &mut E,
+    checked: &CheckedSequences<'_>,
+    on_token: &mut dyn FnMut(usize),
+    stop: &mut dyn FnMut(usize, &[u32]) -> bool,
+) -> Result<Report> {
+    if engine.vocab() != checked.vocab
+        || engine.slots() < checked.seqs.len()
+        || engine.max_positions() != checked.max_positions
+    {
+        return Err(Error::Model(format!(
+            "sequences checked for V = {}, {} slots, {:?} positions; the engine has V = {}, \
+             {} slots, {:?} positions",
+            checked.vocab,
+            checked.slots,
+            checked.max_positions,
+            engine.vocab(),
+            engine.slots(),
+            engine.max_positions()
+        )));
+    }
+    let seqs = checked.sequences();
     let limits: Vec<usize> = seqs
         .iter()
         .map(|s| s.request.max_tokens.unwrap_or(1) as usize)

@@ -32,7 +32,8 @@ pub mod qwen3_moe;
 
 pub use config::Config;
 pub use generate::{
-    check_sequences, generate, generate_until, Engine, Report, Sequence, SequenceOutput,
+    check_sequences, generate, generate_checked, generate_until, CheckedSequences, Engine, Report,
+    Sequence, SequenceOutput,
 };
 pub use load::Checkpoint;
 pub use ops::{ModelWeights, MoeBlock, Ops, RopeTable};

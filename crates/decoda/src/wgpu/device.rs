@@ -1,7 +1,7 @@
 //! The device context every part of the device backend is built from: [`WgpuDevice`].
 //!
-//! It holds what lives once per device: the adapter's device and queue, its limits and
-//! features, the options it was opened with, the compiled pipelines (built once per
+//! It holds what lives once per device: the adapter's device and queue (its limits and
+//! features: the outcome of the options it was opened with), the compiled pipelines (built once per
 //! device, by shader, and shared by every sampler, head, MoE layer and model made from
 //! it), the pool of staging buffers that carries per-call parameters, and the size of a
 //! weight part. A CUDA or Metal backend written later would hold the same things in a
@@ -46,17 +46,13 @@ pub struct WgpuDevice {
 
 /// What a [`WgpuDevice`] shares.
 struct Context {
-    pub device: wgpu::Device,
-    pub queue: wgpu::Queue,
-    pub info: wgpu::AdapterInfo,
-    /// Whether the device was opened with subgroup operations (the reductions use them).
-    pub subgroups: bool,
-    /// Whether the device has timestamp queries.
-    pub timestamps: bool,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
     /// Workgroups a step aims to keep busy (rows times splits).
-    pub target_wg: usize,
+    target_wg: usize,
     /// Staging buffers for per-call parameters, shared by everything on the device.
-    pub stages: StagePool,
+    stages: StagePool,
     pipelines: PipelineCache,
 }
 
@@ -65,7 +61,7 @@ impl std::fmt::Debug for WgpuDevice {
         f.debug_struct("WgpuDevice")
             .field("adapter", &self.inner.info.name)
             .field("backend", &self.inner.info.backend)
-            .field("subgroups", &self.inner.subgroups)
+            .field("subgroups", &self.uses_subgroups())
             .finish()
     }
 }
@@ -112,12 +108,9 @@ impl WgpuDevice {
     }
 
     fn build(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
-        let features = device.features();
         let target_wg = adapter::target_workgroups(&info);
         Self {
             inner: Arc::new(Context {
-                subgroups: features.contains(wgpu::Features::SUBGROUP),
-                timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
                 target_wg,
                 stages: StagePool::new(),
                 pipelines: Mutex::new(HashMap::new()),
@@ -172,21 +165,23 @@ impl WgpuDevice {
     /// Whether Philox's products use 64-bit integers (the device was created with
     /// `SHADER_INT64`, see [`WgpuOptions::int64`]); the bits are the same either way.
     pub fn uses_int64(&self) -> bool {
-        self.inner
-            .device
-            .features()
-            .contains(wgpu::Features::SHADER_INT64)
+        self.has(wgpu::Features::SHADER_INT64)
+    }
+
+    /// Whether the device was created with `feature`.
+    fn has(&self, feature: wgpu::Features) -> bool {
+        self.inner.device.features().contains(feature)
     }
 
     /// Whether the reductions use subgroup operations (the adapter has them and they were
     /// chosen, see [`WgpuOptions::subgroups`]).
     pub fn uses_subgroups(&self) -> bool {
-        self.inner.subgroups
+        self.has(wgpu::Features::SUBGROUP)
     }
 
     /// Whether GPU timestamps are available.
     pub fn has_timestamps(&self) -> bool {
-        self.inner.timestamps
+        self.has(wgpu::Features::TIMESTAMP_QUERY)
     }
 
     /// Bytes of weights one binding holds at most: what the adapter binds at once (and
@@ -202,8 +197,9 @@ impl WgpuDevice {
     }
 
     /// Caps the bytes of weights per binding for the layers and models made from this
-    /// handle (and its clones) afterwards (at least 4 KiB). Results do not depend on it: tests use it to
-    /// split small models as real ones are split on adapters that bind little.
+    /// handle (and its clones) afterwards (at least 4 KiB). Results do not depend on it:
+    /// tests use it to split small models as real ones are split on adapters that bind
+    /// little.
     pub fn set_weight_part_bytes(&self, bytes: u64) {
         self.weight_part.store(bytes.max(4096), Ordering::Relaxed);
     }
@@ -364,39 +360,6 @@ fn layouts(
         immediate_size: 0,
     });
     (layout, pl)
-}
-
-/// One WGSL module's pipelines, all built now: the bind group layout where binding `i`
-/// is `binds[i]`, and a compute pipeline for each of `entries`, in order. A shader or
-/// validation error is [`Error::Device`], `failed` followed by the error.
-pub(crate) fn build_pipelines<const N: usize>(
-    device: &wgpu::Device,
-    label: &str,
-    source: String,
-    binds: &[Bind],
-    entries: [&str; N],
-    failed: &str,
-) -> Result<(wgpu::BindGroupLayout, [wgpu::ComputePipeline; N])> {
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(label),
-        source: wgpu::ShaderSource::Wgsl(source.into()),
-    });
-    let (layout, pl) = layouts(device, label, binds);
-    let pipes = entries.map(|entry| {
-        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(entry),
-            layout: Some(&pl),
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: Default::default(),
-            cache: None,
-        })
-    });
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        return Err(Error::Device(format!("{failed}: {e}")));
-    }
-    Ok((layout, pipes))
 }
 
 /// The error of a call that finds a lock poisoned by an earlier panic.

@@ -28,7 +28,6 @@ use crate::head::{self, FinishReason, Head, SlotRequest, SlotStep, MAX_SLOT_BIAS
 use crate::logits::Logits;
 use crate::params::{SamplingParams, MAX_BREAKERS, MAX_BREAKER_LEN};
 
-use super::adapter;
 use super::buffers::{make_buffer, Grow};
 use super::call::{
     bind_group_raw, call_block, dry_lists, push_history, row_flags, slot_params, step_group,
@@ -82,7 +81,6 @@ struct HostSlot {
 /// The sampling head on a wgpu device. See the module docs.
 pub struct WgpuHead {
     pub(crate) ctx: WgpuDevice,
-    name: String,
     kernels: Arc<Kernels>,
     slots: usize,
     vocab: usize,
@@ -123,7 +121,7 @@ impl WgpuHead {
 impl std::fmt::Debug for WgpuHead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WgpuHead")
-            .field("adapter", &self.name)
+            .field("adapter", &self.ctx.adapter_name())
             .field("slots", &self.slots)
             .field("vocab", &self.vocab)
             .finish()
@@ -147,8 +145,7 @@ impl WgpuHead {
                 MAX_VOCAB
             )));
         }
-        adapter::check_limits(ctx.device(), ctx.info())?;
-        let kernels = ctx.pipelines("sampler", || Kernels::build(ctx.device(), ctx.info()))?;
+        let kernels = Kernels::of(&ctx)?;
         let device = ctx.device().clone();
         let max_binding = device.limits().max_storage_buffer_binding_size;
         let pen_bytes = (slots * kernels::pen_words(vocab) * 4) as u64;
@@ -194,7 +191,6 @@ impl WgpuHead {
                 (slots * (RES_WORDS + KEPT_WORDS) * 4) as u64,
                 u,
             ),
-            name: ctx.adapter_name().to_string(),
             kernels,
             ctx,
             slots,
@@ -678,7 +674,7 @@ impl WgpuHead {
 
 impl Head for WgpuHead {
     fn name(&self) -> String {
-        format!("wgpu:{}", self.name)
+        format!("wgpu:{}", self.ctx.adapter_name())
     }
 
     fn slots(&self) -> usize {
@@ -822,7 +818,7 @@ impl Head for WgpuHead {
         let id = self.record_step_with(&mut enc, &view, mask_view.as_ref(), rows, None)?;
         self.ctx.queue().submit([enc.finish()]);
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Device(format!("{}: {e}", self.name)));
+            return Err(Error::Device(format!("{}: {e}", self.ctx.adapter_name())));
         }
         let done = self.wait()?;
         done.into_iter()

@@ -4,7 +4,7 @@
 use crate::error::Result;
 
 use super::buffers::{make_buffer, Grow};
-use super::device::{lazy_pipelines, Pipelines};
+use super::device::{lazy_pipelines, Pipelines, WgpuDevice};
 use super::layout::*;
 
 /// The step kernels' entry points, in the order of [`Kernels::pipes`].
@@ -48,7 +48,7 @@ impl Kernels {
     /// and Philox's products in 64-bit integers when it has `SHADER_INT64`); its
     /// pipelines are built as calls first need them. A shader error is
     /// [`Error::Device`].
-    pub fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Self> {
+    fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Self> {
         use super::device::Bind::*;
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
         let int64 = device.features().contains(wgpu::Features::SHADER_INT64);
@@ -71,6 +71,13 @@ impl Kernels {
             pipes,
             no_mask,
         })
+    }
+
+    /// The step kernels of `ctx`'s device: checked against its limits, compiled once per
+    /// device and shared by every sampler and head made from it.
+    pub fn of(ctx: &WgpuDevice) -> Result<std::sync::Arc<Self>> {
+        super::adapter::check_limits(ctx.device(), ctx.info())?;
+        ctx.pipelines("sampler", || Self::build(ctx.device(), ctx.info()))
     }
 
     /// Entry point `e`'s pipeline (built at its first use).

@@ -15,7 +15,7 @@ use crate::moe::{
 };
 
 use super::buffers::{make_buffer, Grow};
-use super::device::{poisoned, WgpuDevice};
+use super::device::{lazy_pipelines, poisoned, Pipelines, WgpuDevice};
 
 /// The WGSL of the MoE kernels (without the shared arithmetic).
 pub const SHADER_MOE: &str = include_str!("moe.wgsl");
@@ -62,15 +62,15 @@ pub(crate) struct MoeParams {
     pub pad2: u32,
 }
 
-struct Pipes {
-    layout: wgpu::BindGroupLayout,
-    route: wgpu::ComputePipeline,
-    count: wgpu::ComputePipeline,
-    place: wgpu::ComputePipeline,
-    act: wgpu::ComputePipeline,
-    down: wgpu::ComputePipeline,
-    combine: wgpu::ComputePipeline,
-}
+/// The MoE kernels' pipelines, each built at its first use (a decode call never routes
+/// through `count` and `place`), indexed by the constants below.
+type Pipes = Pipelines<6>;
+const ROUTE: usize = 0;
+const COUNT: usize = 1;
+const PLACE: usize = 2;
+const ACT: usize = 3;
+const DOWN: usize = 4;
+const COMBINE: usize = 5;
 
 /// The routing of a recorded call.
 #[derive(Debug, Clone, Copy)]
@@ -115,7 +115,6 @@ struct Scratch {
 /// A SwiGLU expert layer on the device.
 pub struct WgpuMoe {
     ctx: WgpuDevice,
-    name: String,
     pipes: std::sync::Arc<Pipes>,
     /// The weights in parts of whole experts, each in a buffer of its own with the
     /// parameters (offsets, expert range) of its dispatches.
@@ -135,7 +134,7 @@ pub struct WgpuMoe {
 impl std::fmt::Debug for WgpuMoe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WgpuMoe")
-            .field("adapter", &self.name)
+            .field("adapter", &self.ctx.adapter_name())
             .field("experts", &self.experts)
             .field("hidden", &self.hidden)
             .field("intermediate", &self.inter)
@@ -290,7 +289,6 @@ impl WgpuMoe {
         use wgpu::BufferUsages as U;
         let st = U::STORAGE | U::COPY_DST | U::COPY_SRC;
         Ok(Self {
-            name: ctx.adapter_name().to_string(),
             scratch: Mutex::new(Scratch {
                 work: Grow::new(&device, "decoda moe work", st),
                 counts: Grow::new(&device, "decoda moe counts", st),
@@ -325,7 +323,7 @@ impl WgpuMoe {
     ) -> wgpu::BindGroup {
         self.ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("decoda moe"),
-            layout: &self.pipes.layout,
+            layout: &self.pipes.binds,
             entries: &[
                 wgpu::BindGroupEntry {
                     binding: 0,
@@ -585,18 +583,18 @@ impl WgpuMoe {
             };
         let g0 = &groups[0];
         if let MoeRouting::Logits { .. } = routing {
-            run(g0, &self.pipes.route, n.div_ceil(64), 1);
+            run(g0, self.pipes.get(ROUTE), n.div_ceil(64), 1);
         }
         if dispatch == Dispatch::Sorted {
-            run(g0, &self.pipes.count, rows.div_ceil(256), 1);
-            run(g0, &self.pipes.place, self.experts, 1);
+            run(g0, self.pipes.get(COUNT), rows.div_ceil(256), 1);
+            run(g0, self.pipes.get(PLACE), self.experts, 1);
         }
         // the products part by part: each dispatch computes the rows of its experts
         for g in &groups {
-            run(g, &self.pipes.act, self.inter, rows.div_ceil(4));
-            run(g, &self.pipes.down, d, rows.div_ceil(4));
+            run(g, self.pipes.get(ACT), self.inter, rows.div_ceil(4));
+            run(g, self.pipes.get(DOWN), d, rows.div_ceil(4));
         }
-        run(g0, &self.pipes.combine, d.div_ceil(256), n);
+        run(g0, self.pipes.get(COMBINE), d.div_ceil(256), n);
         drop(pass);
         drop(sc);
         Ok(dispatch)
@@ -696,7 +694,7 @@ impl WgpuMoe {
         }
         self.ctx.queue().submit([enc.finish()]);
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Device(format!("{}: {e}", self.name)));
+            return Err(Error::Device(format!("{}: {e}", self.ctx.adapter_name())));
         }
         let words: Vec<u32> = self.ctx.read_back(&read, total)?;
         let y: Vec<f32> = words[..n * d].iter().map(|&w| f32::from_bits(w)).collect();
@@ -780,29 +778,20 @@ fn make_params(device: &wgpu::Device, parts: usize) -> wgpu::Buffer {
 }
 
 fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Pipes> {
-    use super::device::{build_pipelines, Bind::*};
-    let (layout, [route, count, place, act, down, combine]) = build_pipelines(
+    use super::device::Bind::*;
+    lazy_pipelines(
         device,
         "decoda moe.wgsl",
         moe_shader_source(),
         &[Uniform, Read, Read, Read, Write, Write, Write],
         ["route", "count", "place", "act", "down", "combine"],
         &format!("{}: building the MoE shaders failed", info.name),
-    )?;
-    Ok(Pipes {
-        layout,
-        route,
-        count,
-        place,
-        act,
-        down,
-        combine,
-    })
+    )
 }
 
 impl MoeLayer for WgpuMoe {
     fn name(&self) -> String {
-        format!("wgpu:{}", self.name)
+        format!("wgpu:{}", self.ctx.adapter_name())
     }
 
     fn dims(&self) -> (usize, usize, usize) {

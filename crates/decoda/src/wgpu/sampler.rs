@@ -7,7 +7,6 @@ use crate::error::{Error, Result};
 use crate::params::Request;
 use crate::pipeline::{self as pl, Row};
 
-use super::adapter;
 use super::buffers::{make_buffer, Grow};
 use super::call::{
     bind_group, call_block, dry_lists, push_history, row_flags, slot_params, CallShape, MAX_VOCAB,
@@ -141,8 +140,7 @@ impl WgpuSampler {
     /// made from it.
     pub fn on(device: &WgpuDevice) -> Result<Self> {
         let ctx = device.clone();
-        adapter::check_limits(ctx.device(), ctx.info())?;
-        let kernels = ctx.pipelines("sampler", || Kernels::build(ctx.device(), ctx.info()))?;
+        let kernels = Kernels::of(&ctx)?;
         use wgpu::BufferUsages as U;
         let scratch = Scratch {
             bufs: StepBuffers::new(ctx.device()),

@@ -119,7 +119,7 @@ fn read_f32(ctx: &WgpuDevice, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> 
 
 impl Engine for WgpuEngine {
     fn name(&self) -> String {
-        format!("wgpu:{}", self.model.name)
+        format!("wgpu:{}", self.model.ctx.adapter())
     }
 
     fn vocab(&self) -> usize {

@@ -25,7 +25,7 @@ use crate::model::ops::{Act, ModelWeights, NormId, RopeTable, WeightId};
 use crate::moe::{Dispatch, Router};
 
 use super::buffers::make_buffer;
-use super::device::WgpuDevice;
+use super::device::{lazy_pipelines, Pipelines, WgpuDevice};
 use super::moe::{MoeRouting, WgpuMoe};
 
 pub use engine::WgpuEngine;
@@ -99,10 +99,8 @@ enum Pipe {
 /// The model's buffers and pipelines on one device.
 pub struct WgpuModel {
     ctx: WgpuDevice,
-    name: String,
     model: Arc<dyn ModelWeights>,
-    layout: wgpu::BindGroupLayout,
-    pipes: HashMap<Pipe, wgpu::ComputePipeline>,
+    pipes: Arc<Pipelines<7>>,
     mats: HashMap<WeightId, Mat>,
     embed: Mat,
     norms: wgpu::Buffer,
@@ -135,31 +133,22 @@ pub struct WgpuModel {
 impl std::fmt::Debug for WgpuModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WgpuModel")
-            .field("adapter", &self.name)
+            .field("adapter", &self.ctx.adapter())
             .field("slots", &self.slots)
             .field("max_positions", &self.max_pos)
             .finish()
     }
 }
 
-fn build_pipes(
-    device: &wgpu::Device,
-) -> Result<(wgpu::BindGroupLayout, HashMap<Pipe, wgpu::ComputePipeline>)> {
-    use crate::wgpu::device::{build_pipelines, Bind::*};
-    let which = [
-        Pipe::Embed,
-        Pipe::Rms,
-        Pipe::Linear,
-        Pipe::RopeStore,
-        Pipe::Attend,
-        Pipe::Add,
-        Pipe::Advance,
-    ];
-    let (layout, pipes) = build_pipelines(
+/// The model's pipelines, each built at its first use, indexed by [`Pipe`].
+fn build_pipes(device: &wgpu::Device) -> Result<Pipelines<7>> {
+    use crate::wgpu::device::Bind::*;
+    lazy_pipelines(
         device,
         "decoda model.wgsl",
         model_shader_source(),
         &[Uniform, Read, Read, Read, Write, Write, Write, Write, Write],
+        // in the order of `Pipe`
         [
             "embed",
             "rms",
@@ -170,8 +159,7 @@ fn build_pipes(
             "advance",
         ],
         "building the model's kernels",
-    )?;
-    Ok((layout, which.into_iter().zip(pipes).collect()))
+    )
 }
 
 fn grid_of(n: usize) -> (u32, u32) {
@@ -197,8 +185,7 @@ impl WgpuModel {
             ));
         }
         // compiled once per device, shared by every model made from it
-        let shared = ctx.pipelines("model", || build_pipes(&device))?;
-        let (layout, pipes) = (shared.0.clone(), shared.1.clone());
+        let pipes = ctx.pipelines("model", || build_pipes(&device))?;
         let mut mats = HashMap::new();
         // a matrix larger than one binding goes up in parts of whole rows
         let part = ctx.weight_part_bytes();
@@ -311,8 +298,6 @@ impl WgpuModel {
         let host_tokens = sized("decoda host tokens", slots * 4)?;
         let dummy = |l| make_buffer(&device, l, 16, st);
         Ok(Self {
-            name: ctx.adapter(),
-            layout,
             pipes,
             mats,
             embed,
@@ -529,7 +514,7 @@ impl WgpuModel {
                     timestamp_writes: None,
                 });
                 for k in &seg.kernels {
-                    pass.set_pipeline(&self.pipes[&k.pipe]);
+                    pass.set_pipeline(self.pipes.get(k.pipe as usize));
                     pass.set_bind_group(0, &k.group, &[]);
                     pass.dispatch_workgroups(k.grid.0, k.grid.1, 1);
                 }

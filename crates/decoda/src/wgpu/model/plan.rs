@@ -154,7 +154,7 @@ impl WgpuModel {
                 .device()
                 .create_bind_group(&wgpu::BindGroupDescriptor {
                     label: Some("decoda model"),
-                    layout: &self.layout,
+                    layout: &self.pipes.binds,
                     entries: &entries,
                 });
             segments
