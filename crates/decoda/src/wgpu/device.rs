@@ -257,13 +257,15 @@ pub(crate) enum Bind {
     Write,
 }
 
-/// One WGSL module's pipelines, each built the first time it is used: the module and
-/// the bind group layout (binding `i` is `binds[i]`) are made and validated at once, a
-/// compute pipeline for an entry point only when a call first records it. Creating a
-/// pipeline costs real time (on lavapipe seconds for the step kernels, even with the
-/// driver's disk cache warm; a GPU driver compiles it to its machine code), and a call
-/// or a command that never needs an entry point (many draws, log-probabilities, a
-/// head's joins) should not pay for it.
+/// One WGSL module's pipelines, each built the first time it is used (or all at once by
+/// [`Pipelines::build_all`]): the module and the bind group layout (binding `i` is
+/// `binds[i]`) are made and validated at once, a compute pipeline for an entry point
+/// only when a call first records it. Creating a pipeline costs real time (on lavapipe
+/// seconds for the step kernels, even with the driver's disk cache warm; a GPU driver
+/// compiles it to its machine code): a per-call sampler that never needs an entry point
+/// (many draws, log-probabilities) should not pay for it, while the long-lived parts of
+/// a decode loop (a head, an MoE layer, a model) build theirs when they are made, so no
+/// step of the loop pays for one.
 pub(crate) struct Pipelines<const N: usize> {
     device: wgpu::Device,
     module: wgpu::ShaderModule,
@@ -288,6 +290,13 @@ impl<const N: usize> Pipelines<N> {
                     cache: None,
                 })
         })
+    }
+
+    /// Builds every pipeline not built yet.
+    pub fn build_all(&self) {
+        for i in 0..N {
+            self.get(i);
+        }
     }
 
     /// How many pipelines have been built so far.

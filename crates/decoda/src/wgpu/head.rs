@@ -146,6 +146,8 @@ impl WgpuHead {
             )));
         }
         let kernels = Kernels::of(&ctx)?;
+        // a head steps many times: every step kernel now, none inside a step
+        kernels.pipes.build_all();
         let device = ctx.device().clone();
         let max_binding = device.limits().max_storage_buffer_binding_size;
         let pen_bytes = (slots * kernels::pen_words(vocab) * 4) as u64;

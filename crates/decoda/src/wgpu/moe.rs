@@ -62,8 +62,8 @@ pub(crate) struct MoeParams {
     pub pad2: u32,
 }
 
-/// The MoE kernels' pipelines, each built at its first use (a decode call never routes
-/// through `count` and `place`), indexed by the constants below.
+/// The MoE kernels' pipelines (built when a layer is made), indexed by the constants
+/// below.
 type Pipes = Pipelines<6>;
 const ROUTE: usize = 0;
 const COUNT: usize = 1;
@@ -286,6 +286,8 @@ impl WgpuMoe {
             parts.push((weights, offsets));
         }
         let pipes = ctx.pipelines("moe", || build(&device, ctx.info()))?;
+        // a layer runs many calls: every kernel now, none inside a call
+        pipes.build_all();
         use wgpu::BufferUsages as U;
         let st = U::STORAGE | U::COPY_DST | U::COPY_SRC;
         Ok(Self {

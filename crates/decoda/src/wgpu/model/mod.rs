@@ -140,7 +140,7 @@ impl std::fmt::Debug for WgpuModel {
     }
 }
 
-/// The model's pipelines, each built at its first use, indexed by [`Pipe`].
+/// The model's pipelines (built when a model is made), indexed by [`Pipe`].
 fn build_pipes(device: &wgpu::Device) -> Result<Pipelines<7>> {
     use crate::wgpu::device::Bind::*;
     lazy_pipelines(
@@ -186,6 +186,8 @@ impl WgpuModel {
         }
         // compiled once per device, shared by every model made from it
         let pipes = ctx.pipelines("model", || build_pipes(&device))?;
+        // a model runs many calls: every kernel now, none inside a call
+        pipes.build_all();
         let mut mats = HashMap::new();
         // a matrix larger than one binding goes up in parts of whole rows
         let part = ctx.weight_part_bytes();
