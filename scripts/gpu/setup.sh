@@ -3,7 +3,7 @@
 # driver's ICD, a runtime directory, $OUT, and the CLI unpacked to $D.
 OUT=${OUT:-/tmp/decoda-gpu}
 mkdir -p "$OUT"
-for f in .gl/*.deb; do dpkg -x "$f" /; done
+for f in .gl/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done
 ldconfig
 icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [ -f "$icd" ] && export VK_DRIVER_FILES=$icd

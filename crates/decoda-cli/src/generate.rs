@@ -14,6 +14,8 @@ use decoda::model::{
 use decoda::CpuEngine;
 use serde_json::{json, Value};
 
+use crate::profile::Bandwidth;
+
 use crate::device::{check_threads, Device};
 use crate::inputs::SamplingFlags;
 
@@ -76,6 +78,15 @@ pub struct GenerateArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// wgpu: profile every decode step: per kernel, its device time per step (each
+    /// dispatch timed in a pass of its own, so steps run slower) beside its plan
+    /// (workgroups, bytes read and written) and the bytes' time at --bandwidth-gbs.
+    #[arg(long)]
+    profile: bool,
+    /// With --profile: the bandwidth in GB/s the planned bytes' times are taken at
+    /// (default: the adapter's copy rate, measured first).
+    #[arg(long)]
+    bandwidth_gbs: Option<f64>,
 }
 
 /// Keys of a --prompts line besides the sampling parameters' (`decoda::params::PARAM_KEYS`).
@@ -279,7 +290,7 @@ fn engine(
     slots: usize,
     positions: usize,
     cpu_head: bool,
-) -> Result<Box<dyn Engine + Send>, String> {
+) -> Result<(Box<dyn Engine + Send>, Option<Bandwidth>), String> {
     let gpu = match a.device {
         Device::Cpu => None,
         Device::Wgpu => Some(decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?),
@@ -293,8 +304,15 @@ fn engine(
                         .into(),
                 );
             }
-            Ok(Box::new(
-                CpuEngine::new(model, slots).map_err(|e| e.to_string())?,
+            if a.profile {
+                return Err(
+                    "--profile times device dispatches; the CPU engine has none (--device wgpu)"
+                        .into(),
+                );
+            }
+            Ok((
+                Box::new(CpuEngine::new(model, slots).map_err(|e| e.to_string())?),
+                None,
             ))
         }
         Some(s) => {
@@ -312,9 +330,17 @@ fn engine(
             } else {
                 None
             };
-            let e = decoda::wgpu::WgpuEngine::new(&s, model, slots, positions, host)
+            let bw = if a.profile {
+                Some(Bandwidth::of(a.bandwidth_gbs, || s.copy_bandwidth())?)
+            } else {
+                None
+            };
+            let mut e = decoda::wgpu::WgpuEngine::new(&s, model, slots, positions, host)
                 .map_err(|e| e.to_string())?;
-            Ok(Box::new(e))
+            if a.profile {
+                e.set_profile(true);
+            }
+            Ok((Box::new(e), bw))
         }
     }
 }
@@ -352,7 +378,10 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
         .max()
         .unwrap_or(1);
     let cpu_head = seqs.iter().any(|s| s.beyond_device().is_some());
-    let mut eng = engine(&a, model, seqs.len(), positions, cpu_head)?;
+    if a.bandwidth_gbs.is_some() && !a.profile {
+        return Err("--bandwidth-gbs is for --profile".into());
+    }
+    let (mut eng, bw) = engine(&a, model, seqs.len(), positions, cpu_head)?;
     if !a.stop_str.is_empty() && tok.is_none() {
         return Err(format!(
             "--stop-str needs {}",
@@ -399,7 +428,7 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
                 .and_then(|t| cut_at_stop_string(t, &a.stop_str, out))
         })
         .collect();
-    print_report(&a, eng.as_ref(), &seqs, &report, tok.as_ref(), &texts)
+    print_report(&a, eng.as_ref(), &seqs, &report, tok.as_ref(), &texts, bw)
 }
 
 /// Cuts a sequence that met a stop string: its tokens whose text lies wholly before the
@@ -440,6 +469,7 @@ fn print_report(
     r: &Report,
     tok: Option<&tokenizers::Tokenizer>,
     cut: &[Option<String>],
+    bw: Option<Bandwidth>,
 ) -> Result<ExitCode, String> {
     // a sequence cut at a stop string shows the text before it
     let text_at = |i: usize| {
@@ -481,6 +511,9 @@ fn print_report(
             "moe": moe,
         });
         out["prefills_shared"] = json!(r.forked);
+        if let Some(bw) = bw {
+            out["profile"] = crate::profile::to_json(&eng.profile(), bw);
+        }
         if a.prompts.is_some() || seqs.len() > 1 {
             out["sequences"] = Value::Array((0..seqs.len()).map(seq_json).collect());
         } else if let Value::Object(m) = seq_json(0) {
@@ -518,6 +551,9 @@ fn print_report(
             name(r.moe_prefill),
             name(r.moe_decode)
         );
+        if let Some(bw) = bw {
+            crate::profile::print(&eng.profile(), bw, "decode steps", &eng.name());
+        }
     }
     Ok(if failed {
         ExitCode::from(1)

@@ -7,6 +7,7 @@ mod device;
 mod generate;
 mod inputs;
 mod moe_bench;
+mod profile;
 mod replay;
 mod sample;
 mod tiny_model;

@@ -11,6 +11,9 @@ use decoda::MoeLayer;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
+use crate::profile::Bandwidth;
+use decoda::profile::StepProfile;
+
 use crate::bench::round2;
 
 fn parse_dtype(s: &str) -> Result<WeightDtype, String> {
@@ -59,6 +62,15 @@ pub struct MoeBenchArgs {
     /// Print JSON lines (one per N, then the crossover) instead of a table.
     #[arg(long)]
     json: bool,
+    /// wgpu: after timing each N, profile one call of each branch: per kernel, its device
+    /// time (each dispatch timed in a pass of its own) beside its plan (workgroups,
+    /// bytes read and written) and the bytes' time at --bandwidth-gbs.
+    #[arg(long)]
+    profile: bool,
+    /// With --profile: the bandwidth in GB/s the planned bytes' times are taken at
+    /// (default: the adapter's copy rate, measured first).
+    #[arg(long)]
+    bandwidth_gbs: Option<f64>,
 }
 
 /// Medians of `a` and `b` run alternately (so drift on a shared machine hits both
@@ -210,9 +222,29 @@ pub fn run(a: MoeBenchArgs) -> Result<ExitCode, String> {
         }
         crate::device::Device::Auto => crate::device::auto_gpu(),
     };
-    let layer: Box<dyn MoeLayer> = match &gpu {
-        Some(g) => Box::new(decoda::wgpu::WgpuMoe::new(g, &cpu_layer).map_err(|e| e.to_string())?),
-        None => Box::new(decoda::cpu::CpuMoe::new(cpu_layer)),
+    if a.bandwidth_gbs.is_some() && !a.profile {
+        return Err("--bandwidth-gbs is for --profile".into());
+    }
+    let bw = match (&gpu, a.profile) {
+        (Some(g), true) => Some(Bandwidth::of(a.bandwidth_gbs, || g.copy_bandwidth())?),
+        (None, true) => {
+            return Err(
+                "--profile times device dispatches; the CPU layer has none (--device wgpu)".into(),
+            )
+        }
+        _ => None,
+    };
+    let gpu_layer = match &gpu {
+        Some(g) => Some(decoda::wgpu::WgpuMoe::new(g, &cpu_layer).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let cpu_moe;
+    let layer: &dyn MoeLayer = match &gpu_layer {
+        Some(l) => l,
+        None => {
+            cpu_moe = decoda::cpu::CpuMoe::new(cpu_layer);
+            &cpu_moe
+        }
     };
     let device_name = layer.name();
     if !a.json {
@@ -252,13 +284,38 @@ pub fn run(a: MoeBenchArgs) -> Result<ExitCode, String> {
                 std::hint::black_box(run(Dispatch::Unsorted).expect("checked above"));
             },
         );
-        let line = json!({
+        let mut line = json!({
             "experts": shape.experts, "top_k": shape.top_k, "hidden": shape.hidden,
             "intermediate": shape.intermediate, "dtype": dtype.name(), "tokens": n,
             "sorted_us": round2(sorted_us), "unsorted_us": round2(unsorted_us),
             "threads": threads, "fused": !a.separate, "max_rel_diff": diff,
             "device": device_name,
         });
+        if let (Some(l), Some(bw)) = (&gpu_layer, bw) {
+            for (d, key) in [
+                (Dispatch::Sorted, "profile_sorted"),
+                (Dispatch::Unsorted, "profile_unsorted"),
+            ] {
+                // one call to settle, then three profiled
+                l.profile_call(&x, &routing, d).map_err(|e| e.to_string())?;
+                let mut p = StepProfile::default();
+                for _ in 0..3 {
+                    p.push_step(l.profile_call(&x, &routing, d).map_err(|e| e.to_string())?);
+                }
+                if a.json {
+                    line[key] = crate::profile::to_json(&p, bw);
+                } else {
+                    bar.suspend(|| {
+                        crate::profile::print(
+                            &p,
+                            bw,
+                            &format!("{} calls at N = {n}", key.trim_start_matches("profile_")),
+                            &device_name,
+                        )
+                    });
+                }
+            }
+        }
         if a.json {
             bar.suspend(|| println!("{line}"));
         }

@@ -1589,3 +1589,129 @@ fn replay_with_masks() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("masks of shape"), "{err}");
 }
+
+/// `generate --profile` and `moe-bench --profile` on the device: per kernel, the device
+/// time per step beside the plan and the bytes' time at the given bandwidth, as JSON;
+/// refused on the CPU and without --profile.
+#[test]
+fn profile_generate_and_moe_bench() {
+    let d = tiny("profile-model", &["--seed", "3"]);
+    let m = d.to_str().unwrap();
+    let (code, _, err) = run(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "Hi",
+        "--device",
+        "cpu",
+        "--profile",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--profile"), "{err}");
+    let (code, _, err) = run(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "Hi",
+        "--bandwidth-gbs",
+        "10",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--bandwidth-gbs"), "{err}");
+    if !have_wgpu() {
+        return;
+    }
+    let (code, out, err) = run(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "3",
+        "--seed",
+        "1",
+        "--device",
+        "wgpu",
+        "--profile",
+        "--bandwidth-gbs",
+        "100",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let p = &v["profile"];
+    assert_eq!(p["steps"], 3, "{p}");
+    assert_eq!(p["bandwidth_gbs"], 100.0);
+    assert_eq!(p["bandwidth"], "given");
+    let kernels = p["kernels"].as_array().unwrap();
+    for k in [
+        "sample.scan",
+        "model.linear",
+        "model.attend",
+        "moe.act",
+        "moe.down",
+    ] {
+        let line = kernels
+            .iter()
+            .find(|l| l["kernel"] == k)
+            .unwrap_or_else(|| panic!("{k}: {p}"));
+        assert!(line["workgroups"].as_f64().unwrap() >= 1.0, "{line}");
+        assert!(line["device_us"].as_f64().is_some(), "{line}");
+        // the bytes' time is the bytes at 100 GB/s
+        let bytes = line["bytes_read"].as_f64().unwrap() + line["bytes_written"].as_f64().unwrap();
+        let us = line["bytes_us"].as_f64().unwrap();
+        assert!((us - bytes / 1e5).abs() <= 0.01, "{line}");
+    }
+    assert!(p["total"]["dispatches"].as_f64().unwrap() > 10.0, "{p}");
+    let (code, out, err) = run(&[
+        "moe-bench",
+        "--experts",
+        "8",
+        "--top-k",
+        "2",
+        "--hidden",
+        "64",
+        "--intermediate",
+        "64",
+        "--tokens",
+        "1",
+        "--time-ms",
+        "1",
+        "--device",
+        "wgpu",
+        "--dtype",
+        "q8g64",
+        "--profile",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let first: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    for (key, kernels) in [
+        (
+            "profile_sorted",
+            &[
+                "moe.count",
+                "moe.place",
+                "moe.act",
+                "moe.down",
+                "moe.combine",
+            ][..],
+        ),
+        (
+            "profile_unsorted",
+            &["moe.act", "moe.down", "moe.combine"][..],
+        ),
+    ] {
+        let got: Vec<&str> = first[key]["kernels"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key}: {first}"))
+            .iter()
+            .map(|l| l["kernel"].as_str().unwrap())
+            .collect();
+        assert_eq!(got, kernels, "{first}");
+        assert_eq!(first[key]["bandwidth"], "measured copy rate");
+    }
+}

@@ -35,6 +35,7 @@ pub mod moe;
 pub mod params;
 pub mod philox;
 pub mod pipeline;
+pub mod profile;
 pub mod reference;
 pub mod testing;
 #[cfg(feature = "wgpu")]

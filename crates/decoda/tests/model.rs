@@ -403,4 +403,187 @@ mod wgpu {
             assert!(gap < 1e-5, "{}: device vs CPU logits {gap:.2e}", g.name);
         }
     }
+
+    /// `generate --profile`'s engine side: every dispatch of every decode step, each
+    /// timed (lavapipe has timestamps) beside its plan, and the plan of the linear
+    /// layers at B = 1 exact: each weight once, with its input (and, where it adds to
+    /// its output, that output) once.
+    #[test]
+    fn profile_times_every_dispatch_beside_its_plan() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-profile");
+        let model = Arc::new(Qwen3Moe::load(&tiny_model(&t, 7).unwrap(), 16).unwrap());
+        let steps = 4;
+        let mut e = dev(Arc::clone(&model), 1, 8 + steps).unwrap();
+        assert!(e.set_profile(true));
+        let req = decoda::head::SlotRequest::new(decoda::SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        })
+        .max_tokens(steps as u64)
+        .seed(3);
+        let seq = decoda::model::Sequence {
+            prompt: vec![256, 72, 101],
+            request: req,
+        };
+        let r = decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
+        assert_eq!(r.outputs[0].tokens.len(), steps);
+        let p = e.profile();
+        assert_eq!(p.steps, steps);
+        let timed = decoda::testing::gpu::device().unwrap().has_timestamps();
+        for d in &p.dispatches {
+            assert!(d.launch.workgroups > 0, "{d:?}");
+            assert_eq!(d.device_ns.is_some(), timed, "{d:?}");
+        }
+        // the kernels every step runs: the sampler's, the model's and the MoE layers'
+        let lines = p.by_kernel();
+        for k in [
+            "sample.scan",
+            "model.embed",
+            "model.linear",
+            "model.attend",
+            "moe.act",
+            "moe.down",
+        ] {
+            assert!(
+                lines.iter().any(|l| l.kernel == k),
+                "{k} missing: {lines:?}"
+            );
+        }
+        // the last step samples only: the forward ran steps - 1 times
+        let linear: u64 = p
+            .dispatches
+            .iter()
+            .filter(|d| d.launch.kernel == "model.linear")
+            .map(|d| d.launch.bytes_read)
+            .sum();
+        let per_forward = linear / (steps as u64 - 1);
+        let (mut weights, mut inputs, mut outputs) = (0u64, 0u64, 0u64);
+        for id in model.weight_ids() {
+            let w = model.weight(id).unwrap();
+            let (o, i) = (w.out_features() as u64, w.in_features() as u64);
+            weights += 4 * o * i;
+            // gate and up are one dispatch reading its input once
+            if !matches!(id, decoda::model::ops::WeightId::Up(_)) {
+                inputs += 4 * i;
+            }
+            outputs += 4 * o;
+        }
+        assert!(
+            per_forward >= weights + inputs && per_forward <= weights + inputs + outputs,
+            "linear reads {per_forward} bytes a step; weights {weights}, inputs {inputs}"
+        );
+    }
+
+    /// The matrix products of every unquantized format (the goldens are f32 and MLX's
+    /// affine ones) at widths that are not whole vec4 loads (rows padded on upload):
+    /// CPU and device logits agree to 1e-5 after the prompt, and greedy ids agree.
+    #[test]
+    fn wgpu_matches_cpu_in_every_dtype_at_odd_widths() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-dtypes");
+        for dtype in ["f32", "bf16", "f16"] {
+            let d = t.join(dtype);
+            TinySpec {
+                seed: 5,
+                hidden: 34,
+                heads: 2,
+                kv_heads: 1,
+                head_dim: 18,
+                experts: 4,
+                top_k: 2,
+                moe_intermediate: 22,
+                intermediate: 26,
+                dense_layers: vec![1],
+                layers: 2,
+                dtype: dtype.into(),
+                ..TinySpec::default()
+            }
+            .write(&d)
+            .unwrap();
+            let model = Arc::new(Qwen3Moe::load(&d, 16).unwrap());
+            let prompt = [256u32, 1, 2, 3, 200];
+            let mut c = cpu(Arc::clone(&model), 1, 0).unwrap();
+            let mut g = dev(Arc::clone(&model), 1, prompt.len() + 1).unwrap();
+            let req = decoda::head::SlotRequest::new(decoda::SamplingParams {
+                temperature: 0.0,
+                ..Default::default()
+            })
+            .max_tokens(1)
+            .seed(0);
+            c.start(0, req.clone(), &prompt, 0).unwrap();
+            g.start(0, req, &prompt, 0).unwrap();
+            let (lc, lg) = (c.read_logits(1).unwrap(), g.read_logits(1).unwrap());
+            let gap = decoda::testing::model::relative_gap(&lg, &lc);
+            assert!(gap < 1e-5, "{dtype}: device vs CPU logits {gap:.2e}");
+            let seq = decoda::model::Sequence {
+                prompt: prompt.to_vec(),
+                request: decoda::head::SlotRequest::new(decoda::SamplingParams {
+                    temperature: 0.0,
+                    ..Default::default()
+                })
+                .max_tokens(8)
+                .seed(0),
+            };
+            let mut c = cpu(Arc::clone(&model), 1, 0).unwrap();
+            let mut g = dev(Arc::clone(&model), 1, prompt.len() + 8).unwrap();
+            let rc = decoda::model::generate(c.as_mut(), std::slice::from_ref(&seq), &mut |_| {})
+                .unwrap();
+            let rg = decoda::model::generate(g.as_mut(), &[seq], &mut |_| {}).unwrap();
+            assert_eq!(rc.outputs[0].tokens, rg.outputs[0].tokens, "{dtype}");
+        }
+    }
+
+    /// The forward is invariant to how many positions run in a call: the logits of a
+    /// position computed in a one-position decode step are the bits of the same
+    /// position computed as the last of a prompt run in one forward (speculative
+    /// decoding's verification relies on it), on every golden checkpoint's format.
+    #[test]
+    fn wgpu_positions_per_call_do_not_change_the_logits() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-positions");
+        for g in goldens(&t) {
+            let model = Arc::new(Qwen3Moe::load(&g.dir, 16).unwrap());
+            let steps = 5;
+            let greedy = |max: u64| {
+                decoda::head::SlotRequest::new(decoda::SamplingParams {
+                    temperature: 0.0,
+                    ..Default::default()
+                })
+                .max_tokens(max)
+                .seed(0)
+            };
+            // decode: the last sampled token's logits came from a one-position step
+            let mut e = dev(Arc::clone(&model), 1, g.prompt.len() + steps).unwrap();
+            let seq = decoda::model::Sequence {
+                prompt: g.prompt.clone(),
+                request: greedy(steps as u64),
+            };
+            let r = decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
+            let stepped = e.read_logits(1).unwrap();
+            // the same positions as one prompt: one forward of all of them
+            let mut all = g.prompt.clone();
+            all.extend(&r.outputs[0].tokens[..steps - 1]);
+            let mut f = dev(Arc::clone(&model), 1, all.len() + 1).unwrap();
+            f.start(0, greedy(1), &all, 0).unwrap();
+            let at_once = f.read_logits(1).unwrap();
+            let same = stepped
+                .iter()
+                .zip(&at_once)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{}: the logits of position {} differ between a decode step and a prompt (gap {:.2e})",
+                g.name,
+                all.len() - 1,
+                decoda::testing::model::relative_gap(&stepped, &at_once)
+            );
+        }
+    }
 }

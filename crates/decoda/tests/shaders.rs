@@ -5,9 +5,10 @@
 #![cfg(feature = "wgpu")]
 
 /// The variants of the sampler's module (workgroup-memory and subgroup reductions, 64-bit
-/// Philox products), the MoE dispatch and the model's ops.
+/// Philox products), the MoE dispatch, the model's ops and its matrix products (a module
+/// per weight format).
 fn shaders() -> Vec<(&'static str, String)> {
-    vec![
+    let mut v = vec![
         ("moe", decoda::wgpu::moe_shader_source()),
         ("model", decoda::wgpu::model_shader_source()),
         (
@@ -22,7 +23,11 @@ fn shaders() -> Vec<(&'static str, String)> {
             "sample (subgroups, 64-bit Philox products)",
             decoda::wgpu::shader_source_with(true, true),
         ),
-    ]
+    ];
+    for (name, dtype, bits) in decoda::wgpu::MV_FORMATS {
+        v.push((name, decoda::wgpu::mv_shader_source(dtype, bits)));
+    }
+    v
 }
 
 fn parse(name: &str, src: &str) -> (naga::Module, naga::valid::ModuleInfo) {

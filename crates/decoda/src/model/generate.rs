@@ -70,6 +70,17 @@ pub trait Engine {
     fn step_dispatches(&self) -> Option<usize> {
         None
     }
+    /// Profiles every decode step from now on (each dispatch timed in a pass of its own,
+    /// its plan beside it; see [`crate::profile`]): slower steps, exact device times.
+    /// Returns whether the engine can (a device engine; the CPU's cannot).
+    fn set_profile(&mut self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
+    /// The decode steps profiled so far (empty without [`Engine::set_profile`]).
+    fn profile(&self) -> crate::profile::StepProfile {
+        crate::profile::StepProfile::default()
+    }
     /// Starts a sequence in `slot` whose prompt is the one `from` was started with (and
     /// that has run nothing since): joins the head with `request` and copies `from`'s
     /// cache and its logits row `from_row` to row `logits_row`, so the prompt is

@@ -118,6 +118,7 @@ impl std::ops::Deref for Row<'_> {
 }
 
 /// [`validate_call`], then the call's rows (row `i` reads logits row `i`).
+#[cfg(feature = "wgpu")]
 pub(crate) fn validated_rows<'a>(
     rows: usize,
     vocab: usize,
@@ -128,6 +129,7 @@ pub(crate) fn validated_rows<'a>(
 }
 
 /// Whether `rows` read the logits in order, row `i` from logits row `i`, one each.
+#[cfg(feature = "wgpu")]
 pub(crate) fn reads_in_order(rows: &[Row<'_>], logits_rows: usize) -> bool {
     rows.len() == logits_rows && rows.iter().enumerate().all(|(i, r)| r.logits_row == i)
 }

@@ -44,6 +44,7 @@ pub mod weights;
 pub mod xtc;
 
 pub use door::{count_non_finite, validate_call, Row};
+#[cfg(feature = "wgpu")]
 pub(crate) use door::{reads_in_order, validated_rows};
 pub use dry::{dry_max_exponent, dry_penalties, dry_penalty};
 pub use kept::kept_of;

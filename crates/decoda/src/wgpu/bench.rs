@@ -7,7 +7,7 @@ use crate::params::Request;
 use crate::pipeline as pl;
 
 use super::buffers::{make_buffer, read_back};
-use super::head::WgpuHead;
+use super::head::{Stamping, WgpuHead};
 use super::kernels::StepStamps;
 use super::sampler::WgpuSampler;
 use super::views::{DeviceLogits, DeviceMasks, DeviceOutputs};
@@ -100,7 +100,15 @@ impl WgpuHead {
                 .ctx
                 .device()
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            self.record_step_with(&mut enc, logits, None, rows, stamps.as_ref().map(|s| &s.qs))?;
+            self.record_step_with(
+                &mut enc,
+                logits,
+                None,
+                rows,
+                stamps
+                    .as_ref()
+                    .map_or(Stamping::None, |s| Stamping::Step(&s.qs)),
+            )?;
             if let Some(s) = &stamps {
                 s.copy(&mut enc);
             }

@@ -39,7 +39,18 @@ use super::kernels::{
     self, Entry, Kernels, Plan, RowNeeds, Sizes, StepBuffers, StepShape, StepStamps,
 };
 use super::layout::*;
+use super::profile::{Passes, Profiler};
 use super::views::{DeviceLogits, DeviceMasks};
+
+/// Where a head step writes timestamps.
+pub(crate) enum Stamping<'a> {
+    /// Nowhere.
+    None,
+    /// Around the step's compute pass (a 2-query set; the benchmarks).
+    Step(&'a wgpu::QuerySet),
+    /// Around each dispatch, in a pass of its own, with its plan (a profile).
+    Dispatches(&'a mut Profiler),
+}
 
 /// List words of one slot: its bias pairs, its stop ids, then its DRY penalty table (one
 /// entry per excess a window allows) and sequence breakers ((length, ids...) each).
@@ -236,7 +247,7 @@ impl WgpuHead {
         logits: &DeviceLogits<'_>,
         rows: &[usize],
     ) -> Result<StepId> {
-        self.record_step_with(encoder, logits, None, rows, None)
+        self.record_step_with(encoder, logits, None, rows, Stamping::None)
     }
 
     /// [`WgpuHead::record_step`] with a token mask per row on the device (row `r`'s mask
@@ -249,7 +260,7 @@ impl WgpuHead {
         masks: &DeviceMasks<'_>,
         rows: &[usize],
     ) -> Result<StepId> {
-        self.record_step_with(encoder, logits, Some(masks), rows, None)
+        self.record_step_with(encoder, logits, Some(masks), rows, Stamping::None)
     }
 
     /// [`WgpuHead::record_step`] with timestamps written around the step's compute pass
@@ -282,13 +293,25 @@ impl WgpuHead {
             .write_buffer(buf, (slot * w * 4) as u64, bytemuck::cast_slice(&words));
     }
 
+    /// [`WgpuHead::record_step`] with each of the step's dispatches in a profiled pass of
+    /// its own (`generate --profile`).
+    pub(crate) fn record_step_profiled(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        logits: &DeviceLogits<'_>,
+        rows: &[usize],
+        prof: &mut Profiler,
+    ) -> Result<StepId> {
+        self.record_step_with(encoder, logits, None, rows, Stamping::Dispatches(prof))
+    }
+
     pub(crate) fn record_step_with(
         &mut self,
         encoder: &mut wgpu::CommandEncoder,
         logits: &DeviceLogits<'_>,
         masks: Option<&DeviceMasks<'_>>,
         rows: &[usize],
-        timestamps: Option<&wgpu::QuerySet>,
+        stamps: Stamping<'_>,
     ) -> Result<StepId> {
         let joined: Vec<bool> = self.host.iter().map(Option::is_some).collect();
         head::step_door(rows, &joined, logits.rows, logits.vocab, self.vocab, &[])?;
@@ -392,17 +415,27 @@ impl WgpuHead {
         }
         let group = &self.bind.as_ref().expect("set above").3;
         self.last_dispatches = plan.stages(false).len();
-        self.kernels.record_step(
-            encoder,
-            group,
-            StepShape {
-                rows: b,
-                splits,
-                draw_groups: 0,
-                plan,
-            },
-            timestamps.map_or(StepStamps::None, StepStamps::Step),
-        );
+        let shape = StepShape {
+            rows: b,
+            splits,
+            draw_groups: 0,
+            plan,
+        };
+        match stamps {
+            Stamping::None => self
+                .kernels
+                .record_step(encoder, group, shape, StepStamps::None),
+            Stamping::Step(q) => {
+                self.kernels
+                    .record_step(encoder, group, shape, StepStamps::Step(q))
+            }
+            Stamping::Dispatches(prof) => {
+                let row_bytes = (logits.vocab * logits.dtype.size()) as u64;
+                let mut passes = Passes::new(encoder, Some(prof));
+                self.kernels
+                    .record_step_in(&mut passes, group, shape, row_bytes);
+            }
+        }
         // the step's results into a readback buffer, mapped when the submission has run
         // rows asking for their kept distribution bring back the kept areas too
         let kept = rows.iter().any(|&s| {
@@ -817,7 +850,8 @@ impl Head for WgpuHead {
             offset: 0,
             row_stride: w,
         });
-        let id = self.record_step_with(&mut enc, &view, mask_view.as_ref(), rows, None)?;
+        let id =
+            self.record_step_with(&mut enc, &view, mask_view.as_ref(), rows, Stamping::None)?;
         self.ctx.queue().submit([enc.finish()]);
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(Error::Device(format!("{}: {e}", self.ctx.adapter_name())));

@@ -85,20 +85,11 @@ impl Kernels {
         self.pipes.get(e as usize)
     }
 
-    /// Records one step, the passes of `shape.plan` ([`Plan::stages`]) in one compute
-    /// pass, with timestamps around it ([`StepStamps::Step`]); or, to profile it, each
-    /// stage in a pass of its own with timestamps around each ([`StepStamps::Stages`]).
-    pub fn record_step(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-        group: &wgpu::BindGroup,
-        shape: StepShape,
-        stamps: StepStamps<'_>,
-    ) {
+    /// The dispatches of a step of `shape`, in order: (entry point, grid x, grid y).
+    fn stages(&self, shape: StepShape) -> [Option<(Entry, u32, u32)>; 7] {
         let (b, w) = (shape.rows as u32, shape.splits as u32);
-        // the stages in order, as (pipeline, grid x, grid y); no allocation per call
         let full = shape.plan == Plan::Full;
-        let stages = [
+        [
             (shape.plan != Plan::Light).then_some((Entry::Probe, b, 1)),
             Some((Entry::Scan, w, b)),
             full.then_some((Entry::Settle, b, 1)),
@@ -110,7 +101,45 @@ impl Kernels {
             full.then_some((Entry::Lp, w, b)),
             full.then_some((Entry::Finish, b, 1)),
             (!full).then_some((Entry::SettleFinish, b, 1)),
-        ];
+        ]
+    }
+
+    /// Records one step into `passes` (a profiled pass per dispatch when they profile),
+    /// each stage's plan from `row_bytes`, the bytes of one row of logits: the passes
+    /// that walk the rows (probe, scan, lp) read each row once; the others read and
+    /// write the rows' state and results (counted as 256 bytes a row).
+    pub fn record_step_in(
+        &self,
+        passes: &mut super::profile::Passes<'_>,
+        group: &wgpu::BindGroup,
+        shape: StepShape,
+        row_bytes: u64,
+    ) {
+        let rows = shape.rows as u64;
+        for (e, x, y) in self.stages(shape).into_iter().flatten() {
+            passes.dispatch(self.pipe(e), group, (x, y), || {
+                let walks = matches!(e, Entry::Probe | Entry::Scan | Entry::Lp);
+                crate::profile::Launch {
+                    kernel: format!("sample.{}", ENTRIES[e as usize]),
+                    workgroups: u64::from(x) * u64::from(y),
+                    bytes_read: 256 * rows + if walks { rows * row_bytes } else { 0 },
+                    bytes_written: 256 * rows,
+                }
+            });
+        }
+    }
+
+    /// Records one step, the passes of `shape.plan` ([`Plan::stages`]) in one compute
+    /// pass, with timestamps around it ([`StepStamps::Step`]); or, to profile it, each
+    /// stage in a pass of its own with timestamps around each ([`StepStamps::Stages`]).
+    pub fn record_step(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        group: &wgpu::BindGroup,
+        shape: StepShape,
+        stamps: StepStamps<'_>,
+    ) {
+        let stages = self.stages(shape);
         // the pipelines before the passes borrow the encoder (built at their first use)
         let stages = stages.map(|s| s.map(|(e, x, y)| (self.pipe(e), x, y)));
         let stages = stages.into_iter().flatten();

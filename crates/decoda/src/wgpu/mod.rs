@@ -57,6 +57,7 @@ mod layout;
 mod model;
 mod moe;
 mod options;
+mod profile;
 mod sampler;
 mod shaders;
 mod staging;
@@ -66,7 +67,9 @@ pub use adapter::{list_adapters, AdapterSummary};
 pub use bench::{CallStructure, StepTime};
 pub use device::WgpuDevice;
 pub use head::{StepId, StepResults, WgpuHead};
-pub use model::{model_shader_source, WgpuEngine, WgpuModel, SHADER_MODEL};
+pub use model::{
+    model_shader_source, mv_shader_source, WgpuEngine, WgpuModel, MV_FORMATS, SHADER_MODEL,
+};
 pub use moe::{moe_shader_source, MoeRouting, WgpuMoe, SHADER_MOE};
 pub use options::{WgpuOptions, ADAPTER_ENV, SUBGROUPS_ENV, WORKGROUPS_ENV};
 pub use sampler::WgpuSampler;

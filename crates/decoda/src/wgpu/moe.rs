@@ -16,6 +16,8 @@ use crate::moe::{
 
 use super::buffers::{make_buffer, Grow};
 use super::device::{lazy_pipelines, poisoned, Pipelines, WgpuDevice};
+use super::profile::{Passes, Profiler};
+use crate::profile::Launch;
 
 /// The WGSL of the MoE kernels (without the shared arithmetic).
 pub const SHADER_MOE: &str = include_str!("moe.wgsl");
@@ -123,6 +125,10 @@ pub struct WgpuMoe {
     hidden: usize,
     inter: usize,
     sort_cutoff: usize,
+    /// Bytes one expert's gate and up matrices, and its down matrix, take on the device
+    /// (the plan of a profiled call).
+    gate_up_bytes: u64,
+    down_bytes: u64,
     scratch: Mutex<Scratch>,
     calls: Mutex<std::collections::HashMap<CallKey, (Vec<wgpu::BindGroup>, wgpu::Buffer)>>,
     /// The call's parameters, a block per part: copied from a staging buffer by each
@@ -307,6 +313,8 @@ impl WgpuMoe {
             hidden: layer.hidden(),
             inter: layer.intermediate(),
             sort_cutoff: layer.sort_cutoff(),
+            gate_up_bytes: 4 * (expert_words(gate) + up.map_or(0, expert_words)) as u64,
+            down_bytes: 4 * expert_words(layer.down()) as u64,
             calls: Mutex::new(std::collections::HashMap::new()),
         })
     }
@@ -408,6 +416,19 @@ impl WgpuMoe {
     pub fn record(
         &self,
         encoder: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        n: usize,
+        routing: MoeRouting<'_>,
+        y: &wgpu::Buffer,
+        dispatch: Option<Dispatch>,
+    ) -> Result<Dispatch> {
+        self.record_in(&mut Passes::new(encoder, None), x, n, routing, y, dispatch)
+    }
+
+    /// [`WgpuMoe::record`] into `passes` (one pass, or a profiled pass per dispatch).
+    pub(crate) fn record_in(
+        &self,
+        passes: &mut Passes<'_>,
         x: &wgpu::Buffer,
         n: usize,
         routing: MoeRouting<'_>,
@@ -548,6 +569,7 @@ impl WgpuMoe {
                     .take(self.ctx.device(), bytes.len() as u64);
                 self.ctx.queue().write_buffer(&stage, 0, &bytes);
                 let psize = self.parts.len() as u64 * PARAM_STRIDE;
+                let encoder = passes.encoder();
                 encoder.copy_buffer_to_buffer(&stage, 0, &self.params_buf, 0, psize);
                 let rbytes = (2 * n * k * 4) as u64;
                 encoder.copy_buffer_to_buffer(&stage, psize, &sc.work.buf, 0, rbytes);
@@ -571,35 +593,109 @@ impl WgpuMoe {
         };
         let rows = n * k;
         if dispatch == Dispatch::Sorted {
-            encoder.clear_buffer(&counts, 0, Some((self.experts * 4) as u64));
+            passes
+                .encoder()
+                .clear_buffer(&counts, 0, Some((self.experts * 4) as u64));
         }
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("decoda moe"),
-            timestamp_writes: None,
-        });
-        let mut run =
-            |group: &wgpu::BindGroup, pipe: &wgpu::ComputePipeline, x: usize, y: usize| {
-                pass.set_bind_group(0, group, &[]);
-                pass.set_pipeline(pipe);
-                pass.dispatch_workgroups(x as u32, y as u32, 1);
-            };
+        let (e, d64, h64) = (self.experts as u64, d as u64, self.inter as u64);
+        let (n64, rows64) = (n as u64, rows as u64);
         let g0 = &groups[0];
+        let launch = |kernel: &str, grid: (usize, usize), read: u64, written: u64| Launch {
+            kernel: format!("moe.{kernel}"),
+            workgroups: (grid.0 * grid.1) as u64,
+            bytes_read: read,
+            bytes_written: written,
+        };
+        let mut run = |group: &wgpu::BindGroup,
+                       pipe: &wgpu::ComputePipeline,
+                       grid: (usize, usize),
+                       plan: &dyn Fn() -> Launch| {
+            passes.dispatch(pipe, group, (grid.0 as u32, grid.1 as u32), plan);
+        };
         if let MoeRouting::Logits { .. } = routing {
-            run(g0, self.pipes.get(ROUTE), n.div_ceil(64), 1);
+            let grid = (n.div_ceil(64), 1);
+            run(g0, self.pipes.get(ROUTE), grid, &|| {
+                launch("route", grid, 4 * n64 * e, 8 * rows64)
+            });
         }
         if dispatch == Dispatch::Sorted {
-            run(g0, self.pipes.get(COUNT), rows.div_ceil(256), 1);
-            run(g0, self.pipes.get(PLACE), self.experts, 1);
+            let grid = (rows.div_ceil(256), 1);
+            run(g0, self.pipes.get(COUNT), grid, &|| {
+                launch("count", grid, 4 * rows64, 4 * rows64)
+            });
+            // every workgroup walks the whole routing
+            let grid = (self.experts, 1);
+            run(g0, self.pipes.get(PLACE), grid, &|| {
+                launch(
+                    "place",
+                    grid,
+                    4 * rows64 * (e + 1),
+                    12 * rows64 + 4 * (e + 1),
+                )
+            });
         }
-        // the products part by part: each dispatch computes the rows of its experts
-        for g in &groups {
-            run(g, self.pipes.get(ACT), self.inter, rows.div_ceil(4));
-            run(g, self.pipes.get(DOWN), d, rows.div_ceil(4));
+        // the products part by part: each dispatch computes the rows of its experts (a
+        // part's share of the rows, in the plan, is its share of the experts)
+        for (g, (_, p)) in groups.iter().zip(&self.parts) {
+            let share = |b: u64| b * u64::from(p.e_hi - p.e_lo) / e;
+            let grid = (self.inter, rows.div_ceil(4));
+            run(g, self.pipes.get(ACT), grid, &|| {
+                // each row streams its expert's gate and up rows; x once
+                let read = share(rows64 * self.gate_up_bytes + 4 * rows64) + 4 * n64 * d64;
+                launch("act", grid, read, share(4 * rows64 * h64))
+            });
+            let grid = (d, rows.div_ceil(4));
+            run(g, self.pipes.get(DOWN), grid, &|| {
+                let read = share(rows64 * self.down_bytes + 4 * rows64 * (h64 + 1));
+                launch("down", grid, read, share(4 * rows64 * d64))
+            });
         }
-        run(g0, self.pipes.get(COMBINE), d.div_ceil(256), n);
-        drop(pass);
+        let grid = (d.div_ceil(256), n);
+        run(g0, self.pipes.get(COMBINE), grid, &|| {
+            launch("combine", grid, 4 * rows64 * (d64 + 2), 4 * n64 * d64)
+        });
         drop(sc);
         Ok(dispatch)
+    }
+
+    /// Profiles one call with a routing from the host (`moe-bench --profile`): uploads x
+    /// and the routing, records the call with each dispatch in a pass of its own between
+    /// timestamps, and returns every dispatch with its plan and device time.
+    #[doc(hidden)]
+    pub fn profile_call(
+        &self,
+        x: &[f32],
+        routing: &Routing,
+        dispatch: Dispatch,
+    ) -> Result<Vec<crate::profile::DispatchTime>> {
+        let n = x.len() / self.hidden.max(1);
+        let (xb, yb) = {
+            let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
+            sc.x.ensure(self.ctx.device(), (x.len().max(1) * 4) as u64);
+            sc.y.ensure(self.ctx.device(), (x.len().max(1) * 4) as u64);
+            (sc.x.buf.clone(), sc.y.buf.clone())
+        };
+        self.ctx
+            .queue()
+            .write_buffer(&xb, 0, bytemuck::cast_slice(x));
+        let mut prof = Profiler::new(&self.ctx);
+        let mut enc = self
+            .ctx
+            .device()
+            .create_command_encoder(&Default::default());
+        let mut passes = Passes::new(&mut enc, Some(&mut prof));
+        self.record_in(
+            &mut passes,
+            &xb,
+            n,
+            MoeRouting::Given(routing),
+            &yb,
+            Some(dispatch),
+        )?;
+        drop(passes);
+        prof.resolve(&mut enc);
+        self.ctx.queue().submit([enc.finish()]);
+        prof.finish(&self.ctx)
     }
 
     /// Host inputs in, results out: uploads x (and router logits), records, submits and

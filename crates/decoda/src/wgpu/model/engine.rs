@@ -13,8 +13,10 @@ use crate::moe::Dispatch;
 use super::super::buffers::make_buffer;
 use super::super::device::WgpuDevice;
 use super::super::head::WgpuHead;
+use super::super::profile::{Passes, Profiler};
 use super::super::views::DeviceLogits;
 use super::{Tokens, WgpuModel};
+use crate::profile::StepProfile;
 
 /// The model and a sampling head on one device: the generation loop's [`Engine`].
 pub struct WgpuEngine {
@@ -27,6 +29,9 @@ pub struct WgpuEngine {
     in_flight: std::collections::VecDeque<wgpu::SubmissionIndex>,
     /// Compute dispatches of the last decode step (the head's and the forward's).
     last_dispatches: usize,
+    /// Profiling: the step's timestamps and plans, and the steps profiled so far.
+    profiler: Option<Profiler>,
+    profile: StepProfile,
 }
 
 struct HostSampling {
@@ -87,6 +92,8 @@ impl WgpuEngine {
             pending: Vec::new(),
             in_flight: std::collections::VecDeque::new(),
             last_dispatches: 0,
+            profiler: None,
+            profile: StepProfile::default(),
         })
     }
 
@@ -99,6 +106,24 @@ impl WgpuEngine {
     /// the batch changes); joins and prefills are not counted.
     pub fn decode_bytes_written(&self) -> u64 {
         self.head.host_bytes_written()
+    }
+}
+
+impl WgpuEngine {
+    /// Submits a step; when profiling, with its timestamps resolved, and waits for it
+    /// to read them (a profiled step runs alone).
+    fn submit_profiled(&mut self, mut enc: wgpu::CommandEncoder) -> Result<wgpu::SubmissionIndex> {
+        let ctx = self.model.ctx.clone();
+        match self.profiler.as_mut() {
+            None => Ok(ctx.queue().submit([enc.finish()])),
+            Some(p) => {
+                p.resolve(&mut enc);
+                let index = ctx.queue().submit([enc.finish()]);
+                let step = p.finish(&ctx)?;
+                self.profile.push_step(step);
+                Ok(index)
+            }
+        }
     }
 }
 
@@ -236,10 +261,12 @@ impl Engine for WgpuEngine {
                 .ctx
                 .device()
                 .create_command_encoder(&Default::default());
-            let b = self.model.record_decode(&mut enc, &map, Tokens::Host)?;
+            let mut passes = Passes::new(&mut enc, self.profiler.as_mut());
+            let b = self.model.record_decode(&mut passes, &map, Tokens::Host)?;
+            drop(passes);
             // the model's dispatches (the host samples: none of the head's)
             self.last_dispatches = self.model.last_dispatches;
-            self.model.ctx.queue().submit([enc.finish()]);
+            self.submit_profiled(enc)?;
             return Ok(b);
         }
         let mut enc = self
@@ -255,7 +282,10 @@ impl Engine for WgpuEngine {
             row_stride: v,
             offset: 0,
         };
-        self.head.record_step(&mut enc, &view, sample)?;
+        match self.profiler.as_mut() {
+            Some(p) => self.head.record_step_profiled(&mut enc, &view, sample, p)?,
+            None => self.head.record_step(&mut enc, &view, sample)?,
+        };
         self.last_dispatches = self.head.step_dispatches();
         let mut b = Vec::new();
         if !forward.is_empty() {
@@ -263,12 +293,23 @@ impl Engine for WgpuEngine {
                 .iter()
                 .map(|s| (*s, sample.iter().position(|x| x == s).unwrap_or(0)))
                 .collect();
-            b = self.model.record_decode(&mut enc, &map, Tokens::Head)?;
+            let mut passes = Passes::new(&mut enc, self.profiler.as_mut());
+            b = self.model.record_decode(&mut passes, &map, Tokens::Head)?;
+            drop(passes);
             self.last_dispatches += self.model.last_dispatches;
         }
-        let index = self.model.ctx.queue().submit([enc.finish()]);
+        let index = self.submit_profiled(enc)?;
         self.in_flight.push_back(index);
         Ok(b)
+    }
+
+    fn set_profile(&mut self, on: bool) -> bool {
+        self.profiler = on.then(|| Profiler::new(&self.model.ctx));
+        true
+    }
+
+    fn profile(&self) -> StepProfile {
+        self.profile.clone()
     }
 
     fn poll(&mut self) -> Result<Vec<Vec<SlotStep>>> {

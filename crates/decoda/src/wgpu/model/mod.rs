@@ -1,5 +1,6 @@
-//! The model on the device (`model.wgsl`): weights uploaded once in their checkpoint
-//! format, activations, KV caches, positions and logits in device buffers.
+//! The model on the device (`model.wgsl`, and `mv.wgsl` for the matrix products):
+//! weights uploaded once in their checkpoint format, activations, KV caches, positions
+//! and logits in device buffers.
 //!
 //! A call's dispatches are planned once per shape by running the model's forward pass
 //! ([`crate::model::qwen3_moe::forward`]) over a recorder of [`Ops`]: the plan holds each
@@ -27,20 +28,45 @@ use crate::moe::{Dispatch, Router};
 use super::buffers::make_buffer;
 use super::device::{lazy_pipelines, Pipelines, WgpuDevice};
 use super::moe::{MoeRouting, WgpuMoe};
+use super::profile::Passes;
 
 pub use engine::WgpuEngine;
 use plan::{Plan, PlanKey, Tokens};
 use weights::{init_buffer, upload, Mat};
 
-/// The WGSL of the model's kernels (without the shared arithmetic).
-pub const SHADER_MODEL: &str = include_str!("model.wgsl");
+/// The WGSL of the model's kernels but the matrix products (with the `Op` block, without
+/// the shared arithmetic).
+pub const SHADER_MODEL: &str = concat!(include_str!("op.wgsl"), include_str!("model.wgsl"));
 
 /// The complete module (with `fmath.wgsl`).
 pub fn model_shader_source() -> String {
     format!("{SHADER_MODEL}\n{}", super::shaders::SHADER_FMATH)
 }
 
-/// One dispatch's parameters (`Op` in `model.wgsl`; the layout is checked by a test).
+/// The matrix products' WGSL (`mv.wgsl`), without the format constants.
+const SHADER_MV: &str = include_str!("mv.wgsl");
+
+/// The weight formats of the matrix products, one module each: (name, `DTYPE`, `BITS`).
+pub const MV_FORMATS: [(&str, u32, u32); 5] = [
+    ("mv f32", 0, 0),
+    ("mv bf16", 1, 0),
+    ("mv f16", 2, 0),
+    ("mv q4", 3, 4),
+    ("mv q8", 3, 8),
+];
+
+/// The matrix products' module for weights of `dtype` (`ModelOp::dtype`: 0 f32, 1 bf16,
+/// 2 f16, 3 affine) and `bits` (affine codes).
+pub fn mv_shader_source(dtype: u32, bits: u32) -> String {
+    // (a format without codes divides by no zero in its unused affine branch)
+    let bits = if dtype == 3 { bits } else { 16 };
+    format!(
+        "const DTYPE: u32 = {dtype}u;\nconst BITS: u32 = {bits}u;\n{}{SHADER_MV}",
+        include_str!("op.wgsl")
+    )
+}
+
+/// One dispatch's parameters (`Op` in `op.wgsl`, shared by `model.wgsl` and `mv.wgsl`; the layout is checked by a test).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub(crate) struct ModelOp {
@@ -89,18 +115,32 @@ const GRID: usize = 32768;
 enum Pipe {
     Embed,
     Rms,
-    Linear,
     RopeStore,
     Attend,
     Add,
     Advance,
+    /// A matrix product (`mv.wgsl`, a module per weight format).
+    Linear,
+}
+
+/// The entry points of `model.wgsl`, in the order of [`Pipe`].
+const ENTRIES: [&str; 6] = ["embed", "rms", "rope_store", "attend", "add", "advance"];
+
+impl Pipe {
+    /// The kernel's name in a profile.
+    fn name(self) -> &'static str {
+        match self {
+            Pipe::Linear => "linear",
+            p => ENTRIES[p as usize],
+        }
+    }
 }
 
 /// The model's buffers and pipelines on one device.
 pub struct WgpuModel {
     ctx: WgpuDevice,
     model: Arc<dyn ModelWeights>,
-    pipes: Arc<Pipelines<7>>,
+    pipes: Arc<Pipelines<6>>,
     mats: HashMap<WeightId, Mat>,
     embed: Mat,
     norms: wgpu::Buffer,
@@ -128,6 +168,8 @@ pub struct WgpuModel {
     decode_map: Vec<u32>,
     /// Compute dispatches the last recorded call ran (its kernels and its MoE layers').
     last_dispatches: usize,
+    /// The position of each row of the call being recorded (for the plan of `attend`).
+    call_positions: Vec<usize>,
 }
 
 impl std::fmt::Debug for WgpuModel {
@@ -140,24 +182,45 @@ impl std::fmt::Debug for WgpuModel {
     }
 }
 
+/// The matrix products of one weight format: `mv` and `mv_swiglu`.
+fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32) -> Result<Pipelines<2>> {
+    use crate::wgpu::device::Bind::*;
+    lazy_pipelines(
+        device,
+        "decoda mv.wgsl",
+        mv_shader_source(dtype, bits),
+        &[Uniform, Read, Read, Read, Write, Write, Write, Write, Write],
+        ["mv", "mv_swiglu"],
+        "building the model's matrix products",
+    )
+}
+
+/// The matrix products' pipeline for `mat`, SwiGLU or not (built at its first use).
+fn mv_pipeline(ctx: &WgpuDevice, mat: &Mat, swiglu: bool) -> Result<wgpu::ComputePipeline> {
+    let bits = if mat.dtype == 3 { mat.bits } else { 0 };
+    let (key, _, _) = MV_FORMATS
+        .iter()
+        .find(|f| f.1 == mat.dtype && f.2 == bits)
+        .ok_or_else(|| {
+            Error::Model(format!(
+                "no matrix product for dtype {} bits {bits}",
+                mat.dtype
+            ))
+        })?;
+    let device = ctx.device().clone();
+    let pipes = ctx.pipelines(key, || build_mv(&device, mat.dtype, bits))?;
+    Ok(pipes.get(usize::from(swiglu)).clone())
+}
+
 /// The model's pipelines (built when a model is made), indexed by [`Pipe`].
-fn build_pipes(device: &wgpu::Device) -> Result<Pipelines<7>> {
+fn build_pipes(device: &wgpu::Device) -> Result<Pipelines<6>> {
     use crate::wgpu::device::Bind::*;
     lazy_pipelines(
         device,
         "decoda model.wgsl",
         model_shader_source(),
         &[Uniform, Read, Read, Read, Write, Write, Write, Write, Write],
-        // in the order of `Pipe`
-        [
-            "embed",
-            "rms",
-            "linear",
-            "rope_store",
-            "attend",
-            "add",
-            "advance",
-        ],
+        ENTRIES,
         "building the model's kernels",
     )
 }
@@ -207,8 +270,13 @@ impl WgpuModel {
             };
             mats.insert(id, m);
         }
+        // the matrix products of the model's formats, now (none inside a call)
+        for (id, m) in &mats {
+            mv_pipeline(&ctx, m, matches!(id, WeightId::Gate(_)))?;
+        }
         let embed = upload(&device, "embed_tokens", &[model.embed()], part)?;
         if model.tied_lm_head() {
+            mv_pipeline(&ctx, &embed, false)?;
             mats.insert(WeightId::LmHead, embed.clone());
         }
         let mut norm_words = Vec::new();
@@ -330,6 +398,7 @@ impl WgpuModel {
             positions: vec![0; slots],
             decode_map: Vec::new(),
             last_dispatches: 0,
+            call_positions: Vec::new(),
             ctx,
             model,
         })
@@ -446,7 +515,9 @@ impl WgpuModel {
                 .ctx
                 .device()
                 .create_command_encoder(&Default::default());
-            branches = self.record(&mut enc, key)?;
+            let at = self.positions[slot];
+            self.call_positions = (at..at + n).collect();
+            branches = self.record(&mut Passes::new(&mut enc, None), key)?;
             self.ctx.queue().submit([enc.finish()]);
             self.positions[slot] += n;
         }
@@ -457,7 +528,7 @@ impl WgpuModel {
     /// logits into rows `0 .. rows.len()`.
     fn record_decode(
         &mut self,
-        enc: &mut wgpu::CommandEncoder,
+        passes: &mut Passes<'_>,
         rows: &[(usize, usize)],
         tokens: Tokens,
     ) -> Result<Vec<Dispatch>> {
@@ -490,14 +561,25 @@ impl WgpuModel {
             tokens,
             out: Some((0, 0, n)),
         };
-        let b = self.record(enc, key)?;
+        self.call_positions = rows.iter().map(|&(slot, _)| self.positions[slot]).collect();
+        let b = self.record(passes, key)?;
         for &(slot, _) in rows {
             self.positions[slot] += 1;
         }
         Ok(b)
     }
 
-    fn record(&mut self, enc: &mut wgpu::CommandEncoder, key: PlanKey) -> Result<Vec<Dispatch>> {
+    /// Bytes `attend` reads and writes besides q and its output: each workgroup (a row
+    /// and a query head) walks its key/value head's cache up to the row's position and
+    /// writes and reads back its scores.
+    fn attend_bytes(&self) -> (u64, u64) {
+        let c = self.model.config();
+        let (heads, hd) = (c.num_attention_heads as u64, c.head_dim as u64);
+        let keys: u64 = self.call_positions.iter().map(|&p| p as u64 + 1).sum();
+        (heads * keys * (8 * hd + 8), heads * keys * 8)
+    }
+
+    fn record(&mut self, passes: &mut Passes<'_>, key: PlanKey) -> Result<Vec<Dispatch>> {
         if !self.plans.contains_key(&key) {
             if self.plans.len() >= 64 {
                 self.plans.clear();
@@ -507,26 +589,30 @@ impl WgpuModel {
         }
         let plan = &self.plans[&key];
         let cfg = self.model.config();
+        let attend = if passes.profiling() {
+            self.attend_bytes()
+        } else {
+            (0, 0)
+        };
         let mut dispatches = 0;
         for seg in &plan.segments {
             dispatches += seg.kernels.len();
-            if !seg.kernels.is_empty() {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("decoda model"),
-                    timestamp_writes: None,
+            for k in &seg.kernels {
+                passes.dispatch(&k.pipeline, &k.group, k.grid, || {
+                    let mut l = k.launch.clone();
+                    if k.pipe == Pipe::Attend {
+                        l.bytes_read += attend.0;
+                        l.bytes_written += attend.1;
+                    }
+                    l
                 });
-                for k in &seg.kernels {
-                    pass.set_pipeline(self.pipes.get(k.pipe as usize));
-                    pass.set_bind_group(0, &k.group, &[]);
-                    pass.dispatch_workgroups(k.grid.0, k.grid.1, 1);
-                }
             }
             if let Some((layer, n)) = seg.moe {
                 let moe = self.moe[layer].as_ref().ok_or_else(|| {
                     Error::Model(format!("layer {layer} has no experts on the device"))
                 })?;
-                let branch = moe.record(
-                    enc,
+                let branch = moe.record_in(
+                    passes,
                     &self.acts[&Act::H],
                     n,
                     MoeRouting::Logits {

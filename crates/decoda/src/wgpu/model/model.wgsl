@@ -7,8 +7,7 @@
 //
 //   embed      (rows)              x[r] = embedding row of token aux[src(r)] (of this part)
 //   rms        (rows * groups)     dst[r] = src[r] * w / sqrt(mean(src[r]^2) + eps), per group
-//   linear     (out)               dst[r][off+o] (=|+=) W[o] . src[r]; swiglu: silu(W[o].x) * W[I+o].x
-//                                  (a matrix in parts: one dispatch a part, W its rows)
+//   (the matrix products are mv.wgsl: one module per weight format)
 //   rope_store (rows)              rotate q (dst, in place) and k (src); k, v (scr) into the cache
 //   attend     (rows * heads)      a[r][h] = softmax(q . k_t * scale) . v_t over t <= pos(r)
 //   add        (rows * width / 256) dst += src
@@ -18,36 +17,7 @@
 // 16-bit values per word (rows padded to whole words), or MLX affine words (`32 / bits`
 // codes from the low bits up, `w = scale * q + bias` per group of the row).
 
-struct Op {
-    rows: u32,       // rows of the call this op runs over
-    kind: u32,       // linear: 0 store, 1 add, 2 swiglu
-    in_w: u32,       // input width (linear), group width (rms)
-    out_w: u32,      // output rows of the matrix (linear; swiglu: I)
-    dtype: u32,      // 0 f32, 1 bf16, 2 f16, 3 affine
-    bits: u32,
-    group: u32,
-    row_words: u32,  // words per matrix row
-    w_off: u32,      // word offsets in wts: codes or values, scales, biases
-    s_off: u32,
-    b_off: u32,
-    aux_off: u32,    // word offset in aux: norm weight, rope table
-    src_w: u32,      // floats between src rows
-    dst_w: u32,      // floats between dst rows
-    src_row0: u32,   // first src row read
-    dst_row0: u32,   // first dst row written
-    groups: u32,     // rms: groups per row
-    eps: f32,        // rms: epsilon; attend: scale
-    heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    max_pos: u32,    // positions per slot in the cache and the rope table
-    map_off: u32,    // word offset of the row map in ctl (4 words per row)
-    inplace: u32,    // rms: read dst instead of src
-    zero: u32,       // always 0 (fp)
-    out_off: u32,    // linear: first dst column of this part's rows; embed: first token
-    pad1: u32,
-    pad2: u32,
-}
+// (the `Op` block is op.wgsl, prefixed by the launcher)
 
 // flags word of a row: bit 0 = the row ends its segment
 const ROW_LAST: u32 = 1u;
@@ -63,8 +33,6 @@ const WG: u32 = 64u;
 @group(0) @binding(7) var<storage, read_write> vc: array<f32>;
 @group(0) @binding(8) var<storage, read_write> scr: array<f32>;
 
-var<workgroup> red4: array<vec4<f32>, 64>;
-var<workgroup> red4b: array<vec4<f32>, 64>;
 var<workgroup> red1: array<f32, 64>;
 
 fn opaque_zero() -> u32 {
@@ -184,104 +152,6 @@ fn rms(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             x = src[s0 + i];
         }
         dst[d0 + i] = fp(x * inv) * bitcast<f32>(aux[op.aux_off + i]);
-    }
-}
-
-// ---------------------------------------------------------------------------------
-
-// Up to four rows of src at input i (rows r0 .. r0 + nr).
-fn xs4(r0: u32, nr: u32, i: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    let b = (op.src_row0 + r0) * op.src_w + i;
-    v.x = src[b];
-    if (nr > 1u) {
-        v.y = src[b + op.src_w];
-    }
-    if (nr > 2u) {
-        v.z = src[b + 2u * op.src_w];
-    }
-    if (nr > 3u) {
-        v.w = src[b + 3u * op.src_w];
-    }
-    return v;
-}
-
-// This invocation's share of W[row] . src[r0 + j] for j < nr: the words lid, lid + 64, ...
-fn dot4(row: u32, r0: u32, nr: u32, lid: u32) -> vec4<f32> {
-    var acc = vec4<f32>(0.0);
-    let base = op.w_off + row * op.row_words;
-    if (op.dtype == 0u) {
-        for (var wi = lid; wi < op.row_words; wi = wi + WG) {
-            acc = acc + bitcast<f32>(wts[base + wi]) * xs4(r0, nr, wi);
-        }
-    } else if (op.dtype <= 2u) {
-        for (var wi = lid; wi < op.row_words; wi = wi + WG) {
-            let word = wts[base + wi];
-            let i = 2u * wi;
-            acc = acc + half_bits(word & 0xffffu) * xs4(r0, nr, i);
-            if (i + 1u < op.in_w) {
-                acc = acc + half_bits(word >> 16u) * xs4(r0, nr, i + 1u);
-            }
-        }
-    } else {
-        let per = 32u / op.bits;
-        let mask = (1u << op.bits) - 1u;
-        let gpr = op.in_w / op.group;
-        for (var wi = lid; wi < op.row_words; wi = wi + WG) {
-            let word = wts[base + wi];
-            let i0 = wi * per;
-            let g = row * gpr + i0 / op.group;
-            let sc = bitcast<f32>(wts[op.s_off + g]);
-            let bi = bitcast<f32>(wts[op.b_off + g]);
-            for (var j = 0u; j < per; j = j + 1u) {
-                let q = f32((word >> (op.bits * j)) & mask);
-                let w = fp(sc * q) + bi;
-                acc = acc + w * xs4(r0, nr, i0 + j);
-            }
-        }
-    }
-    return acc;
-}
-
-fn silu(g: f32) -> f32 {
-    return g / (1.0 + exp(-g));
-}
-
-@compute @workgroup_size(64)
-fn linear(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
-    let o = flat_id(wid, nwg);
-    if (o >= op.out_w) {
-        return;
-    }
-    for (var r0 = 0u; r0 < op.rows; r0 = r0 + 4u) {
-        let nr = min(4u, op.rows - r0);
-        red4[lid] = dot4(o, r0, nr, lid);
-        if (op.kind == 2u) {
-            red4b[lid] = dot4(o + op.out_w, r0, nr, lid);
-        }
-        workgroupBarrier();
-        for (var s = 32u; s > 0u; s = s >> 1u) {
-            if (lid < s) {
-                red4[lid] = red4[lid] + red4[lid + s];
-                if (op.kind == 2u) {
-                    red4b[lid] = red4b[lid] + red4b[lid + s];
-                }
-            }
-            workgroupBarrier();
-        }
-        if (lid < nr) {
-            let at = (op.dst_row0 + r0 + lid) * op.dst_w + op.out_off + o;
-            let v = red4[0][lid];
-            if (op.kind == 0u) {
-                dst[at] = v;
-            } else if (op.kind == 1u) {
-                dst[at] = dst[at] + v;
-            } else {
-                dst[at] = silu(v) * red4b[0][lid];
-            }
-        }
-        workgroupBarrier();
     }
 }
 

@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::model::ops::{Acc, Act, NormId, Ops, WeightId};
 use crate::moe::Dispatch;
+use crate::profile::Launch;
 
 use super::weights::Part;
 use super::{grid_of, Mat, ModelOp, Pipe, WgpuModel, OP_STRIDE};
@@ -31,8 +32,13 @@ pub(super) struct PlanKey {
 
 pub(super) struct Kernel {
     pub(super) pipe: Pipe,
+    /// The pipeline (the model module's `pipe`, or a matrix product's).
+    pub(super) pipeline: wgpu::ComputePipeline,
     pub(super) group: wgpu::BindGroup,
     pub(super) grid: (u32, u32),
+    /// Its plan (for `attend`, without the caches, whose length is known when a call
+    /// is recorded: [`WgpuModel::attend_bytes`]).
+    pub(super) launch: Launch,
 }
 
 /// A run of kernels, then optionally an MoE layer's call.
@@ -64,6 +70,10 @@ pub(super) struct Pending {
     pub(super) op: ModelOp,
     pub(super) binds: Binds,
     pub(super) grid: usize,
+    /// Bytes read and written (see [`Launch`]).
+    pub(super) bytes: (u64, u64),
+    /// A matrix product's pipeline (else the model module's `pipe`).
+    pub(super) mv: Option<wgpu::ComputePipeline>,
 }
 
 impl WgpuModel {
@@ -85,6 +95,7 @@ impl WgpuModel {
             },
             Binds::default(),
             1,
+            (16 * key.rows as u64, 4 * key.rows as u64),
         );
         let Recorder { pending, cuts, .. } = rec;
         let mut bytes = vec![0u8; pending.len().max(1) * OP_STRIDE as usize];
@@ -163,8 +174,18 @@ impl WgpuModel {
                 .kernels
                 .push(Kernel {
                     pipe: p.pipe,
+                    pipeline: p
+                        .mv
+                        .clone()
+                        .unwrap_or_else(|| self.pipes.get(p.pipe as usize).clone()),
                     group,
                     grid: grid_of(p.grid),
+                    launch: Launch {
+                        kernel: format!("model.{}", p.pipe.name()),
+                        workgroups: p.grid as u64,
+                        bytes_read: p.bytes.0,
+                        bytes_written: p.bytes.1,
+                    },
                 });
         }
         Ok(Plan {
@@ -185,14 +206,21 @@ struct Recorder<'a> {
 }
 
 impl Recorder<'_> {
-    fn push(&mut self, pipe: Pipe, mut op: ModelOp, binds: Binds, grid: usize) {
+    fn push(&mut self, pipe: Pipe, mut op: ModelOp, binds: Binds, grid: usize, bytes: (u64, u64)) {
         op.zero = 0;
         self.pending.push(Pending {
             pipe,
             op,
             binds,
             grid,
+            bytes,
+            mv: None,
         });
+    }
+
+    /// Rows of the call, as bytes of f32 activations `width` wide.
+    fn act_bytes(&self, width: u32) -> u64 {
+        4 * self.key.rows as u64 * u64::from(width)
     }
 
     fn act(&self, a: Act) -> Option<wgpu::Buffer> {
@@ -221,9 +249,22 @@ impl Recorder<'_> {
         }
     }
 
-    /// One `linear` dispatch per part of `mat`: `op` with each part's matrix fields.
-    fn push_linear(&mut self, mat: &Mat, op: ModelOp, binds: &Binds) {
+    /// One matrix product (`mv.wgsl`) per part of `mat`: `op` with each part's matrix
+    /// fields, four output rows a workgroup. Each workgroup streams its weight rows once
+    /// per eight rows of the call (and for SwiGLU the up rows beside the gate rows); the
+    /// inputs are counted once.
+    fn push_linear(&mut self, mat: &Mat, op: ModelOp, binds: &Binds) -> Result<()> {
+        let swiglu = op.kind == 2;
+        let pipeline = super::mv_pipeline(&self.m.ctx, mat, swiglu)?;
+        let rows = u64::from(op.rows);
+        let streams = rows.div_ceil(8);
+        let pair = if swiglu { 2 } else { 1 };
         for part in &mat.parts {
+            let w = part.rows as u64 * mat.row_bytes() * pair * streams;
+            let x = 4 * rows * mat.inp as u64;
+            let out = 4 * rows * part.rows as u64;
+            // accumulating reads what it adds to
+            let bytes = (w + x + if op.kind == 1 { out } else { 0 }, out);
             let op = ModelOp {
                 rows: op.rows,
                 kind: op.kind,
@@ -237,8 +278,10 @@ impl Recorder<'_> {
                 wts: Some(part.buf.clone()),
                 ..binds.clone()
             };
-            self.push(Pipe::Linear, op, binds, part.rows);
+            self.push(Pipe::Linear, op, binds, part.rows.div_ceil(4), bytes);
+            self.pending.last_mut().expect("pushed").mv = Some(pipeline.clone());
         }
+        Ok(())
     }
 
     fn mat(&self, id: WeightId) -> Result<&Mat> {
@@ -288,7 +331,15 @@ impl Ops for Recorder<'_> {
                 dst: self.act(Act::X),
                 ..Default::default()
             };
-            self.push(Pipe::Embed, op, binds, self.key.rows);
+            // each row's token lies in one part: a part's share of the rows is its share
+            // of the vocabulary, in the plan
+            let share = |b: u64| b * part.rows as u64 / e.out as u64;
+            let rows = self.key.rows as u64;
+            let bytes = (
+                share(rows * e.row_bytes()) + 16 * rows,
+                share(self.act_bytes(self.width(Act::X))),
+            );
+            self.push(Pipe::Embed, op, binds, self.key.rows, bytes);
         }
         Ok(())
     }
@@ -312,7 +363,11 @@ impl Ops for Recorder<'_> {
             dst: self.act(dst),
             ..Default::default()
         };
-        self.push(Pipe::Rms, op, binds, self.key.rows * groups);
+        let bytes = (
+            self.act_bytes(width) + 4 * u64::from(width) / groups as u64,
+            self.act_bytes(width),
+        );
+        self.push(Pipe::Rms, op, binds, self.key.rows * groups, bytes);
         Ok(())
     }
 
@@ -333,8 +388,7 @@ impl Ops for Recorder<'_> {
             dst: self.act(dst),
             ..Default::default()
         };
-        self.push_linear(&mat, op, &binds);
-        Ok(())
+        self.push_linear(&mat, op, &binds)
     }
 
     fn swiglu(&mut self, src: Act, dst: Act, gate: WeightId, _up: WeightId) -> Result<()> {
@@ -351,8 +405,7 @@ impl Ops for Recorder<'_> {
             dst: self.act(dst),
             ..Default::default()
         };
-        self.push_linear(&mat, op, &binds);
-        Ok(())
+        self.push_linear(&mat, op, &binds)
     }
 
     fn rope_store(&mut self, layer: usize) -> Result<()> {
@@ -365,7 +418,14 @@ impl Ops for Recorder<'_> {
             vc: Some(self.m.vc[layer].clone()),
             ..Default::default()
         };
-        self.push(Pipe::RopeStore, self.cfg_op(), binds, self.key.rows);
+        let (q, kv) = (self.width(Act::Q), self.width(Act::K));
+        let c = self.m.model.config();
+        let table = 4 * self.key.rows as u64 * c.head_dim as u64;
+        let bytes = (
+            self.act_bytes(q) + 2 * self.act_bytes(kv) + table,
+            self.act_bytes(q) + 2 * self.act_bytes(kv),
+        );
+        self.push(Pipe::RopeStore, self.cfg_op(), binds, self.key.rows, bytes);
         Ok(())
     }
 
@@ -383,7 +443,12 @@ impl Ops for Recorder<'_> {
             ..Default::default()
         };
         let heads = self.m.model.config().num_attention_heads;
-        self.push(Pipe::Attend, op, binds, self.key.rows * heads);
+        // q in, the output out; the caches and scores when recorded
+        let bytes = (
+            self.act_bytes(self.width(Act::Q)),
+            self.act_bytes(self.width(Act::A)),
+        );
+        self.push(Pipe::Attend, op, binds, self.key.rows * heads, bytes);
         Ok(())
     }
 
@@ -412,6 +477,7 @@ impl Ops for Recorder<'_> {
             op,
             binds,
             (self.key.rows * w as usize).div_ceil(256),
+            (2 * self.act_bytes(w), self.act_bytes(w)),
         );
         Ok(())
     }
@@ -435,7 +501,6 @@ impl Ops for Recorder<'_> {
             dst: Some(self.m.logits.clone()),
             ..Default::default()
         };
-        self.push_linear(&mat, op, &binds);
-        Ok(())
+        self.push_linear(&mat, op, &binds)
     }
 }

@@ -20,6 +20,19 @@ pub(super) struct Mat {
     pub(super) parts: Vec<Part>,
 }
 
+impl Mat {
+    /// Bytes one row takes on the device (values or codes, and for affine matrices the
+    /// row's scales and biases as f32 words).
+    pub(super) fn row_bytes(&self) -> u64 {
+        let side = if self.dtype == 3 {
+            2 * (self.inp as u64 / u64::from(self.group))
+        } else {
+            0
+        };
+        4 * (u64::from(self.row_words) + side)
+    }
+}
+
 /// Rows `first .. first + rows` of a matrix in a buffer of their own: the codes or
 /// values from word `w_off`, then the scales and biases.
 #[derive(Debug, Clone)]
@@ -55,10 +68,12 @@ pub(super) fn upload(
             )));
         }
     }
+    // rows of values padded to whole vec4<u32> (the matrix products' loads; affine
+    // rows are already: their inputs come in whole groups of 32 or more)
     let (dtype, bits, group, row_words, side) = match first.data() {
-        WeightData::F32(_) => (0, 0, 1, inp, 0),
-        WeightData::Bf16(_) => (1, 0, 1, inp.div_ceil(2), 0),
-        WeightData::F16(_) => (2, 0, 1, inp.div_ceil(2), 0),
+        WeightData::F32(_) => (0, 0, 1, inp.next_multiple_of(4), 0),
+        WeightData::Bf16(_) => (1, 0, 1, inp.div_ceil(2).next_multiple_of(4), 0),
+        WeightData::F16(_) => (2, 0, 1, inp.div_ceil(2).next_multiple_of(4), 0),
         WeightData::Affine { q, .. } => (
             3,
             q.bits,
@@ -85,17 +100,22 @@ pub(super) fn upload(
         for w in parts {
             match w.data() {
                 WeightData::F32(v) => {
-                    main.extend(v[lo * inp..hi * inp].iter().map(|x| x.to_bits()))
+                    for row in v[lo * inp..hi * inp].chunks(inp) {
+                        main.extend(row.iter().map(|x| x.to_bits()));
+                        main.resize(main.len() + row_words - inp, 0);
+                    }
                 }
                 WeightData::Bf16(v) => push_rows(
                     &mut main,
                     v[lo * inp..hi * inp].iter().map(|x| x.to_bits()),
                     inp,
+                    row_words,
                 ),
                 WeightData::F16(v) => push_rows(
                     &mut main,
                     v[lo * inp..hi * inp].iter().map(|x| x.to_bits()),
                     inp,
+                    row_words,
                 ),
                 WeightData::Affine {
                     packed,
@@ -114,6 +134,8 @@ pub(super) fn upload(
         let b_off = s_off + scales.len() as u32;
         main.extend(scales);
         main.extend(biases);
+        // read as vec4<u32> by the matrix products: whole vec4s
+        main.resize(main.len().next_multiple_of(4), 0);
         let label = format!("{name} rows {lo}..{hi}");
         out_parts.push(Part {
             buf: init_buffer(device, &label, &main, wgpu::BufferUsages::STORAGE),
@@ -135,13 +157,15 @@ pub(super) fn upload(
     })
 }
 
-/// 16-bit values two to a word, each row starting on a word.
-fn push_rows(all: &mut Vec<u32>, it: impl Iterator<Item = u16>, inp: usize) {
+/// 16-bit values two to a word, each row `row_words` words (zeros after its values).
+fn push_rows(all: &mut Vec<u32>, it: impl Iterator<Item = u16>, inp: usize, row_words: usize) {
     let v: Vec<u16> = it.collect();
     for row in v.chunks(inp) {
+        let start = all.len();
         for pair in row.chunks(2) {
             all.push(u32::from(pair[0]) | (u32::from(*pair.get(1).unwrap_or(&0)) << 16));
         }
+        all.resize(start + row_words, 0);
     }
 }
 
