@@ -68,7 +68,7 @@ done
 step generate
 gen() { local b=$1; shift
   timeout $T "$(bin "$b")" generate --model "$M" --max-tokens "$MAXTOK" --temperature 0.8 --json "$@" \
-    2>> /tmp/gen.err | sed "s/^{/{\"args\":\"$*\",/" | tag "$b" >> "$OUT/gen.jsonl"
+    2>> /tmp/gen.err | sed "s|^{|{\"args\":\"$*\",|" | tag "$b" >> "$OUT/gen.jsonl"
   echo "$b $* rc=${PIPESTATUS[0]}"; }
 for b in "${builds[@]}"; do
   for host in "" --host-sampling; do

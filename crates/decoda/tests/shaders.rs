@@ -26,6 +26,9 @@ fn shaders() -> Vec<(&'static str, String)> {
     ];
     for (name, dtype, bits) in decoda::wgpu::MV_FORMATS {
         v.push((name, decoda::wgpu::mv_shader_source(dtype, bits)));
+        // the MoE module of the same format
+        let moe: &'static str = Box::leak(format!("moe, {}", &name[3..]).into_boxed_str());
+        v.push((moe, decoda::wgpu::moe_shader_source_for(dtype, bits)));
     }
     v
 }

@@ -70,7 +70,7 @@ pub use head::{StepId, StepResults, WgpuHead};
 pub use model::{
     model_shader_source, mv_shader_source, WgpuEngine, WgpuModel, MV_FORMATS, SHADER_MODEL,
 };
-pub use moe::{moe_shader_source, MoeRouting, WgpuMoe, SHADER_MOE};
+pub use moe::{moe_shader_source, moe_shader_source_for, MoeRouting, WgpuMoe, SHADER_MOE};
 pub use options::{WgpuOptions, ADAPTER_ENV, SUBGROUPS_ENV, WORKGROUPS_ENV};
 pub use sampler::WgpuSampler;
 pub use shaders::{

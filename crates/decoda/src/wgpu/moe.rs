@@ -22,9 +22,21 @@ use crate::profile::Launch;
 /// The WGSL of the MoE kernels (without the shared arithmetic).
 pub const SHADER_MOE: &str = include_str!("moe.wgsl");
 
-/// The complete MoE module (with `fmath.wgsl`).
+/// The complete MoE module (with `fmath.wgsl`) for f32 experts.
 pub fn moe_shader_source() -> String {
-    format!("{SHADER_MOE}\n{}", super::shaders::SHADER_FMATH)
+    moe_shader_source_for(0, 0)
+}
+
+/// The complete module for experts of weight format `dtype` (0 f32, 1 bf16, 2 f16,
+/// 3 affine) with `bits`-bit codes: the grouped products are compiled for that format
+/// alone.
+pub fn moe_shader_source_for(dtype: u32, bits: u32) -> String {
+    // (a format without codes divides by no zero in its unused affine branch)
+    let bits = if dtype == 3 { bits } else { 16 };
+    format!(
+        "const DTYPE: u32 = {dtype}u;\nconst BITS: u32 = {bits}u;\n{SHADER_MOE}\n{}",
+        super::shaders::SHADER_FMATH
+    )
 }
 
 #[repr(C)]
@@ -149,28 +161,33 @@ impl std::fmt::Debug for WgpuMoe {
 }
 
 /// Appends experts `e_lo .. e_hi` of a matrix `[E, out, in]` (weights, then scales and
-/// biases for affine ones) to `all`; returns their offsets.
+/// biases for affine ones) to `all`, each row padded to whole vec4<u32> and starting on
+/// one (the products' loads); returns their offsets.
 fn push_matrix(all: &mut Vec<u32>, w: &ExpertWeights, e_lo: usize, e_hi: usize) -> (u32, u32, u32) {
     let at = |all: &Vec<u32>| all.len() as u32;
     let (out, inp) = (w.out_features(), w.in_features());
-    let els = |v_len: usize| (e_lo * v_len / w.experts(), e_hi * v_len / w.experts());
+    let rw = row_words(w);
+    let (r0, r1) = (e_lo * out, e_hi * out);
+    all.resize(all.len().next_multiple_of(4), 0);
+    let o = at(all);
     match w.data() {
         WeightData::F32(v) => {
-            let o = at(all);
-            let (a, b) = els(v.len());
-            all.extend(v[a..b].iter().map(|x| x.to_bits()));
+            for row in v[r0 * inp..r1 * inp].chunks(inp) {
+                all.extend(row.iter().map(|x| x.to_bits()));
+                all.resize(all.len() + rw - inp, 0);
+            }
             (o, 0, 0)
         }
         WeightData::Bf16(v) => {
-            let o = at(all);
-            let (a, b) = els(v.len());
-            push_halves(all, v[a..b].iter().map(|x| x.to_bits()));
+            for row in v[r0 * inp..r1 * inp].chunks(inp) {
+                push_halves(all, row.iter().map(|x| x.to_bits()), rw);
+            }
             (o, 0, 0)
         }
         WeightData::F16(v) => {
-            let o = at(all);
-            let (a, b) = els(v.len());
-            push_halves(all, v[a..b].iter().map(|x| x.to_bits()));
+            for row in v[r0 * inp..r1 * inp].chunks(inp) {
+                push_halves(all, row.iter().map(|x| x.to_bits()), rw);
+            }
             (o, 0, 0)
         }
         WeightData::Affine {
@@ -179,9 +196,7 @@ fn push_matrix(all: &mut Vec<u32>, w: &ExpertWeights, e_lo: usize, e_hi: usize) 
             scales,
             biases,
         } => {
-            let (rw, g) = (q.row_words(inp), q.row_groups(inp));
-            let (r0, r1) = (e_lo * out, e_hi * out);
-            let o = at(all);
+            let g = q.row_groups(inp);
             all.extend_from_slice(&packed[r0 * rw..r1 * rw]);
             let s = at(all);
             all.extend(scales[r0 * g..r1 * g].iter().map(|x| x.to_bits()));
@@ -192,25 +207,52 @@ fn push_matrix(all: &mut Vec<u32>, w: &ExpertWeights, e_lo: usize, e_hi: usize) 
     }
 }
 
-/// Words one expert of a matrix takes on the device (at most: 16-bit values are packed
-/// two to a word over a part's run of experts).
-fn expert_words(w: &ExpertWeights) -> usize {
-    let (out, inp) = (w.out_features(), w.in_features());
+/// Words one row of a matrix takes on the device: whole vec4<u32> (affine rows are
+/// already: their inputs come in whole groups of 32 or more).
+fn row_words(w: &ExpertWeights) -> usize {
+    let inp = w.in_features();
     match w.data() {
-        WeightData::F32(_) => out * inp,
-        WeightData::Bf16(_) | WeightData::F16(_) => (out * inp).div_ceil(2),
-        WeightData::Affine { q, .. } => out * (q.row_words(inp) + 2 * q.row_groups(inp)),
+        WeightData::F32(_) => inp.next_multiple_of(4),
+        WeightData::Bf16(_) | WeightData::F16(_) => inp.div_ceil(2).next_multiple_of(4),
+        WeightData::Affine { q, .. } => q.row_words(inp),
     }
 }
 
-fn push_halves(all: &mut Vec<u32>, it: impl Iterator<Item = u16>) {
+/// Words one expert of a matrix takes on the device.
+fn expert_words(w: &ExpertWeights) -> usize {
+    let out = w.out_features();
+    match w.data() {
+        WeightData::Affine { q, .. } => out * (row_words(w) + 2 * q.row_groups(w.in_features())),
+        _ => out * row_words(w),
+    }
+}
+
+/// One row of 16-bit values two to a word, padded with zeros to `words` words.
+fn push_halves(all: &mut Vec<u32>, it: impl Iterator<Item = u16>, words: usize) {
+    let start = all.len();
     let v: Vec<u16> = it.collect();
     for pair in v.chunks(2) {
         let lo = u32::from(pair[0]);
         let hi = pair.get(1).map_or(0, |&h| u32::from(h));
         all.push(lo | (hi << 16));
     }
+    all.resize(start + words, 0);
 }
+
+/// `n` workgroups as a grid within the per-dimension limit (the kernels flatten it).
+fn flat_grid(n: usize) -> (usize, usize) {
+    let n = n.max(1);
+    (n.min(65535), n.div_ceil(65535))
+}
+
+/// The MoE module's pipelines of each weight format, by (`dtype`, `bits`).
+const MOE_KEYS: [(&str, u32, u32); 5] = [
+    ("moe f32", 0, 0),
+    ("moe bf16", 1, 0),
+    ("moe f16", 2, 0),
+    ("moe q4", 3, 4),
+    ("moe q8", 3, 8),
+];
 
 impl WgpuMoe {
     /// Uploads `layer`'s weights to a device (a [`WgpuDevice`], or a
@@ -269,6 +311,8 @@ impl WgpuMoe {
                 None => (0, 0, 0),
             };
             let (dw, ds, db) = push_matrix(&mut all, layer.down(), e_lo, e_hi);
+            // read as vec4<u32>: whole vec4s
+            all.resize(all.len().next_multiple_of(4), 0);
             use wgpu::util::DeviceExt;
             let weights = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
                 label: Some(&format!("decoda moe weights, experts {e_lo}..{e_hi}")),
@@ -291,7 +335,11 @@ impl WgpuMoe {
             };
             parts.push((weights, offsets));
         }
-        let pipes = ctx.pipelines("moe", || build(&device, ctx.info()))?;
+        let (key, _, _) = MOE_KEYS
+            .iter()
+            .find(|k| k.1 == code && k.2 == bits)
+            .ok_or_else(|| Error::Device(format!("no MoE kernels for dtype {code} bits {bits}")))?;
+        let pipes = ctx.pipelines(key, || build(&device, ctx.info(), code, bits))?;
         // a layer runs many calls: every kernel now, none inside a call
         pipes.build_all();
         use wgpu::BufferUsages as U;
@@ -638,13 +686,13 @@ impl WgpuMoe {
         // part's share of the rows, in the plan, is its share of the experts)
         for (g, (_, p)) in groups.iter().zip(&self.parts) {
             let share = |b: u64| b * u64::from(p.e_hi - p.e_lo) / e;
-            let grid = (self.inter, rows.div_ceil(4));
+            let grid = flat_grid(self.inter.div_ceil(4) * rows);
             run(g, self.pipes.get(ACT), grid, &|| {
                 // each row streams its expert's gate and up rows; x once
                 let read = share(rows64 * self.gate_up_bytes + 4 * rows64) + 4 * n64 * d64;
                 launch("act", grid, read, share(4 * rows64 * h64))
             });
-            let grid = (d, rows.div_ceil(4));
+            let grid = flat_grid(d.div_ceil(4) * rows);
             run(g, self.pipes.get(DOWN), grid, &|| {
                 let read = share(rows64 * self.down_bytes + 4 * rows64 * (h64 + 1));
                 launch("down", grid, read, share(4 * rows64 * d64))
@@ -875,12 +923,12 @@ fn make_params(device: &wgpu::Device, parts: usize) -> wgpu::Buffer {
     )
 }
 
-fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Pipes> {
+fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo, dtype: u32, bits: u32) -> Result<Pipes> {
     use super::device::Bind::*;
     lazy_pipelines(
         device,
         "decoda moe.wgsl",
-        moe_shader_source(),
+        moe_shader_source_for(dtype, bits),
         &[Uniform, Read, Read, Read, Write, Write, Write],
         ["route", "count", "place", "act", "down", "combine"],
         &format!("{}: building the MoE shaders failed", info.name),

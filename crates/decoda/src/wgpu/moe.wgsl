@@ -7,11 +7,11 @@
 //   place      (E)            sorted calls: the stable counting sort, one workgroup per
 //                             expert walking the pairs in order; the plan (order, idx,
 //                             inv_order, offsets) lands in `work`
-//   act        (H, rows/4)     act[j] = silu(gate_e x_t) * up_e x_t for row j (expert
+//   act        (H/4 * rows)   act[j] = silu(gate_e x_t) * up_e x_t for row j (expert
 //                             e = idx[j], token t), weights dequantized in registers;
 //                             a layer in parts (whole experts a buffer) runs act and
 //                             down once per part, each for the rows of its experts
-//   down       (D, rows/4)     out[j] = down_e act[j]
+//   down       (D/4 * rows)   out[j] = down_e act[j]
 //   combine    (D/256, N)     y[n] = sum_s w[n, s] out[row of pair (n, s)], in slot order
 //
 // Every grid is sized by N, N*k, E, D and H: never by which experts were chosen, so the
@@ -56,7 +56,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> prm: Params;
-@group(0) @binding(1) var<storage, read> weights: array<u32>;
+@group(0) @binding(1) var<storage, read> weights: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> xs: array<f32>;
 @group(0) @binding(3) var<storage, read> router_logits: array<f32>;
 @group(0) @binding(4) var<storage, read_write> work: array<u32>;
@@ -225,61 +225,24 @@ fn row_token(j: u32) -> u32 {
 }
 
 // ---------------------------------------------------------------------------------
-// Weights in their own format, dequantized in registers.
-
-// Weight (row o, input i) of a matrix [E, out, in] starting at word `w`, for expert e:
-// element index `(e * out + o) * in + i`.
-fn weight(w: u32, s: u32, b: u32, rows_per_expert: u32, inf: u32, e: u32, o: u32, i: u32) -> f32 {
-    let r = e * rows_per_expert + o;
-    let el = r * inf + i;
-    if (prm.dtype == 0u) {
-        return bitcast<f32>(weights[w + el]);
-    }
-    if (prm.dtype == 1u || prm.dtype == 2u) {
-        let word = weights[w + (el >> 1u)];
-        let h = (word >> ((el & 1u) * 16u)) & 0xffffu;
-        if (prm.dtype == 1u) {
-            return bitcast<f32>(h << 16u);
-        }
-        return f16_bits(h);
-    }
-    let per = 32u / prm.bits;
-    let rw = inf / per;
-    let word = weights[w + r * rw + i / per];
-    let code = (word >> (prm.bits * (i % per))) & ((1u << prm.bits) - 1u);
-    let g = r * (inf / prm.group) + i / prm.group;
-    let sc = bitcast<f32>(weights[s + g]);
-    let bi = bitcast<f32>(weights[b + g]);
-    return fp(sc * f32(code)) + bi;
-}
-
-fn f16_bits(h: u32) -> f32 {
-    let sgn = (h & 0x8000u) << 16u;
-    let e = (h >> 10u) & 0x1fu;
-    let m = h & 0x3ffu;
-    if (e == 31u) {
-        return bitcast<f32>(sgn | 0x7f800000u | (m << 13u));
-    }
-    if (e == 0u) {
-        let v = f32(m) * 5.9604645e-8;
-        return bitcast<f32>(bitcast<u32>(v) | sgn);
-    }
-    return bitcast<f32>(sgn | ((e + 112u) << 23u) | (m << 13u));
-}
+// The grouped products, weights in their own format (`DTYPE` and `BITS`, prefixed by the
+// launcher: one module per format, no format branch in the loop), dequantized in
+// registers. A workgroup of 256 invocations computes 4 outputs of one row (a token and
+// one of its experts), a team of 64 per output: each invocation streams its share of
+// the expert's weight row as vec4<u32> loads (chunks lane, lane + 64, ...), and the 64
+// partial sums are added once at the end by a fixed tree. A row's result depends only
+// on its expert and token, so both branches give the same bits. Rows are padded to
+// whole vec4s on upload (moe.rs); affine chunks lie in one group and add
+// scale * sum(q x) + bias * sum(x).
 
 fn silu(g: f32) -> f32 {
     return g / (1.0 + exp_f32(-g));
 }
 
-// ---------------------------------------------------------------------------------
-// The grouped products: a workgroup of 64 invocations computes one output of up to 4
-// consecutive rows, the invocations splitting the weight row (consecutive words, so a
-// GPU reads each row in whole lines) and summing in a fixed tree. A row's result depends
-// only on its expert and token, so both branches give the same bits. (Sorted rows of one
-// expert share the weight row through the cache.)
+const TEAM: u32 = 64u;
 
-var<workgroup> red_g: array<f32, 64>;
-var<workgroup> red_u: array<f32, 64>;
+var<workgroup> red_g: array<f32, 256>;
+var<workgroup> red_u: array<f32, 256>;
 var<workgroup> w_expert: u32;
 
 // Row j's expert among this dispatch's weights: a layer in parts (whole experts a
@@ -297,48 +260,125 @@ fn part_expert(j: u32, lid: u32) -> u32 {
     return e - prm.e_lo;
 }
 
-// Input i of a row: x (src 0) or the activations in `work` (src 1).
-fn xin(src: u32, base: u32, i: u32) -> f32 {
-    if (src == 0u) {
-        return xs[base + i];
-    }
-    return bitcast<f32>(work[base + i]);
+// Word `i` of the weights.
+fn wword(i: u32) -> u32 {
+    return weights[i >> 2u][i & 3u];
 }
 
-// This invocation's share of W[e][o] . x: inputs lid, lid + 64, ... (affine: words).
-fn row_dot(w: u32, s: u32, b: u32, rows_per_expert: u32, inf: u32, e: u32, o: u32,
-           src: u32, xbase: u32, lid: u32) -> f32 {
-    var acc = 0.0;
-    if (prm.dtype == 3u) {
-        let per = 32u / prm.bits;
-        let rw = inf / per;
-        let mask = (1u << prm.bits) - 1u;
-        let gpr = inf / prm.group;
-        let r = e * rows_per_expert + o;
-        for (var wi = lid; wi < rw; wi = wi + 64u) {
-            let word = weights[w + r * rw + wi];
-            let i0 = wi * per;
-            let g = r * gpr + i0 / prm.group;
-            let sc = bitcast<f32>(weights[s + g]);
-            let bi = bitcast<f32>(weights[b + g]);
-            for (var q = 0u; q < per; q = q + 1u) {
-                let wv = fp(sc * f32((word >> (prm.bits * q)) & mask)) + bi;
-                acc = acc + wv * xin(src, xbase, i0 + q);
-            }
-        }
+// Words of one weight row of `inf` inputs on the device (whole vec4s).
+fn row_words(inf: u32) -> u32 {
+    if (DTYPE == 0u) {
+        return (inf + 3u) / 4u * 4u;
+    }
+    if (DTYPE <= 2u) {
+        return ((inf + 1u) / 2u + 3u) / 4u * 4u;
+    }
+    return inf * BITS / 32u;
+}
+
+// Inputs per vec4<u32> of weights.
+fn per_chunk() -> u32 {
+    if (DTYPE == 0u) {
+        return 4u;
+    }
+    if (DTYPE <= 2u) {
+        return 8u;
+    }
+    return 128u / BITS;
+}
+
+fn f16_bits(h: u32) -> f32 {
+    let sgn = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 31u) {
+        return bitcast<f32>(sgn | 0x7f800000u | (m << 13u));
+    }
+    if (e == 0u) {
+        let v = f32(m) * 5.9604645e-8;
+        return bitcast<f32>(bitcast<u32>(v) | sgn);
+    }
+    return bitcast<f32>(sgn | ((e + 112u) << 23u) | (m << 13u));
+}
+
+// Input i of a row (0 past its `n` inputs): x (src 0) or the activations in `work`.
+fn xin(src: u32, base: u32, i: u32, n: u32) -> f32 {
+    let at = base + min(i, n - 1u);
+    var v: f32;
+    if (src == 0u) {
+        v = xs[at];
     } else {
-        for (var i = lid; i < inf; i = i + 64u) {
-            acc = acc + weight(w, s, b, rows_per_expert, inf, e, o, i) * xin(src, xbase, i);
+        v = bitcast<f32>(work[at]);
+    }
+    return select(0.0, v, i < n);
+}
+
+// Chunk `w` (first input i0) of a weight row against a row's inputs.
+fn chunk_dot(w: vec4<u32>, i0: u32, src: u32, xb: u32, n: u32, sc: f32, bi: f32) -> f32 {
+    var acc = 0.0;
+    if (DTYPE == 0u) {
+        for (var k = 0u; k < 4u; k = k + 1u) {
+            acc = acc + bitcast<f32>(w[k]) * xin(src, xb, i0 + k, n);
         }
+        return acc;
+    }
+    if (DTYPE <= 2u) {
+        for (var k = 0u; k < 4u; k = k + 1u) {
+            let i = i0 + 2u * k;
+            var lo: f32;
+            var hi: f32;
+            if (DTYPE == 1u) {
+                lo = bitcast<f32>(w[k] << 16u);
+                hi = bitcast<f32>(w[k] & 0xffff0000u);
+            } else {
+                lo = f16_bits(w[k] & 0xffffu);
+                hi = f16_bits(w[k] >> 16u);
+            }
+            acc = acc + lo * xin(src, xb, i, n);
+            acc = acc + hi * xin(src, xb, i + 1u, n);
+        }
+        return acc;
+    }
+    let per = 32u / BITS;
+    let mask = (1u << BITS) - 1u;
+    var qx = 0.0;
+    var sx = 0.0;
+    for (var k = 0u; k < 4u; k = k + 1u) {
+        for (var j = 0u; j < per; j = j + 1u) {
+            let x = xin(src, xb, i0 + k * per + j, n);
+            qx = qx + f32((w[k] >> (BITS * j)) & mask) * x;
+            sx = sx + x;
+        }
+    }
+    return sc * qx + bi * sx;
+}
+
+// This invocation's share of W[r] . input, for row r of a matrix of `inf` inputs at
+// word `w` (scales at `s`, biases at `b`).
+fn stream(w: u32, s: u32, b: u32, r: u32, inf: u32, src: u32, xb: u32, lane: u32) -> f32 {
+    let rw = row_words(inf);
+    let base = (w + r * rw) / 4u;
+    let gpr = inf / max(prm.group, 1u);
+    var acc = 0.0;
+    for (var c = lane; c < rw / 4u; c = c + TEAM) {
+        let i0 = c * per_chunk();
+        var sc = 0.0;
+        var bi = 0.0;
+        if (DTYPE == 3u) {
+            let g = r * gpr + i0 / prm.group;
+            sc = bitcast<f32>(wword(s + g));
+            bi = bitcast<f32>(wword(b + g));
+        }
+        acc = acc + chunk_dot(weights[base + c], i0, src, xb, inf, sc, bi);
     }
     return acc;
 }
 
-// Sums red_g (and red_u) over the workgroup into element 0.
-fn reduce_pair(lid: u32) {
+// Sums each team's 64 values of red_g (and red_u) into its first.
+fn reduce_teams(lane: u32, lid: u32) {
     workgroupBarrier();
-    for (var st = 32u; st > 0u; st = st >> 1u) {
-        if (lid < st) {
+    for (var st = TEAM / 2u; st > 0u; st = st >> 1u) {
+        if (lane < st) {
             red_g[lid] = red_g[lid] + red_g[lid + st];
             red_u[lid] = red_u[lid] + red_u[lid + st];
         }
@@ -346,59 +386,77 @@ fn reduce_pair(lid: u32) {
     }
 }
 
-@compute @workgroup_size(64)
-fn act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let o = wid.x;
-    let rows = prm.tokens * prm.top_k;
-    let d = prm.hidden;
+// act: ceil(H / 4) x rows workgroups; act[j][o] = silu(gate_e[o] . x_t) * up_e[o] . x_t
+@compute @workgroup_size(256)
+fn act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    // workgroup (o4, j) of ceil(width / 4) x rows, flattened over the grid
+    let quads = (prm.inter + 3u) / 4u;
+    let flat = wid.x + wid.y * nwg.x;
+    let j = flat / quads;
+    let o4 = flat % quads;
     let h = prm.inter;
-    for (var rr = 0u; rr < 4u; rr = rr + 1u) {
-        let j = wid.y * 4u + rr;
-        if (j >= rows) {
-            break;
-        }
-        let e = part_expert(j, lid);
-        if (e == NO_EXPERT) {
-            continue;
-        }
-        let xb = row_token(j) * d;
+    let d = prm.hidden;
+    if (j >= prm.tokens * prm.top_k) {
+        return;
+    }
+    let e = part_expert(j, lid);
+    if (e == NO_EXPERT) {
+        return;
+    }
+    let team = lid / TEAM;
+    let lane = lid % TEAM;
+    let o = o4 * 4u + team;
+    let xb = row_token(j) * d;
+    var g = 0.0;
+    var u = 0.0;
+    if (o < h) {
         if (prm.separate != 0u) {
-            red_g[lid] = row_dot(prm.gate_w, prm.gate_s, prm.gate_b, h, d, e, o, 0u, xb, lid);
-            red_u[lid] = row_dot(prm.up_w, prm.up_s, prm.up_b, h, d, e, o, 0u, xb, lid);
+            g = stream(prm.gate_w, prm.gate_s, prm.gate_b, e * h + o, d, 0u, xb, lane);
+            u = stream(prm.up_w, prm.up_s, prm.up_b, e * h + o, d, 0u, xb, lane);
         } else {
-            red_g[lid] = row_dot(prm.gate_w, prm.gate_s, prm.gate_b, 2u * h, d, e, o, 0u, xb, lid);
-            red_u[lid] = row_dot(prm.gate_w, prm.gate_s, prm.gate_b, 2u * h, d, e, h + o, 0u, xb, lid);
+            g = stream(prm.gate_w, prm.gate_s, prm.gate_b, e * 2u * h + o, d, 0u, xb, lane);
+            u = stream(prm.gate_w, prm.gate_s, prm.gate_b, e * 2u * h + h + o, d, 0u, xb, lane);
         }
-        reduce_pair(lid);
-        if (lid == 0u) {
-            work[prm.w_act + j * h + o] = bitcast<u32>(silu(red_g[0]) * red_u[0]);
-        }
-        workgroupBarrier();
+    }
+    red_g[lid] = g;
+    red_u[lid] = u;
+    reduce_teams(lane, lid);
+    if (lane == 0u && o < h) {
+        work[prm.w_act + j * h + o] = bitcast<u32>(silu(red_g[lid]) * red_u[lid]);
     }
 }
 
-@compute @workgroup_size(64)
-fn down(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let o = wid.x;
-    let rows = prm.tokens * prm.top_k;
-    let d = prm.hidden;
+// down: ceil(D / 4) x rows workgroups; out[j][o] = down_e[o] . act[j]
+@compute @workgroup_size(256)
+fn down(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    // workgroup (o4, j) of ceil(width / 4) x rows, flattened over the grid
+    let quads = (prm.hidden + 3u) / 4u;
+    let flat = wid.x + wid.y * nwg.x;
+    let j = flat / quads;
+    let o4 = flat % quads;
     let h = prm.inter;
-    for (var rr = 0u; rr < 4u; rr = rr + 1u) {
-        let j = wid.y * 4u + rr;
-        if (j >= rows) {
-            break;
-        }
-        let e = part_expert(j, lid);
-        if (e == NO_EXPERT) {
-            continue;
-        }
-        red_g[lid] = row_dot(prm.down_w, prm.down_s, prm.down_b, d, h, e, o, 1u, prm.w_act + j * h, lid);
-        red_u[lid] = 0.0;
-        reduce_pair(lid);
-        if (lid == 0u) {
-            work[prm.w_out + j * d + o] = bitcast<u32>(red_g[0]);
-        }
-        workgroupBarrier();
+    let d = prm.hidden;
+    if (j >= prm.tokens * prm.top_k) {
+        return;
+    }
+    let e = part_expert(j, lid);
+    if (e == NO_EXPERT) {
+        return;
+    }
+    let team = lid / TEAM;
+    let lane = lid % TEAM;
+    let o = o4 * 4u + team;
+    var v = 0.0;
+    if (o < d) {
+        v = stream(prm.down_w, prm.down_s, prm.down_b, e * d + o, h, 1u, prm.w_act + j * h, lane);
+    }
+    red_g[lid] = v;
+    red_u[lid] = 0.0;
+    reduce_teams(lane, lid);
+    if (lane == 0u && o < d) {
+        work[prm.w_out + j * d + o] = bitcast<u32>(red_g[lid]);
     }
 }
 
