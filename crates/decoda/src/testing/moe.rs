@@ -250,10 +250,23 @@ pub fn uneven_routings(make: MoeFactory<'_>) -> std::result::Result<(), String> 
 
 /// Routing on the backend gives the CPU's experts and weights, bit for bit, for both
 /// routers.
+/// Experts 64, Qwen3-MoE's 128, a count past one workgroup's 256 invocations, and
+/// Mixtral's 8.
 pub fn routing_matches_cpu(make: MoeFactory<'_>) -> std::result::Result<(), String> {
+    for (experts, top_k) in [(64, 8), (128, 8), (300, 6), (8, 2)] {
+        routing_matches_cpu_at(make, experts, top_k)?;
+    }
+    Ok(())
+}
+
+fn routing_matches_cpu_at(
+    make: MoeFactory<'_>,
+    experts: usize,
+    top_k: usize,
+) -> std::result::Result<(), String> {
     let shape = MoeShape {
-        experts: 64,
-        top_k: 8,
+        experts,
+        top_k,
         hidden: 32,
         intermediate: 32,
     };
@@ -266,6 +279,12 @@ pub fn routing_matches_cpu(make: MoeFactory<'_>) -> std::result::Result<(), Stri
     for v in logits.iter_mut().take(8) {
         *v = 1.25;
     }
+    // and the signed zeros on top of row 1 (the CPU's total order puts -0 below +0)
+    let row1 = &mut logits[experts..2 * experts];
+    row1.fill(-1.0);
+    row1[0] = -0.0;
+    row1[1] = 0.0;
+    row1[experts - 1] = 0.0;
     for router in [
         Router::SoftmaxTopK { renormalize: true },
         Router::SoftmaxTopK { renormalize: false },
@@ -278,9 +297,9 @@ pub fn routing_matches_cpu(make: MoeFactory<'_>) -> std::result::Result<(), Stri
             .map_err(|e| e.to_string())?;
         if got != want {
             return Err(format!(
-                "{router:?}: routing {:?}.. vs cpu {:?}..",
-                &got.indices[..8],
-                &want.indices[..8]
+                "E {experts} k {top_k} {router:?}: routing {:?}.. vs cpu {:?}..",
+                &got.indices[..top_k],
+                &want.indices[..top_k]
             ));
         }
         let cpu_out = cpu.forward(&x, &want).map_err(|e| e.to_string())?;
@@ -291,7 +310,7 @@ pub fn routing_matches_cpu(make: MoeFactory<'_>) -> std::result::Result<(), Stri
         );
         if err > BOUND {
             return Err(format!(
-                "{router:?}: output differs from the CPU by {err:.2e}"
+                "E {experts} k {top_k} {router:?}: output differs from the CPU by {err:.2e}"
             ));
         }
     }

@@ -661,7 +661,8 @@ impl WgpuMoe {
             passes.dispatch(pipe, group, (grid.0 as u32, grid.1 as u32), plan);
         };
         if let MoeRouting::Logits { .. } = routing {
-            let grid = (n.div_ceil(64), 1);
+            // one workgroup a token
+            let grid = (n, 1);
             run(g0, self.pipes.get(ROUTE), grid, &|| {
                 launch("route", grid, 4 * n64 * e, 8 * rows64)
             });

@@ -1,8 +1,9 @@
 // decoda's MoE dispatch on the device (README, "MoE dispatch"): a SwiGLU expert layer
 // for x [N, D]. The launcher (moe.rs) records, in this order:
 //
-//   route      (N)            router logits -> k experts and weights per token (optional:
-//                             the routing may come from the host)
+//   route      (N)            router logits -> k experts and weights per token, one
+//                             workgroup a token (optional: the routing may come from
+//                             the host)
 //   count      (N*k / 256)    sorted calls: tokens per expert
 //   place      (E)            sorted calls: the stable counting sort, one workgroup per
 //                             expert walking the pairs in order; the plan (order, idx,
@@ -70,81 +71,152 @@ fn opaque_zero() -> u32 {
 }
 
 // ---------------------------------------------------------------------------------
-// Routing (the same arithmetic as moe::route_with on the CPU).
+// Routing (the same arithmetic as moe::route_with on the CPU, bit for bit): one
+// workgroup per token, its invocations over the experts. The softmax's sum is taken in
+// expert order by one invocation (as the CPU sums), each probability is computed by the
+// invocation that holds its expert, and the k choices are k argmax rounds over the
+// workgroup (largest value, then smallest id, below the previous choice in that order).
 
-@compute @workgroup_size(64)
-fn route(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let n = gid.x + gid.y * nwg.x * 64u;
+const RT: u32 = 256u;
+
+var<workgroup> rt_key: array<u32, 256>;
+var<workgroup> rt_idx: array<u32, 256>;
+var<workgroup> rt_val: array<f32, 256>;
+var<workgroup> rt_m: f32;
+var<workgroup> rt_sum: f32;
+
+// The workgroup's largest (key, then smallest id); every invocation gets it.
+fn rt_argmax(lid: u32, key: u32, idx: u32) -> vec2<u32> {
+    rt_key[lid] = key;
+    rt_idx[lid] = idx;
+    workgroupBarrier();
+    for (var s = RT / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            let ok = rt_key[lid + s];
+            let oi = rt_idx[lid + s];
+            if (ok > rt_key[lid] || (ok == rt_key[lid] && oi < rt_idx[lid])) {
+                rt_key[lid] = ok;
+                rt_idx[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = vec2<u32>(rt_key[0], rt_idx[0]);
+    workgroupBarrier();
+    return r;
+}
+
+// An order-preserving key of a finite f32 (larger value, larger key).
+fn rt_order(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+
+// Expert e's routing value: its probability (softmax routers) or its logit (top-k then
+// softmax).
+fn rt_value(base: u32, e: u32) -> f32 {
+    let v = router_logits[base + e];
+    if (prm.router == 2u) {
+        return v;
+    }
+    return div_rn(exp_f32(v - rt_m), rt_sum);
+}
+
+@compute @workgroup_size(256)
+fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = wid.x + wid.y * 65535u;
     if (n >= prm.tokens) {
         return;
     }
     let e_n = prm.experts;
     let base = n * e_n;
+    // the row's largest logit
     var m = router_logits[base];
-    for (var e = 1u; e < e_n; e = e + 1u) {
+    for (var e = lid; e < e_n; e = e + RT) {
         m = max(m, router_logits[base + e]);
+    }
+    rt_val[lid] = m;
+    workgroupBarrier();
+    for (var s = RT / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            rt_val[lid] = max(rt_val[lid], rt_val[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        rt_m = rt_val[0];
+        rt_sum = 0.0;
+    }
+    workgroupBarrier();
+    if (prm.router != 2u) {
+        // the softmax's sum in expert order: the exponentials a tile at a time, added
+        // by one invocation
+        for (var t0 = 0u; t0 < e_n; t0 = t0 + RT) {
+            let e = t0 + lid;
+            if (e < e_n) {
+                rt_val[lid] = exp_f32(router_logits[base + e] - rt_m);
+            }
+            workgroupBarrier();
+            if (lid == 0u) {
+                var sum = rt_sum;
+                for (var i = 0u; i < min(RT, e_n - t0); i = i + 1u) {
+                    sum = sum + rt_val[i];
+                }
+                rt_sum = sum;
+            }
+            workgroupBarrier();
+        }
     }
     let k = prm.top_k;
     let ob = n * k;
-    if (prm.router == 2u) {
-        // top-k of the logits, then a softmax over them
-        var prev_v = 0.0;
-        var prev_i = 0u;
-        var sum = 0.0;
-        for (var s = 0u; s < k; s = s + 1u) {
-            var bv = 0.0;
-            var bi = 0xffffffffu;
-            for (var e = 0u; e < e_n; e = e + 1u) {
-                let v = router_logits[base + e];
-                // below the previous pick in (value desc, id asc) order
-                let after = s == 0u || v < prev_v || (v == prev_v && e > prev_i);
-                if (after && (bi == 0xffffffffu || v > bv)) {
-                    bv = v;
-                    bi = e;
-                }
-            }
-            prev_v = bv;
-            prev_i = bi;
-            work[prm.w_idx_in + ob + s] = bi;
-            let ev = exp_f32(bv - router_logits[base + work[prm.w_idx_in + ob]]);
-            work[prm.w_wt + ob + s] = bitcast<u32>(ev);
-            sum = sum + ev;
-        }
-        for (var s = 0u; s < k; s = s + 1u) {
-            let ev = bitcast<f32>(work[prm.w_wt + ob + s]);
-            work[prm.w_wt + ob + s] = bitcast<u32>(div_rn(ev, sum));
-        }
-        return;
-    }
-    var sum = 0.0;
-    for (var e = 0u; e < e_n; e = e + 1u) {
-        sum = sum + exp_f32(router_logits[base + e] - m);
-    }
-    var prev_p = 0.0;
+    // (in the CPU's total order: -0 below +0)
+    var prev_k = 0u;
     var prev_i = 0u;
-    var norm = 0.0;
     for (var s = 0u; s < k; s = s + 1u) {
-        var bp = 0.0;
+        var bk = 0u;
         var bi = 0xffffffffu;
-        for (var e = 0u; e < e_n; e = e + 1u) {
-            let p = div_rn(exp_f32(router_logits[base + e] - m), sum);
-            let after = s == 0u || p < prev_p || (p == prev_p && e > prev_i);
-            if (after && (bi == 0xffffffffu || p > bp)) {
-                bp = p;
+        for (var e = lid; e < e_n; e = e + RT) {
+            let key = rt_order(rt_value(base, e));
+            let after = s == 0u || key < prev_k || (key == prev_k && e > prev_i);
+            if (after && (bi == 0xffffffffu || key > bk)) {
+                bk = key;
                 bi = e;
             }
         }
-        prev_p = bp;
-        prev_i = bi;
-        work[prm.w_idx_in + ob + s] = bi;
-        work[prm.w_wt + ob + s] = bitcast<u32>(bp);
-        norm = norm + bp;
+        let best = rt_argmax(lid, select(0u, bk, bi != 0xffffffffu), bi);
+        prev_k = best.x;
+        prev_i = best.y;
+        if (lid == 0u) {
+            work[prm.w_idx_in + ob + s] = prev_i;
+            work[prm.w_wt + ob + s] = bitcast<u32>(rt_value(base, prev_i));
+        }
+    }
+    if (lid != 0u || prm.router == 0u) {
+        return;
     }
     if (prm.router == 1u) {
+        // renormalised over the choices, summed in choice order
+        var norm = 0.0;
+        for (var s = 0u; s < k; s = s + 1u) {
+            norm = norm + bitcast<f32>(work[prm.w_wt + ob + s]);
+        }
         for (var s = 0u; s < k; s = s + 1u) {
             let p = bitcast<f32>(work[prm.w_wt + ob + s]);
             work[prm.w_wt + ob + s] = bitcast<u32>(div_rn(p, norm));
         }
+        return;
+    }
+    // top-k of the logits, then a softmax over them (from the first choice, in order)
+    let top = router_logits[base + work[prm.w_idx_in + ob]];
+    var sum = 0.0;
+    for (var s = 0u; s < k; s = s + 1u) {
+        let ev = exp_f32(bitcast<f32>(work[prm.w_wt + ob + s]) - top);
+        work[prm.w_wt + ob + s] = bitcast<u32>(ev);
+        sum = sum + ev;
+    }
+    for (var s = 0u; s < k; s = s + 1u) {
+        let ev = bitcast<f32>(work[prm.w_wt + ob + s]);
+        work[prm.w_wt + ob + s] = bitcast<u32>(div_rn(ev, sum));
     }
 }
 
