@@ -1652,7 +1652,7 @@ fn profile_generate_and_moe_bench() {
         "model.linear",
         "model.attend",
         "moe.act",
-        "moe.down",
+        "moe.down_combine",
     ] {
         let line = kernels
             .iter()
@@ -1692,18 +1692,9 @@ fn profile_generate_and_moe_bench() {
     for (key, kernels) in [
         (
             "profile_sorted",
-            &[
-                "moe.count",
-                "moe.place",
-                "moe.act",
-                "moe.down",
-                "moe.combine",
-            ][..],
+            &["moe.count", "moe.place", "moe.act", "moe.down_combine"][..],
         ),
-        (
-            "profile_unsorted",
-            &["moe.act", "moe.down", "moe.combine"][..],
-        ),
+        ("profile_unsorted", &["moe.act", "moe.down_combine"][..]),
     ] {
         let got: Vec<&str> = first[key]["kernels"]
             .as_array()

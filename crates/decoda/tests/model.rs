@@ -443,9 +443,11 @@ mod wgpu {
             "sample.scan",
             "model.embed",
             "model.linear",
+            "model.norm_rope",
             "model.attend",
+            "moe.route",
             "moe.act",
-            "moe.down",
+            "moe.down_combine",
         ] {
             assert!(
                 lines.iter().any(|l| l.kernel == k),

@@ -110,6 +110,14 @@ pub trait Ops {
     /// RoPE on `Q` and `K` at each row's position; `K` and `V` into layer `layer`'s cache
     /// at those positions.
     fn rope_store(&mut self, layer: usize) -> Result<()>;
+    /// `Q` and `K` RMS-normed per head (`QNorm(layer)` over `heads` groups, `KNorm(layer)`
+    /// over `kv_heads`), then [`Ops::rope_store`]: one op a backend may fuse (the device
+    /// does, one dispatch for the three).
+    fn norm_rope_store(&mut self, layer: usize, heads: usize, kv_heads: usize) -> Result<()> {
+        self.rms_norm(Act::Q, Act::Q, NormId::QNorm(layer), heads)?;
+        self.rms_norm(Act::K, Act::K, NormId::KNorm(layer), kv_heads)?;
+        self.rope_store(layer)
+    }
     /// `A` = causal attention of `Q` over layer `layer`'s cache up to each row's position.
     fn attention(&mut self, layer: usize) -> Result<()>;
     /// `M` = layer `layer`'s experts over `H`, routed by the router logits `R`; returns
@@ -117,6 +125,13 @@ pub trait Ops {
     fn moe(&mut self, layer: usize) -> Result<Dispatch>;
     /// `dst += src`.
     fn add(&mut self, src: Act, dst: Act) -> Result<()>;
+    /// [`Ops::moe`], then `X += M` ([`Ops::add`]): one op a backend may fuse (the device
+    /// adds the experts' combination into `X` in the dispatch that combines them).
+    fn moe_add(&mut self, layer: usize) -> Result<Dispatch> {
+        let d = self.moe(layer)?;
+        self.add(Act::M, Act::X)?;
+        Ok(d)
+    }
     /// The logits of the call's output rows: `LM head · H`.
     fn lm_head(&mut self) -> Result<()>;
 }

@@ -99,16 +99,13 @@ pub fn forward<O: Ops + ?Sized>(cfg: &Config, ops: &mut O) -> Result<Vec<Dispatc
         ops.linear(Act::H, Act::Q, WeightId::Q(l), Acc::Store)?;
         ops.linear(Act::H, Act::K, WeightId::K(l), Acc::Store)?;
         ops.linear(Act::H, Act::V, WeightId::V(l), Acc::Store)?;
-        ops.rms_norm(Act::Q, Act::Q, NormId::QNorm(l), cfg.num_attention_heads)?;
-        ops.rms_norm(Act::K, Act::K, NormId::KNorm(l), cfg.num_key_value_heads)?;
-        ops.rope_store(l)?;
+        ops.norm_rope_store(l, cfg.num_attention_heads, cfg.num_key_value_heads)?;
         ops.attention(l)?;
         ops.linear(Act::A, Act::X, WeightId::O(l), Acc::Add)?;
         ops.rms_norm(Act::X, Act::H, NormId::Post(l), 1)?;
         if cfg.is_moe(l) {
             ops.linear(Act::H, Act::R, WeightId::Router(l), Acc::Store)?;
-            branches.push(ops.moe(l)?);
-            ops.add(Act::M, Act::X)?;
+            branches.push(ops.moe_add(l)?);
         } else {
             ops.swiglu(Act::H, Act::G, WeightId::Gate(l), WeightId::Up(l))?;
             ops.linear(Act::G, Act::X, WeightId::Down(l), Acc::Add)?;

@@ -73,18 +73,19 @@ pub(crate) struct MoeParams {
     pub w_out: u32,
     pub e_lo: u32,
     pub e_hi: u32,
-    pub pad2: u32,
+    pub accumulate: u32,
 }
 
 /// The MoE kernels' pipelines (built when a layer is made), indexed by the constants
 /// below.
-type Pipes = Pipelines<6>;
+type Pipes = Pipelines<7>;
 const ROUTE: usize = 0;
 const COUNT: usize = 1;
 const PLACE: usize = 2;
 const ACT: usize = 3;
 const DOWN: usize = 4;
 const COMBINE: usize = 5;
+const DOWN_COMBINE: usize = 6;
 
 /// The routing of a recorded call.
 #[derive(Debug, Clone, Copy)]
@@ -109,6 +110,7 @@ struct CallKey {
     k: usize,
     sorted: bool,
     router: u32,
+    accumulate: bool,
     x: wgpu::Buffer,
     logits: wgpu::Buffer,
     y: wgpu::Buffer,
@@ -402,13 +404,17 @@ impl WgpuMoe {
     }
 
     /// Compute dispatches a call records: the routing when it is on the device, the
-    /// plan's two when sorted, the gate/up and down products once per part of the
-    /// weights, and the combine.
+    /// plan's two when sorted, then for a layer in one part the gate/up product and the
+    /// down product with the combine (2), else the gate/up and down products once per
+    /// part of the weights and the combine.
     pub fn dispatches(&self, device_routing: bool, dispatch: Dispatch) -> usize {
-        usize::from(device_routing)
-            + if dispatch == Dispatch::Sorted { 2 } else { 0 }
-            + 2 * self.parts.len()
-            + 1
+        let products = if self.parts.len() == 1 {
+            // act, then down and combine in one
+            2
+        } else {
+            2 * self.parts.len() + 1
+        };
+        usize::from(device_routing) + if dispatch == Dispatch::Sorted { 2 } else { 0 } + products
     }
 
     /// The branch a call with `tokens` tokens takes: sorted iff `tokens > sort_cutoff`.
@@ -470,10 +476,20 @@ impl WgpuMoe {
         y: &wgpu::Buffer,
         dispatch: Option<Dispatch>,
     ) -> Result<Dispatch> {
-        self.record_in(&mut Passes::new(encoder, None), x, n, routing, y, dispatch)
+        self.record_in(
+            &mut Passes::new(encoder, None),
+            x,
+            n,
+            routing,
+            y,
+            dispatch,
+            false,
+        )
     }
 
-    /// [`WgpuMoe::record`] into `passes` (one pass, or a profiled pass per dispatch).
+    /// [`WgpuMoe::record`] into `passes` (one pass, or a profiled pass per dispatch);
+    /// with `accumulate`, y += the layer's output (a residual stream) instead of y =.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn record_in(
         &self,
         passes: &mut Passes<'_>,
@@ -482,6 +498,7 @@ impl WgpuMoe {
         routing: MoeRouting<'_>,
         y: &wgpu::Buffer,
         dispatch: Option<Dispatch>,
+        accumulate: bool,
     ) -> Result<Dispatch> {
         let (k, router) = match routing {
             MoeRouting::Logits { top_k, router, .. } => (
@@ -538,10 +555,14 @@ impl WgpuMoe {
         }
         let dispatch = dispatch.unwrap_or_else(|| self.dispatch_for(n));
         let p = self.params(n, k, dispatch, router);
+        let acc = u32::from(accumulate);
         // the parameter blocks, one per part, at uniform-offset alignment (made only when
         // a call's parameters are new: a kept call makes nothing)
         let param_bytes = || {
-            let pp = self.part_params(n, k, dispatch, router);
+            let mut pp = self.part_params(n, k, dispatch, router);
+            for q in &mut pp {
+                q.accumulate = acc;
+            }
             let mut bytes = vec![0u8; pp.len() * PARAM_STRIDE as usize];
             for (i, q) in pp.iter().enumerate() {
                 let at = i * PARAM_STRIDE as usize;
@@ -571,6 +592,7 @@ impl WgpuMoe {
                     k,
                     sorted: dispatch == Dispatch::Sorted,
                     router,
+                    accumulate,
                     x: x.clone(),
                     logits: buffer.clone(),
                     y: y.clone(),
@@ -684,7 +706,9 @@ impl WgpuMoe {
             });
         }
         // the products part by part: each dispatch computes the rows of its experts (a
-        // part's share of the rows, in the plan, is its share of the experts)
+        // part's share of the rows, in the plan, is its share of the experts); a layer in
+        // one part combines in its down dispatch
+        let one = self.parts.len() == 1;
         for (g, (_, p)) in groups.iter().zip(&self.parts) {
             let share = |b: u64| b * u64::from(p.e_hi - p.e_lo) / e;
             let grid = flat_grid(self.inter.div_ceil(4) * rows);
@@ -693,16 +717,28 @@ impl WgpuMoe {
                 let read = share(rows64 * self.gate_up_bytes + 4 * rows64) + 4 * n64 * d64;
                 launch("act", grid, read, share(4 * rows64 * h64))
             });
-            let grid = flat_grid(d.div_ceil(4) * rows);
-            run(g, self.pipes.get(DOWN), grid, &|| {
-                let read = share(rows64 * self.down_bytes + 4 * rows64 * (h64 + 1));
-                launch("down", grid, read, share(4 * rows64 * d64))
+            if one {
+                let grid = flat_grid(d.div_ceil(4) * n);
+                run(g, self.pipes.get(DOWN_COMBINE), grid, &|| {
+                    let read =
+                        rows64 * (self.down_bytes + 4 * h64 + 8) + acc as u64 * 4 * n64 * d64;
+                    launch("down_combine", grid, read, 4 * n64 * d64)
+                });
+            } else {
+                let grid = flat_grid(d.div_ceil(4) * rows);
+                run(g, self.pipes.get(DOWN), grid, &|| {
+                    let read = share(rows64 * self.down_bytes + 4 * rows64 * (h64 + 1));
+                    launch("down", grid, read, share(4 * rows64 * d64))
+                });
+            }
+        }
+        if !one {
+            let grid = (d.div_ceil(256), n);
+            run(g0, self.pipes.get(COMBINE), grid, &|| {
+                let read = 4 * rows64 * (d64 + 2) + acc as u64 * 4 * n64 * d64;
+                launch("combine", grid, read, 4 * n64 * d64)
             });
         }
-        let grid = (d.div_ceil(256), n);
-        run(g0, self.pipes.get(COMBINE), grid, &|| {
-            launch("combine", grid, 4 * rows64 * (d64 + 2), 4 * n64 * d64)
-        });
         drop(sc);
         Ok(dispatch)
     }
@@ -740,6 +776,7 @@ impl WgpuMoe {
             MoeRouting::Given(routing),
             &yb,
             Some(dispatch),
+            false,
         )?;
         drop(passes);
         prof.resolve(&mut enc);
@@ -931,7 +968,15 @@ fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo, dtype: u32, bits: u32)
         "decoda moe.wgsl",
         moe_shader_source_for(dtype, bits),
         &[Uniform, Read, Read, Read, Write, Write, Write],
-        ["route", "count", "place", "act", "down", "combine"],
+        [
+            "route",
+            "count",
+            "place",
+            "act",
+            "down",
+            "combine",
+            "down_combine",
+        ],
         &format!("{}: building the MoE shaders failed", info.name),
     )
 }

@@ -14,6 +14,8 @@
 //                             down once per part, each for the rows of its experts
 //   down       (D/4 * rows)   out[j] = down_e act[j]
 //   combine    (D/256, N)     y[n] = sum_s w[n, s] out[row of pair (n, s)], in slot order
+//                             (y += with `accumulate`: a residual stream)
+//   down_combine (D/4 * N)    down and combine in one dispatch, for a layer in one part
 //
 // Every grid is sized by N, N*k, E, D and H: never by which experts were chosen, so the
 // routing never goes back to the host. Unsorted calls skip count and place: row j is
@@ -53,7 +55,7 @@ struct Params {
     w_out: u32,         // out [rows, D]
     e_lo: u32,          // the experts of this dispatch's weights (a layer in parts)
     e_hi: u32,
-    pad2: u32,
+    accumulate: u32,    // y += the combination (a residual stream) instead of y =
 }
 
 @group(0) @binding(0) var<uniform> prm: Params;
@@ -550,5 +552,56 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
         let w = bitcast<f32>(work[prm.w_wt + p]);
         y = y + fp(w * bitcast<f32>(work[prm.w_out + j * d + o]));
     }
-    ys[n * d + o] = y;
+    if (prm.accumulate != 0u) {
+        ys[n * d + o] = ys[n * d + o] + y;
+    } else {
+        ys[n * d + o] = y;
+    }
+}
+
+// down and combine in one dispatch (a layer in one part): ceil(D / 4) x N workgroups,
+// workgroup (o4, n) computing outputs o of token n: each of its k rows' down product
+// (the same stream and tree as `down`), then y = sum_s w[n, s] out_s in slot order (as
+// `combine`): the same bits as the two dispatches.
+@compute @workgroup_size(256)
+fn down_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let h = prm.inter;
+    let d = prm.hidden;
+    let quads = (d + 3u) / 4u;
+    let flat = wid.x + wid.y * nwg.x;
+    let n = flat / quads;
+    let o4 = flat % quads;
+    if (n >= prm.tokens) {
+        return;
+    }
+    let team = lid / TEAM;
+    let lane = lid % TEAM;
+    let o = o4 * 4u + team;
+    var y = 0.0;
+    for (var s = 0u; s < prm.top_k; s = s + 1u) {
+        let p = n * prm.top_k + s;
+        var j = p;
+        if (prm.sorted != 0u) {
+            j = work[prm.w_inv + p];
+        }
+        let e = part_expert(j, lid);
+        var v = 0.0;
+        if (o < d && e != NO_EXPERT) {
+            v = stream(prm.down_w, prm.down_s, prm.down_b, e * d + o, h, 1u, prm.w_act + j * h, lane);
+        }
+        red_g[lid] = v;
+        red_u[lid] = 0.0;
+        reduce_teams(lane, lid);
+        let w = bitcast<f32>(work[prm.w_wt + p]);
+        y = y + fp(w * red_g[team * TEAM]);
+        workgroupBarrier();
+    }
+    if (lane == 0u && o < d) {
+        if (prm.accumulate != 0u) {
+            ys[n * d + o] = ys[n * d + o] + y;
+        } else {
+            ys[n * d + o] = y;
+        }
+    }
 }

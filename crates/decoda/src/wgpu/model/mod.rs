@@ -115,7 +115,7 @@ const GRID: usize = 32768;
 enum Pipe {
     Embed,
     Rms,
-    RopeStore,
+    NormRope,
     Attend,
     Add,
     Advance,
@@ -124,7 +124,7 @@ enum Pipe {
 }
 
 /// The entry points of `model.wgsl`, in the order of [`Pipe`].
-const ENTRIES: [&str; 6] = ["embed", "rms", "rope_store", "attend", "add", "advance"];
+const ENTRIES: [&str; 6] = ["embed", "rms", "norm_rope", "attend", "add", "advance"];
 
 impl Pipe {
     /// The kernel's name in a profile.
@@ -607,7 +607,7 @@ impl WgpuModel {
                     l
                 });
             }
-            if let Some((layer, n)) = seg.moe {
+            if let Some((layer, n, residual)) = seg.moe {
                 let moe = self.moe[layer].as_ref().ok_or_else(|| {
                     Error::Model(format!("layer {layer} has no experts on the device"))
                 })?;
@@ -622,8 +622,9 @@ impl WgpuModel {
                             renormalize: cfg.norm_topk_prob,
                         },
                     },
-                    &self.acts[&Act::M],
+                    &self.acts[if residual { &Act::X } else { &Act::M }],
                     None,
+                    residual,
                 )?;
                 dispatches += moe.dispatches(true, branch);
             }

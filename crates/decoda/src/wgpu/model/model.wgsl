@@ -8,7 +8,8 @@
 //   embed      (rows)              x[r] = embedding row of token aux[src(r)] (of this part)
 //   rms        (rows * groups)     dst[r] = src[r] * w / sqrt(mean(src[r]^2) + eps), per group
 //   (the matrix products are mv.wgsl: one module per weight format)
-//   rope_store (rows)              rotate q (dst, in place) and k (src); k, v (scr) into the cache
+//   norm_rope  (rows * heads)      per head: q (dst, in place) and k (src) normed and rotated,
+//                                  k and v (scr) into the cache
 //   attend     (rows * heads)      a[r][h] = softmax(q . k_t * scale) . v_t over t <= pos(r)
 //   add        (rows * width / 256) dst += src
 //   advance    (1)                 pos[slot] += the segment's rows
@@ -157,10 +158,37 @@ fn rms(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 
 // ---------------------------------------------------------------------------------
 
+// RMS norm of one head's `hd` values at `at` of `buf` (0 dst, 1 src) with the norm
+// weight at word `w` of `wts`: the scale `inv`, as `rms` computes it (the same strided
+// sum and tree), so a row's values do not depend on which kernel normed them.
+fn head_inv(buf: u32, at: u32, hd: u32, lid: u32) -> f32 {
+    var ss = 0.0;
+    for (var i = lid; i < hd; i = i + WG) {
+        var x: f32;
+        if (buf == 0u) {
+            x = dst[at + i];
+        } else {
+            x = src[at + i];
+        }
+        ss = ss + x * x;
+    }
+    red1[lid] = ss;
+    let total = reduce1(lid);
+    return 1.0 / sqrt(total / f32(hd) + op.eps);
+}
+
+// One head of one row (rows x (heads + kv_heads) workgroups): a query head's values
+// (dst) normed with the q norm (when `kind` bit 0) and rotated in place; a key/value
+// head's key (src) normed with the k norm (bit 1) and rotated into the cache, its value
+// (scr) copied into the cache. Norm weights in `wts` at words `s_off` (q) and `b_off`
+// (k), the RoPE table in `aux` at `aux_off`.
 @compute @workgroup_size(64)
-fn rope_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    let r = flat_id(wid, nwg);
+fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let id = flat_id(wid, nwg);
+    let heads = op.heads + op.kv_heads;
+    let r = id / heads;
+    let h = id % heads;
     if (r >= op.rows) {
         return;
     }
@@ -170,29 +198,50 @@ fn rope_store(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let slot = row_slot(r);
     let cos0 = op.aux_off + p * half;
     let sin0 = op.aux_off + op.max_pos * half + p * half;
-    let qw = op.heads * hd;
     let kvw = op.kv_heads * hd;
-    for (var j = lid; j < op.heads * half; j = j + WG) {
-        let at = r * qw + (j / half) * hd + j % half;
-        let c = bitcast<f32>(aux[cos0 + j % half]);
-        let s = bitcast<f32>(aux[sin0 + j % half]);
-        let x0 = dst[at];
-        let x1 = dst[at + half];
-        dst[at] = fp(x0 * c) - fp(x1 * s);
-        dst[at + half] = fp(x1 * c) + fp(x0 * s);
+    if (h < op.heads) {
+        let at = r * op.heads * hd + h * hd;
+        var inv = 1.0;
+        let normed = (op.kind & 1u) != 0u;
+        if (normed) {
+            inv = head_inv(0u, at, hd, lid);
+        }
+        for (var j = lid; j < half; j = j + WG) {
+            var x0 = dst[at + j];
+            var x1 = dst[at + j + half];
+            if (normed) {
+                x0 = fp(x0 * inv) * bitcast<f32>(wts[op.s_off + j]);
+                x1 = fp(x1 * inv) * bitcast<f32>(wts[op.s_off + j + half]);
+            }
+            let c = bitcast<f32>(aux[cos0 + j]);
+            let s = bitcast<f32>(aux[sin0 + j]);
+            dst[at + j] = fp(x0 * c) - fp(x1 * s);
+            dst[at + j + half] = fp(x1 * c) + fp(x0 * s);
+        }
+        return;
     }
-    let cbase = (slot * op.max_pos + p) * kvw;
-    for (var j = lid; j < op.kv_heads * half; j = j + WG) {
-        let off = (j / half) * hd + j % half;
-        let c = bitcast<f32>(aux[cos0 + j % half]);
-        let s = bitcast<f32>(aux[sin0 + j % half]);
-        let x0 = src[r * kvw + off];
-        let x1 = src[r * kvw + off + half];
-        kc[cbase + off] = fp(x0 * c) - fp(x1 * s);
-        kc[cbase + off + half] = fp(x1 * c) + fp(x0 * s);
+    let g = h - op.heads;
+    let at = r * kvw + g * hd;
+    let cbase = (slot * op.max_pos + p) * kvw + g * hd;
+    var inv = 1.0;
+    let normed = (op.kind & 2u) != 0u;
+    if (normed) {
+        inv = head_inv(1u, at, hd, lid);
     }
-    for (var j = lid; j < kvw; j = j + WG) {
-        vc[cbase + j] = scr[r * kvw + j];
+    for (var j = lid; j < half; j = j + WG) {
+        var x0 = src[at + j];
+        var x1 = src[at + j + half];
+        if (normed) {
+            x0 = fp(x0 * inv) * bitcast<f32>(wts[op.b_off + j]);
+            x1 = fp(x1 * inv) * bitcast<f32>(wts[op.b_off + j + half]);
+        }
+        let c = bitcast<f32>(aux[cos0 + j]);
+        let s = bitcast<f32>(aux[sin0 + j]);
+        kc[cbase + j] = fp(x0 * c) - fp(x1 * s);
+        kc[cbase + j + half] = fp(x1 * c) + fp(x0 * s);
+    }
+    for (var j = lid; j < hd; j = j + WG) {
+        vc[cbase + j] = scr[at + j];
     }
 }
 

@@ -44,7 +44,8 @@ pub(super) struct Kernel {
 /// A run of kernels, then optionally an MoE layer's call.
 pub(super) struct Segment {
     pub(super) kernels: Vec<Kernel>,
-    pub(super) moe: Option<(usize, usize)>,
+    /// (layer, rows, whether the layer adds into `X` instead of writing `M`).
+    pub(super) moe: Option<(usize, usize, bool)>,
 }
 
 pub(super) struct Plan {
@@ -119,11 +120,11 @@ impl WgpuModel {
         }];
         let mut cut = cuts.iter().peekable();
         for (i, p) in pending.into_iter().enumerate() {
-            while let Some(&&(at, layer)) = cut.peek() {
+            while let Some(&&(at, layer, residual)) = cut.peek() {
                 if at != i {
                     break;
                 }
-                segments.last_mut().expect("non-empty").moe = Some((layer, key.rows));
+                segments.last_mut().expect("non-empty").moe = Some((layer, key.rows, residual));
                 segments.push(Segment {
                     kernels: Vec::new(),
                     moe: None,
@@ -201,8 +202,8 @@ struct Recorder<'a> {
     m: &'a WgpuModel,
     key: &'a PlanKey,
     pending: Vec<Pending>,
-    /// (index of the next kernel, layer): an MoE call goes there.
-    cuts: Vec<(usize, usize)>,
+    /// (index of the next kernel, layer, adds into `X`): an MoE call goes there.
+    cuts: Vec<(usize, usize, bool)>,
 }
 
 impl Recorder<'_> {
@@ -289,6 +290,39 @@ impl Recorder<'_> {
             .mats
             .get(&id)
             .ok_or_else(|| Error::Model(format!("{id:?} is not on the device")))
+    }
+
+    /// One `norm_rope` dispatch (a workgroup per row and head): the q and k heads normed
+    /// by the norms at `norms` (q's, k's word offsets; none: not normed), rotated, and k
+    /// and v stored in layer `layer`'s cache.
+    fn push_norm_rope(&mut self, layer: usize, norms: Option<(u32, u32)>) -> Result<()> {
+        let (q_norm, k_norm) = norms.unwrap_or((0, 0));
+        let op = ModelOp {
+            kind: if norms.is_some() { 3 } else { 0 },
+            s_off: q_norm,
+            b_off: k_norm,
+            eps: self.m.model.config().rms_norm_eps,
+            ..self.cfg_op()
+        };
+        let binds = Binds {
+            wts: Some(self.m.norms.clone()),
+            aux: Some(self.m.rope.clone()),
+            src: self.act(Act::K),
+            dst: self.act(Act::Q),
+            scr: self.act(Act::V),
+            kc: Some(self.m.kc[layer].clone()),
+            vc: Some(self.m.vc[layer].clone()),
+        };
+        let (q, kv) = (self.width(Act::Q), self.width(Act::K));
+        let c = self.m.model.config();
+        let heads = c.num_attention_heads + c.num_key_value_heads;
+        let table = 4 * self.key.rows as u64 * c.head_dim as u64;
+        let bytes = (
+            self.act_bytes(q) + 2 * self.act_bytes(kv) + table,
+            self.act_bytes(q) + 2 * self.act_bytes(kv),
+        );
+        self.push(Pipe::NormRope, op, binds, self.key.rows * heads, bytes);
+        Ok(())
     }
 
     fn cfg_op(&self) -> ModelOp {
@@ -409,24 +443,19 @@ impl Ops for Recorder<'_> {
     }
 
     fn rope_store(&mut self, layer: usize) -> Result<()> {
-        let binds = Binds {
-            aux: Some(self.m.rope.clone()),
-            src: self.act(Act::K),
-            dst: self.act(Act::Q),
-            scr: self.act(Act::V),
-            kc: Some(self.m.kc[layer].clone()),
-            vc: Some(self.m.vc[layer].clone()),
-            ..Default::default()
+        self.push_norm_rope(layer, None)
+    }
+
+    fn norm_rope_store(&mut self, layer: usize, _heads: usize, _kv_heads: usize) -> Result<()> {
+        let off = |id: NormId| {
+            self.m
+                .norm_off
+                .get(&id)
+                .copied()
+                .ok_or_else(|| Error::Model(format!("{id:?} is not on the device")))
         };
-        let (q, kv) = (self.width(Act::Q), self.width(Act::K));
-        let c = self.m.model.config();
-        let table = 4 * self.key.rows as u64 * c.head_dim as u64;
-        let bytes = (
-            self.act_bytes(q) + 2 * self.act_bytes(kv) + table,
-            self.act_bytes(q) + 2 * self.act_bytes(kv),
-        );
-        self.push(Pipe::RopeStore, self.cfg_op(), binds, self.key.rows, bytes);
-        Ok(())
+        let norms = (off(NormId::QNorm(layer))?, off(NormId::KNorm(layer))?);
+        self.push_norm_rope(layer, Some(norms))
     }
 
     fn attention(&mut self, layer: usize) -> Result<()> {
@@ -456,8 +485,16 @@ impl Ops for Recorder<'_> {
         let moe = self.m.moe[layer]
             .as_ref()
             .ok_or_else(|| Error::Model(format!("layer {layer} is not an MoE layer")))?;
-        self.cuts.push((self.pending.len(), layer));
+        self.cuts.push((self.pending.len(), layer, false));
         Ok(moe.dispatch_for(self.key.rows))
+    }
+
+    fn moe_add(&mut self, layer: usize) -> Result<Dispatch> {
+        let d = self.moe(layer)?;
+        if let Some(c) = self.cuts.last_mut() {
+            c.2 = true;
+        }
+        Ok(d)
     }
 
     fn add(&mut self, src: Act, dst: Act) -> Result<()> {
