@@ -588,4 +588,49 @@ mod wgpu {
             );
         }
     }
+
+    /// The dispatches of a decode step at B = 1, counted from its profile: 12 for an MoE
+    /// layer and 10 for a dense one (issue 55 aims at 8), 4 around them (embedding, final
+    /// norm, LM head, positions), and the head's.
+    #[test]
+    fn wgpu_dispatches_per_layer() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-count");
+        let model = Arc::new(Qwen3Moe::load(&tiny_model(&t, 7).unwrap(), 16).unwrap());
+        let cfg = model.config.clone();
+        let mut e = dev(Arc::clone(&model), 1, 8).unwrap();
+        e.set_profile(true);
+        let seq = decoda::model::Sequence {
+            prompt: vec![256, 72],
+            request: decoda::head::SlotRequest::new(decoda::SamplingParams {
+                temperature: 0.0,
+                ..Default::default()
+            })
+            .max_tokens(2)
+            .seed(1),
+        };
+        decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
+        let p = e.profile();
+        // the first step samples and runs the forward; the second only samples
+        let forward = p
+            .dispatches
+            .iter()
+            .filter(|d| !d.launch.kernel.starts_with("sample."))
+            .count();
+        let moe_layers = (0..cfg.num_hidden_layers)
+            .filter(|&l| decoda::model::ModelWeights::moe(model.as_ref(), l).is_some())
+            .count();
+        let dense = cfg.num_hidden_layers - moe_layers;
+        assert!(moe_layers > 0 && dense > 0, "the tiny model has both kinds");
+        assert_eq!(
+            forward,
+            12 * moe_layers + 10 * dense + 4,
+            "{:?}",
+            p.by_kernel()
+        );
+        let sampled = p.dispatches.len() - forward;
+        assert_eq!(sampled, 2 * e.step_dispatches().unwrap(), "two head steps");
+    }
 }
