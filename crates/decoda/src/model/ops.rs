@@ -107,6 +107,13 @@ pub trait Ops {
     fn linear(&mut self, src: Act, dst: Act, w: WeightId, acc: Acc) -> Result<()>;
     /// `dst = silu(gate src) * (up src)`.
     fn swiglu(&mut self, src: Act, dst: Act, gate: WeightId, up: WeightId) -> Result<()>;
+    /// `Q`, `K` and `V` of layer `layer` from `H` (its `q_proj`, `k_proj`, `v_proj`): one
+    /// op a backend may fuse (the device does: one dispatch for the three).
+    fn qkv(&mut self, layer: usize) -> Result<()> {
+        self.linear(Act::H, Act::Q, WeightId::Q(layer), Acc::Store)?;
+        self.linear(Act::H, Act::K, WeightId::K(layer), Acc::Store)?;
+        self.linear(Act::H, Act::V, WeightId::V(layer), Acc::Store)
+    }
     /// RoPE on `Q` and `K` at each row's position; `K` and `V` into layer `layer`'s cache
     /// at those positions.
     fn rope_store(&mut self, layer: usize) -> Result<()>;

@@ -96,9 +96,7 @@ pub fn forward<O: Ops + ?Sized>(cfg: &Config, ops: &mut O) -> Result<Vec<Dispatc
     ops.embed()?;
     for l in 0..cfg.num_hidden_layers {
         ops.rms_norm(Act::X, Act::H, NormId::Input(l), 1)?;
-        ops.linear(Act::H, Act::Q, WeightId::Q(l), Acc::Store)?;
-        ops.linear(Act::H, Act::K, WeightId::K(l), Acc::Store)?;
-        ops.linear(Act::H, Act::V, WeightId::V(l), Acc::Store)?;
+        ops.qkv(l)?;
         ops.norm_rope_store(l, cfg.num_attention_heads, cfg.num_key_value_heads)?;
         ops.attention(l)?;
         ops.linear(Act::A, Act::X, WeightId::O(l), Acc::Add)?;

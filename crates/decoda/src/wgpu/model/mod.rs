@@ -32,7 +32,7 @@ use super::profile::Passes;
 
 pub use engine::WgpuEngine;
 use plan::{Plan, PlanKey, Tokens};
-use weights::{init_buffer, upload, Mat};
+use weights::{init_buffer, upload, upload_stacked, Mat};
 
 /// The WGSL of the model's kernels but the matrix products (with the `Op` block, without
 /// the shared arithmetic).
@@ -142,6 +142,8 @@ pub struct WgpuModel {
     model: Arc<dyn ModelWeights>,
     pipes: Arc<Pipelines<6>>,
     mats: HashMap<WeightId, Mat>,
+    /// Each layer's q, k and v stacked (one product for the three).
+    qkv: HashMap<usize, Mat>,
     embed: Mat,
     norms: wgpu::Buffer,
     norm_off: HashMap<NormId, u32>,
@@ -254,9 +256,28 @@ impl WgpuModel {
         let mut mats = HashMap::new();
         // a matrix larger than one binding goes up in parts of whole rows
         let part = ctx.weight_part_bytes();
+        // each layer's q, k and v stacked in one matrix: one product for the three
+        let mut qkv = HashMap::new();
+        for id in model.weight_ids() {
+            if let WeightId::Q(l) = id {
+                let m = upload_stacked(
+                    &device,
+                    &format!("qkv {l}"),
+                    &[
+                        model.weight(id)?,
+                        model.weight(WeightId::K(l))?,
+                        model.weight(WeightId::V(l))?,
+                    ],
+                    part,
+                )?;
+                mv_pipeline(&ctx, &m, false)?;
+                qkv.insert(l, m);
+            }
+        }
         for id in model.weight_ids() {
             let name = format!("{id:?}");
             let m = match id {
+                WeightId::Q(_) | WeightId::K(_) | WeightId::V(_) => continue,
                 // swiglu reads gate and up as one matrix
                 WeightId::Gate(l) => upload(
                     &device,
@@ -370,6 +391,7 @@ impl WgpuModel {
         Ok(Self {
             pipes,
             mats,
+            qkv,
             embed,
             norms,
             norm_off,

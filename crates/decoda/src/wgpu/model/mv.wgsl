@@ -24,6 +24,9 @@ const CHUNK: u32 = 8u;
 @group(0) @binding(1) var<storage, read> wts: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> src: array<f32>;
 @group(0) @binding(4) var<storage, read_write> dst: array<f32>;
+// q, k and v in one product (`kind` 3): rows past q's go to k_out, then v_out
+@group(0) @binding(6) var<storage, read_write> k_out: array<f32>;
+@group(0) @binding(7) var<storage, read_write> v_out: array<f32>;
 
 // partial sums: [team lane][call row of the chunk]
 var<workgroup> red: array<f32, 2048>;
@@ -176,12 +179,25 @@ fn mv_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool) {
             reduce_teams(lane, lid);
         }
         if (valid && lane < nr) {
-            let at = (op.dst_row0 + r0 + lane) * op.dst_w + op.out_off + o;
+            let r = op.dst_row0 + r0 + lane;
+            let at = r * op.dst_w + op.out_off + o;
             let v = red[head + lane];
             if (pair) {
                 dst[at] = silu(gates[team * CHUNK + lane]) * v;
             } else if (op.kind == 1u) {
                 dst[at] = dst[at] + v;
+            } else if (op.kind == 3u) {
+                // q, k and v: the row of the stacked matrix says which
+                let g = op.out_off + o;
+                let qw = op.heads * op.head_dim;
+                let kvw = op.kv_heads * op.head_dim;
+                if (g < qw) {
+                    dst[r * qw + g] = v;
+                } else if (g < qw + kvw) {
+                    k_out[r * kvw + g - qw] = v;
+                } else {
+                    v_out[r * kvw + g - qw - kvw] = v;
+                }
             } else {
                 dst[at] = v;
             }

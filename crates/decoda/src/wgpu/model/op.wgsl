@@ -3,7 +3,7 @@
 
 struct Op {
     rows: u32,       // rows of the call this op runs over
-    kind: u32,       // linear: 0 store, 1 add, 2 swiglu
+    kind: u32,       // linear: 0 store, 1 add, 2 swiglu, 3 q/k/v (dst, k_out, v_out); norm_rope: norms
     in_w: u32,       // input width (linear), group width (rms)
     out_w: u32,      // output rows of the matrix (linear; swiglu: I)
     dtype: u32,      // 0 f32, 1 bf16, 2 f16, 3 affine

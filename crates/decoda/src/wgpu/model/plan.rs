@@ -273,6 +273,9 @@ impl Recorder<'_> {
                 dst_w: op.dst_w,
                 src_row0: op.src_row0,
                 dst_row0: op.dst_row0,
+                heads: op.heads,
+                kv_heads: op.kv_heads,
+                head_dim: op.head_dim,
                 ..Self::mat_op(mat, part)
             };
             let binds = Binds {
@@ -420,6 +423,31 @@ impl Ops for Recorder<'_> {
         let binds = Binds {
             src: self.act(src),
             dst: self.act(dst),
+            ..Default::default()
+        };
+        self.push_linear(&mat, op, &binds)
+    }
+
+    fn qkv(&mut self, layer: usize) -> Result<()> {
+        let mat = self
+            .m
+            .qkv
+            .get(&layer)
+            .ok_or_else(|| {
+                Error::Model(format!("layer {layer}'s q, k and v are not on the device"))
+            })?
+            .clone();
+        let op = ModelOp {
+            kind: 3,
+            src_w: self.width(Act::H),
+            dst_w: self.width(Act::Q),
+            ..self.cfg_op()
+        };
+        let binds = Binds {
+            src: self.act(Act::H),
+            dst: self.act(Act::Q),
+            kc: self.act(Act::K),
+            vc: self.act(Act::V),
             ..Default::default()
         };
         self.push_linear(&mat, op, &binds)

@@ -157,6 +157,139 @@ pub(super) fn upload(
     })
 }
 
+/// One row's words on the device: values or codes (padded), scales, biases.
+type RowWords = (Vec<u32>, Vec<u32>, Vec<u32>);
+
+/// Uploads matrices of one input width and format stacked by rows (q, k and v: one
+/// matrix whose rows are q's, then k's, then v's), in parts of at most `limit` bytes,
+/// each of whole rows, laid out as [`upload`] lays out one matrix.
+pub(super) fn upload_stacked(
+    device: &wgpu::Device,
+    name: &str,
+    mats: &[&ExpertWeights],
+    limit: u64,
+) -> Result<Mat> {
+    let first = mats[0];
+    let inp = first.in_features();
+    if mats
+        .iter()
+        .any(|w| w.experts() != 1 || w.in_features() != inp || w.dtype() != first.dtype())
+    {
+        return Err(Error::Model(format!(
+            "{name}: matrices of different input widths or formats"
+        )));
+    }
+    // each row's words (values or codes, padded), scales and biases
+    let mut rows: Vec<RowWords> = Vec::new();
+    for w in mats {
+        let one = upload_words(w)?;
+        rows.extend(one);
+    }
+    let (dtype, bits, group) = match first.data() {
+        WeightData::F32(_) => (0, 0, 1),
+        WeightData::Bf16(_) => (1, 0, 1),
+        WeightData::F16(_) => (2, 0, 1),
+        WeightData::Affine { q, .. } => (3, q.bits, q.group as u32),
+    };
+    let row_words = rows[0].0.len();
+    let side = rows[0].1.len() + rows[0].2.len();
+    let row_bytes = ((row_words + side) * 4) as u64;
+    let per = (limit / row_bytes) as usize;
+    if per == 0 {
+        return Err(Error::Model(format!(
+            "{name}: one row takes {row_bytes} bytes on the device; this adapter binds at \
+             most {limit}"
+        )));
+    }
+    let out = rows.len();
+    let mut parts = Vec::new();
+    for lo in (0..out).step_by(per) {
+        let hi = (lo + per).min(out);
+        let mut main: Vec<u32> = rows[lo..hi].iter().flat_map(|r| r.0.clone()).collect();
+        let s_off = main.len() as u32;
+        main.extend(rows[lo..hi].iter().flat_map(|r| r.1.clone()));
+        let b_off = main.len() as u32;
+        main.extend(rows[lo..hi].iter().flat_map(|r| r.2.clone()));
+        main.resize(main.len().next_multiple_of(4), 0);
+        let label = format!("{name} rows {lo}..{hi}");
+        parts.push(Part {
+            buf: init_buffer(device, &label, &main, wgpu::BufferUsages::STORAGE),
+            first: lo,
+            rows: hi - lo,
+            w_off: 0,
+            s_off,
+            b_off,
+        });
+    }
+    Ok(Mat {
+        dtype,
+        bits,
+        group,
+        row_words: row_words as u32,
+        out,
+        inp,
+        parts,
+    })
+}
+
+/// A matrix's rows as [`upload`] lays them out: each row's words (values padded to whole
+/// vec4<u32>, or codes), its scales and its biases (affine).
+fn upload_words(w: &ExpertWeights) -> Result<Vec<RowWords>> {
+    let (out, inp) = (w.out_features(), w.in_features());
+    let mut rows = Vec::with_capacity(out);
+    match w.data() {
+        WeightData::F32(v) => {
+            let rw = inp.next_multiple_of(4);
+            for row in v.chunks(inp) {
+                let mut words: Vec<u32> = row.iter().map(|x| x.to_bits()).collect();
+                words.resize(rw, 0);
+                rows.push((words, Vec::new(), Vec::new()));
+            }
+        }
+        WeightData::Bf16(v) => {
+            let rw = inp.div_ceil(2).next_multiple_of(4);
+            for row in v.chunks(inp) {
+                let mut words = Vec::new();
+                push_rows(&mut words, row.iter().map(|x| x.to_bits()), inp, rw);
+                rows.push((words, Vec::new(), Vec::new()));
+            }
+        }
+        WeightData::F16(v) => {
+            let rw = inp.div_ceil(2).next_multiple_of(4);
+            for row in v.chunks(inp) {
+                let mut words = Vec::new();
+                push_rows(&mut words, row.iter().map(|x| x.to_bits()), inp, rw);
+                rows.push((words, Vec::new(), Vec::new()));
+            }
+        }
+        WeightData::Affine {
+            q,
+            packed,
+            scales,
+            biases,
+        } => {
+            let (rw, g) = (q.row_words(inp), q.row_groups(inp));
+            for r in 0..out {
+                rows.push((
+                    packed[r * rw..(r + 1) * rw].to_vec(),
+                    scales[r * g..(r + 1) * g]
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect(),
+                    biases[r * g..(r + 1) * g]
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect(),
+                ));
+            }
+        }
+    }
+    if rows.len() != out {
+        return Err(Error::Model("a matrix of the wrong size".into()));
+    }
+    Ok(rows)
+}
+
 /// 16-bit values two to a word, each row `row_words` words (zeros after its values).
 fn push_rows(all: &mut Vec<u32>, it: impl Iterator<Item = u16>, inp: usize, row_words: usize) {
     let v: Vec<u16> = it.collect();
