@@ -46,7 +46,22 @@ enum Command {
     TinyModel(tiny_model::TinyModelArgs),
 }
 
+/// A closed standard output (`decoda generate ... | head`) ends the process quietly, as
+/// it does other Unix tools, instead of a panic in the first print after it.
+#[cfg(unix)]
+fn die_on_closed_pipe() {
+    // SAFETY: called first in main, before any other thread exists; SIG_DFL is a valid
+    // disposition for SIGPIPE and no handler of ours is replaced.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn die_on_closed_pipe() {}
+
 fn main() -> ExitCode {
+    die_on_closed_pipe();
     device::quiet_vulkan_layers();
     let cli = Cli::parse();
     let result = match cli.command {

@@ -1707,3 +1707,30 @@ fn profile_generate_and_moe_bench() {
         assert_eq!(first[key]["bandwidth"], "measured copy rate");
     }
 }
+
+/// A reader that is gone before the output comes (`decoda generate ... | false`) ends
+/// the process quietly: no panic on the closed pipe.
+#[cfg(unix)]
+#[test]
+fn closed_stdout_is_no_panic() {
+    use std::io::Read;
+    let d = tiny("pipe-model", &["--seed", "4"]);
+    let mut child = bin()
+        .args(["generate", "--model", d.to_str().unwrap(), "--prompt", "Hi"])
+        .args(["--max-tokens", "4", "--device", "cpu"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the reader closes its end before the model has run
+    drop(child.stdout.take());
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    child.wait().unwrap();
+    assert!(!err.contains("panicked"), "{err}");
+}
