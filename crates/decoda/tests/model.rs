@@ -634,4 +634,61 @@ mod wgpu {
         let sampled = p.dispatches.len() - forward;
         assert_eq!(sampled, 2 * e.step_dispatches().unwrap(), "two head steps");
     }
+
+    /// At B = 1 a decode step's planned bytes are within 1.2x of what it must read: every
+    /// dense matrix and the LM head once, the k chosen experts of each MoE layer once
+    /// (f32 here: 4 bytes a weight), the KV cache up to the position, the activations.
+    #[test]
+    fn wgpu_planned_bytes_at_b1_are_the_bytes_it_must_read() {
+        if !available() {
+            return;
+        }
+        use decoda::model::ModelWeights;
+        let t = tmp("wgpu-bytes");
+        let model = Arc::new(Qwen3Moe::load(&tiny_model(&t, 7).unwrap(), 16).unwrap());
+        let cfg = model.config.clone();
+        let mut e = dev(Arc::clone(&model), 1, 8).unwrap();
+        e.set_profile(true);
+        let prompt = vec![256, 72, 101];
+        let seq = decoda::model::Sequence {
+            prompt: prompt.clone(),
+            request: decoda::head::SlotRequest::new(decoda::SamplingParams {
+                temperature: 0.0,
+                ..Default::default()
+            })
+            .max_tokens(2)
+            .seed(1),
+        };
+        decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
+        let p = e.profile();
+        // one forward ran (the second step only samples), at position prompt.len()
+        let planned: u64 = p
+            .dispatches
+            .iter()
+            .filter(|d| !d.launch.kernel.starts_with("sample."))
+            .map(|d| d.launch.bytes_read)
+            .sum();
+        let mut must = 0u64;
+        for id in model.weight_ids() {
+            let w = model.weight(id).unwrap();
+            must += 4 * (w.out_features() * w.in_features()) as u64;
+        }
+        for l in 0..cfg.num_hidden_layers {
+            if let Some(block) = model.moe(l) {
+                let x = block.experts;
+                let per_expert = 4 * (3 * x.hidden() * x.intermediate()) as u64;
+                must += block.top_k as u64 * per_expert;
+            }
+        }
+        // the cache up to the position (keys and values), and the embedding row
+        let keys = prompt.len() as u64 + 1;
+        must += cfg.num_hidden_layers as u64 * keys * 2 * 4 * cfg.kv_width() as u64;
+        must += 4 * cfg.hidden_size as u64;
+        assert!(
+            planned >= must && (planned as f64) <= 1.2 * must as f64,
+            "planned {planned} bytes, must read {must} ({:.3}x): {:?}",
+            planned as f64 / must as f64,
+            p.by_kernel()
+        );
+    }
 }
