@@ -256,6 +256,38 @@ mod wgpu {
         })
     }
 
+    /// A greedy request of `max` tokens.
+    fn greedy(max: u64, seed: u64) -> decoda::head::SlotRequest {
+        decoda::head::SlotRequest::new(decoda::SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        })
+        .max_tokens(max)
+        .seed(seed)
+    }
+
+    /// The tiny model (seed 7) generating `steps` greedy tokens after `prompt` on a
+    /// profiling engine: the model, the engine and its profile.
+    fn profiled(
+        tag: &str,
+        prompt: &[u32],
+        steps: usize,
+    ) -> (Arc<Qwen3Moe>, Box<dyn Engine>, decoda::profile::StepProfile) {
+        let t = tmp(tag);
+        let model = Arc::new(Qwen3Moe::load(&tiny_model(&t, 7).unwrap(), 16).unwrap());
+        let mut e = dev(Arc::clone(&model), 1, prompt.len() + steps).unwrap();
+        assert!(e.set_profile(true));
+        let seq = decoda::model::Sequence {
+            prompt: prompt.to_vec(),
+            request: greedy(steps as u64, 3),
+        };
+        let r = decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
+        assert_eq!(r.outputs[0].tokens.len(), steps);
+        let p = e.profile();
+        assert_eq!(p.steps, steps);
+        (model, e, p)
+    }
+
     #[test]
     fn wgpu_matches_mlx() {
         if !available() {
@@ -413,25 +445,8 @@ mod wgpu {
         if !available() {
             return;
         }
-        let t = tmp("wgpu-profile");
-        let model = Arc::new(Qwen3Moe::load(&tiny_model(&t, 7).unwrap(), 16).unwrap());
         let steps = 4;
-        let mut e = dev(Arc::clone(&model), 1, 8 + steps).unwrap();
-        assert!(e.set_profile(true));
-        let req = decoda::head::SlotRequest::new(decoda::SamplingParams {
-            temperature: 0.0,
-            ..Default::default()
-        })
-        .max_tokens(steps as u64)
-        .seed(3);
-        let seq = decoda::model::Sequence {
-            prompt: vec![256, 72, 101],
-            request: req,
-        };
-        let r = decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
-        assert_eq!(r.outputs[0].tokens.len(), steps);
-        let p = e.profile();
-        assert_eq!(p.steps, steps);
+        let (model, _, p) = profiled("wgpu-profile", &[256, 72, 101], steps);
         let timed = decoda::testing::gpu::device().unwrap().has_timestamps();
         for d in &p.dispatches {
             assert!(d.launch.workgroups > 0, "{d:?}");
@@ -512,12 +527,7 @@ mod wgpu {
             let prompt = [256u32, 1, 2, 3, 200];
             let mut c = cpu(Arc::clone(&model), 1, 0).unwrap();
             let mut g = dev(Arc::clone(&model), 1, prompt.len() + 1).unwrap();
-            let req = decoda::head::SlotRequest::new(decoda::SamplingParams {
-                temperature: 0.0,
-                ..Default::default()
-            })
-            .max_tokens(1)
-            .seed(0);
+            let req = greedy(1, 0);
             c.start(0, req.clone(), &prompt, 0).unwrap();
             g.start(0, req, &prompt, 0).unwrap();
             let (lc, lg) = (c.read_logits(1).unwrap(), g.read_logits(1).unwrap());
@@ -525,12 +535,7 @@ mod wgpu {
             assert!(gap < 1e-5, "{dtype}: device vs CPU logits {gap:.2e}");
             let seq = decoda::model::Sequence {
                 prompt: prompt.to_vec(),
-                request: decoda::head::SlotRequest::new(decoda::SamplingParams {
-                    temperature: 0.0,
-                    ..Default::default()
-                })
-                .max_tokens(8)
-                .seed(0),
+                request: greedy(8, 0),
             };
             let mut c = cpu(Arc::clone(&model), 1, 0).unwrap();
             let mut g = dev(Arc::clone(&model), 1, prompt.len() + 8).unwrap();
@@ -554,19 +559,11 @@ mod wgpu {
         for g in goldens(&t) {
             let model = Arc::new(Qwen3Moe::load(&g.dir, 16).unwrap());
             let steps = 5;
-            let greedy = |max: u64| {
-                decoda::head::SlotRequest::new(decoda::SamplingParams {
-                    temperature: 0.0,
-                    ..Default::default()
-                })
-                .max_tokens(max)
-                .seed(0)
-            };
             // decode: the last sampled token's logits came from a one-position step
             let mut e = dev(Arc::clone(&model), 1, g.prompt.len() + steps).unwrap();
             let seq = decoda::model::Sequence {
                 prompt: g.prompt.clone(),
-                request: greedy(steps as u64),
+                request: greedy(steps as u64, 0),
             };
             let r = decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
             let stepped = e.read_logits(1).unwrap();
@@ -574,7 +571,7 @@ mod wgpu {
             let mut all = g.prompt.clone();
             all.extend(&r.outputs[0].tokens[..steps - 1]);
             let mut f = dev(Arc::clone(&model), 1, all.len() + 1).unwrap();
-            f.start(0, greedy(1), &all, 0).unwrap();
+            f.start(0, greedy(1, 0), &all, 0).unwrap();
             let at_once = f.read_logits(1).unwrap();
             let same = stepped
                 .iter()
@@ -598,22 +595,8 @@ mod wgpu {
         if !available() {
             return;
         }
-        let t = tmp("wgpu-count");
-        let model = Arc::new(Qwen3Moe::load(&tiny_model(&t, 7).unwrap(), 16).unwrap());
+        let (model, e, p) = profiled("wgpu-count", &[256, 72], 2);
         let cfg = model.config.clone();
-        let mut e = dev(Arc::clone(&model), 1, 8).unwrap();
-        e.set_profile(true);
-        let seq = decoda::model::Sequence {
-            prompt: vec![256, 72],
-            request: decoda::head::SlotRequest::new(decoda::SamplingParams {
-                temperature: 0.0,
-                ..Default::default()
-            })
-            .max_tokens(2)
-            .seed(1),
-        };
-        decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
-        let p = e.profile();
         // the first step samples and runs the forward; the second only samples
         let forward = p
             .dispatches
@@ -644,23 +627,9 @@ mod wgpu {
             return;
         }
         use decoda::model::ModelWeights;
-        let t = tmp("wgpu-bytes");
-        let model = Arc::new(Qwen3Moe::load(&tiny_model(&t, 7).unwrap(), 16).unwrap());
+        let prompt = [256, 72, 101];
+        let (model, _, p) = profiled("wgpu-bytes", &prompt, 2);
         let cfg = model.config.clone();
-        let mut e = dev(Arc::clone(&model), 1, 8).unwrap();
-        e.set_profile(true);
-        let prompt = vec![256, 72, 101];
-        let seq = decoda::model::Sequence {
-            prompt: prompt.clone(),
-            request: decoda::head::SlotRequest::new(decoda::SamplingParams {
-                temperature: 0.0,
-                ..Default::default()
-            })
-            .max_tokens(2)
-            .seed(1),
-        };
-        decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
-        let p = e.profile();
         // one forward ran (the second step only samples), at position prompt.len()
         let planned: u64 = p
             .dispatches

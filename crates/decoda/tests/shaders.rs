@@ -5,11 +5,10 @@
 #![cfg(feature = "wgpu")]
 
 /// The variants of the sampler's module (workgroup-memory and subgroup reductions, 64-bit
-/// Philox products), the MoE dispatch, the model's ops and its matrix products (a module
+/// Philox products), the model's ops, and the matrix products and the MoE dispatch (a module each
 /// per weight format).
-fn shaders() -> Vec<(&'static str, String)> {
-    let mut v = vec![
-        ("moe", decoda::wgpu::moe_shader_source()),
+fn shaders() -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = [
         ("model", decoda::wgpu::model_shader_source()),
         (
             "sample (workgroup reductions)",
@@ -23,12 +22,19 @@ fn shaders() -> Vec<(&'static str, String)> {
             "sample (subgroups, 64-bit Philox products)",
             decoda::wgpu::shader_source_with(true, true),
         ),
-    ];
-    for (name, dtype, bits) in decoda::wgpu::MV_FORMATS {
-        v.push((name, decoda::wgpu::mv_shader_source(dtype, bits)));
-        // the MoE module of the same format
-        let moe: &'static str = Box::leak(format!("moe, {}", &name[3..]).into_boxed_str());
-        v.push((moe, decoda::wgpu::moe_shader_source_for(dtype, bits)));
+    ]
+    .into_iter()
+    .map(|(name, src)| (name.to_string(), src))
+    .collect();
+    for (name, dtype, bits) in decoda::wgpu::WEIGHT_FORMATS {
+        v.push((
+            format!("mv {name}"),
+            decoda::wgpu::mv_shader_source(dtype, bits),
+        ));
+        v.push((
+            format!("moe {name}"),
+            decoda::wgpu::moe_shader_source_for(dtype, bits),
+        ));
     }
     v
 }
@@ -54,7 +60,7 @@ fn parse(name: &str, src: &str) -> (naga::Module, naga::valid::ModuleInfo) {
 #[test]
 fn shaders_validate() {
     for (name, src) in shaders() {
-        let (module, _) = parse(name, &src);
+        let (module, _) = parse(&name, &src);
         assert!(!module.entry_points.is_empty(), "{name}: no entry point");
     }
 }
@@ -62,7 +68,7 @@ fn shaders_validate() {
 #[test]
 fn shaders_translate_to_spirv() {
     for (name, src) in shaders() {
-        let (module, info) = parse(name, &src);
+        let (module, info) = parse(&name, &src);
         let words =
             naga::back::spv::write_vec(&module, &info, &naga::back::spv::Options::default(), None)
                 .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
@@ -73,7 +79,7 @@ fn shaders_translate_to_spirv() {
 #[test]
 fn shaders_translate_to_msl() {
     for (name, src) in shaders() {
-        let (module, info) = parse(name, &src);
+        let (module, info) = parse(&name, &src);
         let options = naga::back::msl::Options {
             lang_version: (2, 1),
             ..Default::default()
@@ -97,7 +103,7 @@ fn shaders_translate_to_msl() {
 #[test]
 fn shaders_translate_to_hlsl() {
     for (name, src) in shaders() {
-        let (module, info) = parse(name, &src);
+        let (module, info) = parse(&name, &src);
         let options = naga::back::hlsl::Options {
             // wave operations need shader model 6.0 (what wgpu's DX12 backend targets)
             shader_model: naga::back::hlsl::ShaderModel::V6_0,

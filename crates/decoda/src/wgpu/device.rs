@@ -20,7 +20,7 @@ use super::options::WgpuOptions;
 use super::staging::StagePool;
 
 /// Pipelines built once per device, by key, of any type.
-type PipelineCache = Mutex<HashMap<&'static str, Arc<dyn Any + Send + Sync>>>;
+type PipelineCache = Mutex<HashMap<String, Arc<dyn Any + Send + Sync>>>;
 
 /// One wgpu device and what is kept once per device (see the module docs). Cheap to
 /// clone (a reference count); every clone is the same context. [`super::WgpuSampler`],
@@ -220,7 +220,7 @@ impl WgpuDevice {
     /// compiled shaders).
     pub(crate) fn pipelines<T: Send + Sync + 'static>(
         &self,
-        key: &'static str,
+        key: &str,
         build: impl FnOnce() -> Result<T>,
     ) -> Result<Arc<T>> {
         let mut cache = self.inner.pipelines.lock().map_err(|_| poisoned())?;
@@ -230,7 +230,7 @@ impl WgpuDevice {
                 .map_err(|_| Error::Device(format!("pipelines {key}: another type")));
         }
         let p = Arc::new(build()?);
-        cache.insert(key, p.clone());
+        cache.insert(key.to_string(), p.clone());
         Ok(p)
     }
 

@@ -58,6 +58,7 @@ mod model;
 mod moe;
 mod options;
 mod profile;
+mod rows;
 mod sampler;
 mod shaders;
 mod staging;
@@ -67,14 +68,12 @@ pub use adapter::{list_adapters, AdapterSummary};
 pub use bench::{CallStructure, StepTime};
 pub use device::WgpuDevice;
 pub use head::{StepId, StepResults, WgpuHead};
-pub use model::{
-    model_shader_source, mv_shader_source, WgpuEngine, WgpuModel, MV_FORMATS, SHADER_MODEL,
-};
+pub use model::{model_shader_source, mv_shader_source, WgpuEngine, WgpuModel, SHADER_MODEL};
 pub use moe::{moe_shader_source, moe_shader_source_for, MoeRouting, WgpuMoe, SHADER_MOE};
 pub use options::{WgpuOptions, ADAPTER_ENV, SUBGROUPS_ENV, WORKGROUPS_ENV};
 pub use sampler::WgpuSampler;
 pub use shaders::{
-    shader_source, shader_source_with, REDUCE_SG, REDUCE_WG, SHADER_FMATH, SHADER_FMATH_INT64,
-    SHADER_MAIN,
+    shader_source, shader_source_with, weight_format_source, REDUCE_SG, REDUCE_WG, SHADER_FMATH,
+    SHADER_FMATH_INT64, SHADER_HALF, SHADER_MAIN, WEIGHT_FORMATS,
 };
 pub use views::{DeviceLogits, DeviceMasks, DeviceOutputs};

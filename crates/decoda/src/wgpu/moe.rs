@@ -8,7 +8,6 @@ use std::sync::Mutex;
 
 use crate::backend::MoeLayer;
 use crate::error::{Error, Result};
-use crate::moe::weights::WeightData;
 use crate::moe::{
     Dispatch, DispatchPlan, ExpertWeights, GateUp, MoeOutput, Router, Routing, SwitchMlp,
     WeightDtype,
@@ -17,6 +16,7 @@ use crate::moe::{
 use super::buffers::{make_buffer, Grow};
 use super::device::{lazy_pipelines, poisoned, Pipelines, WgpuDevice};
 use super::profile::{Passes, Profiler};
+use super::rows;
 use crate::profile::Launch;
 
 /// The WGSL of the MoE kernels (without the shared arithmetic).
@@ -31,10 +31,9 @@ pub fn moe_shader_source() -> String {
 /// 3 affine) with `bits`-bit codes: the grouped products are compiled for that format
 /// alone.
 pub fn moe_shader_source_for(dtype: u32, bits: u32) -> String {
-    // (a format without codes divides by no zero in its unused affine branch)
-    let bits = if dtype == 3 { bits } else { 16 };
     format!(
-        "const DTYPE: u32 = {dtype}u;\nconst BITS: u32 = {bits}u;\n{SHADER_MOE}\n{}",
+        "{}{SHADER_MOE}\n{}",
+        super::shaders::weight_format_source(dtype, bits),
         super::shaders::SHADER_FMATH
     )
 }
@@ -163,82 +162,26 @@ impl std::fmt::Debug for WgpuMoe {
 }
 
 /// Appends experts `e_lo .. e_hi` of a matrix `[E, out, in]` (weights, then scales and
-/// biases for affine ones) to `all`, each row padded to whole vec4<u32> and starting on
-/// one (the products' loads); returns their offsets.
+/// biases for affine ones) to `all` in the device's row layout ([`super::rows`]), the
+/// weights starting on a `vec4<u32>`; returns their offsets.
 fn push_matrix(all: &mut Vec<u32>, w: &ExpertWeights, e_lo: usize, e_hi: usize) -> (u32, u32, u32) {
-    let at = |all: &Vec<u32>| all.len() as u32;
-    let (out, inp) = (w.out_features(), w.in_features());
-    let rw = row_words(w);
-    let (r0, r1) = (e_lo * out, e_hi * out);
+    let (r0, r1) = (e_lo * w.out_features(), e_hi * w.out_features());
     all.resize(all.len().next_multiple_of(4), 0);
-    let o = at(all);
-    match w.data() {
-        WeightData::F32(v) => {
-            for row in v[r0 * inp..r1 * inp].chunks(inp) {
-                all.extend(row.iter().map(|x| x.to_bits()));
-                all.resize(all.len() + rw - inp, 0);
-            }
-            (o, 0, 0)
-        }
-        WeightData::Bf16(v) => {
-            for row in v[r0 * inp..r1 * inp].chunks(inp) {
-                push_halves(all, row.iter().map(|x| x.to_bits()), rw);
-            }
-            (o, 0, 0)
-        }
-        WeightData::F16(v) => {
-            for row in v[r0 * inp..r1 * inp].chunks(inp) {
-                push_halves(all, row.iter().map(|x| x.to_bits()), rw);
-            }
-            (o, 0, 0)
-        }
-        WeightData::Affine {
-            q,
-            packed,
-            scales,
-            biases,
-        } => {
-            let g = q.row_groups(inp);
-            all.extend_from_slice(&packed[r0 * rw..r1 * rw]);
-            let s = at(all);
-            all.extend(scales[r0 * g..r1 * g].iter().map(|x| x.to_bits()));
-            let b = at(all);
-            all.extend(biases[r0 * g..r1 * g].iter().map(|x| x.to_bits()));
-            (o, s, b)
-        }
+    let o = all.len() as u32;
+    rows::push_rows(all, w, r0, r1);
+    if rows::row_groups(w) == 0 {
+        return (o, 0, 0);
     }
-}
-
-/// Words one row of a matrix takes on the device: whole vec4<u32> (affine rows are
-/// already: their inputs come in whole groups of 32 or more).
-fn row_words(w: &ExpertWeights) -> usize {
-    let inp = w.in_features();
-    match w.data() {
-        WeightData::F32(_) => inp.next_multiple_of(4),
-        WeightData::Bf16(_) | WeightData::F16(_) => inp.div_ceil(2).next_multiple_of(4),
-        WeightData::Affine { q, .. } => q.row_words(inp),
-    }
+    let s = all.len() as u32;
+    rows::push_side(all, w, r0, r1, false);
+    let b = all.len() as u32;
+    rows::push_side(all, w, r0, r1, true);
+    (o, s, b)
 }
 
 /// Words one expert of a matrix takes on the device.
 fn expert_words(w: &ExpertWeights) -> usize {
-    let out = w.out_features();
-    match w.data() {
-        WeightData::Affine { q, .. } => out * (row_words(w) + 2 * q.row_groups(w.in_features())),
-        _ => out * row_words(w),
-    }
-}
-
-/// One row of 16-bit values two to a word, padded with zeros to `words` words.
-fn push_halves(all: &mut Vec<u32>, it: impl Iterator<Item = u16>, words: usize) {
-    let start = all.len();
-    let v: Vec<u16> = it.collect();
-    for pair in v.chunks(2) {
-        let lo = u32::from(pair[0]);
-        let hi = pair.get(1).map_or(0, |&h| u32::from(h));
-        all.push(lo | (hi << 16));
-    }
-    all.resize(start + words, 0);
+    w.out_features() * (rows::row_words(w) + 2 * rows::row_groups(w))
 }
 
 /// `n` workgroups as a grid within the per-dimension limit (the kernels flatten it).
@@ -246,15 +189,6 @@ fn flat_grid(n: usize) -> (usize, usize) {
     let n = n.max(1);
     (n.min(65535), n.div_ceil(65535))
 }
-
-/// The MoE module's pipelines of each weight format, by (`dtype`, `bits`).
-const MOE_KEYS: [(&str, u32, u32); 5] = [
-    ("moe f32", 0, 0),
-    ("moe bf16", 1, 0),
-    ("moe f16", 2, 0),
-    ("moe q4", 3, 4),
-    ("moe q8", 3, 8),
-];
 
 impl WgpuMoe {
     /// Uploads `layer`'s weights to a device (a [`WgpuDevice`], or a
@@ -337,11 +271,9 @@ impl WgpuMoe {
             };
             parts.push((weights, offsets));
         }
-        let (key, _, _) = MOE_KEYS
-            .iter()
-            .find(|k| k.1 == code && k.2 == bits)
-            .ok_or_else(|| Error::Device(format!("no MoE kernels for dtype {code} bits {bits}")))?;
-        let pipes = ctx.pipelines(key, || build(&device, ctx.info(), code, bits))?;
+        let pipes = ctx.pipelines(&format!("moe {code} {bits}"), || {
+            build(&device, ctx.info(), code, bits)
+        })?;
         // a layer runs many calls: every kernel now, none inside a call
         pipes.build_all();
         use wgpu::BufferUsages as U;

@@ -306,8 +306,7 @@ fn row_token(j: u32) -> u32 {
 // the expert's weight row as vec4<u32> loads (chunks lane, lane + 64, ...), and the 64
 // partial sums are added once at the end by a fixed tree. A row's result depends only
 // on its expert and token, so both branches give the same bits. Rows are padded to
-// whole vec4s on upload (moe.rs); affine chunks lie in one group and add
-// scale * sum(q x) + bias * sum(x).
+// whole vec4s on upload (moe.rs); a chunk's arithmetic is chunk.wgsl's.
 
 fn silu(g: f32) -> f32 {
     return g / (1.0 + exp_f32(-g));
@@ -350,81 +349,16 @@ fn row_words(inf: u32) -> u32 {
     return inf * BITS / 32u;
 }
 
-// Inputs per vec4<u32> of weights.
-fn per_chunk() -> u32 {
-    if (DTYPE == 0u) {
-        return 4u;
-    }
-    if (DTYPE <= 2u) {
-        return 8u;
-    }
-    return 128u / BITS;
-}
-
-fn f16_bits(h: u32) -> f32 {
-    let sgn = (h & 0x8000u) << 16u;
-    let e = (h >> 10u) & 0x1fu;
-    let m = h & 0x3ffu;
-    if (e == 31u) {
-        return bitcast<f32>(sgn | 0x7f800000u | (m << 13u));
-    }
-    if (e == 0u) {
-        let v = f32(m) * 5.9604645e-8;
-        return bitcast<f32>(bitcast<u32>(v) | sgn);
-    }
-    return bitcast<f32>(sgn | ((e + 112u) << 23u) | (m << 13u));
-}
-
 // Input i of a row (0 past its `n` inputs): x (src 0) or the activations in `work`.
-fn xin(src: u32, base: u32, i: u32, n: u32) -> f32 {
+fn xin(sel: u32, base: u32, i: u32, n: u32) -> f32 {
     let at = base + min(i, n - 1u);
     var v: f32;
-    if (src == 0u) {
+    if (sel == 0u) {
         v = xs[at];
     } else {
         v = bitcast<f32>(work[at]);
     }
     return select(0.0, v, i < n);
-}
-
-// Chunk `w` (first input i0) of a weight row against a row's inputs.
-fn chunk_dot(w: vec4<u32>, i0: u32, src: u32, xb: u32, n: u32, sc: f32, bi: f32) -> f32 {
-    var acc = 0.0;
-    if (DTYPE == 0u) {
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            acc = acc + bitcast<f32>(w[k]) * xin(src, xb, i0 + k, n);
-        }
-        return acc;
-    }
-    if (DTYPE <= 2u) {
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            let i = i0 + 2u * k;
-            var lo: f32;
-            var hi: f32;
-            if (DTYPE == 1u) {
-                lo = bitcast<f32>(w[k] << 16u);
-                hi = bitcast<f32>(w[k] & 0xffff0000u);
-            } else {
-                lo = f16_bits(w[k] & 0xffffu);
-                hi = f16_bits(w[k] >> 16u);
-            }
-            acc = acc + lo * xin(src, xb, i, n);
-            acc = acc + hi * xin(src, xb, i + 1u, n);
-        }
-        return acc;
-    }
-    let per = 32u / BITS;
-    let mask = (1u << BITS) - 1u;
-    var qx = 0.0;
-    var sx = 0.0;
-    for (var k = 0u; k < 4u; k = k + 1u) {
-        for (var j = 0u; j < per; j = j + 1u) {
-            let x = xin(src, xb, i0 + k * per + j, n);
-            qx = qx + f32((w[k] >> (BITS * j)) & mask) * x;
-            sx = sx + x;
-        }
-    }
-    return sc * qx + bi * sx;
 }
 
 // This invocation's share of W[r] . input, for row r of a matrix of `inf` inputs at
@@ -460,28 +394,41 @@ fn reduce_teams(lane: u32, lid: u32) {
     }
 }
 
+// Workgroup (o4, j) of ceil(width / 4) x rows, flattened over the grid: its row j, the
+// row's expert among this dispatch's weights (NO_EXPERT: none to compute here), and this
+// invocation's output o (4 a workgroup, a team of TEAM each) and lane in its team.
+struct Cell {
+    j: u32,
+    e: u32,
+    o: u32,
+    lane: u32,
+}
+
+fn cell(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, width: u32) -> Cell {
+    let quads = (width + 3u) / 4u;
+    let flat = wid.x + wid.y * nwg.x;
+    let j = flat / quads;
+    var e = NO_EXPERT;
+    if (j < prm.tokens * prm.top_k) {
+        e = part_expert(j, lid);
+    }
+    return Cell(j, e, (flat % quads) * 4u + lid / TEAM, lid % TEAM);
+}
+
 // act: ceil(H / 4) x rows workgroups; act[j][o] = silu(gate_e[o] . x_t) * up_e[o] . x_t
 @compute @workgroup_size(256)
 fn act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
-    // workgroup (o4, j) of ceil(width / 4) x rows, flattened over the grid
-    let quads = (prm.inter + 3u) / 4u;
-    let flat = wid.x + wid.y * nwg.x;
-    let j = flat / quads;
-    let o4 = flat % quads;
     let h = prm.inter;
     let d = prm.hidden;
-    if (j >= prm.tokens * prm.top_k) {
+    let c = cell(wid, nwg, lid, h);
+    if (c.e == NO_EXPERT) {
         return;
     }
-    let e = part_expert(j, lid);
-    if (e == NO_EXPERT) {
-        return;
-    }
-    let team = lid / TEAM;
-    let lane = lid % TEAM;
-    let o = o4 * 4u + team;
-    let xb = row_token(j) * d;
+    let e = c.e;
+    let o = c.o;
+    let lane = c.lane;
+    let xb = row_token(c.j) * d;
     var g = 0.0;
     var u = 0.0;
     if (o < h) {
@@ -497,40 +444,30 @@ fn act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     red_u[lid] = u;
     reduce_teams(lane, lid);
     if (lane == 0u && o < h) {
-        work[prm.w_act + j * h + o] = bitcast<u32>(silu(red_g[lid]) * red_u[lid]);
+        work[prm.w_act + c.j * h + o] = bitcast<u32>(silu(red_g[lid]) * red_u[lid]);
     }
 }
 
 // down: ceil(D / 4) x rows workgroups; out[j][o] = down_e[o] . act[j]
 @compute @workgroup_size(256)
 fn down(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
-    // workgroup (o4, j) of ceil(width / 4) x rows, flattened over the grid
-    let quads = (prm.hidden + 3u) / 4u;
-    let flat = wid.x + wid.y * nwg.x;
-    let j = flat / quads;
-    let o4 = flat % quads;
+        @builtin(local_invocation_index) lid: u32) {
     let h = prm.inter;
     let d = prm.hidden;
-    if (j >= prm.tokens * prm.top_k) {
+    let c = cell(wid, nwg, lid, d);
+    if (c.e == NO_EXPERT) {
         return;
     }
-    let e = part_expert(j, lid);
-    if (e == NO_EXPERT) {
-        return;
-    }
-    let team = lid / TEAM;
-    let lane = lid % TEAM;
-    let o = o4 * 4u + team;
     var v = 0.0;
-    if (o < d) {
-        v = stream(prm.down_w, prm.down_s, prm.down_b, e * d + o, h, 1u, prm.w_act + j * h, lane);
+    if (c.o < d) {
+        v = stream(prm.down_w, prm.down_s, prm.down_b, c.e * d + c.o, h, 1u, prm.w_act + c.j * h,
+                   c.lane);
     }
     red_g[lid] = v;
     red_u[lid] = 0.0;
-    reduce_teams(lane, lid);
-    if (lane == 0u && o < d) {
-        work[prm.w_out + j * d + o] = bitcast<u32>(red_g[lid]);
+    reduce_teams(c.lane, lid);
+    if (c.lane == 0u && c.o < d) {
+        work[prm.w_out + c.j * d + c.o] = bitcast<u32>(red_g[lid]);
     }
 }
 

@@ -27,6 +27,31 @@ pub const SHADER_FMATH: &str = concat!(include_str!("fmath.wgsl"), include_str!(
 /// the same bits in fewer operations.
 pub const SHADER_FMATH_INT64: &str =
     concat!(include_str!("fmath.wgsl"), include_str!("mulhi64.wgsl"));
+/// An IEEE half's bits as f32 (`f16_of`), for every module that reads 16-bit weights.
+pub const SHADER_HALF: &str = include_str!("half.wgsl");
+
+/// The weight formats the matrix products and the MoE layer are compiled for, one module
+/// each: (name, `DTYPE`, `BITS`).
+pub const WEIGHT_FORMATS: [(&str, u32, u32); 5] = [
+    ("f32", 0, 0),
+    ("bf16", 1, 0),
+    ("f16", 2, 0),
+    ("q4", 3, 4),
+    ("q8", 3, 8),
+];
+
+/// The weight-format prefix of the matrix products' and the MoE layer's modules: `DTYPE`
+/// and `BITS` as constants (one module per format: no format branch at run time), the
+/// half conversion and one chunk's arithmetic (`chunk.wgsl`), shared by both.
+pub fn weight_format_source(dtype: u32, bits: u32) -> String {
+    // (a format without codes divides by no zero in its unused affine branch)
+    let bits = if dtype == 3 { bits } else { 16 };
+    format!(
+        "const DTYPE: u32 = {dtype}u;\nconst BITS: u32 = {bits}u;\n{SHADER_HALF}\n{}\n",
+        include_str!("chunk.wgsl")
+    )
+}
+
 /// Workgroup reductions through workgroup memory (the portable path).
 pub const REDUCE_WG: &str = include_str!("reduce_wg.wgsl");
 /// Workgroup reductions with subgroup operations (device feature `SUBGROUP`).

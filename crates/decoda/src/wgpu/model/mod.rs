@@ -38,30 +38,24 @@ use weights::{init_buffer, upload, upload_stacked, Mat};
 /// the shared arithmetic).
 pub const SHADER_MODEL: &str = concat!(include_str!("op.wgsl"), include_str!("model.wgsl"));
 
-/// The complete module (with `fmath.wgsl`).
+/// The complete module (with `fmath.wgsl` and the half conversion).
 pub fn model_shader_source() -> String {
-    format!("{SHADER_MODEL}\n{}", super::shaders::SHADER_FMATH)
+    format!(
+        "{SHADER_MODEL}\n{}\n{}",
+        super::shaders::SHADER_HALF,
+        super::shaders::SHADER_FMATH
+    )
 }
 
 /// The matrix products' WGSL (`mv.wgsl`), without the format constants.
 const SHADER_MV: &str = include_str!("mv.wgsl");
 
-/// The weight formats of the matrix products, one module each: (name, `DTYPE`, `BITS`).
-pub const MV_FORMATS: [(&str, u32, u32); 5] = [
-    ("mv f32", 0, 0),
-    ("mv bf16", 1, 0),
-    ("mv f16", 2, 0),
-    ("mv q4", 3, 4),
-    ("mv q8", 3, 8),
-];
-
 /// The matrix products' module for weights of `dtype` (`ModelOp::dtype`: 0 f32, 1 bf16,
 /// 2 f16, 3 affine) and `bits` (affine codes).
 pub fn mv_shader_source(dtype: u32, bits: u32) -> String {
-    // (a format without codes divides by no zero in its unused affine branch)
-    let bits = if dtype == 3 { bits } else { 16 };
     format!(
-        "const DTYPE: u32 = {dtype}u;\nconst BITS: u32 = {bits}u;\n{}{SHADER_MV}",
+        "{}{}{SHADER_MV}",
+        super::shaders::weight_format_source(dtype, bits),
         include_str!("op.wgsl")
     )
 }
@@ -200,17 +194,10 @@ fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32) -> Result<Pipelines<2>
 /// The matrix products' pipeline for `mat`, SwiGLU or not (built at its first use).
 fn mv_pipeline(ctx: &WgpuDevice, mat: &Mat, swiglu: bool) -> Result<wgpu::ComputePipeline> {
     let bits = if mat.dtype == 3 { mat.bits } else { 0 };
-    let (key, _, _) = MV_FORMATS
-        .iter()
-        .find(|f| f.1 == mat.dtype && f.2 == bits)
-        .ok_or_else(|| {
-            Error::Model(format!(
-                "no matrix product for dtype {} bits {bits}",
-                mat.dtype
-            ))
-        })?;
     let device = ctx.device().clone();
-    let pipes = ctx.pipelines(key, || build_mv(&device, mat.dtype, bits))?;
+    let pipes = ctx.pipelines(&format!("mv {} {bits}", mat.dtype), || {
+        build_mv(&device, mat.dtype, bits)
+    })?;
     Ok(pipes.get(usize::from(swiglu)).clone())
 }
 
@@ -538,7 +525,8 @@ impl WgpuModel {
                 .device()
                 .create_command_encoder(&Default::default());
             let at = self.positions[slot];
-            self.call_positions = (at..at + n).collect();
+            self.call_positions.clear();
+            self.call_positions.extend(at..at + n);
             branches = self.record(&mut Passes::new(&mut enc, None), key)?;
             self.ctx.queue().submit([enc.finish()]);
             self.positions[slot] += n;
@@ -583,7 +571,11 @@ impl WgpuModel {
             tokens,
             out: Some((0, 0, n)),
         };
-        self.call_positions = rows.iter().map(|&(slot, _)| self.positions[slot]).collect();
+        // (kept, not rebuilt: a decode step allocates nothing)
+        self.call_positions.clear();
+        let positions = &self.positions;
+        self.call_positions
+            .extend(rows.iter().map(|&(slot, _)| positions[slot]));
         let b = self.record(passes, key)?;
         for &(slot, _) in rows {
             self.positions[slot] += 1;

@@ -56,17 +56,7 @@ fn half_bits(h: u32) -> f32 {
     if (op.dtype == 1u) {
         return bitcast<f32>(h << 16u);
     }
-    let sgn = (h & 0x8000u) << 16u;
-    let e = (h >> 10u) & 0x1fu;
-    let m = h & 0x3ffu;
-    if (e == 31u) {
-        return bitcast<f32>(sgn | 0x7f800000u | (m << 13u));
-    }
-    if (e == 0u) {
-        let v = f32(m) * 5.9604645e-8;
-        return bitcast<f32>(bitcast<u32>(v) | sgn);
-    }
-    return bitcast<f32>(sgn | ((e + 112u) << 23u) | (m << 13u));
+    return f16_of(h);
 }
 
 // Element i of matrix row `row`.
@@ -120,6 +110,25 @@ fn reduce1(lid: u32) -> f32 {
     return v;
 }
 
+// The RMS scale 1 / sqrt(mean(x^2) + eps) of the `w` values at `at` of dst (`buf` 0) or
+// src (1): one strided sum and one tree, for `rms` and `norm_rope` alike, so a value is
+// the same bits whichever kernel normed it.
+fn norm_inv(buf: u32, at: u32, w: u32, lid: u32) -> f32 {
+    var ss = 0.0;
+    for (var i = lid; i < w; i = i + WG) {
+        var x: f32;
+        if (buf == 0u) {
+            x = dst[at + i];
+        } else {
+            x = src[at + i];
+        }
+        ss = ss + x * x;
+    }
+    red1[lid] = ss;
+    let total = reduce1(lid);
+    return 1.0 / sqrt(total / f32(w) + op.eps);
+}
+
 @compute @workgroup_size(64)
 fn rms(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
@@ -132,19 +141,7 @@ fn rms(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let w = op.in_w;
     let s0 = (op.src_row0 + r) * op.src_w + g * w;
     let d0 = (op.dst_row0 + r) * op.dst_w + g * w;
-    var ss = 0.0;
-    for (var i = lid; i < w; i = i + WG) {
-        var x: f32;
-        if (op.inplace != 0u) {
-            x = dst[s0 + i];
-        } else {
-            x = src[s0 + i];
-        }
-        ss = ss + x * x;
-    }
-    red1[lid] = ss;
-    let total = reduce1(lid);
-    let inv = 1.0 / sqrt(total / f32(w) + op.eps);
+    let inv = norm_inv(select(1u, 0u, op.inplace != 0u), s0, w, lid);
     for (var i = lid; i < w; i = i + WG) {
         var x: f32;
         if (op.inplace != 0u) {
@@ -157,25 +154,6 @@ fn rms(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 }
 
 // ---------------------------------------------------------------------------------
-
-// RMS norm of one head's `hd` values at `at` of `buf` (0 dst, 1 src) with the norm
-// weight at word `w` of `wts`: the scale `inv`, as `rms` computes it (the same strided
-// sum and tree), so a row's values do not depend on which kernel normed them.
-fn head_inv(buf: u32, at: u32, hd: u32, lid: u32) -> f32 {
-    var ss = 0.0;
-    for (var i = lid; i < hd; i = i + WG) {
-        var x: f32;
-        if (buf == 0u) {
-            x = dst[at + i];
-        } else {
-            x = src[at + i];
-        }
-        ss = ss + x * x;
-    }
-    red1[lid] = ss;
-    let total = reduce1(lid);
-    return 1.0 / sqrt(total / f32(hd) + op.eps);
-}
 
 // One head of one row (rows x (heads + kv_heads) workgroups): a query head's values
 // (dst) normed with the q norm (when `kind` bit 0) and rotated in place; a key/value
@@ -204,7 +182,7 @@ fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         var inv = 1.0;
         let normed = (op.kind & 1u) != 0u;
         if (normed) {
-            inv = head_inv(0u, at, hd, lid);
+            inv = norm_inv(0u, at, hd, lid);
         }
         for (var j = lid; j < half; j = j + WG) {
             var x0 = dst[at + j];
@@ -226,7 +204,7 @@ fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     var inv = 1.0;
     let normed = (op.kind & 2u) != 0u;
     if (normed) {
-        inv = head_inv(1u, at, hd, lid);
+        inv = norm_inv(1u, at, hd, lid);
     }
     for (var j = lid; j < half; j = j + WG) {
         var x0 = src[at + j];

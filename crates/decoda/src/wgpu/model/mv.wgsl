@@ -13,8 +13,7 @@
 // whatever the call's other rows (prefill or decode, alone or in a batch).
 //
 // Rows are padded to whole vec4<u32> (upload, weights.rs); inputs past `in_w` count as
-// zero. Affine weights: each chunk lies in one group (groups hold 32, 64 or 128 inputs;
-// a chunk 32 or 16), so a chunk adds scale * sum(q x) + bias * sum(x).
+// zero. A chunk's arithmetic is chunk.wgsl's, shared with the MoE layer.
 
 const TEAM: u32 = 64u;
 const OUT_PER_WG: u32 = 4u;
@@ -38,77 +37,11 @@ fn word(i: u32) -> u32 {
     return wts[i >> 2u][i & 3u];
 }
 
-// Inputs per vec4<u32> of weights.
-fn per_chunk() -> u32 {
-    if (DTYPE == 0u) {
-        return 4u;
-    }
-    if (DTYPE <= 2u) {
-        return 8u;
-    }
-    return 128u / BITS;
-}
-
-// Input i of call row r (0 past the row's inputs).
-fn xin(r: u32, i: u32) -> f32 {
-    let v = src[(op.src_row0 + r) * op.src_w + min(i, op.in_w - 1u)];
-    return select(0.0, v, i < op.in_w);
-}
-
-// An IEEE half's bits as f32, exactly (written out: unpack2x16float needs a capability
-// some backends lack).
-fn f16_of(h: u32) -> f32 {
-    let sgn = (h & 0x8000u) << 16u;
-    let e = (h >> 10u) & 0x1fu;
-    let m = h & 0x3ffu;
-    if (e == 31u) {
-        return bitcast<f32>(sgn | 0x7f800000u | (m << 13u));
-    }
-    if (e == 0u) {
-        let v = f32(m) * 5.9604645e-8;
-        return bitcast<f32>(bitcast<u32>(v) | sgn);
-    }
-    return bitcast<f32>(sgn | ((e + 112u) << 23u) | (m << 13u));
-}
-
-// Chunk `w` of a weight row (its first input `i0`) against call row r.
-fn chunk_dot(w: vec4<u32>, i0: u32, r: u32, sc: f32, bi: f32) -> f32 {
-    var acc = 0.0;
-    if (DTYPE == 0u) {
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            acc = acc + bitcast<f32>(w[k]) * xin(r, i0 + k);
-        }
-        return acc;
-    }
-    if (DTYPE == 1u) {
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            let i = i0 + 2u * k;
-            acc = acc + bitcast<f32>(w[k] << 16u) * xin(r, i);
-            acc = acc + bitcast<f32>(w[k] & 0xffff0000u) * xin(r, i + 1u);
-        }
-        return acc;
-    }
-    if (DTYPE == 2u) {
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            let i = i0 + 2u * k;
-            acc = acc + f16_of(w[k] & 0xffffu) * xin(r, i);
-            acc = acc + f16_of(w[k] >> 16u) * xin(r, i + 1u);
-        }
-        return acc;
-    }
-    // affine: codes from the low bits up
-    let per = 32u / BITS;
-    let mask = (1u << BITS) - 1u;
-    var qx = 0.0;
-    var sx = 0.0;
-    for (var k = 0u; k < 4u; k = k + 1u) {
-        for (var j = 0u; j < per; j = j + 1u) {
-            let x = xin(r, i0 + k * per + j);
-            qx = qx + f32((w[k] >> (BITS * j)) & mask) * x;
-            sx = sx + x;
-        }
-    }
-    return sc * qx + bi * sx;
+// Input i of the call row at `base` of src (0 past its `n` inputs); `sel` unused (the
+// MoE module's inputs come from two buffers).
+fn xin(sel: u32, base: u32, i: u32, n: u32) -> f32 {
+    let v = src[base + min(i, n - 1u)];
+    return select(0.0, v, i < n);
 }
 
 // This invocation's share of W[row] . src[r0 + j] for j < nr, into red[lid][j].
@@ -133,7 +66,8 @@ fn stream_row(row: u32, valid: bool, r0: u32, nr: u32, lane: u32, lid: u32) {
             }
             for (var j = 0u; j < CHUNK; j = j + 1u) {
                 if (j < nr) {
-                    acc[j] = acc[j] + chunk_dot(w, i0, r0 + j, sc, bi);
+                    let xb = (op.src_row0 + r0 + j) * op.src_w;
+                    acc[j] = acc[j] + chunk_dot(w, i0, 0u, xb, op.in_w, sc, bi);
                 }
             }
         }

@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::moe::weights::WeightData;
 use crate::moe::ExpertWeights;
+use crate::wgpu::rows;
 
 /// A matrix on the device, in one or more parts of whole rows.
 #[derive(Debug, Clone)]
@@ -55,110 +56,20 @@ pub(super) fn upload(
     limit: u64,
 ) -> Result<Mat> {
     let first = parts[0];
-    let inp = first.in_features();
-    let out = first.out_features();
-    for w in parts {
-        if w.experts() != 1
-            || w.in_features() != inp
-            || w.out_features() != out
-            || w.dtype() != first.dtype()
-        {
-            return Err(Error::Model(format!(
-                "{name}: parts of different shapes or formats"
-            )));
-        }
-    }
-    // rows of values padded to whole vec4<u32> (the matrix products' loads; affine
-    // rows are already: their inputs come in whole groups of 32 or more)
-    let (dtype, bits, group, row_words, side) = match first.data() {
-        WeightData::F32(_) => (0, 0, 1, inp.next_multiple_of(4), 0),
-        WeightData::Bf16(_) => (1, 0, 1, inp.div_ceil(2).next_multiple_of(4), 0),
-        WeightData::F16(_) => (2, 0, 1, inp.div_ceil(2).next_multiple_of(4), 0),
-        WeightData::Affine { q, .. } => (
-            3,
-            q.bits,
-            q.group as u32,
-            q.row_words(inp),
-            2 * q.row_groups(inp),
-        ),
-    };
-    // bytes of one row of the part (of each matrix of a pair)
-    let row_bytes = ((row_words + side) * 4 * parts.len()) as u64;
-    let per = (limit / row_bytes) as usize;
-    if per == 0 {
+    if parts
+        .iter()
+        .any(|w| w.out_features() != first.out_features())
+    {
         return Err(Error::Model(format!(
-            "{name}: one row takes {row_bytes} bytes on the device; this adapter binds at \
-             most {limit}"
+            "{name}: parts of different shapes or formats"
         )));
     }
-    let mut out_parts = Vec::new();
-    for lo in (0..out).step_by(per) {
-        let hi = (lo + per).min(out);
-        let mut main: Vec<u32> = Vec::new();
-        let mut scales: Vec<u32> = Vec::new();
-        let mut biases: Vec<u32> = Vec::new();
-        for w in parts {
-            match w.data() {
-                WeightData::F32(v) => {
-                    for row in v[lo * inp..hi * inp].chunks(inp) {
-                        main.extend(row.iter().map(|x| x.to_bits()));
-                        main.resize(main.len() + row_words - inp, 0);
-                    }
-                }
-                WeightData::Bf16(v) => push_rows(
-                    &mut main,
-                    v[lo * inp..hi * inp].iter().map(|x| x.to_bits()),
-                    inp,
-                    row_words,
-                ),
-                WeightData::F16(v) => push_rows(
-                    &mut main,
-                    v[lo * inp..hi * inp].iter().map(|x| x.to_bits()),
-                    inp,
-                    row_words,
-                ),
-                WeightData::Affine {
-                    packed,
-                    scales: sc,
-                    biases: bi,
-                    ..
-                } => {
-                    main.extend_from_slice(&packed[lo * row_words..hi * row_words]);
-                    let g = side / 2;
-                    scales.extend(sc[lo * g..hi * g].iter().map(|x| x.to_bits()));
-                    biases.extend(bi[lo * g..hi * g].iter().map(|x| x.to_bits()));
-                }
-            }
-        }
-        let s_off = main.len() as u32;
-        let b_off = s_off + scales.len() as u32;
-        main.extend(scales);
-        main.extend(biases);
-        // read as vec4<u32> by the matrix products: whole vec4s
-        main.resize(main.len().next_multiple_of(4), 0);
-        let label = format!("{name} rows {lo}..{hi}");
-        out_parts.push(Part {
-            buf: init_buffer(device, &label, &main, wgpu::BufferUsages::STORAGE),
-            first: lo,
-            rows: hi - lo,
-            w_off: 0,
-            s_off,
-            b_off,
-        });
-    }
-    Ok(Mat {
-        dtype,
-        bits,
-        group,
-        row_words: row_words as u32,
-        out,
-        inp,
-        parts: out_parts,
-    })
+    let lists = parts
+        .iter()
+        .map(|w| upload_words(w))
+        .collect::<Result<_>>()?;
+    upload_lists(device, name, parts, lists, limit)
 }
-
-/// One row's words on the device: values or codes (padded), scales, biases.
-type RowWords = (Vec<u32>, Vec<u32>, Vec<u32>);
 
 /// Uploads matrices of one input width and format stacked by rows (q, k and v: one
 /// matrix whose rows are q's, then k's, then v's), in parts of at most `limit` bytes,
@@ -169,6 +80,26 @@ pub(super) fn upload_stacked(
     mats: &[&ExpertWeights],
     limit: u64,
 ) -> Result<Mat> {
+    let mut rows = Vec::new();
+    for w in mats {
+        rows.extend(upload_words(w)?);
+    }
+    upload_lists(device, name, mats, vec![rows], limit)
+}
+
+/// One row's words on the device: values or codes (padded), scales, biases.
+type RowWords = (Vec<u32>, Vec<u32>, Vec<u32>);
+
+/// Uploads `lists` (rows of `mats`, each list as long as the first) in parts of whole
+/// rows of at most `limit` bytes: a part holds rows `lo .. hi` of every list, their
+/// words, then their scales, then their biases.
+fn upload_lists(
+    device: &wgpu::Device,
+    name: &str,
+    mats: &[&ExpertWeights],
+    lists: Vec<Vec<RowWords>>,
+    limit: u64,
+) -> Result<Mat> {
     let first = mats[0];
     let inp = first.in_features();
     if mats
@@ -176,14 +107,8 @@ pub(super) fn upload_stacked(
         .any(|w| w.experts() != 1 || w.in_features() != inp || w.dtype() != first.dtype())
     {
         return Err(Error::Model(format!(
-            "{name}: matrices of different input widths or formats"
+            "{name}: parts of different shapes or formats"
         )));
-    }
-    // each row's words (values or codes, padded), scales and biases
-    let mut rows: Vec<RowWords> = Vec::new();
-    for w in mats {
-        let one = upload_words(w)?;
-        rows.extend(one);
     }
     let (dtype, bits, group) = match first.data() {
         WeightData::F32(_) => (0, 0, 1),
@@ -191,9 +116,10 @@ pub(super) fn upload_stacked(
         WeightData::F16(_) => (2, 0, 1),
         WeightData::Affine { q, .. } => (3, q.bits, q.group as u32),
     };
-    let row_words = rows[0].0.len();
-    let side = rows[0].1.len() + rows[0].2.len();
-    let row_bytes = ((row_words + side) * 4) as u64;
+    let row = &lists[0][0];
+    let row_words = row.0.len();
+    // bytes of one row of the part (of each list)
+    let row_bytes = ((row_words + row.1.len() + row.2.len()) * 4 * lists.len()) as u64;
     let per = (limit / row_bytes) as usize;
     if per == 0 {
         return Err(Error::Model(format!(
@@ -201,15 +127,17 @@ pub(super) fn upload_stacked(
              most {limit}"
         )));
     }
-    let out = rows.len();
+    let out = lists[0].len();
     let mut parts = Vec::new();
     for lo in (0..out).step_by(per) {
         let hi = (lo + per).min(out);
-        let mut main: Vec<u32> = rows[lo..hi].iter().flat_map(|r| r.0.clone()).collect();
+        let rows = || lists.iter().flat_map(|l| &l[lo..hi]);
+        let mut main: Vec<u32> = rows().flat_map(|r| r.0.iter().copied()).collect();
         let s_off = main.len() as u32;
-        main.extend(rows[lo..hi].iter().flat_map(|r| r.1.clone()));
+        main.extend(rows().flat_map(|r| r.1.iter().copied()));
         let b_off = main.len() as u32;
-        main.extend(rows[lo..hi].iter().flat_map(|r| r.2.clone()));
+        main.extend(rows().flat_map(|r| r.2.iter().copied()));
+        // read as vec4<u32> by the matrix products: whole vec4s
         main.resize(main.len().next_multiple_of(4), 0);
         let label = format!("{name} rows {lo}..{hi}");
         parts.push(Part {
@@ -232,74 +160,21 @@ pub(super) fn upload_stacked(
     })
 }
 
-/// A matrix's rows as [`upload`] lays them out: each row's words (values padded to whole
-/// vec4<u32>, or codes), its scales and its biases (affine).
+/// A matrix's rows as the device holds them ([`crate::wgpu::rows`]): each row's words,
+/// scales and biases.
 fn upload_words(w: &ExpertWeights) -> Result<Vec<RowWords>> {
-    let (out, inp) = (w.out_features(), w.in_features());
-    let mut rows = Vec::with_capacity(out);
-    match w.data() {
-        WeightData::F32(v) => {
-            let rw = inp.next_multiple_of(4);
-            for row in v.chunks(inp) {
-                let mut words: Vec<u32> = row.iter().map(|x| x.to_bits()).collect();
-                words.resize(rw, 0);
-                rows.push((words, Vec::new(), Vec::new()));
-            }
-        }
-        WeightData::Bf16(v) => {
-            let rw = inp.div_ceil(2).next_multiple_of(4);
-            for row in v.chunks(inp) {
-                let mut words = Vec::new();
-                push_rows(&mut words, row.iter().map(|x| x.to_bits()), inp, rw);
-                rows.push((words, Vec::new(), Vec::new()));
-            }
-        }
-        WeightData::F16(v) => {
-            let rw = inp.div_ceil(2).next_multiple_of(4);
-            for row in v.chunks(inp) {
-                let mut words = Vec::new();
-                push_rows(&mut words, row.iter().map(|x| x.to_bits()), inp, rw);
-                rows.push((words, Vec::new(), Vec::new()));
-            }
-        }
-        WeightData::Affine {
-            q,
-            packed,
-            scales,
-            biases,
-        } => {
-            let (rw, g) = (q.row_words(inp), q.row_groups(inp));
-            for r in 0..out {
-                rows.push((
-                    packed[r * rw..(r + 1) * rw].to_vec(),
-                    scales[r * g..(r + 1) * g]
-                        .iter()
-                        .map(|x| x.to_bits())
-                        .collect(),
-                    biases[r * g..(r + 1) * g]
-                        .iter()
-                        .map(|x| x.to_bits())
-                        .collect(),
-                ));
-            }
-        }
+    if w.experts() != 1 {
+        return Err(Error::Model("a matrix of more than one expert".into()));
     }
-    if rows.len() != out {
-        return Err(Error::Model("a matrix of the wrong size".into()));
-    }
-    Ok(rows)
-}
-
-/// 16-bit values two to a word, each row `row_words` words (zeros after its values).
-fn push_rows(all: &mut Vec<u32>, it: impl Iterator<Item = u16>, inp: usize, row_words: usize) {
-    let v: Vec<u16> = it.collect();
-    for row in v.chunks(inp) {
-        let start = all.len();
-        for pair in row.chunks(2) {
-            all.push(u32::from(pair[0]) | (u32::from(*pair.get(1).unwrap_or(&0)) << 16));
-        }
-        all.resize(start + row_words, 0);
-    }
+    Ok((0..w.out_features())
+        .map(|r| {
+            let (mut words, mut scales, mut biases) = (Vec::new(), Vec::new(), Vec::new());
+            rows::push_rows(&mut words, w, r, r + 1);
+            rows::push_side(&mut scales, w, r, r + 1, false);
+            rows::push_side(&mut biases, w, r, r + 1, true);
+            (words, scales, biases)
+        })
+        .collect())
 }
 
 pub(super) fn init_buffer(
