@@ -167,7 +167,8 @@ fn variants_give_the_same_bits() {
 }
 
 /// A device builds a step kernel's pipeline only when a call first needs it: none at
-/// construction, 2 for a greedy call (scan, settle_finish), 5 more for a call with
+/// construction, 2 for a greedy call (scan, settle_finish; 3 where the device does not
+/// fuse settle_finish: scan, settle, draw_finish), 6 in all after a call with
 /// log-probabilities, and a second sampler on the same device builds none again.
 #[test]
 fn pipelines_are_built_when_first_needed() {
@@ -180,7 +181,7 @@ fn pipelines_are_built_when_first_needed() {
     let l = Logits::f32(&x, 1, 4).unwrap();
     let greedy = [Request::new(SamplingParams::greedy(), 1)];
     assert_eq!(s.sample(&l, &greedy).unwrap()[0].as_ref().unwrap().token, 1);
-    assert_eq!(s.pipelines_built(), 2);
+    assert_eq!(s.pipelines_built(), if d.fuses_settle() { 2 } else { 3 });
     let lp = [Request::new(
         SamplingParams {
             logprobs: Some(2),
@@ -190,6 +191,7 @@ fn pipelines_are_built_when_first_needed() {
     )];
     s.sample(&l, &lp).unwrap()[0].as_ref().unwrap();
     assert_eq!(s.pipelines_built(), 6, "probe, settle, lp and finish too");
+    // (the call above ran scan, settle and draw_finish where settle_finish is not fused)
     let again = WgpuSampler::on(&d).unwrap();
     assert_eq!(
         again.pipelines_built(),
@@ -586,10 +588,20 @@ fn recorded_calls_keep_their_parameters() {
 
 /// The passes a call records follow its parameters: greedy and temperature rows take
 /// two dispatches, filtered rows (top-k, top-p, min-p, top-n-σ, typical-p, XTC, the kept
-/// distribution; or per-call penalties, whose history the probe scatters) three, log-probabilities five; each reads the row once on its common path.
+/// distribution; or per-call penalties, whose history the probe scatters) three,
+/// log-probabilities five; each reads the row once on its common path. (One more for
+/// the first two where the device does not fuse `settle_finish`: lavapipe, so this
+/// test checks the fused plan on a device of its own, which it never runs.)
 #[test]
 fn calls_record_the_passes_their_rows_need() {
-    let Some(b) = sampler() else { return };
+    let Some(d) = decoda::testing::gpu::own_device(WgpuOptions {
+        fused_settle: Some(true),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let fused = WgpuSampler::on(&d).unwrap();
+    let b = &fused;
     let v = 32_768;
     let with = |f: &dyn Fn(&mut SamplingParams)| {
         let mut p = SamplingParams::default();
@@ -660,6 +672,117 @@ fn calls_record_the_passes_their_rows_need() {
         )
         .unwrap();
     assert_eq!(mixed.dispatches, 5);
+    // unfused, settle_finish is settle then draw_finish
+    let Some(d) = decoda::testing::gpu::own_device(WgpuOptions {
+        fused_settle: Some(false),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let split = WgpuSampler::on(&d).unwrap();
+    let plain = [Request::new(SamplingParams::default(), 1)];
+    let topk = [Request::new(
+        SamplingParams {
+            top_k: 50,
+            ..Default::default()
+        },
+        1,
+    )];
+    let s = split.call_structure(v, &plain).unwrap();
+    assert_eq!(s.stages, ["scan", "settle", "draw_finish"]);
+    assert_eq!(s.row_reads, 1.0);
+    let s = split.call_structure(v, &topk).unwrap();
+    assert_eq!(s.stages, ["probe", "scan", "settle", "draw_finish"]);
+    assert_eq!(split.call_structure(v, &lp_req()).unwrap().dispatches, 5);
+}
+
+fn lp_req() -> [Request; 1] {
+    [Request::new(
+        SamplingParams {
+            logprobs: Some(2),
+            ..Default::default()
+        },
+        1,
+    )]
+}
+
+/// `settle_finish` in one dispatch and as `settle` then `draw_finish` give the same bits:
+/// tokens of mixed rows (greedy, temperature, every filter, the full-row path, penalties,
+/// the later stages and the kept distribution) from the per-call API, and a head's
+/// tokens over steps. Each device runs the default suites with its own choice (a GPU
+/// fuses, lavapipe does not); this checks the other. On a software adapter the fused
+/// kernel costs about 40 s of LLVM to build, so there it runs in the full tier only.
+#[test]
+fn fused_settle_finish_gives_the_unfused_bits() {
+    let Some(d) = decoda::testing::gpu::device() else {
+        return;
+    };
+    if !d.fuses_settle() && !decoda::testing::full_tier() {
+        eprintln!("the fused settle_finish on a software adapter: in the full tier");
+        return;
+    }
+    let other = decoda::testing::gpu::own_device(WgpuOptions {
+        fused_settle: Some(!d.fuses_settle()),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_ne!(other.fuses_settle(), d.fuses_settle());
+    let (a, b) = (
+        WgpuSampler::on(d).unwrap(),
+        WgpuSampler::on(&other).unwrap(),
+    );
+    let v = 32_000;
+    let mut rng = Rng::new(0xf05e);
+    let mut data = Vec::new();
+    let mut reqs = Vec::new();
+    for r in 0..40u64 {
+        let (x, mut q) = if r % 3 == 0 {
+            decoda::testing::stages::random_staged_case(&mut rng, v)
+        } else {
+            let row: Vec<f32> = (0..v).map(|_| rng.normal() * 2.0).collect();
+            let mut p = SamplingParams::default();
+            match r % 6 {
+                1 => p.temperature = 0.0,
+                2 => p.top_k = 3_000,
+                4 => p.top_p = 0.995,
+                _ => {
+                    p.min_p = 0.05;
+                    p.presence_penalty = 0.7;
+                }
+            }
+            let mut q = Request::new(p, 0x77 + r);
+            q.state.output = (0..20)
+                .map(|i| ((r * 131 + i * 7) % v as u64) as u32)
+                .collect();
+            (row, q)
+        };
+        q.params.logprobs = None;
+        q.state.step = r * 5;
+        data.extend(x);
+        reqs.push(q);
+    }
+    let logits = Logits::f32(&data, reqs.len(), v).unwrap();
+    let (ga, gb) = (
+        a.sample(&logits, &reqs).unwrap(),
+        b.sample(&logits, &reqs).unwrap(),
+    );
+    for (r, (x, y)) in ga.iter().zip(&gb).enumerate() {
+        assert_eq!(format!("{x:?}"), format!("{y:?}"), "row {r}");
+    }
+    for q in reqs.iter().take(8) {
+        let one = Logits::f32(&data[..v], 1, v).unwrap();
+        let q = [q.clone()];
+        assert_eq!(
+            format!("{:?}", a.sample(&one, &q).unwrap()),
+            format!("{:?}", b.sample(&one, &q).unwrap()),
+            "B = 1"
+        );
+    }
+    // a head on the other device: its slots' tokens are CpuSampler's, step by step
+    let mut head = decoda::wgpu::WgpuHead::new(&other, 16, 3000).unwrap();
+    let t = decoda::testing::head::head_matches_sequences(&mut head, 20, 1000, 41)
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("head on the other device: {t:?}");
 }
 
 /// Rows whose candidates cannot settle them take the full-row path. Without

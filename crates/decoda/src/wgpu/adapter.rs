@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 
 use super::layout::{STORAGE_BUFFERS, WG, WORKGROUP_BYTES};
-use super::options::{WgpuOptions, ADAPTER_ENV, SUBGROUPS_ENV, WORKGROUPS_ENV};
+use super::options::{WgpuOptions, ADAPTER_ENV, FUSED_ENV, SUBGROUPS_ENV, WORKGROUPS_ENV};
 
 /// One adapter the sampler can run on.
 #[derive(Debug, Clone)]
@@ -150,6 +150,17 @@ pub(crate) fn check_limits(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> R
         )));
     }
     Ok(())
+}
+
+/// Whether calls settle and finish their rows in one dispatch on this adapter
+/// ([`WgpuOptions::fused_settle`]): `option`, else `DECODA_WGPU_FUSED`, else on hardware
+/// adapters only.
+pub(crate) fn fused_settle(option: Option<bool>, info: &wgpu::AdapterInfo) -> bool {
+    option.unwrap_or_else(|| match std::env::var(FUSED_ENV).as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => !is_software(info),
+    })
 }
 
 /// Workgroups a step aims to keep busy on this adapter. wgpu does not report an

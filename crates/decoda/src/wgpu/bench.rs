@@ -228,7 +228,7 @@ impl WgpuSampler {
         self.need_timestamps()?;
         let (rows, mbuf) = self.bench_call(logits, requests)?;
         let masks = masks_view(&mbuf, logits.vocab);
-        let names = WgpuSampler::plan_for(&rows, logits.vocab, 0).stages(false);
+        let names = WgpuSampler::plan_for(&rows, logits.vocab, 0).stages(false, self.kernels.fused);
         let st = Stamps::new(self.ctx.device(), 2 * names.len() as u32);
         let mut enc = self.encoder();
         let stamps = StepStamps::Stages(&st.qs);
@@ -258,7 +258,7 @@ impl WgpuSampler {
     pub fn call_structure(&self, vocab: usize, requests: &[Request]) -> Result<CallStructure> {
         let rows = pl::validated_rows(requests.len(), vocab, requests)?;
         let plan = WgpuSampler::plan_for(&rows, vocab, 0);
-        let stages = plan.stages(false);
+        let stages = plan.stages(false, self.kernels.fused);
         let logprobs = requests.iter().any(|r| r.params.logprobs.is_some());
         Ok(CallStructure {
             dispatches: stages.len(),

@@ -51,6 +51,8 @@ struct Context {
     info: wgpu::AdapterInfo,
     /// Workgroups a step aims to keep busy (rows times splits).
     target_wg: usize,
+    /// Calls settle and finish in one dispatch ([`WgpuOptions::fused_settle`]).
+    fused: bool,
     /// Staging buffers for per-call parameters, shared by everything on the device.
     stages: StagePool,
     pipelines: PipelineCache,
@@ -96,7 +98,7 @@ impl WgpuDevice {
             queue,
             info,
         } = adapter::open(options)?;
-        Ok(Self::build(device, queue, info))
+        Ok(Self::build(device, queue, info, options.fused_settle))
     }
 
     /// The context of an application's device and queue (for example the one its model
@@ -104,14 +106,20 @@ impl WgpuDevice {
     /// was created with `Features::SUBGROUP`, 64-bit integers with `SHADER_INT64`.
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Self {
         let info = device.adapter_info();
-        Self::build(device, queue, info)
+        Self::build(device, queue, info, None)
     }
 
-    fn build(device: wgpu::Device, queue: wgpu::Queue, info: wgpu::AdapterInfo) -> Self {
+    fn build(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        info: wgpu::AdapterInfo,
+        fused: Option<bool>,
+    ) -> Self {
         let target_wg = adapter::target_workgroups(&info);
         Self {
             inner: Arc::new(Context {
                 target_wg,
+                fused: adapter::fused_settle(fused, &info),
                 stages: StagePool::new(),
                 pipelines: Mutex::new(HashMap::new()),
                 device,
@@ -130,6 +138,13 @@ impl WgpuDevice {
     /// Workgroups a step aims to keep busy on this adapter.
     pub(crate) fn target_wg(&self) -> usize {
         self.inner.target_wg
+    }
+
+    /// Whether a call without log-probabilities or draws settles and finishes its rows
+    /// in one dispatch, `settle_finish` (else `settle`, then `draw_finish`): see
+    /// [`WgpuOptions::fused_settle`]. The same bits either way.
+    pub fn fuses_settle(&self) -> bool {
+        self.inner.fused
     }
 
     /// The staging buffers for per-call parameters.

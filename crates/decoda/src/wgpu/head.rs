@@ -158,7 +158,7 @@ impl WgpuHead {
         }
         let kernels = Kernels::of(&ctx)?;
         // a head steps many times: every step kernel now, none inside a step
-        kernels.pipes.build_all();
+        kernels.build_used();
         let device = ctx.device().clone();
         let max_binding = device.limits().max_storage_buffer_binding_size;
         let pen_bytes = (slots * kernels::pen_words(vocab) * 4) as u64;
@@ -414,7 +414,7 @@ impl WgpuHead {
             self.bind = Some((logits.buffer.clone(), mask_buf, self.bufs.generation, group));
         }
         let group = &self.bind.as_ref().expect("set above").3;
-        self.last_dispatches = plan.stages(false).len();
+        self.last_dispatches = plan.stages(false, self.kernels.fused).len();
         let shape = StepShape {
             rows: b,
             splits,

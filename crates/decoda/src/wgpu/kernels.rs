@@ -8,7 +8,7 @@ use super::device::{lazy_pipelines, Pipelines, WgpuDevice};
 use super::layout::*;
 
 /// The step kernels' entry points, in the order of [`Kernels::pipes`].
-const ENTRIES: [&str; 9] = [
+const ENTRIES: [&str; 10] = [
     "join",
     "wipe",
     "probe",
@@ -18,6 +18,7 @@ const ENTRIES: [&str; 9] = [
     "finish",
     "settle_finish",
     "draw_many",
+    "draw_finish",
 ];
 
 /// An entry point of `step/`.
@@ -32,11 +33,14 @@ pub(crate) enum Entry {
     Finish,
     SettleFinish,
     DrawMany,
+    DrawFinish,
 }
 
 /// The compute pipelines, one per entry point of `step/`, each built at its first use.
 pub(crate) struct Kernels {
-    pub pipes: Pipelines<9>,
+    pub pipes: Pipelines<10>,
+    /// `settle_finish` as one dispatch ([`super::WgpuDevice::fuses_settle`]).
+    pub fused: bool,
     /// The bind group layout of every step kernel.
     pub layout: wgpu::BindGroupLayout,
     /// Bound as `masks` by calls without a token mask (one word, never read).
@@ -69,6 +73,7 @@ impl Kernels {
         Ok(Self {
             layout: pipes.binds.clone(),
             pipes,
+            fused: true,
             no_mask,
         })
     }
@@ -77,7 +82,23 @@ impl Kernels {
     /// device and shared by every sampler and head made from it.
     pub fn of(ctx: &WgpuDevice) -> Result<std::sync::Arc<Self>> {
         super::adapter::check_limits(ctx.device(), ctx.info())?;
-        ctx.pipelines("sampler", || Self::build(ctx.device(), ctx.info()))
+        let fused = ctx.fuses_settle();
+        ctx.pipelines("sampler", || {
+            Self::build(ctx.device(), ctx.info()).map(|k| Self { fused, ..k })
+        })
+    }
+
+    /// Builds every pipeline a step can use on this device (all but `settle_finish` or
+    /// `draw_finish`, whichever the device's plans leave out).
+    pub fn build_used(&self) {
+        let unused = if self.fused {
+            Entry::DrawFinish
+        } else {
+            Entry::SettleFinish
+        };
+        for i in (0..ENTRIES.len()).filter(|&i| i != unused as usize) {
+            self.pipes.get(i);
+        }
     }
 
     /// Entry point `e`'s pipeline (built at its first use).
@@ -86,13 +107,14 @@ impl Kernels {
     }
 
     /// The dispatches of a step of `shape`, in order: (entry point, grid x, grid y).
-    fn stages(&self, shape: StepShape) -> [Option<(Entry, u32, u32)>; 7] {
+    fn stages(&self, shape: StepShape) -> [Option<(Entry, u32, u32)>; 8] {
         let (b, w) = (shape.rows as u32, shape.splits as u32);
         let full = shape.plan == Plan::Full;
+        let fused = !full && self.fused;
         [
             (shape.plan != Plan::Light).then_some((Entry::Probe, b, 1)),
             Some((Entry::Scan, w, b)),
-            full.then_some((Entry::Settle, b, 1)),
+            (!fused).then_some((Entry::Settle, b, 1)),
             (full && shape.draw_groups > 0).then_some((
                 Entry::DrawMany,
                 shape.draw_groups as u32,
@@ -100,7 +122,8 @@ impl Kernels {
             )),
             full.then_some((Entry::Lp, w, b)),
             full.then_some((Entry::Finish, b, 1)),
-            (!full).then_some((Entry::SettleFinish, b, 1)),
+            fused.then_some((Entry::SettleFinish, b, 1)),
+            (!full && !fused).then_some((Entry::DrawFinish, b, 1)),
         ]
     }
 
@@ -200,10 +223,13 @@ pub(crate) enum StepStamps<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Plan {
     /// No row has filters, log-probabilities, a history to scatter or draws: `scan`,
-    /// then `settle_finish` (2 dispatches, 1 read of each row).
+    /// then `settle_finish` (2 dispatches, 1 read of each row). Where the device does
+    /// not fuse them ([`super::WgpuDevice::fuses_settle`]: software adapters),
+    /// `settle_finish` is `settle` then `draw_finish`, the same code in two dispatches.
     Light,
-    /// No row wants log-probabilities or draws: `probe`, `scan`, `settle_finish` (3);
-    /// a row on the full-row path is drawn by its `settle_finish` workgroup.
+    /// No row wants log-probabilities or draws: `probe`, `scan`, `settle_finish` (3,
+    /// or 4 unfused); a row on the full-row path is drawn by its `settle_finish`
+    /// workgroup.
     Lean,
     /// `probe`, `scan`, `settle`, [`draw_many`], `lp`, `finish` (5, or 6 with draws).
     Full,
@@ -255,11 +281,14 @@ impl Plan {
         }
     }
 
-    /// The names of the stages it records, in order (`draw_many` with `draws`).
-    pub fn stages(self, draws: bool) -> &'static [&'static str] {
+    /// The names of the stages it records, in order (`draw_many` with `draws`;
+    /// `settle_finish` as `settle, draw_finish` unless `fused`).
+    pub fn stages(self, draws: bool, fused: bool) -> &'static [&'static str] {
         match (self, draws) {
-            (Plan::Light, _) => &["scan", "settle_finish"],
-            (Plan::Lean, _) => &["probe", "scan", "settle_finish"],
+            (Plan::Light, _) if fused => &["scan", "settle_finish"],
+            (Plan::Light, _) => &["scan", "settle", "draw_finish"],
+            (Plan::Lean, _) if fused => &["probe", "scan", "settle_finish"],
+            (Plan::Lean, _) => &["probe", "scan", "settle", "draw_finish"],
             (Plan::Full, false) => &["probe", "scan", "settle", "lp", "finish"],
             (Plan::Full, true) => &["probe", "scan", "settle", "draw_many", "lp", "finish"],
         }

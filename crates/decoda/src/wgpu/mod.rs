@@ -70,7 +70,7 @@ pub use device::WgpuDevice;
 pub use head::{StepId, StepResults, WgpuHead};
 pub use model::{model_shader_source, mv_shader_source, WgpuEngine, WgpuModel, SHADER_MODEL};
 pub use moe::{moe_shader_source, moe_shader_source_for, MoeRouting, WgpuMoe, SHADER_MOE};
-pub use options::{WgpuOptions, ADAPTER_ENV, SUBGROUPS_ENV, WORKGROUPS_ENV};
+pub use options::{WgpuOptions, ADAPTER_ENV, FUSED_ENV, SUBGROUPS_ENV, WORKGROUPS_ENV};
 pub use sampler::WgpuSampler;
 pub use shaders::{
     shader_source, shader_source_with, weight_format_source, REDUCE_SG, REDUCE_WG, SHADER_FMATH,

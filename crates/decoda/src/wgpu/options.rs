@@ -16,6 +16,14 @@ pub struct WgpuOptions {
     /// the adapter has `SHADER_INT64`; `Some(false)` never (the 16-bit construction).
     /// Results are the same bits either way.
     pub int64: Option<bool>,
+    /// A call without log-probabilities or draws settles its rows and finishes them in
+    /// one dispatch (`settle_finish`): `None` (default) on hardware adapters, where it
+    /// saves a dispatch a step, and not on software ones, where a dispatch costs
+    /// nothing and that kernel costs lavapipe about 40 s of LLVM to build (`settle`
+    /// and `draw_finish` instead, a few seconds); `Some(true)` always, `Some(false)`
+    /// never. Results are the same bits either way. `DECODA_WGPU_FUSED=0` or `=1`
+    /// overrides `None`.
+    pub fused_settle: Option<bool>,
 }
 
 /// Environment variable: a substring of the adapter name to use (`llvmpipe`, `H100`, ...).
@@ -23,6 +31,10 @@ pub const ADAPTER_ENV: &str = "DECODA_WGPU_ADAPTER";
 /// Environment variable: `0` or `1` turns subgroup operations off or on where
 /// [`WgpuOptions::subgroups`] is `None`.
 pub const SUBGROUPS_ENV: &str = "DECODA_WGPU_SUBGROUPS";
+
+/// Environment variable: `0` or `1` turns the one-dispatch `settle_finish` off or on
+/// where [`WgpuOptions::fused_settle`] is `None`.
+pub const FUSED_ENV: &str = "DECODA_WGPU_FUSED";
 
 /// Environment variable: how many workgroups a step aims to keep busy (rows times
 /// splits); the row split follows from it and the batch.

@@ -290,6 +290,20 @@ fn settle_finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let row = wid.x;
     settle_row(lid, row);
     storageBarrier();
+    draw_finish_row(lid, row);
+}
+
+// settle_finish after `settle`, as a dispatch of its own (devices that do not fuse them:
+// a software adapter builds the two halves far faster than the whole).
+@compute @workgroup_size(256)
+fn draw_finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    draw_finish_row(lid, wid.x);
+}
+
+// The draw of a full-row-path row, the kept distribution and finish, after settle_row.
+fn draw_finish_row(lid: u32, row: u32) {
     if (wg_flag(lid, sget(row, S_PATH) == P_FULL)) {
         full_draw(lid, row);
     }
