@@ -1202,9 +1202,9 @@ fn generate_on_wgpu_matches_the_cpu() {
     assert_eq!(c, g);
     // the CPU records no dispatches; the tiny model's decode step on the device is the
     // head's 2 (greedy: scan, settle_finish; 3 unfused) and the forward's 32: 10 for
-    // each of its two MoE layers (norm, q/k/v, norm_rope, attention, o, norm, router,
-    // routing, act, down_combine), 8 for its dense one, and the embedding, final norm,
-    // LM head and positions
+    // each of its two MoE layers (norm, q/k/v, attention's two passes (the first norms
+    // and rotates q and k), o, norm, router, routing, act, down_combine), 8 for its
+    // dense one, and the embedding, final norm, LM head and positions
     let unfused = usize::from(!fused());
     assert_eq!(cd, serde_json::Value::Null);
     assert_eq!(gd, 34 + unfused);
@@ -1691,7 +1691,8 @@ fn profile_generate_and_moe_bench() {
     for k in [
         "sample.scan",
         "model.linear",
-        "model.attend",
+        "model.attend_part",
+        "model.attend_merge",
         "moe.act",
         "moe.down_combine",
     ] {

@@ -458,8 +458,9 @@ mod wgpu {
             "sample.scan",
             "model.embed",
             "model.linear",
-            "model.norm_rope",
-            "model.attend",
+            // (a decode step norms and rotates q and k in attend_part: no norm_rope)
+            "model.attend_part",
+            "model.attend_merge",
             "moe.route",
             "moe.act",
             "moe.down_combine",
@@ -585,6 +586,50 @@ mod wgpu {
                 decoda::testing::model::relative_gap(&stepped, &at_once)
             );
         }
+    }
+
+    /// Attention over a cache of several 64-position chunks (`attend_part`, then the
+    /// merge): decode steps that cross a chunk boundary give the bits of the same
+    /// positions run as one prompt, and those logits agree with the CPU's to 1e-5.
+    #[test]
+    fn wgpu_attention_across_chunks() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-chunks");
+        let model = Arc::new(Qwen3Moe::load(&tiny_model(&t, 9).unwrap(), 16).unwrap());
+        let v = model.config.vocab_size as u32;
+        // 126 prompt positions, then steps at 126 .. 130 (chunk 1 into chunk 2)
+        let prompt: Vec<u32> = (0..126u32).map(|i| (i * 37 + 11) % v).collect();
+        let steps = 5;
+        let mut e = dev(Arc::clone(&model), 1, prompt.len() + steps).unwrap();
+        let seq = decoda::model::Sequence {
+            prompt: prompt.clone(),
+            request: greedy(steps as u64, 0),
+        };
+        let r = decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
+        let stepped = e.read_logits(1).unwrap();
+        let mut all = prompt;
+        all.extend(&r.outputs[0].tokens[..steps - 1]);
+        assert_eq!(all.len(), 130);
+        let mut f = dev(Arc::clone(&model), 1, all.len() + 1).unwrap();
+        f.start(0, greedy(1, 0), &all, 0).unwrap();
+        let at_once = f.read_logits(1).unwrap();
+        assert!(
+            stepped
+                .iter()
+                .zip(&at_once)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "position 129: decode step and prompt differ (gap {:.2e})",
+            decoda::testing::model::relative_gap(&stepped, &at_once)
+        );
+        let mut c = cpu(model, 1, 0).unwrap();
+        c.start(0, greedy(1, 0), &all, 0).unwrap();
+        let gap = decoda::testing::model::relative_gap(&at_once, &c.read_logits(1).unwrap());
+        assert!(
+            gap < 1e-5,
+            "device vs CPU logits at position 129: {gap:.2e}"
+        );
     }
 
     /// The dispatches of a decode step at B = 1, counted from its profile: 10 for an MoE

@@ -289,7 +289,7 @@ mod tests {
             std::mem::size_of::<ModelOp>(),
             &fields!(ModelOp; rows, kind, in_w, out_w, dtype, bits, group, row_words, w_off,
                 s_off, b_off, aux_off, src_w, dst_w, src_row0, dst_row0, groups, eps, heads,
-                kv_heads, head_dim, max_pos, map_off, inplace, zero, out_off, pad1, pad2),
+                kv_heads, head_dim, max_pos, map_off, inplace, zero, out_off, scale, pad2),
         );
         assert_eq!(
             constant(&m, "ROW_LAST"),

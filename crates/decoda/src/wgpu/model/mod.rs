@@ -90,7 +90,8 @@ pub(crate) struct ModelOp {
     pub inplace: u32,
     pub zero: u32,
     pub out_off: u32,
-    pub pad1: u32,
+    /// attend_part: the score scale (`eps` stays the norms' epsilon).
+    pub scale: f32,
     pub pad2: u32,
 }
 
@@ -110,7 +111,8 @@ enum Pipe {
     Embed,
     Rms,
     NormRope,
-    Attend,
+    AttendPart,
+    AttendMerge,
     Add,
     Advance,
     /// A matrix product (`mv.wgsl`, a module per weight format).
@@ -118,7 +120,21 @@ enum Pipe {
 }
 
 /// The entry points of `model.wgsl`, in the order of [`Pipe`].
-const ENTRIES: [&str; 6] = ["embed", "rms", "norm_rope", "attend", "add", "advance"];
+const ENTRIES: [&str; 7] = [
+    "embed",
+    "rms",
+    "norm_rope",
+    "attend_part",
+    "attend_merge",
+    "add",
+    "advance",
+];
+
+/// Positions per chunk of `attend_part` (`CH` in model.wgsl).
+const ATTEND_CHUNK: usize = 64;
+/// Largest head dimension whose decode calls norm and rotate q and k in `attend_part`
+/// (its `qs` holds one head); larger ones run `norm_rope` first.
+const ATTEND_FUSED_HEAD_DIM: usize = 256;
 
 impl Pipe {
     /// The kernel's name in a profile.
@@ -134,7 +150,7 @@ impl Pipe {
 pub struct WgpuModel {
     ctx: WgpuDevice,
     model: Arc<dyn ModelWeights>,
-    pipes: Arc<Pipelines<6>>,
+    pipes: Arc<Pipelines<7>>,
     mats: HashMap<WeightId, Mat>,
     /// Each layer's q, k and v stacked (one product for the three).
     qkv: HashMap<usize, Mat>,
@@ -202,7 +218,7 @@ fn mv_pipeline(ctx: &WgpuDevice, mat: &Mat, swiglu: bool) -> Result<wgpu::Comput
 }
 
 /// The model's pipelines (built when a model is made), indexed by [`Pipe`].
-fn build_pipes(device: &wgpu::Device) -> Result<Pipelines<6>> {
+fn build_pipes(device: &wgpu::Device) -> Result<Pipelines<7>> {
     use crate::wgpu::device::Bind::*;
     lazy_pipelines(
         device,
@@ -320,7 +336,9 @@ impl WgpuModel {
             wgpu::BufferUsages::STORAGE,
         );
         let limit = device.limits().max_storage_buffer_binding_size as usize;
-        let score_row = cfg.num_attention_heads * positions * 4;
+        // attend_part's partials: per query head and chunk, a max, a sum and the values
+        let score_row =
+            cfg.num_attention_heads * positions.div_ceil(ATTEND_CHUNK) * (cfg.head_dim + 2) * 4;
         let max_rows = (SCORE_BYTES.min(limit) / score_row)
             .clamp(1, MAX_CALL_ROWS)
             .max(slots.min(MAX_CALL_ROWS));
@@ -583,14 +601,33 @@ impl WgpuModel {
         Ok(b)
     }
 
-    /// Bytes `attend` reads and writes besides q and its output: each workgroup (a row
-    /// and a query head) walks its key/value head's cache up to the row's position and
-    /// writes and reads back its scores.
-    fn attend_bytes(&self) -> (u64, u64) {
+    /// Bytes `attend_part` and `attend_merge` read and write besides q and the output:
+    /// each key and value of a row's cache up to its position once per key/value head
+    /// (its query heads share the chunk), q once per chunk, and the partials (a max, a
+    /// sum and the weighted values per query head and chunk) written, then read by the
+    /// merge.
+    fn attend_bytes(&self, pipe: Pipe) -> (u64, u64) {
         let c = self.model.config();
-        let (heads, hd) = (c.num_attention_heads as u64, c.head_dim as u64);
+        let (heads, kv, hd) = (
+            c.num_attention_heads as u64,
+            c.num_key_value_heads as u64,
+            c.head_dim as u64,
+        );
         let keys: u64 = self.call_positions.iter().map(|&p| p as u64 + 1).sum();
-        (heads * keys * (8 * hd + 8), heads * keys * 8)
+        let chunks: u64 = self
+            .call_positions
+            .iter()
+            .map(|&p| (p / ATTEND_CHUNK) as u64 + 1)
+            .sum();
+        let partials = heads * chunks * (hd + 2) * 4;
+        match pipe {
+            Pipe::AttendPart => (
+                kv * keys * hd * 8 + (chunks - self.call_positions.len() as u64) * heads * hd * 4,
+                partials,
+            ),
+            Pipe::AttendMerge => (partials, 0),
+            _ => (0, 0),
+        }
     }
 
     fn record(&mut self, passes: &mut Passes<'_>, key: PlanKey) -> Result<Vec<Dispatch>> {
@@ -604,9 +641,12 @@ impl WgpuModel {
         let plan = &self.plans[&key];
         let cfg = self.model.config();
         let attend = if passes.profiling() {
-            self.attend_bytes()
+            [
+                self.attend_bytes(Pipe::AttendPart),
+                self.attend_bytes(Pipe::AttendMerge),
+            ]
         } else {
-            (0, 0)
+            [(0, 0); 2]
         };
         let mut dispatches = 0;
         for seg in &plan.segments {
@@ -614,10 +654,13 @@ impl WgpuModel {
             for k in &seg.kernels {
                 passes.dispatch(&k.pipeline, &k.group, k.grid, || {
                     let mut l = k.launch.clone();
-                    if k.pipe == Pipe::Attend {
-                        l.bytes_read += attend.0;
-                        l.bytes_written += attend.1;
-                    }
+                    let extra = match k.pipe {
+                        Pipe::AttendPart => attend[0],
+                        Pipe::AttendMerge => attend[1],
+                        _ => (0, 0),
+                    };
+                    l.bytes_read += extra.0;
+                    l.bytes_written += extra.1;
                     l
                 });
             }

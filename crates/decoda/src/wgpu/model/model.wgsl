@@ -10,7 +10,10 @@
 //   (the matrix products are mv.wgsl: one module per weight format)
 //   norm_rope  (rows * heads)      per head: q (dst, in place) and k (src) normed and rotated,
 //                                  k and v (scr) into the cache
-//   attend     (rows * heads)      a[r][h] = softmax(q . k_t * scale) . v_t over t <= pos(r)
+//   attend_part (rows * kv_heads * chunks)  per chunk of 64 positions and query head of
+//                                  the group: max score, sum of exp, weighted values
+//   attend_merge (rows * heads)    a[r][h] = softmax(q . k_t * scale) . v_t over t <= pos(r),
+//                                  from the chunks
 //   add        (rows * width / 256) dst += src
 //   advance    (1)                 pos[slot] += the segment's rows
 //
@@ -155,11 +158,36 @@ fn rms(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 
 // ---------------------------------------------------------------------------------
 
+// Element j and j + head_dim / 2 of the head at `at` of dst (`buf` 0) or src (1), normed
+// (scale `inv`, weights at word `nw` of wts) when `normed`, and rotated by the RoPE
+// table's row at cos0 / sin0: norm_rope's and the fused attend_part's one formula, so
+// a value is the same bits whichever kernel made it.
+fn rope_pair(buf: u32, at: u32, j: u32, half: u32, inv: f32, normed: bool, nw: u32,
+             cos0: u32, sin0: u32) -> vec2<f32> {
+    var x0: f32;
+    var x1: f32;
+    if (buf == 0u) {
+        x0 = dst[at + j];
+        x1 = dst[at + j + half];
+    } else {
+        x0 = src[at + j];
+        x1 = src[at + j + half];
+    }
+    if (normed) {
+        x0 = fp(x0 * inv) * bitcast<f32>(wts[nw + j]);
+        x1 = fp(x1 * inv) * bitcast<f32>(wts[nw + j + half]);
+    }
+    let c = bitcast<f32>(aux[cos0 + j]);
+    let s = bitcast<f32>(aux[sin0 + j]);
+    return vec2<f32>(fp(x0 * c) - fp(x1 * s), fp(x1 * c) + fp(x0 * s));
+}
+
 // One head of one row (rows x (heads + kv_heads) workgroups): a query head's values
 // (dst) normed with the q norm (when `kind` bit 0) and rotated in place; a key/value
-// head's key (src) normed with the k norm (bit 1) and rotated into the cache, its value
-// (scr) copied into the cache. Norm weights in `wts` at words `s_off` (q) and `b_off`
-// (k), the RoPE table in `aux` at `aux_off`.
+// head's key (src) normed with the k norm (bit 1) and rotated into the cache (the value
+// went into the cache from the q/k/v product). Norm weights in `wts` at words `s_off`
+// (q) and `b_off` (k), the RoPE table in `aux` at `aux_off`. A decode step runs this in
+// attend_part instead (`kind` bit 2 there).
 @compute @workgroup_size(64)
 fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
@@ -185,16 +213,9 @@ fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             inv = norm_inv(0u, at, hd, lid);
         }
         for (var j = lid; j < half; j = j + WG) {
-            var x0 = dst[at + j];
-            var x1 = dst[at + j + half];
-            if (normed) {
-                x0 = fp(x0 * inv) * bitcast<f32>(wts[op.s_off + j]);
-                x1 = fp(x1 * inv) * bitcast<f32>(wts[op.s_off + j + half]);
-            }
-            let c = bitcast<f32>(aux[cos0 + j]);
-            let s = bitcast<f32>(aux[sin0 + j]);
-            dst[at + j] = fp(x0 * c) - fp(x1 * s);
-            dst[at + j + half] = fp(x1 * c) + fp(x0 * s);
+            let v = rope_pair(0u, at, j, half, inv, normed, op.s_off, cos0, sin0);
+            dst[at + j] = v.x;
+            dst[at + j + half] = v.y;
         }
         return;
     }
@@ -207,27 +228,158 @@ fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         inv = norm_inv(1u, at, hd, lid);
     }
     for (var j = lid; j < half; j = j + WG) {
-        var x0 = src[at + j];
-        var x1 = src[at + j + half];
-        if (normed) {
-            x0 = fp(x0 * inv) * bitcast<f32>(wts[op.b_off + j]);
-            x1 = fp(x1 * inv) * bitcast<f32>(wts[op.b_off + j + half]);
-        }
-        let c = bitcast<f32>(aux[cos0 + j]);
-        let s = bitcast<f32>(aux[sin0 + j]);
-        kc[cbase + j] = fp(x0 * c) - fp(x1 * s);
-        kc[cbase + j + half] = fp(x1 * c) + fp(x0 * s);
-    }
-    for (var j = lid; j < hd; j = j + WG) {
-        vc[cbase + j] = scr[at + j];
+        let v = rope_pair(1u, at, j, half, inv, normed, op.b_off, cos0, sin0);
+        kc[cbase + j] = v.x;
+        kc[cbase + j + half] = v.y;
     }
 }
 
 // ---------------------------------------------------------------------------------
 
+// Decode attention split over the cache (flash decoding): `attend_part` gives each
+// (row, key/value head, chunk of CH positions) a workgroup, which scores the chunk's
+// keys against every query head of the group (the chunk's keys and values are read
+// once for the group) and leaves per head the chunk's max score m, its sum of
+// exp(s - m) and the values weighted by those, in `scr`; `attend_merge` (a workgroup per
+// row and query head) weighs the chunks by exp(m_c - M) in chunk order. Chunks start at
+// position 0 whatever the call, so a row's output depends only on its query, its cache
+// and its position: the same bits from a one-position step and from a prompt run in one
+// forward. With one chunk (positions up to CH) the sums are the single walk's, in the
+// same order.
+const CH: u32 = 64u;
+
+// scr's words for one (row, query head, chunk): m, l, then head_dim weighted values
+fn part_at(r: u32, h: u32, c: u32) -> u32 {
+    return ((r * op.heads + h) * op.groups + c) * (op.head_dim + 2u);
+}
+
+fn reduce_max(lid: u32) -> f32 {
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            red1[lid] = max(red1[lid], red1[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let v = red1[0];
+    workgroupBarrier();
+    return v;
+}
+
+var<workgroup> ew: array<f32, 64>;
+// attend_part: the row's position, as a uniform value; q normed and rotated (fused)
+var<workgroup> wpos: u32;
+var<workgroup> qs: array<f32, 256>;
+
+// grid: rows * kv_heads * groups (chunks per row, op.groups); op.scale: the score scale,
+// op.eps the norms' epsilon
 @compute @workgroup_size(64)
-fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32) {
+fn attend_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let id = flat_id(wid, nwg);
+    let c = id % op.groups;
+    let g = (id / op.groups) % op.kv_heads;
+    let r = id / (op.groups * op.kv_heads);
+    if (r >= op.rows) {
+        return;
+    }
+    if (lid == 0u) {
+        wpos = row_pos(r);
+    }
+    let p = workgroupUniformLoad(&wpos);
+    let t0 = c * CH;
+    if (t0 > p) {
+        return;
+    }
+    let hd = op.head_dim;
+    let half = hd / 2u;
+    let kvw = op.kv_heads * hd;
+    let n = min(CH, p + 1u - t0);
+    let t = t0 + lid;
+    let valid = lid < n;
+    let slot = row_slot(r);
+    let c0 = slot * op.max_pos * kvw + g * hd;
+    let per = op.heads / op.kv_heads;
+    // a decode step (`kind` bit 2): q and this row's key normed and rotated here, as
+    // norm_rope would (src holds q, dst k); the chunk holding the row's position puts
+    // the key into the cache first
+    let fused = (op.kind & 4u) != 0u;
+    let cos0 = op.aux_off + p * half;
+    let sin0 = op.aux_off + op.max_pos * half + p * half;
+    if (fused && c == p / CH) {
+        let at = r * kvw + g * hd;
+        let cb = (slot * op.max_pos + p) * kvw + g * hd;
+        let normed = (op.kind & 2u) != 0u;
+        var inv = 1.0;
+        if (normed) {
+            inv = norm_inv(0u, at, hd, lid);
+        }
+        for (var j = lid; j < half; j = j + WG) {
+            let v = rope_pair(0u, at, j, half, inv, normed, op.b_off, cos0, sin0);
+            kc[cb + j] = v.x;
+            kc[cb + j + half] = v.y;
+        }
+        storageBarrier();
+    }
+    for (var gi = 0u; gi < per; gi = gi + 1u) {
+        let h = g * per + gi;
+        let q0 = r * op.heads * hd + h * hd;
+        if (fused) {
+            let normed = (op.kind & 1u) != 0u;
+            var inv = 1.0;
+            if (normed) {
+                inv = norm_inv(1u, q0, hd, lid);
+            }
+            for (var j = lid; j < half; j = j + WG) {
+                let v = rope_pair(1u, q0, j, half, inv, normed, op.s_off, cos0, sin0);
+                qs[j] = v.x;
+                qs[j + half] = v.y;
+            }
+            workgroupBarrier();
+        }
+        var s = -3.0e38;
+        if (valid) {
+            var acc = 0.0;
+            for (var d = 0u; d < hd; d = d + 1u) {
+                var q: f32;
+                if (fused) {
+                    q = qs[d];
+                } else {
+                    q = src[q0 + d];
+                }
+                acc = acc + q * kc[c0 + t * kvw + d];
+            }
+            s = acc * op.scale;
+        }
+        red1[lid] = s;
+        let m = reduce_max(lid);
+        var e = 0.0;
+        if (valid) {
+            e = exp_f32(s - m);
+        }
+        ew[lid] = e;
+        red1[lid] = e;
+        let l = reduce1(lid);
+        let at = part_at(r, h, c);
+        if (lid == 0u) {
+            scr[at] = m;
+            scr[at + 1u] = l;
+        }
+        for (var d = lid; d < hd; d = d + WG) {
+            var o = 0.0;
+            for (var j = 0u; j < n; j = j + 1u) {
+                o = o + ew[j] * vc[c0 + (t0 + j) * kvw + d];
+            }
+            scr[at + 2u + d] = o;
+        }
+        workgroupBarrier();
+    }
+}
+
+// grid: rows * heads
+@compute @workgroup_size(64)
+fn attend_merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
     let id = flat_id(wid, nwg);
     let r = id / op.heads;
     let h = id % op.heads;
@@ -235,47 +387,22 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         return;
     }
     let hd = op.head_dim;
-    let kvw = op.kv_heads * hd;
-    let g = h / (op.heads / op.kv_heads);
-    let p = row_pos(r);
-    let slot = row_slot(r);
+    let chunks = row_pos(r) / CH + 1u;
+    var mx = -3.0e38;
+    for (var c = 0u; c < chunks; c = c + 1u) {
+        mx = max(mx, scr[part_at(r, h, c)]);
+    }
+    var total = 0.0;
+    for (var c = 0u; c < chunks; c = c + 1u) {
+        let at = part_at(r, h, c);
+        total = total + scr[at + 1u] * exp_f32(scr[at] - mx);
+    }
     let q0 = r * op.heads * hd + h * hd;
-    let s0 = id * op.max_pos;
-    let c0 = slot * op.max_pos * kvw + g * hd;
-    var m = -3.0e38;
-    for (var t = lid; t <= p; t = t + WG) {
-        var s = 0.0;
-        for (var d = 0u; d < hd; d = d + 1u) {
-            s = s + src[q0 + d] * kc[c0 + t * kvw + d];
-        }
-        s = s * op.eps;
-        scr[s0 + t] = s;
-        m = max(m, s);
-    }
-    red1[lid] = m;
-    workgroupBarrier();
-    for (var st = 32u; st > 0u; st = st >> 1u) {
-        if (lid < st) {
-            red1[lid] = max(red1[lid], red1[lid + st]);
-        }
-        workgroupBarrier();
-    }
-    let mx = red1[0];
-    workgroupBarrier();
-    var sum = 0.0;
-    for (var t = lid; t <= p; t = t + WG) {
-        let e = exp_f32(scr[s0 + t] - mx);
-        scr[s0 + t] = e;
-        sum = sum + e;
-    }
-    red1[lid] = sum;
-    let total = reduce1(lid);
-    storageBarrier();
-    workgroupBarrier();
     for (var d = lid; d < hd; d = d + WG) {
         var acc = 0.0;
-        for (var t = 0u; t <= p; t = t + 1u) {
-            acc = acc + scr[s0 + t] * vc[c0 + t * kvw + d];
+        for (var c = 0u; c < chunks; c = c + 1u) {
+            let at = part_at(r, h, c);
+            acc = acc + scr[at + 2u + d] * exp_f32(scr[at] - mx);
         }
         dst[q0 + d] = acc / total;
     }

@@ -23,9 +23,11 @@ const CHUNK: u32 = 8u;
 @group(0) @binding(1) var<storage, read> wts: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> src: array<f32>;
 @group(0) @binding(4) var<storage, read_write> dst: array<f32>;
-// q, k and v in one product (`kind` 3): rows past q's go to k_out, then v_out
+// q, k and v in one product (`kind` 3): rows past q's go to k_out, then v into the
+// layer's value cache at the row's slot and position (the row map in ctl)
+@group(0) @binding(5) var<storage, read_write> ctl: array<u32>;
 @group(0) @binding(6) var<storage, read_write> k_out: array<f32>;
-@group(0) @binding(7) var<storage, read_write> v_out: array<f32>;
+@group(0) @binding(7) var<storage, read_write> v_cache: array<f32>;
 
 // partial sums: [team lane][call row of the chunk]
 var<workgroup> red: array<f32, 2048>;
@@ -130,7 +132,9 @@ fn mv_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool) {
                 } else if (g < qw + kvw) {
                     k_out[r * kvw + g - qw] = v;
                 } else {
-                    v_out[r * kvw + g - qw - kvw] = v;
+                    let slot = ctl[op.map_off + 4u * r];
+                    let pos = ctl[slot] + ctl[op.map_off + 4u * r + 1u];
+                    v_cache[(slot * op.max_pos + pos) * kvw + g - qw - kvw] = v;
                 }
             } else {
                 dst[at] = v;

@@ -28,7 +28,7 @@ struct Op {
     inplace: u32,    // rms: read dst instead of src
     zero: u32,       // always 0 (fp)
     out_off: u32,    // linear: first dst column of this part's rows; embed: first token
-    pad1: u32,
+    scale: f32,      // attend: the score scale (eps stays the norms' epsilon)
     pad2: u32,
 }
 

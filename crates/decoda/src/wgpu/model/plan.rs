@@ -84,6 +84,7 @@ impl WgpuModel {
             key,
             pending: Vec::new(),
             cuts: Vec::new(),
+            rope: None,
         };
         let branches = self.model.forward(&mut rec)?;
         let map_off = key.map_off as u32;
@@ -204,6 +205,8 @@ struct Recorder<'a> {
     pending: Vec<Pending>,
     /// (index of the next kernel, layer, adds into `X`): an MoE call goes there.
     cuts: Vec<(usize, usize, bool)>,
+    /// A decode call's norm_rope left to the next `attend_part` (its norms, if any).
+    rope: Option<Option<(u32, u32)>>,
 }
 
 impl Recorder<'_> {
@@ -276,6 +279,8 @@ impl Recorder<'_> {
                 heads: op.heads,
                 kv_heads: op.kv_heads,
                 head_dim: op.head_dim,
+                max_pos: op.max_pos,
+                map_off: op.map_off,
                 ..Self::mat_op(mat, part)
             };
             let binds = Binds {
@@ -297,8 +302,15 @@ impl Recorder<'_> {
 
     /// One `norm_rope` dispatch (a workgroup per row and head): the q and k heads normed
     /// by the norms at `norms` (q's, k's word offsets; none: not normed), rotated, and k
-    /// and v stored in layer `layer`'s cache.
+    /// stored in layer `layer`'s cache. A decode call (each row its slot's only one)
+    /// leaves it to `attend_part`, which does the same for its head and chunk.
     fn push_norm_rope(&mut self, layer: usize, norms: Option<(u32, u32)>) -> Result<()> {
+        if self.key.tokens != Tokens::Prompt
+            && self.m.model.config().head_dim <= super::ATTEND_FUSED_HEAD_DIM
+        {
+            self.rope = Some(norms);
+            return Ok(());
+        }
         let (q_norm, k_norm) = norms.unwrap_or((0, 0));
         let op = ModelOp {
             kind: if norms.is_some() { 3 } else { 0 },
@@ -312,17 +324,16 @@ impl Recorder<'_> {
             aux: Some(self.m.rope.clone()),
             src: self.act(Act::K),
             dst: self.act(Act::Q),
-            scr: self.act(Act::V),
             kc: Some(self.m.kc[layer].clone()),
-            vc: Some(self.m.vc[layer].clone()),
+            ..Default::default()
         };
         let (q, kv) = (self.width(Act::Q), self.width(Act::K));
         let c = self.m.model.config();
         let heads = c.num_attention_heads + c.num_key_value_heads;
         let table = 4 * self.key.rows as u64 * c.head_dim as u64;
         let bytes = (
-            self.act_bytes(q) + 2 * self.act_bytes(kv) + table,
-            self.act_bytes(q) + 2 * self.act_bytes(kv),
+            self.act_bytes(q) + self.act_bytes(kv) + table,
+            self.act_bytes(q) + self.act_bytes(kv),
         );
         self.push(Pipe::NormRope, op, binds, self.key.rows * heads, bytes);
         Ok(())
@@ -443,11 +454,12 @@ impl Ops for Recorder<'_> {
             dst_w: self.width(Act::Q),
             ..self.cfg_op()
         };
+        // v goes straight into the layer's value cache
         let binds = Binds {
             src: self.act(Act::H),
             dst: self.act(Act::Q),
             kc: self.act(Act::K),
-            vc: self.act(Act::V),
+            vc: Some(self.m.vc[layer].clone()),
             ..Default::default()
         };
         self.push_linear(&mat, op, &binds)
@@ -487,8 +499,10 @@ impl Ops for Recorder<'_> {
     }
 
     fn attention(&mut self, layer: usize) -> Result<()> {
+        let c = self.m.model.config();
         let op = ModelOp {
-            eps: 1.0 / (self.m.model.config().head_dim as f32).sqrt(),
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            eps: c.rms_norm_eps,
             ..self.cfg_op()
         };
         let binds = Binds {
@@ -499,13 +513,52 @@ impl Ops for Recorder<'_> {
             scr: Some(self.m.scores.clone()),
             ..Default::default()
         };
-        let heads = self.m.model.config().num_attention_heads;
-        // q in, the output out; the caches and scores when recorded
-        let bytes = (
-            self.act_bytes(self.width(Act::Q)),
-            self.act_bytes(self.width(Act::A)),
+        // a decode call's norm_rope, fused into attend_part (q from src, k from dst)
+        let (part_op, part_binds, fused_bytes) = match self.rope.take() {
+            Some(norms) => {
+                let (q_norm, k_norm) = norms.unwrap_or((0, 0));
+                let op = ModelOp {
+                    kind: 4 | if norms.is_some() { 3 } else { 0 },
+                    s_off: q_norm,
+                    b_off: k_norm,
+                    ..op
+                };
+                let binds = Binds {
+                    wts: Some(self.m.norms.clone()),
+                    aux: Some(self.m.rope.clone()),
+                    dst: self.act(Act::K),
+                    ..binds.clone()
+                };
+                let c = self.m.model.config();
+                let kv = self.act_bytes(self.width(Act::K));
+                let table = 4 * self.key.rows as u64 * c.head_dim as u64;
+                (op, binds, (kv + table, kv))
+            }
+            None => (op, binds.clone(), (0, 0)),
+        };
+        let c = self.m.model.config();
+        let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
+        // chunks of the longest cache: a workgroup past its row's position returns
+        let chunks = self.m.max_pos.div_ceil(super::ATTEND_CHUNK);
+        let op = ModelOp {
+            groups: chunks as u32,
+            ..op
+        };
+        // q in (the caches and partials when recorded), then the output out
+        let q = self.act_bytes(self.width(Act::Q));
+        let part_op = ModelOp {
+            groups: chunks as u32,
+            ..part_op
+        };
+        self.push(
+            Pipe::AttendPart,
+            part_op,
+            part_binds,
+            self.key.rows * kv_heads * chunks,
+            (q + fused_bytes.0, fused_bytes.1),
         );
-        self.push(Pipe::Attend, op, binds, self.key.rows * heads, bytes);
+        let a = self.act_bytes(self.width(Act::A));
+        self.push(Pipe::AttendMerge, op, binds, self.key.rows * heads, (0, a));
         Ok(())
     }
 
