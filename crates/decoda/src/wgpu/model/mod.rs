@@ -194,27 +194,36 @@ impl std::fmt::Debug for WgpuModel {
     }
 }
 
-/// The matrix products of one weight format: `mv` and `mv_swiglu`.
-fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32) -> Result<Pipelines<2>> {
+/// The matrix products of one weight format: `mv` and `mv_swiglu`, and both with the
+/// RMS norm before them (`mv_norm`, `mv_swiglu_norm`).
+fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32) -> Result<Pipelines<4>> {
     use crate::wgpu::device::Bind::*;
     lazy_pipelines(
         device,
         "decoda mv.wgsl",
         mv_shader_source(dtype, bits),
         &[Uniform, Read, Read, Read, Write, Write, Write, Write, Write],
-        ["mv", "mv_swiglu"],
+        ["mv", "mv_swiglu", "mv_norm", "mv_swiglu_norm"],
         "building the model's matrix products",
     )
 }
 
-/// The matrix products' pipeline for `mat`, SwiGLU or not (built at its first use).
-fn mv_pipeline(ctx: &WgpuDevice, mat: &Mat, swiglu: bool) -> Result<wgpu::ComputePipeline> {
+/// The matrix products' pipeline for `mat`, SwiGLU or not, with the RMS norm or not
+/// (built at its first use).
+fn mv_pipeline(
+    ctx: &WgpuDevice,
+    mat: &Mat,
+    swiglu: bool,
+    norm: bool,
+) -> Result<wgpu::ComputePipeline> {
     let bits = if mat.dtype == 3 { mat.bits } else { 0 };
     let device = ctx.device().clone();
     let pipes = ctx.pipelines(&format!("mv {} {bits}", mat.dtype), || {
         build_mv(&device, mat.dtype, bits)
     })?;
-    Ok(pipes.get(usize::from(swiglu)).clone())
+    Ok(pipes
+        .get(usize::from(swiglu) + 2 * usize::from(norm))
+        .clone())
 }
 
 /// The model's pipelines (built when a model is made), indexed by [`Pipe`].
@@ -273,7 +282,7 @@ impl WgpuModel {
                     ],
                     part,
                 )?;
-                mv_pipeline(&ctx, &m, false)?;
+                mv_pipeline(&ctx, &m, false, true)?;
                 qkv.insert(l, m);
             }
         }
@@ -296,11 +305,16 @@ impl WgpuModel {
         }
         // the matrix products of the model's formats, now (none inside a call)
         for (id, m) in &mats {
-            mv_pipeline(&ctx, m, matches!(id, WeightId::Gate(_)))?;
+            let gate = matches!(id, WeightId::Gate(_));
+            mv_pipeline(&ctx, m, gate, false)?;
+            // the router and the dense MLPs' gate and up take the norm before them
+            if gate || matches!(id, WeightId::Router(_)) {
+                mv_pipeline(&ctx, m, gate, true)?;
+            }
         }
         let embed = upload(&device, "embed_tokens", &[model.embed()], part)?;
         if model.tied_lm_head() {
-            mv_pipeline(&ctx, &embed, false)?;
+            mv_pipeline(&ctx, &embed, false, false)?;
             mats.insert(WeightId::LmHead, embed.clone());
         }
         let mut norm_words = Vec::new();

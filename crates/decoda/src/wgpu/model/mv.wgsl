@@ -14,6 +14,12 @@
 //
 // Rows are padded to whole vec4<u32> (upload, weights.rs); inputs past `in_w` count as
 // zero. A chunk's arithmetic is chunk.wgsl's, shared with the MoE layer.
+//
+// `mv_norm` and `mv_swiglu_norm` take the RMS norm before the product into it: each
+// workgroup computes a call row's 1 / rms as the `rms` kernel does (64 lanes, the same
+// strided sum and tree), and reads its inputs as fp(x * inv) * w, `rms`'s output bits;
+// workgroup 0 also writes the normed rows to `normed` (binding 6) for the ops after it
+// (the MoE layer's experts read them after the router).
 
 const TEAM: u32 = 64u;
 const OUT_PER_WG: u32 = 4u;
@@ -21,6 +27,8 @@ const CHUNK: u32 = 8u;
 
 @group(0) @binding(0) var<uniform> op: Op;
 @group(0) @binding(1) var<storage, read> wts: array<vec4<u32>>;
+// the norm's weights (at word aux_off), for the _norm entry points
+@group(0) @binding(2) var<storage, read> aux: array<u32>;
 @group(0) @binding(3) var<storage, read> src: array<f32>;
 @group(0) @binding(4) var<storage, read_write> dst: array<f32>;
 // q, k and v in one product (`kind` 3): rows past q's go to k_out, then v into the
@@ -33,21 +41,73 @@ const CHUNK: u32 = 8u;
 var<workgroup> red: array<f32, 2048>;
 // SwiGLU: each output's gate values while the up values are reduced
 var<workgroup> gates: array<f32, 32>;
+// the _norm entry points: 1 / rms of each call row of the chunk
+var<workgroup> invs: array<f32, 8>;
+
+// `sel` of the inputs that are not normed
+const RAW: u32 = 0xffffffffu;
+
+fn fp(x: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) ^ op.zero);
+}
 
 // Word `i` of the weights buffer.
 fn word(i: u32) -> u32 {
     return wts[i >> 2u][i & 3u];
 }
 
-// Input i of the call row at `base` of src (0 past its `n` inputs); `sel` unused (the
-// MoE module's inputs come from two buffers).
+// Input i of the call row at `base` of src (0 past its `n` inputs), normed as the `rms`
+// kernel writes it unless `sel` is RAW (else the row's index in the chunk).
 fn xin(sel: u32, base: u32, i: u32, n: u32) -> f32 {
-    let v = src[base + min(i, n - 1u)];
+    let k = min(i, n - 1u);
+    var v = src[base + k];
+    if (sel != RAW) {
+        v = fp(v * invs[sel]) * bitcast<f32>(aux[op.aux_off + k]);
+    }
     return select(0.0, v, i < n);
 }
 
-// This invocation's share of W[row] . src[r0 + j] for j < nr, into red[lid][j].
-fn stream_row(row: u32, valid: bool, r0: u32, nr: u32, lane: u32, lid: u32) {
+// The _norm entry points: invs[j] for the chunk's call rows j < nr (team t: rows t and
+// t + 4), each as `rms` computes it; workgroup 0 writes the normed rows to `normed`.
+fn norm_rows(r0: u32, nr: u32, team: u32, lane: u32, lid: u32, first: bool) {
+    for (var k = 0u; k < 2u; k = k + 1u) {
+        let j = team + 4u * k;
+        var ss = 0.0;
+        if (j < nr) {
+            let xb = (op.src_row0 + r0 + j) * op.src_w;
+            for (var i = lane; i < op.in_w; i = i + TEAM) {
+                let x = src[xb + i];
+                ss = ss + x * x;
+            }
+        }
+        red[lid] = ss;
+        workgroupBarrier();
+        for (var s = TEAM / 2u; s > 0u; s = s >> 1u) {
+            if (lane < s) {
+                red[lid] = red[lid] + red[lid + s];
+            }
+            workgroupBarrier();
+        }
+        if (lane == 0u && j < nr) {
+            invs[j] = 1.0 / sqrt(red[lid] / f32(op.in_w) + op.eps);
+        }
+        workgroupBarrier();
+    }
+    // (q, k and v write k_out: their normed input is not needed after them)
+    if (first && op.kind != 3u) {
+        for (var j = 0u; j < nr; j = j + 1u) {
+            let xb = (op.src_row0 + r0 + j) * op.src_w;
+            let nb = (op.dst_row0 + r0 + j) * op.in_w;
+            for (var i = lid; i < op.in_w; i = i + 256u) {
+                k_out[nb + i] = xin(j, xb, i, op.in_w);
+            }
+        }
+    }
+}
+
+// This invocation's share of W[row] . src[r0 + j] for j < nr, into red[lid][j] (the
+// inputs normed when `norm`).
+fn stream_row(row: u32, valid: bool, r0: u32, nr: u32, lane: u32, lid: u32, norm: bool) {
     var acc: array<f32, 8>;
     for (var j = 0u; j < CHUNK; j = j + 1u) {
         acc[j] = 0.0;
@@ -69,7 +129,7 @@ fn stream_row(row: u32, valid: bool, r0: u32, nr: u32, lane: u32, lid: u32) {
             for (var j = 0u; j < CHUNK; j = j + 1u) {
                 if (j < nr) {
                     let xb = (op.src_row0 + r0 + j) * op.src_w;
-                    acc[j] = acc[j] + chunk_dot(w, i0, 0u, xb, op.in_w, sc, bi);
+                    acc[j] = acc[j] + chunk_dot(w, i0, select(RAW, j, norm), xb, op.in_w, sc, bi);
                 }
             }
         }
@@ -96,7 +156,7 @@ fn silu(g: f32) -> f32 {
     return g / (1.0 + exp(-g));
 }
 
-fn mv_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool) {
+fn mv_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool, norm: bool) {
     let team = lid / TEAM;
     let lane = lid % TEAM;
     let o = (wid.x + wid.y * nwg.x) * OUT_PER_WG + team;
@@ -104,14 +164,17 @@ fn mv_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool) {
     let head = team * TEAM * CHUNK;
     for (var r0 = 0u; r0 < op.rows; r0 = r0 + CHUNK) {
         let nr = min(CHUNK, op.rows - r0);
-        stream_row(o, valid, r0, nr, lane, lid);
+        if (norm) {
+            norm_rows(r0, nr, team, lane, lid, wid.x == 0u && wid.y == 0u);
+        }
+        stream_row(o, valid, r0, nr, lane, lid, norm);
         reduce_teams(lane, lid);
         if (pair) {
             if (lane < nr) {
                 gates[team * CHUNK + lane] = red[head + lane];
             }
             workgroupBarrier();
-            stream_row(o + op.out_w, valid, r0, nr, lane, lid);
+            stream_row(o + op.out_w, valid, r0, nr, lane, lid, norm);
             reduce_teams(lane, lid);
         }
         if (valid && lane < nr) {
@@ -147,11 +210,23 @@ fn mv_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool) {
 @compute @workgroup_size(256)
 fn mv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
       @builtin(local_invocation_index) lid: u32) {
-    mv_body(wid, nwg, lid, false);
+    mv_body(wid, nwg, lid, false, false);
 }
 
 @compute @workgroup_size(256)
 fn mv_swiglu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
-    mv_body(wid, nwg, lid, true);
+    mv_body(wid, nwg, lid, true, false);
+}
+
+@compute @workgroup_size(256)
+fn mv_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    mv_body(wid, nwg, lid, false, true);
+}
+
+@compute @workgroup_size(256)
+fn mv_swiglu_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    mv_body(wid, nwg, lid, true, true);
 }

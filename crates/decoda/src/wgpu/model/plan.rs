@@ -85,8 +85,10 @@ impl WgpuModel {
             pending: Vec::new(),
             cuts: Vec::new(),
             rope: None,
+            norm: None,
         };
         let branches = self.model.forward(&mut rec)?;
+        rec.flush_norm();
         let map_off = key.map_off as u32;
         rec.push(
             Pipe::Advance,
@@ -207,10 +209,58 @@ struct Recorder<'a> {
     cuts: Vec<(usize, usize, bool)>,
     /// A decode call's norm_rope left to the next `attend_part` (its norms, if any).
     rope: Option<Option<(u32, u32)>>,
+    /// An RMS norm left to the matrix product that reads its output (`mv_norm`); any
+    /// other op records it as a dispatch first.
+    norm: Option<PendingNorm>,
+}
+
+/// An RMS norm not recorded yet: `dst` = norm(`src`) with weights `w`.
+#[derive(Clone, Copy)]
+struct PendingNorm {
+    src: Act,
+    dst: Act,
+    w: NormId,
 }
 
 impl Recorder<'_> {
+    /// Records the pending RMS norm, if any, as an `rms` dispatch.
+    fn flush_norm(&mut self) {
+        if let Some(n) = self.norm.take() {
+            self.push_rms(n.src, n.dst, n.w, 1);
+        }
+    }
+
+    fn push_rms(&mut self, src: Act, dst: Act, w: NormId, groups: usize) {
+        let width = self.width(src);
+        let op = ModelOp {
+            rows: self.key.rows as u32,
+            in_w: width / groups as u32,
+            groups: groups as u32,
+            src_w: width,
+            dst_w: self.width(dst),
+            eps: self.m.model.config().rms_norm_eps,
+            aux_off: self.m.norm_off[&w],
+            inplace: u32::from(src == dst),
+            ..Default::default()
+        };
+        let binds = Binds {
+            aux: Some(self.m.norms.clone()),
+            src: if src == dst { None } else { self.act(src) },
+            dst: self.act(dst),
+            ..Default::default()
+        };
+        let bytes = (
+            self.act_bytes(width) + 4 * u64::from(width) / groups as u64,
+            self.act_bytes(width),
+        );
+        self.push(Pipe::Rms, op, binds, self.key.rows * groups, bytes);
+    }
+
     fn push(&mut self, pipe: Pipe, mut op: ModelOp, binds: Binds, grid: usize, bytes: (u64, u64)) {
+        // an op that does not take the pending norm in: the norm runs before it
+        if pipe != Pipe::Linear {
+            self.flush_norm();
+        }
         op.zero = 0;
         self.pending.push(Pending {
             pipe,
@@ -259,7 +309,36 @@ impl Recorder<'_> {
     /// inputs are counted once.
     fn push_linear(&mut self, mat: &Mat, op: ModelOp, binds: &Binds) -> Result<()> {
         let swiglu = op.kind == 2;
-        let pipeline = super::mv_pipeline(&self.m.ctx, mat, swiglu)?;
+        // the RMS norm before it, taken into the product (`mv_norm`): its input is the
+        // norm's, normed on the fly, and the normed rows go to the norm's output as well
+        let fused = self.norm.filter(|n| binds.src == self.act(n.dst));
+        if fused.is_some() {
+            self.norm = None;
+        } else {
+            self.flush_norm();
+        }
+        let (op, binds) = match fused {
+            Some(n) => (
+                ModelOp {
+                    aux_off: self.m.norm_off[&n.w],
+                    eps: self.m.model.config().rms_norm_eps,
+                    ..op
+                },
+                Binds {
+                    aux: Some(self.m.norms.clone()),
+                    src: self.act(n.src),
+                    kc: if op.kind == 3 {
+                        binds.kc.clone()
+                    } else {
+                        self.act(n.dst)
+                    },
+                    ..binds.clone()
+                },
+            ),
+            None => (op, binds.clone()),
+        };
+        let binds = &binds;
+        let pipeline = super::mv_pipeline(&self.m.ctx, mat, swiglu, fused.is_some())?;
         let rows = u64::from(op.rows);
         let streams = rows.div_ceil(8);
         let pair = if swiglu { 2 } else { 1 };
@@ -267,8 +346,17 @@ impl Recorder<'_> {
             let w = part.rows as u64 * mat.row_bytes() * pair * streams;
             let x = 4 * rows * mat.inp as u64;
             let out = 4 * rows * part.rows as u64;
-            // accumulating reads what it adds to
-            let bytes = (w + x + if op.kind == 1 { out } else { 0 }, out);
+            // accumulating reads what it adds to; a norm reads the input twice (its sum of
+            // squares, then the product) and writes the normed rows once (workgroup 0)
+            let normed = if fused.is_some() { x } else { 0 };
+            let bytes = (
+                w + x + normed + if op.kind == 1 { out } else { 0 },
+                out + if fused.is_some() && op.kind != 3 {
+                    normed
+                } else {
+                    0
+                },
+            );
             let op = ModelOp {
                 rows: op.rows,
                 kind: op.kind,
@@ -281,6 +369,8 @@ impl Recorder<'_> {
                 head_dim: op.head_dim,
                 max_pos: op.max_pos,
                 map_off: op.map_off,
+                aux_off: op.aux_off,
+                eps: op.eps,
                 ..Self::mat_op(mat, part)
             };
             let binds = Binds {
@@ -393,29 +483,16 @@ impl Ops for Recorder<'_> {
     }
 
     fn rms_norm(&mut self, src: Act, dst: Act, w: NormId, groups: usize) -> Result<()> {
-        let width = self.width(src);
-        let op = ModelOp {
-            rows: self.key.rows as u32,
-            in_w: width / groups as u32,
-            groups: groups as u32,
-            src_w: width,
-            dst_w: self.width(dst),
-            eps: self.m.model.config().rms_norm_eps,
-            aux_off: self.m.norm_off[&w],
-            inplace: u32::from(src == dst),
-            ..Default::default()
-        };
-        let binds = Binds {
-            aux: Some(self.m.norms.clone()),
-            src: if src == dst { None } else { self.act(src) },
-            dst: self.act(dst),
-            ..Default::default()
-        };
-        let bytes = (
-            self.act_bytes(width) + 4 * u64::from(width) / groups as u64,
-            self.act_bytes(width),
-        );
-        self.push(Pipe::Rms, op, binds, self.key.rows * groups, bytes);
+        self.flush_norm();
+        if !self.m.norm_off.contains_key(&w) {
+            return Err(Error::Model(format!("{w:?} is not on the device")));
+        }
+        // one norm per row, into another buffer: the next matrix product may take it
+        if groups == 1 && src != dst {
+            self.norm = Some(PendingNorm { src, dst, w });
+            return Ok(());
+        }
+        self.push_rms(src, dst, w, groups);
         Ok(())
     }
 
@@ -566,6 +643,7 @@ impl Ops for Recorder<'_> {
         let moe = self.m.moe[layer]
             .as_ref()
             .ok_or_else(|| Error::Model(format!("layer {layer} is not an MoE layer")))?;
+        self.flush_norm();
         self.cuts.push((self.pending.len(), layer, false));
         Ok(moe.dispatch_for(self.key.rows))
     }
@@ -604,6 +682,9 @@ impl Ops for Recorder<'_> {
         let Some((src_row, dst_row, count)) = self.key.out else {
             return Ok(());
         };
+        // the final norm runs on its own: taken into the LM head, each of its tens of
+        // thousands of workgroups would sum the row's squares again
+        self.flush_norm();
         let mat = self.mat(WeightId::LmHead)?.clone();
         let op = ModelOp {
             rows: count as u32,
