@@ -588,6 +588,58 @@ mod wgpu {
         }
     }
 
+    /// The matrix products' team sums with subgroup operations (a butterfly below the
+    /// subgroup size) give the workgroup tree's bits: a model on a device opened with
+    /// subgroups draws the same ids and the same logits, prompt and decode steps, on
+    /// every golden checkpoint (the quick tier: the f32 and 4-bit ones; the sums are
+    /// the same code in every format's module).
+    #[test]
+    fn wgpu_subgroup_sums_give_the_tree_bits() {
+        if !available() {
+            return;
+        }
+        let Some(d) = decoda::testing::gpu::own_device(decoda::wgpu::WgpuOptions {
+            subgroups: Some(true),
+            ..Default::default()
+        }) else {
+            return;
+        };
+        let sg = WgpuSampler::on(&d).unwrap();
+        if !sg.uses_subgroups() {
+            eprintln!("{}: no subgroup operations", sg.adapter());
+            return;
+        }
+        let t = tmp("wgpu-subgroups");
+        let quick = !decoda::testing::full_tier();
+        for g in goldens(&t)
+            .into_iter()
+            .filter(|g| !quick || g.name == "default" || g.name == "mlx_q4g64")
+        {
+            let model = Arc::new(Qwen3Moe::load(&g.dir, 16).unwrap());
+            let steps = 4;
+            let run = |e: &mut Box<dyn Engine>| {
+                let seq = decoda::model::Sequence {
+                    prompt: g.prompt.clone(),
+                    request: greedy(steps as u64, 0),
+                };
+                let r = decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
+                (r.outputs[0].tokens.clone(), e.read_logits(1).unwrap())
+            };
+            let mut a = dev(Arc::clone(&model), 1, g.prompt.len() + steps).unwrap();
+            let mut b: Box<dyn Engine> =
+                Box::new(WgpuEngine::new(&sg, model, 1, g.prompt.len() + steps, None).unwrap());
+            let (ta, la) = run(&mut a);
+            let (tb, lb) = run(&mut b);
+            assert_eq!(ta, tb, "{}: ids", g.name);
+            assert!(
+                la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{}: logits differ with subgroup sums (gap {:.2e})",
+                g.name,
+                decoda::testing::model::relative_gap(&la, &lb)
+            );
+        }
+    }
+
     /// Attention over a cache of several 64-position chunks (`attend_part`, then the
     /// merge): decode steps that cross a chunk boundary give the bits of the same
     /// positions run as one prompt, and those logits agree with the CPU's to 1e-5.

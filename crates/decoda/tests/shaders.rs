@@ -32,8 +32,16 @@ fn shaders() -> Vec<(String, String)> {
             decoda::wgpu::mv_shader_source(dtype, bits),
         ));
         v.push((
+            format!("mv {name} (subgroups)"),
+            decoda::wgpu::mv_shader_source_with(dtype, bits, true),
+        ));
+        v.push((
             format!("moe {name}"),
             decoda::wgpu::moe_shader_source_for(dtype, bits),
+        ));
+        v.push((
+            format!("moe {name} (subgroups)"),
+            decoda::wgpu::moe_shader_source_with(dtype, bits, true),
         ));
     }
     v
@@ -44,7 +52,7 @@ fn parse(name: &str, src: &str) -> (naga::Module, naga::valid::ModuleInfo) {
         .unwrap_or_else(|e| panic!("{name}: WGSL parse error:\n{}", e.emit_to_string(src)));
     let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), {
         let mut c = naga::valid::Capabilities::empty();
-        if src.contains("subgroupMax") {
+        if src.contains("subgroupMax") || src.contains("subgroupShuffleXor") {
             c |= naga::valid::Capabilities::SUBGROUP;
         }
         if src.contains("u64(") {

@@ -68,8 +68,14 @@ pub use adapter::{list_adapters, AdapterSummary};
 pub use bench::{CallStructure, StepTime};
 pub use device::WgpuDevice;
 pub use head::{StepId, StepResults, WgpuHead};
-pub use model::{model_shader_source, mv_shader_source, WgpuEngine, WgpuModel, SHADER_MODEL};
-pub use moe::{moe_shader_source, moe_shader_source_for, MoeRouting, WgpuMoe, SHADER_MOE};
+pub use model::{
+    model_shader_source, mv_shader_source, mv_shader_source_with, WgpuEngine, WgpuModel,
+    SHADER_MODEL,
+};
+pub use moe::{
+    moe_shader_source, moe_shader_source_for, moe_shader_source_with, MoeRouting, WgpuMoe,
+    SHADER_MOE,
+};
 pub use options::{WgpuOptions, ADAPTER_ENV, FUSED_ENV, SUBGROUPS_ENV, WORKGROUPS_ENV};
 pub use sampler::WgpuSampler;
 pub use shaders::{

@@ -31,10 +31,17 @@ pub fn moe_shader_source() -> String {
 /// 3 affine) with `bits`-bit codes: the grouped products are compiled for that format
 /// alone.
 pub fn moe_shader_source_for(dtype: u32, bits: u32) -> String {
+    moe_shader_source_with(dtype, bits, false)
+}
+
+/// [`moe_shader_source_for`], the experts' team sums with subgroup operations when
+/// `subgroups` (devices with `Features::SUBGROUP`): the same bits.
+pub fn moe_shader_source_with(dtype: u32, bits: u32, subgroups: bool) -> String {
     format!(
-        "{}{SHADER_MOE}\n{}",
+        "{}{SHADER_MOE}\n{}\n{}",
         super::shaders::weight_format_source(dtype, bits),
-        super::shaders::SHADER_FMATH
+        super::shaders::SHADER_FMATH,
+        super::shaders::team_source(subgroups)
     )
 }
 
@@ -271,7 +278,8 @@ impl WgpuMoe {
             };
             parts.push((weights, offsets));
         }
-        let pipes = ctx.pipelines(&format!("moe {code} {bits}"), || {
+        let sg = ctx.device().features().contains(wgpu::Features::SUBGROUP);
+        let pipes = ctx.pipelines(&format!("moe {code} {bits} {sg}"), || {
             build(&device, ctx.info(), code, bits)
         })?;
         // a layer runs many calls: every kernel now, none inside a call
@@ -898,7 +906,11 @@ fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo, dtype: u32, bits: u32)
     lazy_pipelines(
         device,
         "decoda moe.wgsl",
-        moe_shader_source_for(dtype, bits),
+        moe_shader_source_with(
+            dtype,
+            bits,
+            device.features().contains(wgpu::Features::SUBGROUP),
+        ),
         &[Uniform, Read, Read, Read, Write, Write, Write],
         [
             "route",

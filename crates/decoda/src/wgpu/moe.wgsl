@@ -382,13 +382,30 @@ fn stream(w: u32, s: u32, b: u32, r: u32, inf: u32, src: u32, xb: u32, lane: u32
     return acc;
 }
 
-// Sums each team's 64 values of red_g (and red_u) into its first.
+// Sums each team's 64 values of red_g (and red_u) into its first: the tree's levels in
+// workgroup memory down to `tree_floor`, the rest as a butterfly in registers
+// (team_wg.wgsl or team_sg.wgsl, appended by the launcher: the same bits).
 fn reduce_teams(lane: u32, lid: u32) {
     workgroupBarrier();
-    for (var st = TEAM / 2u; st > 0u; st = st >> 1u) {
+    var st = TEAM / 2u;
+    for (; st > 0u && st >= tree_floor(); st = st >> 1u) {
         if (lane < st) {
             red_g[lid] = red_g[lid] + red_g[lid + st];
             red_u[lid] = red_u[lid] + red_u[lid + st];
+        }
+        workgroupBarrier();
+    }
+    if (st > 0u) {
+        var g = red_g[lid];
+        var u = red_u[lid];
+        for (; st > 0u; st = st >> 1u) {
+            g = g + team_shuffle(g, st);
+            u = u + team_shuffle(u, st);
+        }
+        workgroupBarrier();
+        if (lane == 0u) {
+            red_g[lid] = g;
+            red_u[lid] = u;
         }
         workgroupBarrier();
     }
@@ -418,7 +435,8 @@ fn cell(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, width: u32) -> Cell {
 // act: ceil(H / 4) x rows workgroups; act[j][o] = silu(gate_e[o] . x_t) * up_e[o] . x_t
 @compute @workgroup_size(256)
 fn act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_index) lid: u32) {
+       lanes: Lanes) {
+    let lid = lane_id(lanes);
     let h = prm.inter;
     let d = prm.hidden;
     let c = cell(wid, nwg, lid, h);
@@ -451,7 +469,8 @@ fn act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // down: ceil(D / 4) x rows workgroups; out[j][o] = down_e[o] . act[j]
 @compute @workgroup_size(256)
 fn down(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_index) lid: u32) {
+        lanes: Lanes) {
+    let lid = lane_id(lanes);
     let h = prm.inter;
     let d = prm.hidden;
     let c = cell(wid, nwg, lid, d);
@@ -502,7 +521,8 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
 // `combine`): the same bits as the two dispatches.
 @compute @workgroup_size(256)
 fn down_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                @builtin(local_invocation_index) lid: u32) {
+                lanes: Lanes) {
+    let lid = lane_id(lanes);
     let h = prm.inter;
     let d = prm.hidden;
     let quads = (d + 3u) / 4u;

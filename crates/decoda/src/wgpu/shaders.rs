@@ -79,3 +79,14 @@ pub fn shader_source_with(subgroups: bool, int64: bool) -> String {
     };
     format!("{SHADER_MAIN}\n{fmath}\n{reduce}")
 }
+
+/// How the matrix products number their invocations and sum a team's partial sums:
+/// `team_sg.wgsl` (subgroup operations) or `team_wg.wgsl` (a workgroup-memory tree),
+/// the same bits.
+pub(crate) fn team_source(subgroups: bool) -> &'static str {
+    if subgroups {
+        include_str!("team_sg.wgsl")
+    } else {
+        include_str!("team_wg.wgsl")
+    }
+}

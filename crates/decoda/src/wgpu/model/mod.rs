@@ -51,10 +51,17 @@ pub fn model_shader_source() -> String {
 const SHADER_MV: &str = include_str!("mv.wgsl");
 
 /// The matrix products' module for weights of `dtype` (`ModelOp::dtype`: 0 f32, 1 bf16,
-/// 2 f16, 3 affine) and `bits` (affine codes).
+/// 2 f16, 3 affine) and `bits` (affine codes), its team sums a tree in workgroup memory.
 pub fn mv_shader_source(dtype: u32, bits: u32) -> String {
+    mv_shader_source_with(dtype, bits, false)
+}
+
+/// [`mv_shader_source`], its team sums with subgroup operations when `subgroups` (for
+/// devices with `Features::SUBGROUP`): the same bits.
+pub fn mv_shader_source_with(dtype: u32, bits: u32, subgroups: bool) -> String {
+    let team = super::shaders::team_source(subgroups);
     format!(
-        "{}{}{SHADER_MV}",
+        "{}{}{SHADER_MV}\n{team}",
         super::shaders::weight_format_source(dtype, bits),
         include_str!("op.wgsl")
     )
@@ -196,12 +203,12 @@ impl std::fmt::Debug for WgpuModel {
 
 /// The matrix products of one weight format: `mv` and `mv_swiglu`, and both with the
 /// RMS norm before them (`mv_norm`, `mv_swiglu_norm`).
-fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32) -> Result<Pipelines<4>> {
+fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32, sg: bool) -> Result<Pipelines<4>> {
     use crate::wgpu::device::Bind::*;
     lazy_pipelines(
         device,
         "decoda mv.wgsl",
-        mv_shader_source(dtype, bits),
+        mv_shader_source_with(dtype, bits, sg),
         &[Uniform, Read, Read, Read, Write, Write, Write, Write, Write],
         ["mv", "mv_swiglu", "mv_norm", "mv_swiglu_norm"],
         "building the model's matrix products",
@@ -218,8 +225,10 @@ fn mv_pipeline(
 ) -> Result<wgpu::ComputePipeline> {
     let bits = if mat.dtype == 3 { mat.bits } else { 0 };
     let device = ctx.device().clone();
-    let pipes = ctx.pipelines(&format!("mv {} {bits}", mat.dtype), || {
-        build_mv(&device, mat.dtype, bits)
+    // subgroup sums where the device was opened with them (as the sampler's)
+    let sg = device.features().contains(wgpu::Features::SUBGROUP);
+    let pipes = ctx.pipelines(&format!("mv {} {bits} {sg}", mat.dtype), || {
+        build_mv(&device, mat.dtype, bits, sg)
     })?;
     Ok(pipes
         .get(usize::from(swiglu) + 2 * usize::from(norm))

@@ -139,13 +139,34 @@ fn stream_row(row: u32, valid: bool, r0: u32, nr: u32, lane: u32, lid: u32, norm
     }
 }
 
-// Sums each team's 64 partial sums (of every call row of the chunk) into its lane 0.
+// Sums each team's 64 partial sums (of every call row of the chunk) into its lane 0: the
+// tree's levels in workgroup memory down to `tree_floor`, the rest as a butterfly in
+// registers (team_wg.wgsl or team_sg.wgsl, appended by the launcher: the same bits).
 fn reduce_teams(lane: u32, lid: u32) {
     workgroupBarrier();
-    for (var s = TEAM / 2u; s > 0u; s = s >> 1u) {
+    var s = TEAM / 2u;
+    for (; s > 0u && s >= tree_floor(); s = s >> 1u) {
         if (lane < s) {
             for (var j = 0u; j < CHUNK; j = j + 1u) {
                 red[lid * CHUNK + j] = red[lid * CHUNK + j] + red[(lid + s) * CHUNK + j];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (s > 0u) {
+        var v: array<f32, 8>;
+        for (var j = 0u; j < CHUNK; j = j + 1u) {
+            v[j] = red[lid * CHUNK + j];
+        }
+        for (; s > 0u; s = s >> 1u) {
+            for (var j = 0u; j < CHUNK; j = j + 1u) {
+                v[j] = v[j] + team_shuffle(v[j], s);
+            }
+        }
+        workgroupBarrier();
+        if (lane == 0u) {
+            for (var j = 0u; j < CHUNK; j = j + 1u) {
+                red[lid * CHUNK + j] = v[j];
             }
         }
         workgroupBarrier();
@@ -209,24 +230,24 @@ fn mv_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool, norm: bool) {
 
 @compute @workgroup_size(256)
 fn mv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-      @builtin(local_invocation_index) lid: u32) {
-    mv_body(wid, nwg, lid, false, false);
+      lanes: Lanes) {
+    mv_body(wid, nwg, lane_id(lanes), false, false);
 }
 
 @compute @workgroup_size(256)
 fn mv_swiglu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) lid: u32) {
-    mv_body(wid, nwg, lid, true, false);
+             lanes: Lanes) {
+    mv_body(wid, nwg, lane_id(lanes), true, false);
 }
 
 @compute @workgroup_size(256)
 fn mv_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-           @builtin(local_invocation_index) lid: u32) {
-    mv_body(wid, nwg, lid, false, true);
+           lanes: Lanes) {
+    mv_body(wid, nwg, lane_id(lanes), false, true);
 }
 
 @compute @workgroup_size(256)
 fn mv_swiglu_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) lid: u32) {
-    mv_body(wid, nwg, lid, true, true);
+                  lanes: Lanes) {
+    mv_body(wid, nwg, lane_id(lanes), true, true);
 }
