@@ -591,8 +591,9 @@ mod wgpu {
     /// The matrix products' team sums with subgroup operations (a butterfly below the
     /// subgroup size) give the workgroup tree's bits: a model on a device opened with
     /// subgroups draws the same ids and the same logits, prompt and decode steps, on
-    /// every golden checkpoint (the quick tier: the f32 and 4-bit ones; the sums are
-    /// the same code in every format's module).
+    /// every golden checkpoint (the quick tier: the f32 one, since the sums are the same
+    /// code in every format's module and each format's subgroup modules cost lavapipe
+    /// seconds to build).
     #[test]
     fn wgpu_subgroup_sums_give_the_tree_bits() {
         if !available() {
@@ -613,7 +614,7 @@ mod wgpu {
         let quick = !decoda::testing::full_tier();
         for g in goldens(&t)
             .into_iter()
-            .filter(|g| !quick || g.name == "default" || g.name == "mlx_q4g64")
+            .filter(|g| !quick || g.name == "default")
         {
             let model = Arc::new(Qwen3Moe::load(&g.dir, 16).unwrap());
             let steps = 4;
