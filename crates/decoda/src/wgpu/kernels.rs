@@ -52,7 +52,7 @@ impl Kernels {
     /// and Philox's products in 64-bit integers when it has `SHADER_INT64`); its
     /// pipelines are built as calls first need them. A shader error is
     /// [`Error::Device`].
-    fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo) -> Result<Self> {
+    fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo, fused: bool) -> Result<Self> {
         use super::device::Bind::*;
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
         let int64 = device.features().contains(wgpu::Features::SHADER_INT64);
@@ -73,7 +73,7 @@ impl Kernels {
         Ok(Self {
             layout: pipes.binds.clone(),
             pipes,
-            fused: true,
+            fused,
             no_mask,
         })
     }
@@ -82,9 +82,8 @@ impl Kernels {
     /// device and shared by every sampler and head made from it.
     pub fn of(ctx: &WgpuDevice) -> Result<std::sync::Arc<Self>> {
         super::adapter::check_limits(ctx.device(), ctx.info())?;
-        let fused = ctx.fuses_settle();
         ctx.pipelines("sampler", || {
-            Self::build(ctx.device(), ctx.info()).map(|k| Self { fused, ..k })
+            Self::build(ctx.device(), ctx.info(), ctx.fuses_settle())
         })
     }
 

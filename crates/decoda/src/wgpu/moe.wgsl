@@ -396,12 +396,8 @@ fn reduce_teams(lane: u32, lid: u32) {
         workgroupBarrier();
     }
     if (st > 0u) {
-        var g = red_g[lid];
-        var u = red_u[lid];
-        for (; st > 0u; st = st >> 1u) {
-            g = g + team_shuffle(g, st);
-            u = u + team_shuffle(u, st);
-        }
+        let g = butterfly(red_g[lid], st);
+        let u = butterfly(red_u[lid], st);
         workgroupBarrier();
         if (lane == 0u) {
             red_g[lid] = g;

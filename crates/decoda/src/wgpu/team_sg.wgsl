@@ -23,6 +23,11 @@ fn tree_floor() -> u32 {
     return sg_size;
 }
 
-fn team_shuffle(v: f32, s: u32) -> f32 {
-    return subgroupShuffleXor(v, s);
+// The tree's levels top, top / 2, .., 1 of this lane's value, as the butterfly.
+fn butterfly(v: f32, top: u32) -> f32 {
+    var x = v;
+    for (var s = top; s > 0u; s = s >> 1u) {
+        x = x + subgroupShuffleXor(x, s);
+    }
+    return x;
 }

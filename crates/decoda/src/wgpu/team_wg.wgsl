@@ -18,6 +18,6 @@ fn tree_floor() -> u32 {
 }
 
 // (never called here: every level is the tree's)
-fn team_shuffle(v: f32, s: u32) -> f32 {
+fn butterfly(v: f32, top: u32) -> f32 {
     return v;
 }

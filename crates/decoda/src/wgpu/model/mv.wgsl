@@ -156,12 +156,7 @@ fn reduce_teams(lane: u32, lid: u32) {
     if (s > 0u) {
         var v: array<f32, 8>;
         for (var j = 0u; j < CHUNK; j = j + 1u) {
-            v[j] = red[lid * CHUNK + j];
-        }
-        for (; s > 0u; s = s >> 1u) {
-            for (var j = 0u; j < CHUNK; j = j + 1u) {
-                v[j] = v[j] + team_shuffle(v[j], s);
-            }
+            v[j] = butterfly(red[lid * CHUNK + j], s);
         }
         workgroupBarrier();
         if (lane == 0u) {

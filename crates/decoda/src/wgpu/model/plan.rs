@@ -577,9 +577,13 @@ impl Ops for Recorder<'_> {
 
     fn attention(&mut self, layer: usize) -> Result<()> {
         let c = self.m.model.config();
+        let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
+        // chunks of the longest cache: a workgroup past its row's position returns
+        let chunks = self.m.max_pos.div_ceil(super::ATTEND_CHUNK);
         let op = ModelOp {
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             eps: c.rms_norm_eps,
+            groups: chunks as u32,
             ..self.cfg_op()
         };
         let binds = Binds {
@@ -606,27 +610,14 @@ impl Ops for Recorder<'_> {
                     dst: self.act(Act::K),
                     ..binds.clone()
                 };
-                let c = self.m.model.config();
                 let kv = self.act_bytes(self.width(Act::K));
                 let table = 4 * self.key.rows as u64 * c.head_dim as u64;
                 (op, binds, (kv + table, kv))
             }
             None => (op, binds.clone(), (0, 0)),
         };
-        let c = self.m.model.config();
-        let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
-        // chunks of the longest cache: a workgroup past its row's position returns
-        let chunks = self.m.max_pos.div_ceil(super::ATTEND_CHUNK);
-        let op = ModelOp {
-            groups: chunks as u32,
-            ..op
-        };
         // q in (the caches and partials when recorded), then the output out
         let q = self.act_bytes(self.width(Act::Q));
-        let part_op = ModelOp {
-            groups: chunks as u32,
-            ..part_op
-        };
         self.push(
             Pipe::AttendPart,
             part_op,
