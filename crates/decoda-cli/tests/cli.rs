@@ -1735,7 +1735,13 @@ fn profile_generate_and_moe_bench() {
     for (key, kernels) in [
         (
             "profile_sorted",
-            &["moe.count", "moe.place", "moe.act", "moe.down_combine"][..],
+            &[
+                "moe.count",
+                "moe.place",
+                "moe.act_tiled",
+                "moe.down_tiled",
+                "moe.combine",
+            ][..],
         ),
         ("profile_unsorted", &["moe.act", "moe.down_combine"][..]),
     ] {

@@ -73,6 +73,7 @@ fn cpu_on_every_instruction_set() {
 mod device {
     use super::*;
     use decoda::moe::{Dispatch, DispatchPlan, MoeShape, WeightDtype};
+    use decoda::testing::moe::branches_agree_bitwise;
     use decoda::testing::synthetic;
     use decoda::wgpu::{WgpuMoe, WgpuSampler};
     use std::sync::OnceLock;
@@ -126,6 +127,21 @@ mod device {
         }
         let n = branches_match_reference(&gpu).unwrap_or_else(|e| panic!("{e}"));
         eprintln!("wgpu: {n} calls");
+    }
+
+    #[test]
+    fn wgpu_branches_agree_bitwise() {
+        if sampler().is_none() {
+            return;
+        }
+        // the quick tier: f32 and an affine format (its sum(x) term); every format in the
+        // full tier
+        let q4 = WeightDtype::Affine(decoda::moe::Affine { bits: 4, group: 32 });
+        let n =
+            branches_agree_bitwise(&gpu, &[WeightDtype::F32, q4]).unwrap_or_else(|e| panic!("{e}"));
+        let p = branches_agree_bitwise(&gpu_in_parts, &[WeightDtype::F32])
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("wgpu: {n} calls, in parts {p}");
     }
 
     #[test]

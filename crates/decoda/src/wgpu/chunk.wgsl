@@ -17,18 +17,39 @@ fn per_chunk() -> u32 {
     return 128u / BITS;
 }
 
-// Chunk `w` of a weight row (its first input `i0`) against the inputs at `base`.
-fn chunk_dot(w: vec4<u32>, i0: u32, sel: u32, base: u32, n: u32, sc: f32, bi: f32) -> f32 {
+// A chunk's inputs, i0 .. i0 + per_chunk() of the row at `base` (0 past its `n`), read
+// once: the tiled products (tile.wgsl) use them against several weight rows.
+fn chunk_x(sel: u32, base: u32, i0: u32, n: u32) -> array<f32, 32> {
+    var xv: array<f32, 32>;
+    for (var k = 0u; k < per_chunk(); k = k + 1u) {
+        xv[k] = xin(sel, base, i0 + k, n);
+    }
+    return xv;
+}
+
+// An affine chunk's sum(x), in input order (0 for the other formats, which need none).
+fn chunk_sum(xv: array<f32, 32>) -> f32 {
+    var sx = 0.0;
+    if (DTYPE == 3u) {
+        for (var k = 0u; k < per_chunk(); k = k + 1u) {
+            sx = sx + xv[k];
+        }
+    }
+    return sx;
+}
+
+// Chunk `w` of a weight row against its inputs `xv` (`sx` their chunk_sum): every
+// product's one definition, so the matrix-vector and the tiled kernels give the same bits.
+fn chunk_dot_x(w: vec4<u32>, xv: array<f32, 32>, sx: f32, sc: f32, bi: f32) -> f32 {
     var acc = 0.0;
     if (DTYPE == 0u) {
         for (var k = 0u; k < 4u; k = k + 1u) {
-            acc = acc + bitcast<f32>(w[k]) * xin(sel, base, i0 + k, n);
+            acc = acc + bitcast<f32>(w[k]) * xv[k];
         }
         return acc;
     }
     if (DTYPE <= 2u) {
         for (var k = 0u; k < 4u; k = k + 1u) {
-            let i = i0 + 2u * k;
             var lo: f32;
             var hi: f32;
             if (DTYPE == 1u) {
@@ -38,8 +59,8 @@ fn chunk_dot(w: vec4<u32>, i0: u32, sel: u32, base: u32, n: u32, sc: f32, bi: f3
                 lo = f16_of(w[k] & 0xffffu);
                 hi = f16_of(w[k] >> 16u);
             }
-            acc = acc + lo * xin(sel, base, i, n);
-            acc = acc + hi * xin(sel, base, i + 1u, n);
+            acc = acc + lo * xv[2u * k];
+            acc = acc + hi * xv[2u * k + 1u];
         }
         return acc;
     }
@@ -47,13 +68,16 @@ fn chunk_dot(w: vec4<u32>, i0: u32, sel: u32, base: u32, n: u32, sc: f32, bi: f3
     let per = 32u / BITS;
     let mask = (1u << BITS) - 1u;
     var qx = 0.0;
-    var sx = 0.0;
     for (var k = 0u; k < 4u; k = k + 1u) {
         for (var j = 0u; j < per; j = j + 1u) {
-            let x = xin(sel, base, i0 + k * per + j, n);
-            qx = qx + f32((w[k] >> (BITS * j)) & mask) * x;
-            sx = sx + x;
+            qx = qx + f32((w[k] >> (BITS * j)) & mask) * xv[k * per + j];
         }
     }
     return sc * qx + bi * sx;
+}
+
+// Chunk `w` of a weight row (its first input `i0`) against the inputs at `base`.
+fn chunk_dot(w: vec4<u32>, i0: u32, sel: u32, base: u32, n: u32, sc: f32, bi: f32) -> f32 {
+    let xv = chunk_x(sel, base, i0, n);
+    return chunk_dot_x(w, xv, chunk_sum(xv), sc, bi);
 }

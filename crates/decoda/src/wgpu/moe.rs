@@ -38,9 +38,10 @@ pub fn moe_shader_source_for(dtype: u32, bits: u32) -> String {
 /// `subgroups` (devices with `Features::SUBGROUP`): the same bits.
 pub fn moe_shader_source_with(dtype: u32, bits: u32, subgroups: bool) -> String {
     format!(
-        "{}{SHADER_MOE}\n{}\n{}",
+        "{}{SHADER_MOE}\n{}\n{}\n{}",
         super::shaders::weight_format_source(dtype, bits),
         super::shaders::SHADER_FMATH,
+        super::shaders::SHADER_TILE,
         super::shaders::team_source(subgroups)
     )
 }
@@ -84,7 +85,7 @@ pub(crate) struct MoeParams {
 
 /// The MoE kernels' pipelines (built when a layer is made), indexed by the constants
 /// below.
-type Pipes = Pipelines<7>;
+type Pipes = Pipelines<9>;
 const ROUTE: usize = 0;
 const COUNT: usize = 1;
 const PLACE: usize = 2;
@@ -92,6 +93,11 @@ const ACT: usize = 3;
 const DOWN: usize = 4;
 const COMBINE: usize = 5;
 const DOWN_COMBINE: usize = 6;
+const ACT_TILED: usize = 7;
+const DOWN_TILED: usize = 8;
+
+/// Rows of one expert a tiled product's workgroup computes (`tile.wgsl`).
+const TILE_ROWS: usize = 32;
 
 /// The routing of a recorded call.
 #[derive(Debug, Clone, Copy)]
@@ -344,11 +350,12 @@ impl WgpuMoe {
     }
 
     /// Compute dispatches a call records: the routing when it is on the device, the
-    /// plan's two when sorted, then for a layer in one part the gate/up product and the
-    /// down product with the combine (2), else the gate/up and down products once per
-    /// part of the weights and the combine.
+    /// plan's two when sorted; then an unsorted call on a layer in one part runs the
+    /// gate/up product and the down product with the combine (2), and otherwise the
+    /// gate/up and down products run once per part of the weights (tiled when sorted),
+    /// then the combine.
     pub fn dispatches(&self, device_routing: bool, dispatch: Dispatch) -> usize {
-        let products = if self.parts.len() == 1 {
+        let products = if self.parts.len() == 1 && dispatch == Dispatch::Unsorted {
             // act, then down and combine in one
             2
         } else {
@@ -646,18 +653,42 @@ impl WgpuMoe {
             });
         }
         // the products part by part: each dispatch computes the rows of its experts (a
-        // part's share of the rows, in the plan, is its share of the experts); a layer in
-        // one part combines in its down dispatch
-        let one = self.parts.len() == 1;
+        // part's share of the rows, in the plan, is its share of the experts); an unsorted
+        // call on a layer in one part combines in its down dispatch; a sorted call runs
+        // the tiled products (an expert's weights read once per TILE_ROWS of its rows)
+        let sorted = dispatch == Dispatch::Sorted;
+        let fused = self.parts.len() == 1 && !sorted;
         for (g, (_, p)) in groups.iter().zip(&self.parts) {
-            let share = |b: u64| b * u64::from(p.e_hi - p.e_lo) / e;
+            let part_e = u64::from(p.e_hi - p.e_lo);
+            let share = |b: u64| b * part_e / e;
+            if sorted {
+                // enough tiles for any routing: sum over experts of ceil(rows_e / 32)
+                let tiles = rows.div_ceil(TILE_ROWS) + part_e as usize;
+                // the tiles a routing spread evenly over the part's experts reads
+                let expect = |per: u64| {
+                    let rows_p = share(rows64).max(1);
+                    let per_e = rows_p.div_ceil(part_e.max(1));
+                    part_e.min(rows_p) * per_e.div_ceil(TILE_ROWS as u64) * per
+                };
+                let grid = flat_grid(self.inter.div_ceil(4) * tiles);
+                run(g, self.pipes.get(ACT_TILED), grid, &|| {
+                    let read = expect(self.gate_up_bytes) + share(4 * rows64) + 4 * n64 * d64;
+                    launch("act_tiled", grid, read, share(4 * rows64 * h64))
+                });
+                let grid = flat_grid(d.div_ceil(8) * tiles);
+                run(g, self.pipes.get(DOWN_TILED), grid, &|| {
+                    let read = expect(self.down_bytes) + share(4 * rows64 * (h64 + 1));
+                    launch("down_tiled", grid, read, share(4 * rows64 * d64))
+                });
+                continue;
+            }
             let grid = flat_grid(self.inter.div_ceil(4) * rows);
             run(g, self.pipes.get(ACT), grid, &|| {
                 // each row streams its expert's gate and up rows; x once
                 let read = share(rows64 * self.gate_up_bytes + 4 * rows64) + 4 * n64 * d64;
                 launch("act", grid, read, share(4 * rows64 * h64))
             });
-            if one {
+            if fused {
                 let grid = flat_grid(d.div_ceil(4) * n);
                 run(g, self.pipes.get(DOWN_COMBINE), grid, &|| {
                     let read =
@@ -672,7 +703,7 @@ impl WgpuMoe {
                 });
             }
         }
-        if !one {
+        if !fused {
             let grid = (d.div_ceil(256), n);
             run(g0, self.pipes.get(COMBINE), grid, &|| {
                 let read = 4 * rows64 * (d64 + 2) + acc as u64 * 4 * n64 * d64;
@@ -920,6 +951,8 @@ fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo, dtype: u32, bits: u32)
             "down",
             "combine",
             "down_combine",
+            "act_tiled",
+            "down_tiled",
         ],
         &format!("{}: building the MoE shaders failed", info.name),
     )

@@ -16,6 +16,10 @@
 //   combine    (D/256, N)     y[n] = sum_s w[n, s] out[row of pair (n, s)], in slot order
 //                             (y += with `accumulate`: a residual stream)
 //   down_combine (D/4 * N)    down and combine in one dispatch, for a layer in one part
+//   act_tiled, down_tiled     sorted calls: act and down as tiles of 32 rows of one
+//                             expert by 8 weight rows (tile.wgsl), then combine: an
+//                             expert's weights read once per 32 of its rows; the same
+//                             bits as act and down
 //
 // Every grid is sized by N, N*k, E, D and H: never by which experts were chosen, so the
 // routing never goes back to the host. Unsorted calls skip count and place: row j is
@@ -338,6 +342,15 @@ fn wword(i: u32) -> u32 {
     return weights[i >> 2u][i & 3u];
 }
 
+// (tile.wgsl's accessors)
+fn wvec(i: u32) -> vec4<u32> {
+    return weights[i];
+}
+
+fn wgroup() -> u32 {
+    return max(prm.group, 1u);
+}
+
 // Words of one weight row of `inf` inputs on the device (whole vec4s).
 fn row_words(inf: u32) -> u32 {
     if (DTYPE == 0u) {
@@ -556,5 +569,127 @@ fn down_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         } else {
             ys[n * d + o] = y;
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Sorted calls: the grouped products as tiles (tile.wgsl) of 32 rows of one expert (the
+// plan's rows offsets[e] .., in order) by 8 weight rows, so an expert's weights are read
+// once per 32 of its rows rather than once per row. Each output's sum has the order of
+// `act` and `down` (the same bits). The grid holds ceil(rows / 32) + (this part's
+// experts) tiles, enough for any routing; a workgroup past the routing's tiles returns.
+
+var<workgroup> tile_at: vec3<u32>;
+
+// Tile `t` of this dispatch's experts: (its expert among the part's, its first row in the
+// plan, its rows), or NO_EXPERT first. Uniform across the workgroup.
+fn tile_rows(t: u32, lid: u32) -> vec3<u32> {
+    if (lid == 0u) {
+        var at = vec3<u32>(NO_EXPERT, 0u, 0u);
+        var left = t;
+        for (var e = prm.e_lo; e < prm.e_hi; e = e + 1u) {
+            let lo = work[prm.w_off + e];
+            let cnt = work[prm.w_off + e + 1u] - lo;
+            let tiles = (cnt + 31u) / 32u;
+            if (left < tiles) {
+                at = vec3<u32>(e - prm.e_lo, lo + left * 32u, min(32u, cnt - left * 32u));
+                break;
+            }
+            left = left - tiles;
+        }
+        tile_at = at;
+    }
+    return workgroupUniformLoad(&tile_at);
+}
+
+// act_tiled: ceil(H / 4) x tiles workgroups; 4 outputs' gate rows and up rows a tile,
+// act[j][o] = silu(gate_e[o] . x_t) * up_e[o] . x_t
+@compute @workgroup_size(256)
+fn act_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             lanes: Lanes) {
+    let lid = lane_id(lanes);
+    let h = prm.inter;
+    let d = prm.hidden;
+    let quads = (h + 3u) / 4u;
+    let flat = wid.x + wid.y * nwg.x;
+    let q = flat % quads;
+    let at = tile_rows(flat / quads, lid);
+    if (at.x == NO_EXPERT) {
+        return;
+    }
+    let e = at.x;
+    let rw = row_words(d);
+    let gpr = d / max(prm.group, 1u);
+    var t: TileW;
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        let o = min(q * 4u + i, h - 1u);
+        var rg = e * 2u * h + o;
+        var ru = rg + h;
+        var uw = prm.gate_w;
+        var us = prm.gate_s;
+        var ub = prm.gate_b;
+        if (prm.separate != 0u) {
+            rg = e * h + o;
+            ru = rg;
+            uw = prm.up_w;
+            us = prm.up_s;
+            ub = prm.up_b;
+        }
+        t.wb[i] = (prm.gate_w + rg * rw) / 4u;
+        t.sb[i] = prm.gate_s + rg * gpr;
+        t.bb[i] = prm.gate_b + rg * gpr;
+        t.wb[4u + i] = (uw + ru * rw) / 4u;
+        t.sb[4u + i] = us + ru * gpr;
+        t.bb[4u + i] = ub + ru * gpr;
+    }
+    let r = lid / 8u;
+    let live = r < at.z;
+    var xb = 0u;
+    if (live) {
+        xb = row_token(at.y + r) * d;
+    }
+    tile_products(t, rw / 4u, d, 0u, xb, lid, live);
+    if (lid < 128u) {
+        let i = lid / 32u;
+        let r = lid % 32u;
+        let o = q * 4u + i;
+        if (o < h && r < at.z) {
+            let v = silu(tile_out[i * 32u + r]) * tile_out[(4u + i) * 32u + r];
+            work[prm.w_act + (at.y + r) * h + o] = bitcast<u32>(v);
+        }
+    }
+}
+
+// down_tiled: ceil(D / 8) x tiles workgroups; out[j][o] = down_e[o] . act[j] for 8
+// outputs a tile (then `combine`)
+@compute @workgroup_size(256)
+fn down_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              lanes: Lanes) {
+    let lid = lane_id(lanes);
+    let h = prm.inter;
+    let d = prm.hidden;
+    let octs = (d + 7u) / 8u;
+    let flat = wid.x + wid.y * nwg.x;
+    let q = flat % octs;
+    let at = tile_rows(flat / octs, lid);
+    if (at.x == NO_EXPERT) {
+        return;
+    }
+    let rw = row_words(h);
+    let gpr = h / max(prm.group, 1u);
+    var t: TileW;
+    for (var i = 0u; i < 8u; i = i + 1u) {
+        let r = at.x * d + min(q * 8u + i, d - 1u);
+        t.wb[i] = (prm.down_w + r * rw) / 4u;
+        t.sb[i] = prm.down_s + r * gpr;
+        t.bb[i] = prm.down_b + r * gpr;
+    }
+    let row = lid / 8u;
+    tile_products(t, rw / 4u, h, 1u, prm.w_act + (at.y + row) * h, lid, row < at.z);
+    let i = lid / 32u;
+    let r = lid % 32u;
+    let o = q * 8u + i;
+    if (o < d && r < at.z) {
+        work[prm.w_out + (at.y + r) * d + o] = bitcast<u32>(tile_out[i * 32u + r]);
     }
 }

@@ -52,6 +52,10 @@ pub fn weight_format_source(dtype: u32, bits: u32) -> String {
     )
 }
 
+/// The tiled products for many call rows (`tile.wgsl`): the model's prefill products and
+/// the MoE layer's sorted calls, in the matrix-vector kernels' summation order.
+pub(crate) const SHADER_TILE: &str = include_str!("tile.wgsl");
+
 /// Workgroup reductions through workgroup memory (the portable path).
 pub const REDUCE_WG: &str = include_str!("reduce_wg.wgsl");
 /// Workgroup reductions with subgroup operations (device feature `SUBGROUP`).

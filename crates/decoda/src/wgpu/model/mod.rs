@@ -61,9 +61,10 @@ pub fn mv_shader_source(dtype: u32, bits: u32) -> String {
 pub fn mv_shader_source_with(dtype: u32, bits: u32, subgroups: bool) -> String {
     let team = super::shaders::team_source(subgroups);
     format!(
-        "{}{}{SHADER_MV}\n{team}",
+        "{}{}{SHADER_MV}\n{}\n{team}",
         super::shaders::weight_format_source(dtype, bits),
-        include_str!("op.wgsl")
+        include_str!("op.wgsl"),
+        super::shaders::SHADER_TILE
     )
 }
 

@@ -37,8 +37,7 @@ const CHUNK: u32 = 8u;
 @group(0) @binding(6) var<storage, read_write> k_out: array<f32>;
 @group(0) @binding(7) var<storage, read_write> v_cache: array<f32>;
 
-// partial sums: [team lane][call row of the chunk]
-var<workgroup> red: array<f32, 2048>;
+// (partial sums: `red` of tile.wgsl, [team lane][call row of the chunk])
 // SwiGLU: each output's gate values while the up values are reduced
 var<workgroup> gates: array<f32, 32>;
 // the _norm entry points: 1 / rms of each call row of the chunk
@@ -54,6 +53,19 @@ fn fp(x: f32) -> f32 {
 // Word `i` of the weights buffer.
 fn word(i: u32) -> u32 {
     return wts[i >> 2u][i & 3u];
+}
+
+// (tile.wgsl's accessors)
+fn wword(i: u32) -> u32 {
+    return word(i);
+}
+
+fn wvec(i: u32) -> vec4<u32> {
+    return wts[i];
+}
+
+fn wgroup() -> u32 {
+    return op.group;
 }
 
 // Input i of the call row at `base` of src (0 past its `n` inputs), normed as the `rms`
@@ -139,35 +151,6 @@ fn stream_row(row: u32, valid: bool, r0: u32, nr: u32, lane: u32, lid: u32, norm
     }
 }
 
-// Sums each team's 64 partial sums (of every call row of the chunk) into its lane 0: the
-// tree's levels in workgroup memory down to `tree_floor`, the rest as a butterfly in
-// registers (team_wg.wgsl or team_sg.wgsl, appended by the launcher: the same bits).
-fn reduce_teams(lane: u32, lid: u32) {
-    workgroupBarrier();
-    var s = TEAM / 2u;
-    for (; s > 0u && s >= tree_floor(); s = s >> 1u) {
-        if (lane < s) {
-            for (var j = 0u; j < CHUNK; j = j + 1u) {
-                red[lid * CHUNK + j] = red[lid * CHUNK + j] + red[(lid + s) * CHUNK + j];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (s > 0u) {
-        var v: array<f32, 8>;
-        for (var j = 0u; j < CHUNK; j = j + 1u) {
-            v[j] = butterfly(red[lid * CHUNK + j], s);
-        }
-        workgroupBarrier();
-        if (lane == 0u) {
-            for (var j = 0u; j < CHUNK; j = j + 1u) {
-                red[lid * CHUNK + j] = v[j];
-            }
-        }
-        workgroupBarrier();
-    }
-}
-
 fn silu(g: f32) -> f32 {
     return g / (1.0 + exp(-g));
 }
@@ -184,14 +167,14 @@ fn mv_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool, norm: bool) {
             norm_rows(r0, nr, team, lane, lid, wid.x == 0u && wid.y == 0u);
         }
         stream_row(o, valid, r0, nr, lane, lid, norm);
-        reduce_teams(lane, lid);
+        reduce_red8(lane, lid);
         if (pair) {
             if (lane < nr) {
                 gates[team * CHUNK + lane] = red[head + lane];
             }
             workgroupBarrier();
             stream_row(o + op.out_w, valid, r0, nr, lane, lid, norm);
-            reduce_teams(lane, lid);
+            reduce_red8(lane, lid);
         }
         if (valid && lane < nr) {
             let r = op.dst_row0 + r0 + lane;
