@@ -550,7 +550,9 @@ mod wgpu {
     /// The forward is invariant to how many positions run in a call: the logits of a
     /// position computed in a one-position decode step are the bits of the same
     /// position computed as the last of a prompt run in one forward (speculative
-    /// decoding's verification relies on it), on every golden checkpoint's format.
+    /// decoding's verification relies on it), on every golden checkpoint's format. The
+    /// prompt (the golden's, repeated to 36 positions) runs the tiled products (`mm`,
+    /// and the MoE layers' sorted, tiled calls), the steps the row-by-row ones.
     #[test]
     fn wgpu_positions_per_call_do_not_change_the_logits() {
         if !available() {
@@ -560,16 +562,17 @@ mod wgpu {
         for g in goldens(&t) {
             let model = Arc::new(Qwen3Moe::load(&g.dir, 16).unwrap());
             let steps = 5;
+            let prompt: Vec<u32> = g.prompt.iter().copied().cycle().take(36).collect();
             // decode: the last sampled token's logits came from a one-position step
-            let mut e = dev(Arc::clone(&model), 1, g.prompt.len() + steps).unwrap();
+            let mut e = dev(Arc::clone(&model), 1, prompt.len() + steps).unwrap();
             let seq = decoda::model::Sequence {
-                prompt: g.prompt.clone(),
+                prompt: prompt.clone(),
                 request: greedy(steps as u64, 0),
             };
             let r = decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
             let stepped = e.read_logits(1).unwrap();
             // the same positions as one prompt: one forward of all of them
-            let mut all = g.prompt.clone();
+            let mut all = prompt.clone();
             all.extend(&r.outputs[0].tokens[..steps - 1]);
             let mut f = dev(Arc::clone(&model), 1, all.len() + 1).unwrap();
             f.start(0, greedy(1, 0), &all, 0).unwrap();
@@ -758,5 +761,92 @@ mod wgpu {
             planned as f64 / must as f64,
             p.by_kernel()
         );
+    }
+
+    /// At B = 32 a decode step's planned bytes are within 1.2x of what it must read:
+    /// every dense matrix and the LM head once (the products run tiled: 32 rows a
+    /// tile), each MoE layer's chosen experts once (its calls sort, and the tiled
+    /// products read an expert once per 32 of its rows; 64 choices over 8 experts
+    /// choose them all), the KV cache up to each position, and each product's and the
+    /// attention's inputs once. Reading a weight once per 8 tokens (the row-by-row
+    /// products), or an expert once per token it serves (an unsorted call: 5.2x), fails
+    /// it.
+    #[test]
+    fn wgpu_planned_bytes_at_b32_are_the_bytes_it_must_read() {
+        if !available() {
+            return;
+        }
+        use decoda::model::ops::WeightId;
+        use decoda::model::ModelWeights;
+        let t = tmp("wgpu-bytes-32");
+        let dir = t.join("wide");
+        TinySpec {
+            hidden: 256,
+            intermediate: 512,
+            moe_intermediate: 256,
+            vocab: 4096,
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 32,
+            seed: 5,
+            ..TinySpec::default()
+        }
+        .write(&dir)
+        .unwrap();
+        let model = Arc::new(Qwen3Moe::load(&dir, 16).unwrap());
+        let cfg = model.config.clone();
+        let b = 32usize;
+        let prompt_len = 3usize;
+        let mut e = dev(Arc::clone(&model), b, prompt_len + 2).unwrap();
+        assert!(e.set_profile(true));
+        let seqs: Vec<_> = (0..b as u32)
+            .map(|i| decoda::model::Sequence {
+                prompt: vec![256 + i, 72, 101],
+                request: greedy(2, i as u64),
+            })
+            .collect();
+        decoda::model::generate(e.as_mut(), &seqs, &mut |_| {}).unwrap();
+        let p = e.profile();
+        // one forward of the 32 rows ran (the second step only samples)
+        let planned: u64 = p
+            .dispatches
+            .iter()
+            .filter(|d| !d.launch.kernel.starts_with("sample."))
+            .map(|d| d.launch.bytes_read)
+            .sum();
+        let rows = b as u64;
+        let mut must = 0u64;
+        for id in model.weight_ids() {
+            let w = model.weight(id).unwrap();
+            // the matrix once, its input rows once (q, k and v share theirs, as gate and
+            // up do)
+            must += 4 * (w.out_features() * w.in_features()) as u64;
+            if !matches!(id, WeightId::K(_) | WeightId::V(_) | WeightId::Up(_)) {
+                must += 4 * rows * w.in_features() as u64;
+            }
+        }
+        for l in 0..cfg.num_hidden_layers {
+            if let Some(block) = model.moe(l) {
+                let x = block.experts;
+                let per_expert = 4 * (3 * x.hidden() * x.intermediate()) as u64;
+                let chosen = (b * block.top_k).min(x.experts()) as u64;
+                must += chosen * per_expert;
+                // the experts' inputs (x per token) and the down products' (act per pair)
+                must += 4 * rows * x.hidden() as u64;
+                must += 4 * rows * (block.top_k * x.intermediate()) as u64;
+            }
+            // attention: q of each row, the cache up to the position (keys and values)
+            must += 4 * rows * (cfg.num_attention_heads * cfg.head_dim) as u64;
+            must += rows * (prompt_len as u64 + 1) * 2 * 4 * cfg.kv_width() as u64;
+        }
+        // the embedding rows
+        must += 4 * rows * cfg.hidden_size as u64;
+        let ratio = planned as f64 / must as f64;
+        assert!(
+            planned >= must && ratio <= 1.2,
+            "planned {planned} bytes, must read {must} ({ratio:.3}x): {:?}",
+            p.by_kernel()
+        );
+        eprintln!("B = 32: planned {planned} bytes, must read {must} ({ratio:.3}x)");
     }
 }

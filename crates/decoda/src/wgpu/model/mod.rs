@@ -204,25 +204,44 @@ impl std::fmt::Debug for WgpuModel {
 
 /// The matrix products of one weight format: `mv` and `mv_swiglu`, and both with the
 /// RMS norm before them (`mv_norm`, `mv_swiglu_norm`).
-fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32, sg: bool) -> Result<Pipelines<4>> {
+fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32, sg: bool) -> Result<Pipelines<6>> {
     use crate::wgpu::device::Bind::*;
     lazy_pipelines(
         device,
         "decoda mv.wgsl",
         mv_shader_source_with(dtype, bits, sg),
         &[Uniform, Read, Read, Read, Write, Write, Write, Write, Write],
-        ["mv", "mv_swiglu", "mv_norm", "mv_swiglu_norm"],
+        [
+            "mv",
+            "mv_swiglu",
+            "mv_norm",
+            "mv_swiglu_norm",
+            "mm",
+            "mm_swiglu",
+        ],
         "building the model's matrix products",
     )
 }
 
-/// The matrix products' pipeline for `mat`, SwiGLU or not, with the RMS norm or not
-/// (built at its first use).
+/// Calls of at least this many rows (prefill) run the tiled products (`mm`, tile.wgsl:
+/// a matrix's weights read once per 32 rows of the call rather than once per 8).
+pub(crate) const TILED_ROWS: usize = 32;
+
+/// How a matrix product runs: row by row (`mv`, the norm before it taken in or not), or
+/// tiled (`mm`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum MvKind {
+    Rows { norm: bool },
+    Tiled,
+}
+
+/// The matrix products' pipeline for `mat`, SwiGLU or not, of `kind` (built at its
+/// first use).
 fn mv_pipeline(
     ctx: &WgpuDevice,
     mat: &Mat,
     swiglu: bool,
-    norm: bool,
+    kind: MvKind,
 ) -> Result<wgpu::ComputePipeline> {
     let bits = if mat.dtype == 3 { mat.bits } else { 0 };
     let device = ctx.device().clone();
@@ -231,9 +250,11 @@ fn mv_pipeline(
     let pipes = ctx.pipelines(&format!("mv {} {bits} {sg}", mat.dtype), || {
         build_mv(&device, mat.dtype, bits, sg)
     })?;
-    Ok(pipes
-        .get(usize::from(swiglu) + 2 * usize::from(norm))
-        .clone())
+    let base = match kind {
+        MvKind::Rows { norm } => 2 * usize::from(norm),
+        MvKind::Tiled => 4,
+    };
+    Ok(pipes.get(base + usize::from(swiglu)).clone())
 }
 
 /// The model's pipelines (built when a model is made), indexed by [`Pipe`].
@@ -292,7 +313,8 @@ impl WgpuModel {
                     ],
                     part,
                 )?;
-                mv_pipeline(&ctx, &m, false, true)?;
+                mv_pipeline(&ctx, &m, false, MvKind::Rows { norm: true })?;
+                mv_pipeline(&ctx, &m, false, MvKind::Tiled)?;
                 qkv.insert(l, m);
             }
         }
@@ -316,15 +338,16 @@ impl WgpuModel {
         // the matrix products of the model's formats, now (none inside a call)
         for (id, m) in &mats {
             let gate = matches!(id, WeightId::Gate(_));
-            mv_pipeline(&ctx, m, gate, false)?;
+            mv_pipeline(&ctx, m, gate, MvKind::Rows { norm: false })?;
+            mv_pipeline(&ctx, m, gate, MvKind::Tiled)?;
             // the router and the dense MLPs' gate and up take the norm before them
             if gate || matches!(id, WeightId::Router(_)) {
-                mv_pipeline(&ctx, m, gate, true)?;
+                mv_pipeline(&ctx, m, gate, MvKind::Rows { norm: true })?;
             }
         }
         let embed = upload(&device, "embed_tokens", &[model.embed()], part)?;
         if model.tied_lm_head() {
-            mv_pipeline(&ctx, &embed, false, false)?;
+            mv_pipeline(&ctx, &embed, false, MvKind::Rows { norm: false })?;
             mats.insert(WeightId::LmHead, embed.clone());
         }
         let mut norm_words = Vec::new();

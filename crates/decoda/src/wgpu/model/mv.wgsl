@@ -177,32 +177,77 @@ fn mv_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool, norm: bool) {
             reduce_red8(lane, lid);
         }
         if (valid && lane < nr) {
-            let r = op.dst_row0 + r0 + lane;
-            let at = r * op.dst_w + op.out_off + o;
-            let v = red[head + lane];
+            var v = red[head + lane];
             if (pair) {
-                dst[at] = silu(gates[team * CHUNK + lane]) * v;
-            } else if (op.kind == 1u) {
-                dst[at] = dst[at] + v;
-            } else if (op.kind == 3u) {
-                // q, k and v: the row of the stacked matrix says which
-                let g = op.out_off + o;
-                let qw = op.heads * op.head_dim;
-                let kvw = op.kv_heads * op.head_dim;
-                if (g < qw) {
-                    dst[r * qw + g] = v;
-                } else if (g < qw + kvw) {
-                    k_out[r * kvw + g - qw] = v;
-                } else {
-                    let slot = ctl[op.map_off + 4u * r];
-                    let pos = ctl[slot] + ctl[op.map_off + 4u * r + 1u];
-                    v_cache[(slot * op.max_pos + pos) * kvw + g - qw - kvw] = v;
-                }
-            } else {
-                dst[at] = v;
+                v = silu(gates[team * CHUNK + lane]) * v;
             }
+            put(r0 + lane, o, v);
         }
         workgroupBarrier();
+    }
+}
+
+// Output o of call row r (of the op's rows): written, added (`kind` 1), or for q, k and
+// v (`kind` 3) sent where the row of the stacked matrix says.
+fn put(row: u32, o: u32, v: f32) {
+    let r = op.dst_row0 + row;
+    let at = r * op.dst_w + op.out_off + o;
+    if (op.kind == 1u) {
+        dst[at] = dst[at] + v;
+    } else if (op.kind == 3u) {
+        let g = op.out_off + o;
+        let qw = op.heads * op.head_dim;
+        let kvw = op.kv_heads * op.head_dim;
+        if (g < qw) {
+            dst[r * qw + g] = v;
+        } else if (g < qw + kvw) {
+            k_out[r * kvw + g - qw] = v;
+        } else {
+            let slot = ctl[op.map_off + 4u * r];
+            let pos = ctl[slot] + ctl[op.map_off + 4u * r + 1u];
+            v_cache[(slot * op.max_pos + pos) * kvw + g - qw - kvw] = v;
+        }
+    } else {
+        dst[at] = v;
+    }
+}
+
+// The tiled products (tile.wgsl) for calls of many rows (prefill): workgroup (u, t) of
+// ceil(out_w / 8) x ceil(rows / 32) (SwiGLU: 4 outputs' gate and up rows a tile)
+// computes outputs 8u .. of call rows 32t .., each in the order `mv` sums it (the same
+// bits). The inputs are not normed here: a norm before a tiled product runs as `rms`.
+fn mm_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool) {
+    let per = select(8u, 4u, pair);
+    let tiles_o = (op.out_w + per - 1u) / per;
+    let flat = wid.x + wid.y * nwg.x;
+    let o0 = (flat % tiles_o) * per;
+    let r0 = (flat / tiles_o) * 32u;
+    if (r0 >= op.rows) {
+        return;
+    }
+    let gpr = op.in_w / op.group;
+    var t: TileW;
+    for (var i = 0u; i < 8u; i = i + 1u) {
+        var row = min(o0 + i, op.out_w - 1u);
+        if (pair) {
+            row = min(o0 + i % 4u, op.out_w - 1u) + select(0u, op.out_w, i >= 4u);
+        }
+        t.wb[i] = (op.w_off + row * op.row_words) / 4u;
+        t.sb[i] = op.s_off + row * gpr;
+        t.bb[i] = op.b_off + row * gpr;
+    }
+    let r = r0 + lid / 8u;
+    let live = r < op.rows;
+    let xb = (op.src_row0 + min(r, op.rows - 1u)) * op.src_w;
+    tile_products(t, op.row_words / 4u, op.in_w, RAW, xb, lid, live);
+    let i = lid / 32u;
+    let rr = r0 + lid % 32u;
+    if (i < per && o0 + i < op.out_w && rr < op.rows) {
+        var v = tile_out[lid];
+        if (pair) {
+            v = silu(v) * tile_out[lid + 128u];
+        }
+        put(rr, o0 + i, v);
     }
 }
 
@@ -228,4 +273,16 @@ fn mv_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
 fn mv_swiglu_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   lanes: Lanes) {
     mv_body(wid, nwg, lane_id(lanes), true, true);
+}
+
+@compute @workgroup_size(256)
+fn mm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+      lanes: Lanes) {
+    mm_body(wid, nwg, lane_id(lanes), false);
+}
+
+@compute @workgroup_size(256)
+fn mm_swiglu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             lanes: Lanes) {
+    mm_body(wid, nwg, lane_id(lanes), true);
 }

@@ -75,6 +75,8 @@ pub(super) struct Pending {
     pub(super) bytes: (u64, u64),
     /// A matrix product's pipeline (else the model module's `pipe`).
     pub(super) mv: Option<wgpu::ComputePipeline>,
+    /// A tiled matrix product (`mm`; its launch is named `linear_tiled`).
+    pub(super) tiled: bool,
 }
 
 impl WgpuModel {
@@ -185,7 +187,11 @@ impl WgpuModel {
                     group,
                     grid: grid_of(p.grid),
                     launch: Launch {
-                        kernel: format!("model.{}", p.pipe.name()),
+                        kernel: if p.tiled {
+                            format!("model.{}_tiled", p.pipe.name())
+                        } else {
+                            format!("model.{}", p.pipe.name())
+                        },
                         workgroups: p.grid as u64,
                         bytes_read: p.bytes.0,
                         bytes_written: p.bytes.1,
@@ -269,6 +275,7 @@ impl Recorder<'_> {
             grid,
             bytes,
             mv: None,
+            tiled: false,
         });
     }
 
@@ -304,14 +311,18 @@ impl Recorder<'_> {
     }
 
     /// One matrix product (`mv.wgsl`) per part of `mat`: `op` with each part's matrix
-    /// fields, four output rows a workgroup. Each workgroup streams its weight rows once
-    /// per eight rows of the call (and for SwiGLU the up rows beside the gate rows); the
+    /// fields. Row by row (`mv`), four output rows a workgroup, each streaming its weight
+    /// rows once per eight rows of the call (for SwiGLU the up rows beside the gate
+    /// rows); a call of [`super::TILED_ROWS`] rows or more (prefill) runs tiled (`mm`),
+    /// 8 weight rows by 32 call rows a workgroup, the weights read once per 32 rows. The
     /// inputs are counted once.
     fn push_linear(&mut self, mat: &Mat, op: ModelOp, binds: &Binds) -> Result<()> {
         let swiglu = op.kind == 2;
-        // the RMS norm before it, taken into the product (`mv_norm`): its input is the
-        // norm's, normed on the fly, and the normed rows go to the norm's output as well
-        let fused = self.norm.filter(|n| binds.src == self.act(n.dst));
+        let tiled = op.rows as usize >= super::TILED_ROWS;
+        // the RMS norm before it, taken into a row-by-row product (`mv_norm`): its input
+        // is the norm's, normed on the fly, and the normed rows go to the norm's output
+        // as well; before a tiled product the norm runs as its own dispatch
+        let fused = self.norm.filter(|n| !tiled && binds.src == self.act(n.dst));
         if fused.is_some() {
             self.norm = None;
         } else {
@@ -338,9 +349,20 @@ impl Recorder<'_> {
             None => (op, binds.clone()),
         };
         let binds = &binds;
-        let pipeline = super::mv_pipeline(&self.m.ctx, mat, swiglu, fused.is_some())?;
+        let kind = if tiled {
+            super::MvKind::Tiled
+        } else {
+            super::MvKind::Rows {
+                norm: fused.is_some(),
+            }
+        };
+        let pipeline = super::mv_pipeline(&self.m.ctx, mat, swiglu, kind)?;
         let rows = u64::from(op.rows);
-        let streams = rows.div_ceil(8);
+        let streams = if tiled {
+            rows.div_ceil(super::TILED_ROWS as u64)
+        } else {
+            rows.div_ceil(8)
+        };
         let pair = if swiglu { 2 } else { 1 };
         for part in &mat.parts {
             let w = part.rows as u64 * mat.row_bytes() * pair * streams;
@@ -377,8 +399,16 @@ impl Recorder<'_> {
                 wts: Some(part.buf.clone()),
                 ..binds.clone()
             };
-            self.push(Pipe::Linear, op, binds, part.rows.div_ceil(4), bytes);
-            self.pending.last_mut().expect("pushed").mv = Some(pipeline.clone());
+            let grid = if tiled {
+                let per = if swiglu { 4 } else { 8 };
+                part.rows.div_ceil(per) * (op.rows as usize).div_ceil(super::TILED_ROWS)
+            } else {
+                part.rows.div_ceil(4)
+            };
+            self.push(Pipe::Linear, op, binds, grid, bytes);
+            let last = self.pending.last_mut().expect("pushed");
+            last.mv = Some(pipeline.clone());
+            last.tiled = tiled;
         }
         Ok(())
     }
