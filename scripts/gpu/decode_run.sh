@@ -27,7 +27,7 @@ if [ "$QUICK" = 1 ]; then
   TOKENS=1,8; DTYPES="q4g64"; T=600; EXPERTS="--experts 8 --hidden 256 --intermediate 128"
   SHAPE="--vocab 1024 --layers 2 --quantize q4g64"; MAXTOK=4
 else
-  TOKENS=1,8,64,512; DTYPES="bf16 q4g64 q8g64"; T=120
+  TOKENS=1,8,16,32,64,128,512; DTYPES="bf16 q4g64 q8g64"; T=180
   EXPERTS="--experts 128 --hidden 2048 --intermediate 768"
   SHAPE="--preset qwen3-30b-a3b --layers $LAYERS"; MAXTOK=64
 fi
