@@ -307,7 +307,7 @@ mod tests {
             &fields!(MoeParams; tokens, top_k, experts, hidden, inter, sorted, router,
                 separate, dtype, bits, group, zero, gate_w, gate_s, gate_b, up_w, up_s, up_b,
                 down_w, down_s, down_b, w_idx_in, w_wt, w_order, w_idx, w_inv, w_off, w_act,
-                w_out, e_lo, e_hi, accumulate),
+                w_out, e_lo, e_hi, accumulate, w_tb, w_tiles),
         );
     }
 

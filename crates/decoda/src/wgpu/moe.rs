@@ -81,6 +81,8 @@ pub(crate) struct MoeParams {
     pub e_lo: u32,
     pub e_hi: u32,
     pub accumulate: u32,
+    pub w_tb: u32,
+    pub w_tiles: u32,
 }
 
 /// The MoE kernels' pipelines (built when a layer is made), indexed by the constants
@@ -408,7 +410,15 @@ impl WgpuMoe {
         p.w_off = 5 * rows;
         p.w_act = 5 * rows + self.experts as u32 + 1;
         p.w_out = p.w_act + rows * self.inter as u32;
+        p.w_tb = p.w_out + rows * self.hidden as u32;
+        p.w_tiles = p.w_tb + self.experts as u32 + 1;
         p
+    }
+
+    /// Most tiles a sorted call of `rows` (token, expert) rows can have: the sum over
+    /// experts of ceil(rows_e / TILE_ROWS).
+    fn max_tiles(&self, rows: usize) -> usize {
+        rows.div_ceil(TILE_ROWS) + self.experts
     }
 
     /// Records one call into `encoder`: `x [n, D]` f32 (a STORAGE buffer), the routing
@@ -518,7 +528,7 @@ impl WgpuMoe {
             }
             bytes
         };
-        let work_words = p.w_out as usize + n * k * d;
+        let work_words = p.w_tiles as usize + 2 * self.max_tiles(n * k);
         let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
         let limit = self.ctx.device().limits().max_storage_buffer_binding_size;
         if (work_words * 4) as u64 > limit {
@@ -641,14 +651,15 @@ impl WgpuMoe {
             run(g0, self.pipes.get(COUNT), grid, &|| {
                 launch("count", grid, 4 * rows64, 4 * rows64)
             });
-            // every workgroup walks the whole routing
+            // every workgroup walks the whole routing; the tile table too
             let grid = (self.experts, 1);
+            let tiles = self.max_tiles(rows) as u64;
             run(g0, self.pipes.get(PLACE), grid, &|| {
                 launch(
                     "place",
                     grid,
                     4 * rows64 * (e + 1),
-                    12 * rows64 + 4 * (e + 1),
+                    12 * rows64 + 8 * (e + 1) + 8 * tiles,
                 )
             });
         }
@@ -662,7 +673,8 @@ impl WgpuMoe {
             let part_e = u64::from(p.e_hi - p.e_lo);
             let share = |b: u64| b * part_e / e;
             if sorted {
-                // enough tiles for any routing: sum over experts of ceil(rows_e / 32)
+                // enough tiles for any routing: the sum over the part's experts of
+                // ceil(rows_e / 32)
                 let tiles = rows.div_ceil(TILE_ROWS) + part_e as usize;
                 // the tiles a routing spread evenly over the part's experts reads
                 let expect = |per: u64| {

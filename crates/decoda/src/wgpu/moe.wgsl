@@ -7,7 +7,8 @@
 //   count      (N*k / 256)    sorted calls: tokens per expert
 //   place      (E)            sorted calls: the stable counting sort, one workgroup per
 //                             expert walking the pairs in order; the plan (order, idx,
-//                             inv_order, offsets) lands in `work`
+//                             inv_order, offsets, and the tiles of 32 rows of an expert
+//                             the tiled products take) lands in `work`
 //   act        (H/4 * rows)   act[j] = silu(gate_e x_t) * up_e x_t for row j (expert
 //                             e = idx[j], token t), weights dequantized in registers;
 //                             a layer in parts (whole experts a buffer) runs act and
@@ -60,6 +61,8 @@ struct Params {
     e_lo: u32,          // the experts of this dispatch's weights (a layer in parts)
     e_hi: u32,
     accumulate: u32,    // y += the combination (a residual stream) instead of y =
+    w_tb: u32,          // plan: the first tile of each expert [E + 1]
+    w_tiles: u32,       // plan: the tiles, (first row, expert << 8 | rows) each
 }
 
 @group(0) @binding(0) var<uniform> prm: Params;
@@ -246,14 +249,26 @@ fn place(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         return;
     }
     var off = 0u;
+    var tb = 0u;
     for (var f = 0u; f < e; f = f + 1u) {
-        off = off + atomicLoad(&counts[f]);
+        let cf = atomicLoad(&counts[f]);
+        off = off + cf;
+        tb = tb + (cf + 31u) / 32u;
     }
+    let cnt = atomicLoad(&counts[e]);
+    let tiles = (cnt + 31u) / 32u;
     if (lid == 0u) {
         work[prm.w_off + e] = off;
+        work[prm.w_tb + e] = tb;
         if (e + 1u == prm.experts) {
-            work[prm.w_off + prm.experts] = off + atomicLoad(&counts[e]);
+            work[prm.w_off + prm.experts] = off + cnt;
+            work[prm.w_tb + prm.experts] = tb + tiles;
         }
+    }
+    // the tiled products' table: tile i of expert e holds its rows 32i .. (at most 32)
+    for (var i = lid; i < tiles; i = i + 256u) {
+        work[prm.w_tiles + 2u * (tb + i)] = off + 32u * i;
+        work[prm.w_tiles + 2u * (tb + i) + 1u] = (e << 8u) | min(32u, cnt - 32u * i);
     }
     let rows = prm.tokens * prm.top_k;
     var base = off;
@@ -582,20 +597,15 @@ fn down_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 var<workgroup> tile_at: vec3<u32>;
 
 // Tile `t` of this dispatch's experts: (its expert among the part's, its first row in the
-// plan, its rows), or NO_EXPERT first. Uniform across the workgroup.
+// plan, its rows), or NO_EXPERT first; from the table `place` wrote (three reads).
+// Uniform across the workgroup.
 fn tile_rows(t: u32, lid: u32) -> vec3<u32> {
     if (lid == 0u) {
         var at = vec3<u32>(NO_EXPERT, 0u, 0u);
-        var left = t;
-        for (var e = prm.e_lo; e < prm.e_hi; e = e + 1u) {
-            let lo = work[prm.w_off + e];
-            let cnt = work[prm.w_off + e + 1u] - lo;
-            let tiles = (cnt + 31u) / 32u;
-            if (left < tiles) {
-                at = vec3<u32>(e - prm.e_lo, lo + left * 32u, min(32u, cnt - left * 32u));
-                break;
-            }
-            left = left - tiles;
+        let g = work[prm.w_tb + prm.e_lo] + t;
+        if (g < work[prm.w_tb + prm.e_hi]) {
+            let info = work[prm.w_tiles + 2u * g + 1u];
+            at = vec3<u32>((info >> 8u) - prm.e_lo, work[prm.w_tiles + 2u * g], info & 0xffu);
         }
         tile_at = at;
     }
