@@ -857,4 +857,62 @@ mod wgpu {
         );
         eprintln!("B = 32: planned {planned} bytes, must read {must} ({ratio:.3}x)");
     }
+
+    /// An LM head of many rows runs `mv_wide` (32 output rows a workgroup) and gives the
+    /// bits of `mv` (4 rows a workgroup): a 9,000-token vocabulary in one part (wide)
+    /// and in parts of at most 2,048 rows (row by row) draw the same ids and leave the
+    /// same logits, at B = 1 and with 9 sequences (two chunks of 8 call rows).
+    #[test]
+    fn wgpu_wide_lm_head_gives_the_rows_bits() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-wide");
+        let dir = t.join("wide-vocab");
+        TinySpec {
+            vocab: 9000,
+            seed: 8,
+            ..TinySpec::default()
+        }
+        .write(&dir)
+        .unwrap();
+        let model = Arc::new(Qwen3Moe::load(&dir, 16).unwrap());
+        let d = decoda::testing::gpu::device().unwrap();
+        // f32 rows of 64 inputs: 2,048 rows in 512 KiB
+        let parted = d.with_weight_part_bytes(512 << 10);
+        for b in [1usize, 9] {
+            let seqs: Vec<_> = (0..b as u32)
+                .map(|i| decoda::model::Sequence {
+                    prompt: vec![300 + i, 72, 8500 - i],
+                    request: greedy(3, i as u64),
+                })
+                .collect();
+            let mut logits = Vec::new();
+            let mut ids = Vec::new();
+            for whole in [true, false] {
+                let mut e: Box<dyn Engine> = if whole {
+                    dev(Arc::clone(&model), b, 8).unwrap()
+                } else {
+                    Box::new(WgpuEngine::new(&parted, model.clone(), b, 8, None).unwrap())
+                };
+                let r = decoda::model::generate(e.as_mut(), &seqs, &mut |_| {}).unwrap();
+                ids.push(
+                    r.outputs
+                        .iter()
+                        .map(|o| o.tokens.clone())
+                        .collect::<Vec<_>>(),
+                );
+                logits.push(e.read_logits(b).unwrap());
+            }
+            assert_eq!(ids[0], ids[1], "B = {b}");
+            let same = logits[0]
+                .iter()
+                .zip(&logits[1])
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "B = {b}: the wide LM head's logits differ from the rows'"
+            );
+        }
+    }
 }

@@ -120,3 +120,68 @@ fn tile_products(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, liv
     }
     workgroupBarrier();
 }
+
+// The matrix-vector shape of the same order (`mv_wide`, for matrices of many rows: the
+// LM head): 32 weight rows by up to 8 call rows a workgroup, invocation (weight row
+// lid / 8, group g = lid % 8) holding lanes g, g + 8, .., g + 56 of its row for each call
+// row (inputs `sel` at `xb[j]`, j < nr). The 32 rows' invocations read the call rows' inputs once per
+// workgroup through the cache (4 rows a workgroup in `mv` read them 8 times as often).
+// Results in tile_out[o * 8 + j].
+fn wide_products(t: TileW1, chunks: u32, n: u32, sel: u32, xb: array<u32, 8>, nr: u32,
+                 lid: u32, live: bool) {
+    let g = lid % 8u;
+    // acc[m * 8 + j]: lane g + 8m's sum for call row j
+    var acc: array<f32, 64>;
+    for (var i = 0u; i < 64u; i = i + 1u) {
+        acc[i] = 0.0;
+    }
+    if (live) {
+        for (var c0 = 0u; c0 < chunks; c0 = c0 + 64u) {
+            for (var m = 0u; m < 8u; m = m + 1u) {
+                let c = c0 + g + 8u * m;
+                if (c < chunks) {
+                    let i0 = c * per_chunk();
+                    var sc = 0.0;
+                    var bi = 0.0;
+                    if (DTYPE == 3u) {
+                        let q = i0 / wgroup();
+                        sc = bitcast<f32>(wword(t.sb + q));
+                        bi = bitcast<f32>(wword(t.bb + q));
+                    }
+                    let w = wvec(t.wb + c);
+                    for (var j = 0u; j < 8u; j = j + 1u) {
+                        if (j < nr) {
+                            let xv = chunk_x(sel, xb[j], i0, n);
+                            let d = chunk_dot_x(w, xv, chunk_sum(xv), sc, bi);
+                            acc[m * 8u + j] = acc[m * 8u + j] + d;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // the tree's levels 32, 16 and 8 in registers, then 4, 2 and 1 across the row's 8
+    // invocations
+    for (var j = 0u; j < 8u; j = j + 1u) {
+        let b0 = acc[j] + acc[32u + j];
+        let b1 = acc[8u + j] + acc[40u + j];
+        let b2 = acc[16u + j] + acc[48u + j];
+        let b3 = acc[24u + j] + acc[56u + j];
+        red[lid * 8u + j] = (b0 + b2) + (b1 + b3);
+    }
+    reduce_red8_from(4u, g, lid);
+    if (g == 0u) {
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            tile_out[(lid / 8u) * 8u + j] = red[lid * 8u + j];
+        }
+    }
+    workgroupBarrier();
+}
+
+// One weight row of wide_products: its first vec4, and the words of its first group's
+// scale and bias.
+struct TileW1 {
+    wb: u32,
+    sb: u32,
+    bb: u32,
+}

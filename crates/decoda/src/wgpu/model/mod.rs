@@ -204,7 +204,7 @@ impl std::fmt::Debug for WgpuModel {
 
 /// The matrix products of one weight format: `mv` and `mv_swiglu`, and both with the
 /// RMS norm before them (`mv_norm`, `mv_swiglu_norm`).
-fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32, sg: bool) -> Result<Pipelines<6>> {
+fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32, sg: bool) -> Result<Pipelines<7>> {
     use crate::wgpu::device::Bind::*;
     lazy_pipelines(
         device,
@@ -218,6 +218,7 @@ fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32, sg: bool) -> Result<Pi
             "mv_swiglu_norm",
             "mm",
             "mm_swiglu",
+            "mv_wide",
         ],
         "building the model's matrix products",
     )
@@ -227,11 +228,18 @@ fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32, sg: bool) -> Result<Pi
 /// a matrix's weights read once per 32 rows of the call rather than once per 8).
 pub(crate) const TILED_ROWS: usize = 32;
 
-/// How a matrix product runs: row by row (`mv`, the norm before it taken in or not), or
-/// tiled (`mm`).
+/// Row-by-row products of at least this many output rows (a part of the LM head) run
+/// `mv_wide`, 32 output rows a workgroup (reading the call's inputs a quarter as often
+/// as `mv`'s 4), which still launches at least 264 workgroups (two per compute unit of a
+/// 132-SM GPU).
+pub(crate) const WIDE_ROWS: usize = 264 * 32;
+
+/// How a matrix product runs: row by row (`mv`, the norm before it taken in or not; or
+/// `mv_wide`, 32 output rows a workgroup), or tiled (`mm`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum MvKind {
     Rows { norm: bool },
+    Wide,
     Tiled,
 }
 
@@ -250,11 +258,12 @@ fn mv_pipeline(
     let pipes = ctx.pipelines(&format!("mv {} {bits} {sg}", mat.dtype), || {
         build_mv(&device, mat.dtype, bits, sg)
     })?;
-    let base = match kind {
-        MvKind::Rows { norm } => 2 * usize::from(norm),
-        MvKind::Tiled => 4,
+    let index = match kind {
+        MvKind::Rows { norm } => 2 * usize::from(norm) + usize::from(swiglu),
+        MvKind::Tiled => 4 + usize::from(swiglu),
+        MvKind::Wide => 6,
     };
-    Ok(pipes.get(base + usize::from(swiglu)).clone())
+    Ok(pipes.get(index).clone())
 }
 
 /// The model's pipelines (built when a model is made), indexed by [`Pipe`].
@@ -340,6 +349,9 @@ impl WgpuModel {
             let gate = matches!(id, WeightId::Gate(_));
             mv_pipeline(&ctx, m, gate, MvKind::Rows { norm: false })?;
             mv_pipeline(&ctx, m, gate, MvKind::Tiled)?;
+            if m.parts.iter().any(|p| p.rows >= WIDE_ROWS) {
+                mv_pipeline(&ctx, m, gate, MvKind::Wide)?;
+            }
             // the router and the dense MLPs' gate and up take the norm before them
             if gate || matches!(id, WeightId::Router(_)) {
                 mv_pipeline(&ctx, m, gate, MvKind::Rows { norm: true })?;
@@ -348,6 +360,10 @@ impl WgpuModel {
         let embed = upload(&device, "embed_tokens", &[model.embed()], part)?;
         if model.tied_lm_head() {
             mv_pipeline(&ctx, &embed, false, MvKind::Rows { norm: false })?;
+            mv_pipeline(&ctx, &embed, false, MvKind::Tiled)?;
+            if embed.parts.iter().any(|p| p.rows >= WIDE_ROWS) {
+                mv_pipeline(&ctx, &embed, false, MvKind::Wide)?;
+            }
             mats.insert(WeightId::LmHead, embed.clone());
         }
         let mut norm_words = Vec::new();

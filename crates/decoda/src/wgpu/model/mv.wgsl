@@ -286,3 +286,34 @@ fn mm_swiglu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
              lanes: Lanes) {
     mm_body(wid, nwg, lane_id(lanes), true);
 }
+
+// The LM head's shape (matrices of many rows, no norm, written as they are): 32 output
+// rows a workgroup (wide_products, tile.wgsl), for each chunk of 8 call rows; the same
+// order, so the same bits, as `mv`.
+@compute @workgroup_size(256)
+fn mv_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           lanes: Lanes) {
+    let lid = lane_id(lanes);
+    let o0 = (wid.x + wid.y * nwg.x) * 32u;
+    if (o0 >= op.out_w) {
+        return;
+    }
+    let o = min(o0 + lid / 8u, op.out_w - 1u);
+    let gpr = op.in_w / op.group;
+    let t = TileW1((op.w_off + o * op.row_words) / 4u, op.s_off + o * gpr, op.b_off + o * gpr);
+    for (var r0 = 0u; r0 < op.rows; r0 = r0 + CHUNK) {
+        let nr = min(CHUNK, op.rows - r0);
+        var xb: array<u32, 8>;
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            xb[j] = (op.src_row0 + r0 + min(j, nr - 1u)) * op.src_w;
+        }
+        wide_products(t, op.row_words / 4u, op.in_w, RAW, xb, nr, lid, true);
+        // output o0 + lid / 8's call row lid % 8
+        let oo = o0 + lid / 8u;
+        let j = lid % 8u;
+        if (oo < op.out_w && j < nr) {
+            put(r0 + j, oo, tile_out[lid]);
+        }
+        workgroupBarrier();
+    }
+}

@@ -357,6 +357,18 @@ impl Recorder<'_> {
             }
         };
         let pipeline = super::mv_pipeline(&self.m.ctx, mat, swiglu, kind)?;
+        // a plain product of many rows (the LM head): 32 output rows a workgroup
+        let wide_ok = !tiled && !swiglu && fused.is_none() && op.kind == 0;
+        let wide_pipeline = if wide_ok && mat.parts.iter().any(|p| p.rows >= super::WIDE_ROWS) {
+            Some(super::mv_pipeline(
+                &self.m.ctx,
+                mat,
+                false,
+                super::MvKind::Wide,
+            )?)
+        } else {
+            None
+        };
         let rows = u64::from(op.rows);
         let streams = if tiled {
             rows.div_ceil(super::TILED_ROWS as u64)
@@ -399,15 +411,20 @@ impl Recorder<'_> {
                 wts: Some(part.buf.clone()),
                 ..binds.clone()
             };
+            let wide = wide_pipeline
+                .as_ref()
+                .filter(|_| part.rows >= super::WIDE_ROWS);
             let grid = if tiled {
                 let per = if swiglu { 4 } else { 8 };
                 part.rows.div_ceil(per) * (op.rows as usize).div_ceil(super::TILED_ROWS)
+            } else if wide.is_some() {
+                part.rows.div_ceil(32)
             } else {
                 part.rows.div_ceil(4)
             };
             self.push(Pipe::Linear, op, binds, grid, bytes);
             let last = self.pending.last_mut().expect("pushed");
-            last.mv = Some(pipeline.clone());
+            last.mv = Some(wide.unwrap_or(&pipeline).clone());
             last.tiled = tiled;
         }
         Ok(())
