@@ -45,7 +45,9 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let minp = (sp.flags & F_MIN_P) != 0u && !is_neg_inf(sgetf(row, S_GTHR));
     let r_ref = sgetf(row, S_R);
     let rkey = cmp_key(r_ref);
-    let unf = !isc && (sp.flags & (F_TOP_K | F_TOP_P | F_MIN_P)) == 0u;
+    // the draw over the whole row happens here only for rows without a set filter (settle
+    // reads it for those alone): top-n-σ and typical-p rows make no noise in the scan
+    let unf = !isc && (sp.flags & F_SET_FILTERS) == 0u;
     let stp = step_of(slot);
     let seed = vec2<u32>(sp.seed_lo, sp.seed_hi);
     let lst = cand(row);
