@@ -604,7 +604,8 @@ mod wgpu {
     /// subgroups draws the same ids and the same logits, prompt and decode steps, on
     /// every golden checkpoint (the quick tier: the f32 one, since the sums are the same
     /// code in every format's module and each format's subgroup modules cost lavapipe
-    /// seconds to build).
+    /// seconds to build), and a 9,000-token vocabulary (`mv_wide`); 36-position prompts,
+    /// so the tiled products' levels run with subgroups too.
     #[test]
     fn wgpu_subgroup_sums_give_the_tree_bits() {
         if !available() {
@@ -623,30 +624,44 @@ mod wgpu {
         }
         let t = tmp("wgpu-subgroups");
         let quick = !decoda::testing::full_tier();
-        for g in goldens(&t)
+        let mut cases: Vec<(String, PathBuf, Vec<u32>)> = goldens(&t)
             .into_iter()
             .filter(|g| !quick || g.name == "default")
-        {
-            let model = Arc::new(Qwen3Moe::load(&g.dir, 16).unwrap());
+            .map(|g| (g.name, g.dir, g.prompt))
+            .collect();
+        // a 9,000-token vocabulary: the LM head runs `mv_wide`
+        let wide = t.join("wide-vocab");
+        TinySpec {
+            vocab: 9000,
+            seed: 8,
+            ..TinySpec::default()
+        }
+        .write(&wide)
+        .unwrap();
+        cases.push(("wide".into(), wide, vec![300, 72, 8500]));
+        for (name, dir, prompt) in cases {
+            let model = Arc::new(Qwen3Moe::load(&dir, 16).unwrap());
             let steps = 4;
+            // 36 prompt positions: the prompt runs the tiled products (and their
+            // subgroup levels), whose keys and values the steps read
+            let prompt: Vec<u32> = prompt.iter().copied().cycle().take(36).collect();
             let run = |e: &mut Box<dyn Engine>| {
                 let seq = decoda::model::Sequence {
-                    prompt: g.prompt.clone(),
+                    prompt: prompt.clone(),
                     request: greedy(steps as u64, 0),
                 };
                 let r = decoda::model::generate(e.as_mut(), &[seq], &mut |_| {}).unwrap();
                 (r.outputs[0].tokens.clone(), e.read_logits(1).unwrap())
             };
-            let mut a = dev(Arc::clone(&model), 1, g.prompt.len() + steps).unwrap();
+            let mut a = dev(Arc::clone(&model), 1, prompt.len() + steps).unwrap();
             let mut b: Box<dyn Engine> =
-                Box::new(WgpuEngine::new(&sg, model, 1, g.prompt.len() + steps, None).unwrap());
+                Box::new(WgpuEngine::new(&sg, model, 1, prompt.len() + steps, None).unwrap());
             let (ta, la) = run(&mut a);
             let (tb, lb) = run(&mut b);
-            assert_eq!(ta, tb, "{}: ids", g.name);
+            assert_eq!(ta, tb, "{name}: ids");
             assert!(
                 la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{}: logits differ with subgroup sums (gap {:.2e})",
-                g.name,
+                "{name}: logits differ with subgroup sums (gap {:.2e})",
                 decoda::testing::model::relative_gap(&la, &lb)
             );
         }
