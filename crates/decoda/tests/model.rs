@@ -268,6 +268,28 @@ mod wgpu {
 
     /// The tiny model (seed 7) generating `steps` greedy tokens after `prompt` on a
     /// profiling engine: the model, the engine and its profile.
+    /// The bytes a profile's model dispatches plan to read (not the sampler's).
+    fn model_bytes_read(p: &decoda::profile::StepProfile) -> u64 {
+        p.dispatches
+            .iter()
+            .filter(|d| !d.launch.kernel.starts_with("sample."))
+            .map(|d| d.launch.bytes_read)
+            .sum()
+    }
+
+    /// The tiny checkpoint with a 9,000-token vocabulary (its LM head runs `mv_wide`).
+    fn wide_vocab(t: &Path) -> PathBuf {
+        let dir = t.join("wide-vocab");
+        TinySpec {
+            vocab: 9000,
+            seed: 8,
+            ..TinySpec::default()
+        }
+        .write(&dir)
+        .unwrap();
+        dir
+    }
+
     fn profiled(
         tag: &str,
         prompt: &[u32],
@@ -630,15 +652,7 @@ mod wgpu {
             .map(|g| (g.name, g.dir, g.prompt))
             .collect();
         // a 9,000-token vocabulary: the LM head runs `mv_wide`
-        let wide = t.join("wide-vocab");
-        TinySpec {
-            vocab: 9000,
-            seed: 8,
-            ..TinySpec::default()
-        }
-        .write(&wide)
-        .unwrap();
-        cases.push(("wide".into(), wide, vec![300, 72, 8500]));
+        cases.push(("wide".into(), wide_vocab(&t), vec![300, 72, 8500]));
         for (name, dir, prompt) in cases {
             let model = Arc::new(Qwen3Moe::load(&dir, 16).unwrap());
             let steps = 4;
@@ -756,12 +770,7 @@ mod wgpu {
         let (model, _, p) = profiled("wgpu-bytes", &prompt, 2);
         let cfg = model.config.clone();
         // one forward ran (the second step only samples), at position prompt.len()
-        let planned: u64 = p
-            .dispatches
-            .iter()
-            .filter(|d| !d.launch.kernel.starts_with("sample."))
-            .map(|d| d.launch.bytes_read)
-            .sum();
+        let planned = model_bytes_read(&p);
         let mut must = 0u64;
         for id in model.weight_ids() {
             let w = model.weight(id).unwrap();
@@ -831,12 +840,7 @@ mod wgpu {
         decoda::model::generate(e.as_mut(), &seqs, &mut |_| {}).unwrap();
         let p = e.profile();
         // one forward of the 32 rows ran (the second step only samples)
-        let planned: u64 = p
-            .dispatches
-            .iter()
-            .filter(|d| !d.launch.kernel.starts_with("sample."))
-            .map(|d| d.launch.bytes_read)
-            .sum();
+        let planned = model_bytes_read(&p);
         let rows = b as u64;
         let mut must = 0u64;
         for id in model.weight_ids() {
@@ -883,15 +887,7 @@ mod wgpu {
             return;
         }
         let t = tmp("wgpu-wide");
-        let dir = t.join("wide-vocab");
-        TinySpec {
-            vocab: 9000,
-            seed: 8,
-            ..TinySpec::default()
-        }
-        .write(&dir)
-        .unwrap();
-        let model = Arc::new(Qwen3Moe::load(&dir, 16).unwrap());
+        let model = Arc::new(Qwen3Moe::load(&wide_vocab(&t), 16).unwrap());
         let d = decoda::testing::gpu::device().unwrap();
         // f32 rows of 64 inputs: 2,048 rows in 512 KiB
         let parted = d.with_weight_part_bytes(512 << 10);

@@ -645,12 +645,8 @@ fn act_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             us = prm.up_s;
             ub = prm.up_b;
         }
-        t.wb[i] = (prm.gate_w + rg * rw) / 4u;
-        t.sb[i] = prm.gate_s + rg * gpr;
-        t.bb[i] = prm.gate_b + rg * gpr;
-        t.wb[4u + i] = (uw + ru * rw) / 4u;
-        t.sb[4u + i] = us + ru * gpr;
-        t.bb[4u + i] = ub + ru * gpr;
+        t.rows[i] = wrow(prm.gate_w, prm.gate_s, prm.gate_b, rg, rw, gpr);
+        t.rows[4u + i] = wrow(uw, us, ub, ru, rw, gpr);
     }
     let r = lid / 8u;
     let live = r < at.z;
@@ -690,9 +686,7 @@ fn down_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     var t: TileW;
     for (var i = 0u; i < 8u; i = i + 1u) {
         let r = at.x * d + min(q * 8u + i, d - 1u);
-        t.wb[i] = (prm.down_w + r * rw) / 4u;
-        t.sb[i] = prm.down_s + r * gpr;
-        t.bb[i] = prm.down_b + r * gpr;
+        t.rows[i] = wrow(prm.down_w, prm.down_s, prm.down_b, r, rw, gpr);
     }
     let row = lid / 8u;
     tile_products(t, rw / 4u, h, 1u, prm.w_act + (at.y + row) * h, lid, row < at.z);

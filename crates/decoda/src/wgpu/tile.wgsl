@@ -58,12 +58,43 @@ fn reduce_red8_from(top: u32, lane: u32, lid: u32) {
     }
 }
 
-// A tile's 8 weight rows: the first vec4 of each, and the words of its first group's
-// scale and bias (affine formats).
+// A weight row: its first vec4, and the words of its first group's scale and bias
+// (affine formats).
+struct WRow {
+    wb: u32,
+    sb: u32,
+    bb: u32,
+}
+
+// Row `r` of a matrix at word `w` (scales at `s`, biases at `b`) of `rw` words a row and
+// `gpr` groups a row.
+fn wrow(w: u32, s: u32, b: u32, r: u32, rw: u32, gpr: u32) -> WRow {
+    return WRow((w + r * rw) / 4u, s + r * gpr, b + r * gpr);
+}
+
+// A tile's 8 weight rows.
 struct TileW {
-    wb: array<u32, 8>,
-    sb: array<u32, 8>,
-    bb: array<u32, 8>,
+    rows: array<WRow, 8>,
+}
+
+// The team tree's levels 32, 16 and 8 of pair k's lane sums (acc[m * 8 + k]: lane
+// g + 8m's), which pair lanes of one invocation: lanes g + 8m and g + 8(m + s / 8).
+fn fold8(acc: array<f32, 64>, k: u32) -> f32 {
+    let b0 = acc[k] + acc[32u + k];
+    let b1 = acc[8u + k] + acc[40u + k];
+    let b2 = acc[16u + k] + acc[48u + k];
+    let b3 = acc[24u + k] + acc[56u + k];
+    return (b0 + b2) + (b1 + b3);
+}
+
+// The scale and bias of weight row `w`'s group holding input i0 (0 for formats
+// without them).
+fn chunk_affine(w: WRow, i0: u32) -> vec2<f32> {
+    if (DTYPE != 3u) {
+        return vec2<f32>(0.0, 0.0);
+    }
+    let q = i0 / wgroup();
+    return vec2<f32>(bitcast<f32>(wword(w.sb + q)), bitcast<f32>(wword(w.bb + q)));
 }
 
 // The tile's 8 x 32 products into tile_out (call in uniform control flow; every
@@ -86,27 +117,17 @@ fn tile_products(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, liv
                     let xv = chunk_x(sel, xb, i0, n);
                     let sx = chunk_sum(xv);
                     for (var o = 0u; o < 8u; o = o + 1u) {
-                        var sc = 0.0;
-                        var bi = 0.0;
-                        if (DTYPE == 3u) {
-                            let q = i0 / wgroup();
-                            sc = bitcast<f32>(wword(t.sb[o] + q));
-                            bi = bitcast<f32>(wword(t.bb[o] + q));
-                        }
-                        let d = chunk_dot_x(wvec(t.wb[o] + c), xv, sx, sc, bi);
+                        let w = t.rows[o];
+                        let a = chunk_affine(w, i0);
+                        let d = chunk_dot_x(wvec(w.wb + c), xv, sx, a.x, a.y);
                         acc[m * 8u + o] = acc[m * 8u + o] + d;
                     }
                 }
             }
         }
     }
-    // the tree's levels 32, 16 and 8: lanes g + 8m and g + 8(m + s / 8)
     for (var o = 0u; o < 8u; o = o + 1u) {
-        let b0 = acc[o] + acc[32u + o];
-        let b1 = acc[8u + o] + acc[40u + o];
-        let b2 = acc[16u + o] + acc[48u + o];
-        let b3 = acc[24u + o] + acc[56u + o];
-        red[lid * 8u + o] = (b0 + b2) + (b1 + b3);
+        red[lid * 8u + o] = fold8(acc, o);
     }
     // levels 4, 2 and 1 across the row's 8 invocations
     reduce_red8_from(4u, g, lid);
@@ -127,7 +148,7 @@ fn tile_products(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, liv
 // row (inputs `sel` at `xb[j]`, j < nr). The 32 rows' invocations read the call rows' inputs once per
 // workgroup through the cache (4 rows a workgroup in `mv` read them 8 times as often).
 // Results in tile_out[o * 8 + j].
-fn wide_products(t: TileW1, chunks: u32, n: u32, sel: u32, xb: array<u32, 8>, nr: u32,
+fn wide_products(t: WRow, chunks: u32, n: u32, sel: u32, xb: array<u32, 8>, nr: u32,
                  lid: u32, live: bool) {
     let g = lid % 8u;
     // acc[m * 8 + j]: lane g + 8m's sum for call row j
@@ -141,18 +162,12 @@ fn wide_products(t: TileW1, chunks: u32, n: u32, sel: u32, xb: array<u32, 8>, nr
                 let c = c0 + g + 8u * m;
                 if (c < chunks) {
                     let i0 = c * per_chunk();
-                    var sc = 0.0;
-                    var bi = 0.0;
-                    if (DTYPE == 3u) {
-                        let q = i0 / wgroup();
-                        sc = bitcast<f32>(wword(t.sb + q));
-                        bi = bitcast<f32>(wword(t.bb + q));
-                    }
+                    let a = chunk_affine(t, i0);
                     let w = wvec(t.wb + c);
                     for (var j = 0u; j < 8u; j = j + 1u) {
                         if (j < nr) {
                             let xv = chunk_x(sel, xb[j], i0, n);
-                            let d = chunk_dot_x(w, xv, chunk_sum(xv), sc, bi);
+                            let d = chunk_dot_x(w, xv, chunk_sum(xv), a.x, a.y);
                             acc[m * 8u + j] = acc[m * 8u + j] + d;
                         }
                     }
@@ -163,11 +178,7 @@ fn wide_products(t: TileW1, chunks: u32, n: u32, sel: u32, xb: array<u32, 8>, nr
     // the tree's levels 32, 16 and 8 in registers, then 4, 2 and 1 across the row's 8
     // invocations
     for (var j = 0u; j < 8u; j = j + 1u) {
-        let b0 = acc[j] + acc[32u + j];
-        let b1 = acc[8u + j] + acc[40u + j];
-        let b2 = acc[16u + j] + acc[48u + j];
-        let b3 = acc[24u + j] + acc[56u + j];
-        red[lid * 8u + j] = (b0 + b2) + (b1 + b3);
+        red[lid * 8u + j] = fold8(acc, j);
     }
     reduce_red8_from(4u, g, lid);
     if (g == 0u) {
@@ -176,12 +187,4 @@ fn wide_products(t: TileW1, chunks: u32, n: u32, sel: u32, xb: array<u32, 8>, nr
         }
     }
     workgroupBarrier();
-}
-
-// One weight row of wide_products: its first vec4, and the words of its first group's
-// scale and bias.
-struct TileW1 {
-    wb: u32,
-    sb: u32,
-    bb: u32,
 }

@@ -232,9 +232,7 @@ fn mm_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool) {
         if (pair) {
             row = min(o0 + i % 4u, op.out_w - 1u) + select(0u, op.out_w, i >= 4u);
         }
-        t.wb[i] = (op.w_off + row * op.row_words) / 4u;
-        t.sb[i] = op.s_off + row * gpr;
-        t.bb[i] = op.b_off + row * gpr;
+        t.rows[i] = wrow(op.w_off, op.s_off, op.b_off, row, op.row_words, gpr);
     }
     let r = r0 + lid / 8u;
     let live = r < op.rows;
@@ -300,7 +298,7 @@ fn mv_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     let o = min(o0 + lid / 8u, op.out_w - 1u);
     let gpr = op.in_w / op.group;
-    let t = TileW1((op.w_off + o * op.row_words) / 4u, op.s_off + o * gpr, op.b_off + o * gpr);
+    let t = wrow(op.w_off, op.s_off, op.b_off, o, op.row_words, gpr);
     for (var r0 = 0u; r0 < op.rows; r0 = r0 + CHUNK) {
         let nr = min(CHUNK, op.rows - r0);
         var xb: array<u32, 8>;
