@@ -17,61 +17,138 @@ fn per_chunk() -> u32 {
     return 128u / BITS;
 }
 
+// A chunk's inputs (at most 32) as eight vec4s, v0 holding inputs 0 .. 3 and so on:
+// named fields, never an array indexed at run time, so every value stays in a register
+// (a private array indexed in a loop can live in slow local memory on a GPU, and its
+// loads then run one after another; issue 55's H200 profile).
+struct XChunk {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+    v4: vec4<f32>,
+    v5: vec4<f32>,
+    v6: vec4<f32>,
+    v7: vec4<f32>,
+}
+
+// Inputs i .. i + 3 of the row at `base`.
+fn x4(sel: u32, base: u32, i: u32, n: u32) -> vec4<f32> {
+    return vec4<f32>(xin(sel, base, i, n), xin(sel, base, i + 1u, n), xin(sel, base, i + 2u, n),
+                     xin(sel, base, i + 3u, n));
+}
+
 // A chunk's inputs, i0 .. i0 + per_chunk() of the row at `base` (0 past its `n`), read
-// once: the tiled products (tile.wgsl) use them against several weight rows.
-fn chunk_x(sel: u32, base: u32, i0: u32, n: u32) -> array<f32, 32> {
-    var xv: array<f32, 32>;
-    for (var k = 0u; k < per_chunk(); k = k + 1u) {
-        xv[k] = xin(sel, base, i0 + k, n);
+// once: the tiled products (tile.wgsl) use them against several weight rows. Every load
+// is issued before any is used.
+fn chunk_x(sel: u32, base: u32, i0: u32, n: u32) -> XChunk {
+    let pc = per_chunk();
+    let z = vec4<f32>(0.0);
+    var c = XChunk(z, z, z, z, z, z, z, z);
+    c.v0 = x4(sel, base, i0, n);
+    if (pc > 4u) {
+        c.v1 = x4(sel, base, i0 + 4u, n);
     }
-    return xv;
+    if (pc > 8u) {
+        c.v2 = x4(sel, base, i0 + 8u, n);
+        c.v3 = x4(sel, base, i0 + 12u, n);
+    }
+    if (pc > 16u) {
+        c.v4 = x4(sel, base, i0 + 16u, n);
+        c.v5 = x4(sel, base, i0 + 20u, n);
+        c.v6 = x4(sel, base, i0 + 24u, n);
+        c.v7 = x4(sel, base, i0 + 28u, n);
+    }
+    return c;
+}
+
+// s + the four values, in order.
+fn sum4(s: f32, v: vec4<f32>) -> f32 {
+    return s + v.x + v.y + v.z + v.w;
 }
 
 // An affine chunk's sum(x), in input order (0 for the other formats, which need none).
-fn chunk_sum(xv: array<f32, 32>) -> f32 {
+fn chunk_sum(xv: XChunk) -> f32 {
     var sx = 0.0;
     if (DTYPE == 3u) {
-        for (var k = 0u; k < per_chunk(); k = k + 1u) {
-            sx = sx + xv[k];
+        sx = sum4(sum4(sum4(sum4(sx, xv.v0), xv.v1), xv.v2), xv.v3);
+        if (BITS == 4u) {
+            sx = sum4(sum4(sum4(sum4(sx, xv.v4), xv.v5), xv.v6), xv.v7);
         }
     }
     return sx;
 }
 
+// acc + the word's two 16-bit values (low half first) times a and b.
+fn half_word(acc: f32, w: u32, a: f32, b: f32) -> f32 {
+    var lo: f32;
+    var hi: f32;
+    if (DTYPE == 1u) {
+        lo = bitcast<f32>(w << 16u);
+        hi = bitcast<f32>(w & 0xffff0000u);
+    } else {
+        lo = f16_of(w & 0xffffu);
+        hi = f16_of(w >> 16u);
+    }
+    let s = acc + lo * a;
+    return s + hi * b;
+}
+
+// qx + the word's eight 4-bit codes (low bits first) times a, then b.
+fn q4_word(qx: f32, w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    var s = qx;
+    s = s + f32(w & 15u) * a.x;
+    s = s + f32((w >> 4u) & 15u) * a.y;
+    s = s + f32((w >> 8u) & 15u) * a.z;
+    s = s + f32((w >> 12u) & 15u) * a.w;
+    s = s + f32((w >> 16u) & 15u) * b.x;
+    s = s + f32((w >> 20u) & 15u) * b.y;
+    s = s + f32((w >> 24u) & 15u) * b.z;
+    s = s + f32(w >> 28u) * b.w;
+    return s;
+}
+
+// qx + the word's four 8-bit codes (low bits first) times a.
+fn q8_word(qx: f32, w: u32, a: vec4<f32>) -> f32 {
+    var s = qx;
+    s = s + f32(w & 255u) * a.x;
+    s = s + f32((w >> 8u) & 255u) * a.y;
+    s = s + f32((w >> 16u) & 255u) * a.z;
+    s = s + f32(w >> 24u) * a.w;
+    return s;
+}
+
 // Chunk `w` of a weight row against its inputs `xv` (`sx` their chunk_sum): every
-// product's one definition, so the matrix-vector and the tiled kernels give the same bits.
-fn chunk_dot_x(w: vec4<u32>, xv: array<f32, 32>, sx: f32, sc: f32, bi: f32) -> f32 {
-    var acc = 0.0;
+// product's one definition, so the matrix-vector and the tiled kernels give the same
+// bits. Each sum runs in input order: f32 and 16-bit weights w * x, affine codes
+// scale * sum(q x) + bias * sum(x).
+fn chunk_dot_x(w: vec4<u32>, xv: XChunk, sx: f32, sc: f32, bi: f32) -> f32 {
     if (DTYPE == 0u) {
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            acc = acc + bitcast<f32>(w[k]) * xv[k];
-        }
+        var acc = 0.0;
+        acc = acc + bitcast<f32>(w.x) * xv.v0.x;
+        acc = acc + bitcast<f32>(w.y) * xv.v0.y;
+        acc = acc + bitcast<f32>(w.z) * xv.v0.z;
+        acc = acc + bitcast<f32>(w.w) * xv.v0.w;
         return acc;
     }
     if (DTYPE <= 2u) {
-        for (var k = 0u; k < 4u; k = k + 1u) {
-            var lo: f32;
-            var hi: f32;
-            if (DTYPE == 1u) {
-                lo = bitcast<f32>(w[k] << 16u);
-                hi = bitcast<f32>(w[k] & 0xffff0000u);
-            } else {
-                lo = f16_of(w[k] & 0xffffu);
-                hi = f16_of(w[k] >> 16u);
-            }
-            acc = acc + lo * xv[2u * k];
-            acc = acc + hi * xv[2u * k + 1u];
-        }
-        return acc;
+        var acc = half_word(0.0, w.x, xv.v0.x, xv.v0.y);
+        acc = half_word(acc, w.y, xv.v0.z, xv.v0.w);
+        acc = half_word(acc, w.z, xv.v1.x, xv.v1.y);
+        return half_word(acc, w.w, xv.v1.z, xv.v1.w);
     }
     // affine: codes from the low bits up
-    let per = 32u / BITS;
-    let mask = (1u << BITS) - 1u;
     var qx = 0.0;
-    for (var k = 0u; k < 4u; k = k + 1u) {
-        for (var j = 0u; j < per; j = j + 1u) {
-            qx = qx + f32((w[k] >> (BITS * j)) & mask) * xv[k * per + j];
-        }
+    if (BITS == 4u) {
+        qx = q4_word(qx, w.x, xv.v0, xv.v1);
+        qx = q4_word(qx, w.y, xv.v2, xv.v3);
+        qx = q4_word(qx, w.z, xv.v4, xv.v5);
+        qx = q4_word(qx, w.w, xv.v6, xv.v7);
+    } else {
+        qx = q8_word(qx, w.x, xv.v0);
+        qx = q8_word(qx, w.y, xv.v1);
+        qx = q8_word(qx, w.z, xv.v2);
+        qx = q8_word(qx, w.w, xv.v3);
     }
     return sc * qx + bi * sx;
 }

@@ -612,6 +612,19 @@ fn tile_rows(t: u32, lid: u32) -> vec3<u32> {
     return workgroupUniformLoad(&tile_at);
 }
 
+// Expert e's gate row (or `up` row) of output 4q + i (the last output past H).
+fn act_row(e: u32, q: u32, i: u32, up: bool, rw: u32, gpr: u32) -> WRow {
+    let h = prm.inter;
+    let o = min(q * 4u + i, h - 1u);
+    if (prm.separate != 0u) {
+        if (up) {
+            return wrow(prm.up_w, prm.up_s, prm.up_b, e * h + o, rw, gpr);
+        }
+        return wrow(prm.gate_w, prm.gate_s, prm.gate_b, e * h + o, rw, gpr);
+    }
+    return wrow(prm.gate_w, prm.gate_s, prm.gate_b, e * 2u * h + o + select(0u, h, up), rw, gpr);
+}
+
 // act_tiled: ceil(H / 4) x tiles workgroups; 4 outputs' gate rows and up rows a tile,
 // act[j][o] = silu(gate_e[o] . x_t) * up_e[o] . x_t
 @compute @workgroup_size(256)
@@ -630,24 +643,10 @@ fn act_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let e = at.x;
     let rw = row_words(d);
     let gpr = d / max(prm.group, 1u);
-    var t: TileW;
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let o = min(q * 4u + i, h - 1u);
-        var rg = e * 2u * h + o;
-        var ru = rg + h;
-        var uw = prm.gate_w;
-        var us = prm.gate_s;
-        var ub = prm.gate_b;
-        if (prm.separate != 0u) {
-            rg = e * h + o;
-            ru = rg;
-            uw = prm.up_w;
-            us = prm.up_s;
-            ub = prm.up_b;
-        }
-        t.rows[i] = wrow(prm.gate_w, prm.gate_s, prm.gate_b, rg, rw, gpr);
-        t.rows[4u + i] = wrow(uw, us, ub, ru, rw, gpr);
-    }
+    let t = TileW(act_row(e, q, 0u, false, rw, gpr), act_row(e, q, 1u, false, rw, gpr),
+                  act_row(e, q, 2u, false, rw, gpr), act_row(e, q, 3u, false, rw, gpr),
+                  act_row(e, q, 0u, true, rw, gpr), act_row(e, q, 1u, true, rw, gpr),
+                  act_row(e, q, 2u, true, rw, gpr), act_row(e, q, 3u, true, rw, gpr));
     let r = lid / 8u;
     let live = r < at.z;
     var xb = 0u;
@@ -664,6 +663,12 @@ fn act_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             work[prm.w_act + (at.y + r) * h + o] = bitcast<u32>(v);
         }
     }
+}
+
+// Expert e's down row of output 8q + i (the last output past D).
+fn down_row(e: u32, q: u32, i: u32, rw: u32, gpr: u32) -> WRow {
+    let d = prm.hidden;
+    return wrow(prm.down_w, prm.down_s, prm.down_b, e * d + min(q * 8u + i, d - 1u), rw, gpr);
 }
 
 // down_tiled: ceil(D / 8) x tiles workgroups; out[j][o] = down_e[o] . act[j] for 8
@@ -683,11 +688,10 @@ fn down_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
     let rw = row_words(h);
     let gpr = h / max(prm.group, 1u);
-    var t: TileW;
-    for (var i = 0u; i < 8u; i = i + 1u) {
-        let r = at.x * d + min(q * 8u + i, d - 1u);
-        t.rows[i] = wrow(prm.down_w, prm.down_s, prm.down_b, r, rw, gpr);
-    }
+    let t = TileW(down_row(at.x, q, 0u, rw, gpr), down_row(at.x, q, 1u, rw, gpr),
+                  down_row(at.x, q, 2u, rw, gpr), down_row(at.x, q, 3u, rw, gpr),
+                  down_row(at.x, q, 4u, rw, gpr), down_row(at.x, q, 5u, rw, gpr),
+                  down_row(at.x, q, 6u, rw, gpr), down_row(at.x, q, 7u, rw, gpr));
     let row = lid / 8u;
     tile_products(t, rw / 4u, h, 1u, prm.w_act + (at.y + row) * h, lid, row < at.z);
     let i = lid / 32u;

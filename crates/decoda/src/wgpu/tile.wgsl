@@ -44,15 +44,14 @@ fn reduce_red8_from(top: u32, lane: u32, lid: u32) {
         workgroupBarrier();
     }
     if (s > 0u) {
-        var v: array<f32, 8>;
-        for (var j = 0u; j < 8u; j = j + 1u) {
-            v[j] = butterfly(red[lid * 8u + j], s);
-        }
+        let at = lid * 8u;
+        let a = vec4<f32>(butterfly(red[at], s), butterfly(red[at + 1u], s),
+                          butterfly(red[at + 2u], s), butterfly(red[at + 3u], s));
+        let b = vec4<f32>(butterfly(red[at + 4u], s), butterfly(red[at + 5u], s),
+                          butterfly(red[at + 6u], s), butterfly(red[at + 7u], s));
         workgroupBarrier();
         if (lane == 0u) {
-            for (var j = 0u; j < 8u; j = j + 1u) {
-                red[lid * 8u + j] = v[j];
-            }
+            put_red8(lid, V8(a, b));
         }
         workgroupBarrier();
     }
@@ -72,19 +71,70 @@ fn wrow(w: u32, s: u32, b: u32, r: u32, rw: u32, gpr: u32) -> WRow {
     return WRow((w + r * rw) / 4u, s + r * gpr, b + r * gpr);
 }
 
-// A tile's 8 weight rows.
+// A tile's 8 weight rows (named fields: no array indexed at run time).
 struct TileW {
-    rows: array<WRow, 8>,
+    r0: WRow,
+    r1: WRow,
+    r2: WRow,
+    r3: WRow,
+    r4: WRow,
+    r5: WRow,
+    r6: WRow,
+    r7: WRow,
 }
 
-// The team tree's levels 32, 16 and 8 of pair k's lane sums (acc[m * 8 + k]: lane
-// g + 8m's), which pair lanes of one invocation: lanes g + 8m and g + 8(m + s / 8).
-fn fold8(acc: array<f32, 64>, k: u32) -> f32 {
-    let b0 = acc[k] + acc[32u + k];
-    let b1 = acc[8u + k] + acc[40u + k];
-    let b2 = acc[16u + k] + acc[48u + k];
-    let b3 = acc[24u + k] + acc[56u + k];
-    return (b0 + b2) + (b1 + b3);
+// Eight sums (8 weight rows, or 8 call rows), a then b.
+struct V8 {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+fn v8_add(x: V8, y: V8) -> V8 {
+    return V8(x.a + y.a, x.b + y.b);
+}
+
+// red[lid * 8 ..] = v
+fn put_red8(lid: u32, v: V8) {
+    let at = lid * 8u;
+    red[at] = v.a.x;
+    red[at + 1u] = v.a.y;
+    red[at + 2u] = v.a.z;
+    red[at + 3u] = v.a.w;
+    red[at + 4u] = v.b.x;
+    red[at + 5u] = v.b.y;
+    red[at + 6u] = v.b.z;
+    red[at + 7u] = v.b.w;
+}
+
+// Lane m's place in the order the team tree's levels 32, 16 and 8 add the lane sums an
+// invocation holds (lanes g + 8m, m < 8): step k takes m = k with its 3 bits reversed
+// (0, 4, 2, 6, 1, 5, 3, 7), pairs of steps make the level-8 sums b0 (m 0 + 4), b2, b1,
+// b3 and the result is (b0 + b2) + (b1 + b3): the tree's own order, with three V8s live.
+struct Fold {
+    pend: V8,
+    half: V8,
+    res: V8,
+}
+
+fn fold_m(k: u32) -> u32 {
+    return ((k & 1u) << 2u) | (k & 2u) | (k >> 2u);
+}
+
+fn fold_step(f: Fold, k: u32, l: V8) -> Fold {
+    var o = f;
+    if ((k & 1u) == 0u) {
+        o.pend = l;
+    } else {
+        let b = v8_add(f.pend, l);
+        if (k == 1u || k == 5u) {
+            o.half = b;
+        } else if (k == 3u) {
+            o.res = v8_add(f.half, b);
+        } else {
+            o.res = v8_add(f.res, v8_add(f.half, b));
+        }
+    }
+    return o;
 }
 
 // The scale and bias of weight row `w`'s group holding input i0 (0 for formats
@@ -97,38 +147,46 @@ fn chunk_affine(w: WRow, i0: u32) -> vec2<f32> {
     return vec2<f32>(bitcast<f32>(wword(w.sb + q)), bitcast<f32>(wword(w.bb + q)));
 }
 
+// Weight row w's chunk c (first input i0) against the inputs xv (sum sx).
+fn row_chunk(w: WRow, c: u32, i0: u32, xv: XChunk, sx: f32) -> f32 {
+    let a = chunk_affine(w, i0);
+    return chunk_dot_x(wvec(w.wb + c), xv, sx, a.x, a.y);
+}
+
+// Lane `lane`'s sums for the tile's 8 weight rows: chunks lane, lane + 64, .. in order.
+fn tile_lane(t: TileW, lane: u32, chunks: u32, n: u32, sel: u32, xb: u32) -> V8 {
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    for (var c = lane; c < chunks; c = c + TEAM_LANES) {
+        let i0 = c * per_chunk();
+        let xv = chunk_x(sel, xb, i0, n);
+        let sx = chunk_sum(xv);
+        a.x = a.x + row_chunk(t.r0, c, i0, xv, sx);
+        a.y = a.y + row_chunk(t.r1, c, i0, xv, sx);
+        a.z = a.z + row_chunk(t.r2, c, i0, xv, sx);
+        a.w = a.w + row_chunk(t.r3, c, i0, xv, sx);
+        b.x = b.x + row_chunk(t.r4, c, i0, xv, sx);
+        b.y = b.y + row_chunk(t.r5, c, i0, xv, sx);
+        b.z = b.z + row_chunk(t.r6, c, i0, xv, sx);
+        b.w = b.w + row_chunk(t.r7, c, i0, xv, sx);
+    }
+    return V8(a, b);
+}
+
 // The tile's 8 x 32 products into tile_out (call in uniform control flow; every
 // invocation of the workgroup takes part). Invocation lid brings call row lid / 8 (its
 // inputs `sel` at `xb`, `n` of them; `live` false past the tile's rows) over weight rows
 // of `chunks` vec4s.
 fn tile_products(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, live: bool) {
     let g = lid % 8u;
-    // acc[m * 8 + o]: lane g + 8m's sum for weight row o
-    var acc: array<f32, 64>;
-    for (var i = 0u; i < 64u; i = i + 1u) {
-        acc[i] = 0.0;
-    }
+    let z = V8(vec4<f32>(0.0), vec4<f32>(0.0));
+    var f = Fold(z, z, z);
     if (live) {
-        for (var c0 = 0u; c0 < chunks; c0 = c0 + 64u) {
-            for (var m = 0u; m < 8u; m = m + 1u) {
-                let c = c0 + g + 8u * m;
-                if (c < chunks) {
-                    let i0 = c * per_chunk();
-                    let xv = chunk_x(sel, xb, i0, n);
-                    let sx = chunk_sum(xv);
-                    for (var o = 0u; o < 8u; o = o + 1u) {
-                        let w = t.rows[o];
-                        let a = chunk_affine(w, i0);
-                        let d = chunk_dot_x(wvec(w.wb + c), xv, sx, a.x, a.y);
-                        acc[m * 8u + o] = acc[m * 8u + o] + d;
-                    }
-                }
-            }
+        for (var k = 0u; k < 8u; k = k + 1u) {
+            f = fold_step(f, k, tile_lane(t, g + 8u * fold_m(k), chunks, n, sel, xb));
         }
     }
-    for (var o = 0u; o < 8u; o = o + 1u) {
-        red[lid * 8u + o] = fold8(acc, o);
-    }
+    put_red8(lid, f.res);
     // levels 4, 2 and 1 across the row's 8 invocations
     reduce_red8_from(4u, g, lid);
     if (lid < 32u) {
@@ -142,44 +200,67 @@ fn tile_products(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, liv
     workgroupBarrier();
 }
 
+// Call row j's inputs at `x0 + min(j, nr - 1) * stride` against weight row t's chunk c.
+fn wide_dot(t: WRow, c: u32, i0: u32, a: vec2<f32>, w: vec4<u32>, n: u32, sel: u32, x0: u32,
+            stride: u32, j: u32, nr: u32) -> f32 {
+    let xv = chunk_x(sel, x0 + min(j, nr - 1u) * stride, i0, n);
+    return chunk_dot_x(w, xv, chunk_sum(xv), a.x, a.y);
+}
+
+// Lane `lane`'s sums of weight row t for the call rows j < nr (0 past them).
+fn wide_lane(t: WRow, lane: u32, chunks: u32, n: u32, sel: u32, x0: u32, stride: u32,
+             nr: u32) -> V8 {
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    for (var c = lane; c < chunks; c = c + TEAM_LANES) {
+        let i0 = c * per_chunk();
+        let af = chunk_affine(t, i0);
+        let w = wvec(t.wb + c);
+        a.x = a.x + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 0u, nr);
+        if (nr > 1u) {
+            a.y = a.y + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 1u, nr);
+        }
+        if (nr > 2u) {
+            a.z = a.z + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 2u, nr);
+        }
+        if (nr > 3u) {
+            a.w = a.w + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 3u, nr);
+        }
+        if (nr > 4u) {
+            b.x = b.x + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 4u, nr);
+        }
+        if (nr > 5u) {
+            b.y = b.y + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 5u, nr);
+        }
+        if (nr > 6u) {
+            b.z = b.z + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 6u, nr);
+        }
+        if (nr > 7u) {
+            b.w = b.w + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 7u, nr);
+        }
+    }
+    return V8(a, b);
+}
+
 // The matrix-vector shape of the same order (`mv_wide`, for matrices of many rows: the
 // LM head): 32 weight rows by up to 8 call rows a workgroup, invocation (weight row
 // lid / 8, group g = lid % 8) holding lanes g, g + 8, .., g + 56 of its row for each call
-// row (inputs `sel` at `xb[j]`, j < nr). The 32 rows' invocations read the call rows' inputs once per
-// workgroup through the cache (4 rows a workgroup in `mv` read them 8 times as often).
-// Results in tile_out[o * 8 + j].
-fn wide_products(t: WRow, chunks: u32, n: u32, sel: u32, xb: array<u32, 8>, nr: u32,
+// row (call row j's inputs `sel` at x0 + j * stride, j < nr). The 32 rows' invocations
+// read the call rows' inputs once per workgroup through the cache (4 rows a workgroup in
+// `mv` read them 8 times as often). Results in tile_out[o * 8 + j].
+fn wide_products(t: WRow, chunks: u32, n: u32, sel: u32, x0: u32, stride: u32, nr: u32,
                  lid: u32, live: bool) {
     let g = lid % 8u;
-    // acc[m * 8 + j]: lane g + 8m's sum for call row j
-    var acc: array<f32, 64>;
-    for (var i = 0u; i < 64u; i = i + 1u) {
-        acc[i] = 0.0;
-    }
+    let z = V8(vec4<f32>(0.0), vec4<f32>(0.0));
+    var f = Fold(z, z, z);
     if (live) {
-        for (var c0 = 0u; c0 < chunks; c0 = c0 + 64u) {
-            for (var m = 0u; m < 8u; m = m + 1u) {
-                let c = c0 + g + 8u * m;
-                if (c < chunks) {
-                    let i0 = c * per_chunk();
-                    let a = chunk_affine(t, i0);
-                    let w = wvec(t.wb + c);
-                    for (var j = 0u; j < 8u; j = j + 1u) {
-                        if (j < nr) {
-                            let xv = chunk_x(sel, xb[j], i0, n);
-                            let d = chunk_dot_x(w, xv, chunk_sum(xv), a.x, a.y);
-                            acc[m * 8u + j] = acc[m * 8u + j] + d;
-                        }
-                    }
-                }
-            }
+        for (var k = 0u; k < 8u; k = k + 1u) {
+            f = fold_step(f, k, wide_lane(t, g + 8u * fold_m(k), chunks, n, sel, x0, stride, nr));
         }
     }
-    // the tree's levels 32, 16 and 8 in registers, then 4, 2 and 1 across the row's 8
-    // invocations
-    for (var j = 0u; j < 8u; j = j + 1u) {
-        red[lid * 8u + j] = fold8(acc, j);
-    }
+    // the tree's levels 32, 16 and 8 in registers (above), then 4, 2 and 1 across the
+    // row's 8 invocations
+    put_red8(lid, f.res);
     reduce_red8_from(4u, g, lid);
     if (g == 0u) {
         for (var j = 0u; j < 8u; j = j + 1u) {

@@ -117,13 +117,18 @@ fn norm_rows(r0: u32, nr: u32, team: u32, lane: u32, lid: u32, first: bool) {
     }
 }
 
+// Call row j's (of the chunk at r0) share of chunk w (first input i0).
+fn row_dot(j: u32, w: vec4<u32>, i0: u32, r0: u32, norm: bool, sc: f32, bi: f32) -> f32 {
+    let xb = (op.src_row0 + r0 + j) * op.src_w;
+    return chunk_dot(w, i0, select(RAW, j, norm), xb, op.in_w, sc, bi);
+}
+
 // This invocation's share of W[row] . src[r0 + j] for j < nr, into red[lid][j] (the
-// inputs normed when `norm`).
+// inputs normed when `norm`). The 8 sums are named registers (no array indexed at run
+// time: see chunk.wgsl).
 fn stream_row(row: u32, valid: bool, r0: u32, nr: u32, lane: u32, lid: u32, norm: bool) {
-    var acc: array<f32, 8>;
-    for (var j = 0u; j < CHUNK; j = j + 1u) {
-        acc[j] = 0.0;
-    }
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
     if (valid) {
         let chunks = op.row_words / 4u;
         let base = (op.w_off + row * op.row_words) / 4u;
@@ -138,17 +143,31 @@ fn stream_row(row: u32, valid: bool, r0: u32, nr: u32, lane: u32, lid: u32, norm
                 sc = bitcast<f32>(word(op.s_off + g));
                 bi = bitcast<f32>(word(op.b_off + g));
             }
-            for (var j = 0u; j < CHUNK; j = j + 1u) {
-                if (j < nr) {
-                    let xb = (op.src_row0 + r0 + j) * op.src_w;
-                    acc[j] = acc[j] + chunk_dot(w, i0, select(RAW, j, norm), xb, op.in_w, sc, bi);
-                }
+            a.x = a.x + row_dot(0u, w, i0, r0, norm, sc, bi);
+            if (nr > 1u) {
+                a.y = a.y + row_dot(1u, w, i0, r0, norm, sc, bi);
+            }
+            if (nr > 2u) {
+                a.z = a.z + row_dot(2u, w, i0, r0, norm, sc, bi);
+            }
+            if (nr > 3u) {
+                a.w = a.w + row_dot(3u, w, i0, r0, norm, sc, bi);
+            }
+            if (nr > 4u) {
+                b.x = b.x + row_dot(4u, w, i0, r0, norm, sc, bi);
+            }
+            if (nr > 5u) {
+                b.y = b.y + row_dot(5u, w, i0, r0, norm, sc, bi);
+            }
+            if (nr > 6u) {
+                b.z = b.z + row_dot(6u, w, i0, r0, norm, sc, bi);
+            }
+            if (nr > 7u) {
+                b.w = b.w + row_dot(7u, w, i0, r0, norm, sc, bi);
             }
         }
     }
-    for (var j = 0u; j < CHUNK; j = j + 1u) {
-        red[lid * CHUNK + j] = acc[j];
-    }
+    put_red8(lid, V8(a, b));
 }
 
 fn silu(g: f32) -> f32 {
@@ -212,6 +231,16 @@ fn put(row: u32, o: u32, v: f32) {
     }
 }
 
+// Weight row i of the tile at output o0: outputs o0 .. o0 + 7, or (SwiGLU) the gate rows
+// of outputs o0 .. o0 + 3 then their up rows.
+fn mm_row(o0: u32, i: u32, pair: bool, gpr: u32) -> WRow {
+    var row = min(o0 + i, op.out_w - 1u);
+    if (pair) {
+        row = min(o0 + i % 4u, op.out_w - 1u) + select(0u, op.out_w, i >= 4u);
+    }
+    return wrow(op.w_off, op.s_off, op.b_off, row, op.row_words, gpr);
+}
+
 // The tiled products (tile.wgsl) for calls of many rows (prefill): workgroup (u, t) of
 // ceil(out_w / 8) x ceil(rows / 32) (SwiGLU: 4 outputs' gate and up rows a tile)
 // computes outputs 8u .. of call rows 32t .., each in the order `mv` sums it (the same
@@ -226,14 +255,10 @@ fn mm_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool) {
         return;
     }
     let gpr = op.in_w / op.group;
-    var t: TileW;
-    for (var i = 0u; i < 8u; i = i + 1u) {
-        var row = min(o0 + i, op.out_w - 1u);
-        if (pair) {
-            row = min(o0 + i % 4u, op.out_w - 1u) + select(0u, op.out_w, i >= 4u);
-        }
-        t.rows[i] = wrow(op.w_off, op.s_off, op.b_off, row, op.row_words, gpr);
-    }
+    let t = TileW(mm_row(o0, 0u, pair, gpr), mm_row(o0, 1u, pair, gpr),
+                  mm_row(o0, 2u, pair, gpr), mm_row(o0, 3u, pair, gpr),
+                  mm_row(o0, 4u, pair, gpr), mm_row(o0, 5u, pair, gpr),
+                  mm_row(o0, 6u, pair, gpr), mm_row(o0, 7u, pair, gpr));
     let r = r0 + lid / 8u;
     let live = r < op.rows;
     let xb = (op.src_row0 + min(r, op.rows - 1u)) * op.src_w;
@@ -301,11 +326,8 @@ fn mv_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let t = wrow(op.w_off, op.s_off, op.b_off, o, op.row_words, gpr);
     for (var r0 = 0u; r0 < op.rows; r0 = r0 + CHUNK) {
         let nr = min(CHUNK, op.rows - r0);
-        var xb: array<u32, 8>;
-        for (var j = 0u; j < 8u; j = j + 1u) {
-            xb[j] = (op.src_row0 + r0 + min(j, nr - 1u)) * op.src_w;
-        }
-        wide_products(t, op.row_words / 4u, op.in_w, RAW, xb, nr, lid, true);
+        wide_products(t, op.row_words / 4u, op.in_w, RAW, (op.src_row0 + r0) * op.src_w, op.src_w,
+                      nr, lid, true);
         // output o0 + lid / 8's call row lid % 8
         let oo = o0 + lid / 8u;
         let j = lid % 8u;
