@@ -665,17 +665,14 @@ impl WgpuModel {
     }
 
     /// Bytes `attend_part` and `attend_merge` read and write besides q and the output:
-    /// each key and value of a row's cache up to its position once per key/value head
-    /// (its query heads share the chunk), q once per chunk, and the partials (a max, a
-    /// sum and the weighted values per query head and chunk) written, then read by the
-    /// merge.
+    /// each key and value of a row's cache up to its position once per query head (a
+    /// workgroup per query head and chunk: the heads of a key/value group read the same
+    /// chunk, as neighbouring workgroups, so from memory about once), q once per chunk,
+    /// and the partials (a max, a sum and the weighted values per query head and chunk)
+    /// written, then read by the merge.
     fn attend_bytes(&self, pipe: Pipe) -> (u64, u64) {
         let c = self.model.config();
-        let (heads, kv, hd) = (
-            c.num_attention_heads as u64,
-            c.num_key_value_heads as u64,
-            c.head_dim as u64,
-        );
+        let (heads, hd) = (c.num_attention_heads as u64, c.head_dim as u64);
         let keys: u64 = self.call_positions.iter().map(|&p| p as u64 + 1).sum();
         let chunks: u64 = self
             .call_positions
@@ -685,7 +682,8 @@ impl WgpuModel {
         let partials = heads * chunks * (hd + 2) * 4;
         match pipe {
             Pipe::AttendPart => (
-                kv * keys * hd * 8 + (chunks - self.call_positions.len() as u64) * heads * hd * 4,
+                heads * keys * hd * 8
+                    + (chunks - self.call_positions.len() as u64) * heads * hd * 4,
                 partials,
             ),
             Pipe::AttendMerge => (partials, 0),

@@ -237,10 +237,10 @@ fn norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 // ---------------------------------------------------------------------------------
 
 // Decode attention split over the cache (flash decoding): `attend_part` gives each
-// (row, key/value head, chunk of CH positions) a workgroup, which scores the chunk's
-// keys against every query head of the group (the chunk's keys and values are read
-// once for the group) and leaves per head the chunk's max score m, its sum of
-// exp(s - m) and the values weighted by those, in `scr`; `attend_merge` (a workgroup per
+// (row, query head, chunk of CH positions) a workgroup, which scores the chunk's keys
+// against its head (the query heads of a key/value group read the same chunk, as
+// neighbouring workgroups: through the cache) and leaves the chunk's max score m, its
+// sum of exp(s - m) and the values weighted by those, in `scr`; `attend_merge` (a workgroup per
 // row and query head) weighs the chunks by exp(m_c - M) in chunk order. Chunks start at
 // position 0 whatever the call, so a row's output depends only on its query, its cache
 // and its position: the same bits from a one-position step and from a prompt run in one
@@ -270,16 +270,18 @@ var<workgroup> ew: array<f32, 64>;
 // attend_part: the row's position, as a uniform value; q normed and rotated (fused)
 var<workgroup> wpos: u32;
 var<workgroup> qs: array<f32, 256>;
+// attend_part in a decode step: the row's own key, normed and rotated
+var<workgroup> ks: array<f32, 256>;
 
-// grid: rows * kv_heads * groups (chunks per row, op.groups); op.scale: the score scale,
+// grid: rows * heads * groups (chunks per row, op.groups); op.scale: the score scale,
 // op.eps the norms' epsilon
 @compute @workgroup_size(64)
 fn attend_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
     let id = flat_id(wid, nwg);
     let c = id % op.groups;
-    let g = (id / op.groups) % op.kv_heads;
-    let r = id / (op.groups * op.kv_heads);
+    let h = (id / op.groups) % op.heads;
+    let r = id / (op.groups * op.heads);
     if (r >= op.rows) {
         return;
     }
@@ -298,15 +300,18 @@ fn attend_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let t = t0 + lid;
     let valid = lid < n;
     let slot = row_slot(r);
-    let c0 = slot * op.max_pos * kvw + g * hd;
     let per = op.heads / op.kv_heads;
+    let g = h / per;
+    let c0 = slot * op.max_pos * kvw + g * hd;
     // a decode step (`kind` bit 2): q and this row's key normed and rotated here, as
-    // norm_rope would (src holds q, dst k); the chunk holding the row's position puts
-    // the key into the cache first
+    // norm_rope would (src holds q, dst k). The chunk holding the row's position scores
+    // that key from workgroup memory; the group's first head also puts it into the cache
+    // (for the steps after this one: no workgroup here reads another's write)
     let fused = (op.kind & 4u) != 0u;
+    let own = fused && c == p / CH;
     let cos0 = op.aux_off + p * half;
     let sin0 = op.aux_off + op.max_pos * half + p * half;
-    if (fused && c == p / CH) {
+    if (own) {
         let at = r * kvw + g * hd;
         let cb = (slot * op.max_pos + p) * kvw + g * hd;
         let normed = (op.kind & 2u) != 0u;
@@ -316,63 +321,70 @@ fn attend_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         }
         for (var j = lid; j < half; j = j + WG) {
             let v = rope_pair(0u, at, j, half, inv, normed, op.b_off, cos0, sin0);
-            kc[cb + j] = v.x;
-            kc[cb + j + half] = v.y;
-        }
-        storageBarrier();
-    }
-    for (var gi = 0u; gi < per; gi = gi + 1u) {
-        let h = g * per + gi;
-        let q0 = r * op.heads * hd + h * hd;
-        if (fused) {
-            let normed = (op.kind & 1u) != 0u;
-            var inv = 1.0;
-            if (normed) {
-                inv = norm_inv(1u, q0, hd, lid);
+            ks[j] = v.x;
+            ks[j + half] = v.y;
+            if (h % per == 0u) {
+                kc[cb + j] = v.x;
+                kc[cb + j + half] = v.y;
             }
-            for (var j = lid; j < half; j = j + WG) {
-                let v = rope_pair(1u, q0, j, half, inv, normed, op.s_off, cos0, sin0);
-                qs[j] = v.x;
-                qs[j + half] = v.y;
-            }
-            workgroupBarrier();
-        }
-        var s = -3.0e38;
-        if (valid) {
-            var acc = 0.0;
-            for (var d = 0u; d < hd; d = d + 1u) {
-                var q: f32;
-                if (fused) {
-                    q = qs[d];
-                } else {
-                    q = src[q0 + d];
-                }
-                acc = acc + q * kc[c0 + t * kvw + d];
-            }
-            s = acc * op.scale;
-        }
-        red1[lid] = s;
-        let m = reduce_max(lid);
-        var e = 0.0;
-        if (valid) {
-            e = exp_f32(s - m);
-        }
-        ew[lid] = e;
-        red1[lid] = e;
-        let l = reduce1(lid);
-        let at = part_at(r, h, c);
-        if (lid == 0u) {
-            scr[at] = m;
-            scr[at + 1u] = l;
-        }
-        for (var d = lid; d < hd; d = d + WG) {
-            var o = 0.0;
-            for (var j = 0u; j < n; j = j + 1u) {
-                o = o + ew[j] * vc[c0 + (t0 + j) * kvw + d];
-            }
-            scr[at + 2u + d] = o;
         }
         workgroupBarrier();
+    }
+    let q0 = r * op.heads * hd + h * hd;
+    if (fused) {
+        let normed = (op.kind & 1u) != 0u;
+        var inv = 1.0;
+        if (normed) {
+            inv = norm_inv(1u, q0, hd, lid);
+        }
+        for (var j = lid; j < half; j = j + WG) {
+            let v = rope_pair(1u, q0, j, half, inv, normed, op.s_off, cos0, sin0);
+            qs[j] = v.x;
+            qs[j + half] = v.y;
+        }
+        workgroupBarrier();
+    }
+    var s = -3.0e38;
+    if (valid) {
+        let mine = own && t == p;
+        var acc = 0.0;
+        for (var d = 0u; d < hd; d = d + 1u) {
+            var q: f32;
+            var k: f32;
+            if (fused) {
+                q = qs[d];
+            } else {
+                q = src[q0 + d];
+            }
+            if (mine) {
+                k = ks[d];
+            } else {
+                k = kc[c0 + t * kvw + d];
+            }
+            acc = acc + q * k;
+        }
+        s = acc * op.scale;
+    }
+    red1[lid] = s;
+    let m = reduce_max(lid);
+    var e = 0.0;
+    if (valid) {
+        e = exp_f32(s - m);
+    }
+    ew[lid] = e;
+    red1[lid] = e;
+    let l = reduce1(lid);
+    let at = part_at(r, h, c);
+    if (lid == 0u) {
+        scr[at] = m;
+        scr[at + 1u] = l;
+    }
+    for (var d = lid; d < hd; d = d + WG) {
+        var o = 0.0;
+        for (var j = 0u; j < n; j = j + 1u) {
+            o = o + ew[j] * vc[c0 + (t0 + j) * kvw + d];
+        }
+        scr[at + 2u + d] = o;
     }
 }
 

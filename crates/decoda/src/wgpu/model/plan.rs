@@ -657,9 +657,12 @@ impl Ops for Recorder<'_> {
                     dst: self.act(Act::K),
                     ..binds.clone()
                 };
+                // each query head's workgroup norms and rotates its group's key (and
+                // reads the rotation table); the group's first head writes it
                 let kv = self.act_bytes(self.width(Act::K));
                 let table = 4 * self.key.rows as u64 * c.head_dim as u64;
-                (op, binds, (kv + table, kv))
+                let per = (heads / kv_heads) as u64;
+                (op, binds, (per * (kv + table), kv))
             }
             None => (op, binds.clone(), (0, 0)),
         };
@@ -669,7 +672,7 @@ impl Ops for Recorder<'_> {
             Pipe::AttendPart,
             part_op,
             part_binds,
-            self.key.rows * kv_heads * chunks,
+            self.key.rows * heads * chunks,
             (q + fused_bytes.0, fused_bytes.1),
         );
         let a = self.act_bytes(self.width(Act::A));
