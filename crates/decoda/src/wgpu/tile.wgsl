@@ -24,20 +24,21 @@ var<workgroup> red: array<f32, 2048>;
 // A tile's results: [weight row o][call row r] at o * 32 + r
 var<workgroup> tile_out: array<f32, 256>;
 
-// Sums each team's 64 partial sums (8 values an invocation, red[lid * 8 + j]) into its
-// lane 0: the tree's levels in workgroup memory down to `tree_floor`, the rest as a
-// butterfly in registers (team_wg.wgsl or team_sg.wgsl: the same bits).
-fn reduce_red8(lane: u32, lid: u32) {
-    reduce_red8_from(TEAM_LANES / 2u, lane, lid);
+// Sums each team's 64 partial sums (8 values an invocation, red[lid * 8 + j], of which
+// the first `nv` are wanted) into its lane 0: the tree's levels in workgroup memory down
+// to `tree_floor`, the rest as a butterfly in registers (team_wg.wgsl or team_sg.wgsl:
+// the same bits). A value's sum does not depend on nv.
+fn reduce_red8(lane: u32, lid: u32, nv: u32) {
+    reduce_red8_from(TEAM_LANES / 2u, lane, lid, nv);
 }
 
 // reduce_red8's levels top, top / 2, .., 1 (teams of 2 top invocations).
-fn reduce_red8_from(top: u32, lane: u32, lid: u32) {
+fn reduce_red8_from(top: u32, lane: u32, lid: u32, nv: u32) {
     workgroupBarrier();
     var s = top;
     for (; s > 0u && s >= tree_floor(); s = s >> 1u) {
         if (lane < s) {
-            for (var j = 0u; j < 8u; j = j + 1u) {
+            for (var j = 0u; j < nv; j = j + 1u) {
                 red[lid * 8u + j] = red[lid * 8u + j] + red[(lid + s) * 8u + j];
             }
         }
@@ -45,10 +46,17 @@ fn reduce_red8_from(top: u32, lane: u32, lid: u32) {
     }
     if (s > 0u) {
         let at = lid * 8u;
-        let a = vec4<f32>(butterfly(red[at], s), butterfly(red[at + 1u], s),
-                          butterfly(red[at + 2u], s), butterfly(red[at + 3u], s));
-        let b = vec4<f32>(butterfly(red[at + 4u], s), butterfly(red[at + 5u], s),
+        var a = vec4<f32>(butterfly(red[at], s), 0.0, 0.0, 0.0);
+        var b = vec4<f32>(0.0);
+        if (nv > 1u) {
+            a.y = butterfly(red[at + 1u], s);
+            a.z = butterfly(red[at + 2u], s);
+            a.w = butterfly(red[at + 3u], s);
+        }
+        if (nv > 4u) {
+            b = vec4<f32>(butterfly(red[at + 4u], s), butterfly(red[at + 5u], s),
                           butterfly(red[at + 6u], s), butterfly(red[at + 7u], s));
+        }
         workgroupBarrier();
         if (lane == 0u) {
             put_red8(lid, V8(a, b));
@@ -188,7 +196,7 @@ fn tile_products(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, liv
     }
     put_red8(lid, f.res);
     // levels 4, 2 and 1 across the row's 8 invocations
-    reduce_red8_from(4u, g, lid);
+    reduce_red8_from(4u, g, lid, 8u);
     if (lid < 32u) {
         // weight row lid / 4's results of call rows 8 (lid % 4) ..
         let o = lid / 4u;
@@ -261,7 +269,7 @@ fn wide_products(t: WRow, chunks: u32, n: u32, sel: u32, x0: u32, stride: u32, n
     // the tree's levels 32, 16 and 8 in registers (above), then 4, 2 and 1 across the
     // row's 8 invocations
     put_red8(lid, f.res);
-    reduce_red8_from(4u, g, lid);
+    reduce_red8_from(4u, g, lid, nr);
     if (g == 0u) {
         for (var j = 0u; j < 8u; j = j + 1u) {
             tile_out[(lid / 8u) * 8u + j] = red[lid * 8u + j];

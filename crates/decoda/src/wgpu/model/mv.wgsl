@@ -186,14 +186,14 @@ fn mv_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool, norm: bool) {
             norm_rows(r0, nr, team, lane, lid, wid.x == 0u && wid.y == 0u);
         }
         stream_row(o, valid, r0, nr, lane, lid, norm);
-        reduce_red8(lane, lid);
+        reduce_red8(lane, lid, nr);
         if (pair) {
             if (lane < nr) {
                 gates[team * CHUNK + lane] = red[head + lane];
             }
             workgroupBarrier();
             stream_row(o + op.out_w, valid, r0, nr, lane, lid, norm);
-            reduce_red8(lane, lid);
+            reduce_red8(lane, lid, nr);
         }
         if (valid && lane < nr) {
             var v = red[head + lane];
