@@ -496,7 +496,7 @@ mod wgpu {
         let linear: u64 = p
             .dispatches
             .iter()
-            .filter(|d| d.launch.kernel == "model.linear")
+            .filter(|d| d.launch.kernel.starts_with("model.linear"))
             .map(|d| d.launch.bytes_read)
             .sum();
         let per_forward = linear / (steps as u64 - 1);

@@ -75,8 +75,10 @@ pub(super) struct Pending {
     pub(super) bytes: (u64, u64),
     /// A matrix product's pipeline (else the model module's `pipe`).
     pub(super) mv: Option<wgpu::ComputePipeline>,
-    /// A tiled matrix product (`mm`; its launch is named `linear_tiled`).
-    pub(super) tiled: bool,
+    /// Which matrix-product kernel runs, as its launch's name ends: "" (`mv`,
+    /// `mv_swiglu`), "_norm" (`mv_norm`, `mv_swiglu_norm`), "_wide" (`mv_wide`) or
+    /// "_tiled" (`mm`, `mm_swiglu`); "" for every other kernel.
+    pub(super) variant: &'static str,
 }
 
 impl WgpuModel {
@@ -187,11 +189,7 @@ impl WgpuModel {
                     group,
                     grid: grid_of(p.grid),
                     launch: Launch {
-                        kernel: if p.tiled {
-                            format!("model.{}_tiled", p.pipe.name())
-                        } else {
-                            format!("model.{}", p.pipe.name())
-                        },
+                        kernel: format!("model.{}{}", p.pipe.name(), p.variant),
                         workgroups: p.grid as u64,
                         bytes_read: p.bytes.0,
                         bytes_written: p.bytes.1,
@@ -275,7 +273,7 @@ impl Recorder<'_> {
             grid,
             bytes,
             mv: None,
-            tiled: false,
+            variant: "",
         });
     }
 
@@ -425,7 +423,15 @@ impl Recorder<'_> {
             self.push(Pipe::Linear, op, binds, grid, bytes);
             let last = self.pending.last_mut().expect("pushed");
             last.mv = Some(wide.unwrap_or(&pipeline).clone());
-            last.tiled = tiled;
+            last.variant = if tiled {
+                "_tiled"
+            } else if wide.is_some() {
+                "_wide"
+            } else if fused.is_some() {
+                "_norm"
+            } else {
+                ""
+            };
         }
         Ok(())
     }
