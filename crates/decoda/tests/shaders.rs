@@ -133,3 +133,56 @@ fn shaders_translate_to_hlsl() {
         }
     }
 }
+
+/// Whether a value of type `ty` holds an array (itself, or a struct member's).
+fn holds_array(m: &naga::Module, ty: naga::Handle<naga::Type>) -> bool {
+    match &m.types[ty].inner {
+        naga::TypeInner::Array { .. } => true,
+        naga::TypeInner::Struct { members, .. } => members.iter().any(|s| holds_array(m, s.ty)),
+        _ => false,
+    }
+}
+
+/// The model's kernels, its matrix products and the MoE layer's keep no array in a
+/// function's memory (a local variable, an argument or a result): a GPU compiler keeps
+/// one indexed in a loop in local memory unless it unrolls the loop, and its loads then
+/// run one after another. The H200 lease of dc65b97 measured such kernels (a chunk's
+/// inputs, the call rows' and lanes' sums, a tile's weight rows in arrays) at up to
+/// 1,000x their bytes' time; named vectors and struct fields hold them now.
+#[test]
+fn products_hold_no_function_arrays() {
+    let mut checked = 0;
+    for (name, src) in shaders() {
+        if !(name == "model" || name.starts_with("mv ") || name.starts_with("moe ")) {
+            continue;
+        }
+        let (m, _) = parse(&name, &src);
+        let funcs = m
+            .functions
+            .iter()
+            .map(|(_, f)| f)
+            .chain(m.entry_points.iter().map(|e| &e.function));
+        for f in funcs {
+            let fname = f.name.clone().unwrap_or_default();
+            for (_, v) in f.local_variables.iter() {
+                assert!(
+                    !holds_array(&m, v.ty),
+                    "{name}: `{fname}` holds an array in local `{}`",
+                    v.name.clone().unwrap_or_default()
+                );
+            }
+            for a in &f.arguments {
+                assert!(
+                    !holds_array(&m, a.ty),
+                    "{name}: `{fname}` takes an array (`{}`)",
+                    a.name.clone().unwrap_or_default()
+                );
+            }
+            if let Some(r) = &f.result {
+                assert!(!holds_array(&m, r.ty), "{name}: `{fname}` returns an array");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 100, "{checked} functions");
+}
