@@ -7,6 +7,7 @@
 #   .gl/                  the Vulkan loader packages (as device_run.sh)
 #   .gpu/decoda.xz        this build's CLI (cargo build --release -p decoda-cli; strip; xz -9)
 #   .gpu/decoda-old.xz    (optional) the build to compare against: the steps run it too
+#                         (the last lease's: b47b500, the fastest measured decode so far)
 # PyTorch is the machine's own (torch_peers.py). Writes into $OUT (8 files at most come
 # back): log (this script's output), err.txt (every command's stderr), gen.jsonl (generate
 # and the 512-token prefill), profile.jsonl, moe.jsonl, moe-profile.jsonl, torch.jsonl,
@@ -63,7 +64,10 @@ for n in 8 32; do
 done
 
 # 2. generate: greedy B = 1 (new, old, new: the run-to-run spread), then T 0.8 top-p 0.9
-#    with device and host sampling at B = 1, 8 and 32, both builds
+#    with device and host sampling at B = 1, 8 and 32, both builds. (This random
+#    checkpoint's rows are flat: top-p 0.9 keeps most of the vocabulary, the sampler's
+#    full-row path, about 9 ms a row at dc65b97; the T 0.8 rows without top-p after
+#    these show the model's pace without that cost.)
 step generate
 gen() { local b=$1; shift
   fits 15 || return
@@ -82,6 +86,10 @@ for b in "${builds[@]}"; do
       gen "$b" $p --temperature 0.8 --top-p 0.9 --device wgpu $host
     done
   done
+done
+for p in "--prompts /tmp/p8.jsonl" "--prompts /tmp/p32.jsonl"; do
+  # shellcheck disable=SC2086
+  gen new $p --temperature 0.8 --device wgpu
 done
 # shellcheck disable=SC2086
 gen new $one --temperature 0 --device cpu
