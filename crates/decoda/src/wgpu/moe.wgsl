@@ -83,8 +83,9 @@ fn opaque_zero() -> u32 {
 // Routing (the same arithmetic as moe::route_with on the CPU, bit for bit): one
 // workgroup per token, its invocations over the experts. The softmax's sum is taken in
 // expert order by one invocation (as the CPU sums), each probability is computed by the
-// invocation that holds its expert, and the k choices are k argmax rounds over the
-// workgroup (largest value, then smallest id, below the previous choice in that order).
+// invocation that holds its expert, and the k choices are the first k in the order
+// largest value, then smallest id: by rank (route_ranked) when every expert has an
+// invocation, else k argmax rounds over the workgroup (each below the previous choice).
 
 const RT: u32 = 256u;
 
@@ -129,6 +130,69 @@ fn rt_value(base: u32, e: u32) -> f32 {
         return v;
     }
     return div_rn(exp_f32(v - rt_m), rt_sum);
+}
+
+// The choices of a token's router when every expert has an invocation (E <= RT): each
+// expert's rank in the order of the k argmax rounds (larger value first, then smaller
+// id) is the count of experts before it, read from workgroup memory; ranks below k are
+// the choices in that order, the same as the rounds' (which `route` runs for larger E)
+// with one barrier instead of k trees. Then the weights as `route` writes them, from
+// workgroup memory.
+fn route_ranked(lid: u32, base: u32, e_n: u32, k: u32, ob: u32) {
+    var key = 0u;
+    if (lid < e_n) {
+        key = rt_order(rt_value(base, lid));
+    }
+    rt_key[lid] = key;
+    workgroupBarrier();
+    if (lid < e_n) {
+        var rank = 0u;
+        for (var e = 0u; e < e_n; e = e + 1u) {
+            let o = rt_key[e];
+            if (o > key || (o == key && e < lid)) {
+                rank = rank + 1u;
+            }
+        }
+        if (rank < k) {
+            rt_idx[rank] = lid;
+            rt_val[rank] = rt_value(base, lid);
+        }
+    }
+    workgroupBarrier();
+    if (lid != 0u) {
+        return;
+    }
+    if (prm.router == 0u) {
+        for (var s = 0u; s < k; s = s + 1u) {
+            work[prm.w_idx_in + ob + s] = rt_idx[s];
+            work[prm.w_wt + ob + s] = bitcast<u32>(rt_val[s]);
+        }
+        return;
+    }
+    if (prm.router == 1u) {
+        // renormalised over the choices, summed in choice order
+        var norm = 0.0;
+        for (var s = 0u; s < k; s = s + 1u) {
+            norm = norm + rt_val[s];
+        }
+        for (var s = 0u; s < k; s = s + 1u) {
+            work[prm.w_idx_in + ob + s] = rt_idx[s];
+            work[prm.w_wt + ob + s] = bitcast<u32>(div_rn(rt_val[s], norm));
+        }
+        return;
+    }
+    // top-k of the logits, then a softmax over them (from the first choice, in order)
+    let top = rt_val[0];
+    var sum = 0.0;
+    for (var s = 0u; s < k; s = s + 1u) {
+        let ev = exp_f32(rt_val[s] - top);
+        rt_val[s] = ev;
+        sum = sum + ev;
+    }
+    for (var s = 0u; s < k; s = s + 1u) {
+        work[prm.w_idx_in + ob + s] = rt_idx[s];
+        work[prm.w_wt + ob + s] = bitcast<u32>(div_rn(rt_val[s], sum));
+    }
 }
 
 @compute @workgroup_size(256)
@@ -178,6 +242,10 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     }
     let k = prm.top_k;
     let ob = n * k;
+    if (e_n <= RT) {
+        route_ranked(lid, base, e_n, k, ob);
+        return;
+    }
     // (in the CPU's total order: -0 below +0)
     var prev_k = 0u;
     var prev_i = 0u;
