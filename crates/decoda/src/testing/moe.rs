@@ -138,6 +138,8 @@ pub fn shapes() -> Vec<(MoeShape, Vec<usize>)> {
         (s(16, 4, 72, 50), vec![1, 5, 40]),
         (s(128, 8, 64, 32), vec![1, 3, 64]),
         (s(8, 8, 96, 64), vec![1, 7]),
+        // more than 8 choices a token (the device's down_combine takes them 8 at a time)
+        (s(12, 10, 64, 32), vec![1, 5]),
         (s(8, 2, 128, 192), vec![1, 6, 33]),
         (
             s(16, 2, 64, 32),

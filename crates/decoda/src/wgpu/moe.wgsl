@@ -628,22 +628,39 @@ fn down_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let lane = lid % TEAM;
     let o = o4 * 4u + team;
     var y = 0.0;
-    for (var s = 0u; s < prm.top_k; s = s + 1u) {
-        let p = n * prm.top_k + s;
-        var j = p;
-        if (prm.sorted != 0u) {
-            j = work[prm.w_inv + p];
+    // the token's choices 8 at a time: their rows and experts looked up at once, their
+    // products streamed together (no barrier between them), one reduction for all
+    for (var s0 = 0u; s0 < prm.top_k; s0 = s0 + 8u) {
+        let nv = min(8u, prm.top_k - s0);
+        if (lid < nv) {
+            let p = n * prm.top_k + s0 + lid;
+            var j = p;
+            if (prm.sorted != 0u) {
+                j = work[prm.w_inv + p];
+            }
+            let e = row_expert(j);
+            dc_j[lid] = j;
+            dc_e[lid] = select(e - prm.e_lo, NO_EXPERT, e < prm.e_lo || e >= prm.e_hi);
+            dc_w[lid] = bitcast<f32>(work[prm.w_wt + p]);
         }
-        let e = part_expert(j, lid);
-        var v = 0.0;
-        if (o < d && e != NO_EXPERT) {
-            v = stream(prm.down_w, prm.down_s, prm.down_b, e * d + o, h, 1u, prm.w_act + j * h, lane);
+        workgroupBarrier();
+        var a = vec4<f32>(0.0);
+        var b = vec4<f32>(0.0);
+        a.x = down_part(0u, nv, o, lane);
+        if (nv > 1u) {
+            a.y = down_part(1u, nv, o, lane);
+            a.z = down_part(2u, nv, o, lane);
+            a.w = down_part(3u, nv, o, lane);
         }
-        red_g[lid] = v;
-        red_u[lid] = 0.0;
-        reduce_teams(lane, lid);
-        let w = bitcast<f32>(work[prm.w_wt + p]);
-        y = y + fp(w * red_g[team * TEAM]);
+        if (nv > 4u) {
+            b = vec4<f32>(down_part(4u, nv, o, lane), down_part(5u, nv, o, lane), down_part(6u, nv, o, lane),
+                          down_part(7u, nv, o, lane));
+        }
+        put_red8(lid, V8(a, b));
+        reduce_red8(lane, lid, nv);
+        for (var s = 0u; s < nv; s = s + 1u) {
+            y = y + fp(dc_w[s] * red[team * TEAM * 8u + s]);
+        }
         workgroupBarrier();
     }
     if (lane == 0u && o < d) {
@@ -653,6 +670,24 @@ fn down_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             ys[n * d + o] = y;
         }
     }
+}
+
+// down_combine's rows, experts (among this dispatch's weights, or NO_EXPERT) and
+// weights of the token's choices s0 .. s0 + 7
+var<workgroup> dc_j: array<u32, 8>;
+var<workgroup> dc_e: array<u32, 8>;
+var<workgroup> dc_w: array<f32, 8>;
+
+// This invocation's share of choice s0 + s's down product for output o (0 for s past
+// the nv looked up, or an expert not in this dispatch's weights).
+fn down_part(s: u32, nv: u32, o: u32, lane: u32) -> f32 {
+    let e = dc_e[s];
+    if (s >= nv || o >= prm.hidden || e == NO_EXPERT) {
+        return 0.0;
+    }
+    let j = dc_j[s];
+    return stream(prm.down_w, prm.down_s, prm.down_b, e * prm.hidden + o, prm.inter, 1u,
+                  prm.w_act + j * prm.inter, lane);
 }
 
 // ---------------------------------------------------------------------------------
