@@ -29,8 +29,7 @@ const CHUNK: u32 = 8u;
 @group(0) @binding(1) var<storage, read> wts: array<vec4<u32>>;
 // the norm's weights (at word aux_off), for the _norm entry points
 @group(0) @binding(2) var<storage, read> aux: array<u32>;
-// (as vec4s: a chunk's inputs load 4 at a time; the activation buffers hold whole vec4s)
-@group(0) @binding(3) var<storage, read> src: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> src: array<f32>;
 @group(0) @binding(4) var<storage, read_write> dst: array<f32>;
 // q, k and v in one product (`kind` 3): rows past q's go to k_out, then v into the
 // layer's value cache at the row's slot and position (the row map in ctl)
@@ -69,39 +68,15 @@ fn wgroup() -> u32 {
     return op.group;
 }
 
-// Float i of src.
-fn srcf(i: u32) -> f32 {
-    return src[i >> 2u][i & 3u];
-}
-
 // Input i of the call row at `base` of src (0 past its `n` inputs), normed as the `rms`
 // kernel writes it unless `sel` is RAW (else the row's index in the chunk).
 fn xin(sel: u32, base: u32, i: u32, n: u32) -> f32 {
     let k = min(i, n - 1u);
-    var v = srcf(base + k);
+    var v = src[base + k];
     if (sel != RAW) {
         v = fp(v * invs[sel]) * bitcast<f32>(aux[op.aux_off + k]);
     }
     return select(0.0, v, i < n);
-}
-
-// Inputs i .. i + 3 as xin gives them: one vec4 load when they are whole and aligned.
-fn xin4(sel: u32, base: u32, i: u32, n: u32) -> vec4<f32> {
-    let at = base + i;
-    if ((at & 3u) == 0u && i + 3u < n) {
-        var v = src[at >> 2u];
-        if (sel != RAW) {
-            let inv = invs[sel];
-            let a = op.aux_off + i;
-            v = vec4<f32>(fp(v.x * inv) * bitcast<f32>(aux[a]),
-                          fp(v.y * inv) * bitcast<f32>(aux[a + 1u]),
-                          fp(v.z * inv) * bitcast<f32>(aux[a + 2u]),
-                          fp(v.w * inv) * bitcast<f32>(aux[a + 3u]));
-        }
-        return v;
-    }
-    return vec4<f32>(xin(sel, base, i, n), xin(sel, base, i + 1u, n), xin(sel, base, i + 2u, n),
-                     xin(sel, base, i + 3u, n));
 }
 
 // The _norm entry points: invs[j] for the chunk's call rows j < nr (team t: rows t and
@@ -113,7 +88,7 @@ fn norm_rows(r0: u32, nr: u32, team: u32, lane: u32, lid: u32, first: bool) {
         if (j < nr) {
             let xb = (op.src_row0 + r0 + j) * op.src_w;
             for (var i = lane; i < op.in_w; i = i + TEAM) {
-                let x = srcf(xb + i);
+                let x = src[xb + i];
                 ss = ss + x * x;
             }
         }
