@@ -136,8 +136,7 @@ fn rt_value(base: u32, e: u32) -> f32 {
 // expert's rank in the order of the k argmax rounds (larger value first, then smaller
 // id) is the count of experts before it, read from workgroup memory; ranks below k are
 // the choices in that order, the same as the rounds' (which `route` runs for larger E)
-// with one barrier instead of k trees. Then the weights as `route` writes them, from
-// workgroup memory.
+// with one barrier instead of k trees. Each choice's invocation writes it and its value.
 fn route_ranked(lid: u32, base: u32, e_n: u32, k: u32, ob: u32) {
     var key = 0u;
     if (lid < e_n) {
@@ -154,44 +153,45 @@ fn route_ranked(lid: u32, base: u32, e_n: u32, k: u32, ob: u32) {
             }
         }
         if (rank < k) {
-            rt_idx[rank] = lid;
-            rt_val[rank] = rt_value(base, lid);
+            let v = rt_value(base, lid);
+            rt_val[rank] = v;
+            work[prm.w_idx_in + ob + rank] = lid;
+            work[prm.w_wt + ob + rank] = bitcast<u32>(v);
         }
     }
     workgroupBarrier();
-    if (lid != 0u) {
-        return;
+}
+
+// Choice s's value (probability or logit): from workgroup memory when the k choices fit
+// it, else from where the choice was written.
+fn chosen(ob: u32, k: u32, s: u32) -> f32 {
+    if (k <= RT) {
+        return rt_val[s];
     }
-    if (prm.router == 0u) {
-        for (var s = 0u; s < k; s = s + 1u) {
-            work[prm.w_idx_in + ob + s] = rt_idx[s];
-            work[prm.w_wt + ob + s] = bitcast<u32>(rt_val[s]);
-        }
-        return;
-    }
+    return bitcast<f32>(work[prm.w_wt + ob + s]);
+}
+
+// The choices' weights from their values (invocation 0, after the choices): softmax
+// probabilities as they are (router 0), renormalised over the choices (1), or a
+// softmax over the chosen logits from the first choice (2), each sum in choice order.
+fn route_weights(ob: u32, k: u32) {
     if (prm.router == 1u) {
-        // renormalised over the choices, summed in choice order
         var norm = 0.0;
         for (var s = 0u; s < k; s = s + 1u) {
-            norm = norm + rt_val[s];
+            norm = norm + chosen(ob, k, s);
         }
         for (var s = 0u; s < k; s = s + 1u) {
-            work[prm.w_idx_in + ob + s] = rt_idx[s];
-            work[prm.w_wt + ob + s] = bitcast<u32>(div_rn(rt_val[s], norm));
+            work[prm.w_wt + ob + s] = bitcast<u32>(div_rn(chosen(ob, k, s), norm));
         }
-        return;
-    }
-    // top-k of the logits, then a softmax over them (from the first choice, in order)
-    let top = rt_val[0];
-    var sum = 0.0;
-    for (var s = 0u; s < k; s = s + 1u) {
-        let ev = exp_f32(rt_val[s] - top);
-        rt_val[s] = ev;
-        sum = sum + ev;
-    }
-    for (var s = 0u; s < k; s = s + 1u) {
-        work[prm.w_idx_in + ob + s] = rt_idx[s];
-        work[prm.w_wt + ob + s] = bitcast<u32>(div_rn(rt_val[s], sum));
+    } else if (prm.router == 2u) {
+        let top = chosen(ob, k, 0u);
+        var sum = 0.0;
+        for (var s = 0u; s < k; s = s + 1u) {
+            sum = sum + exp_f32(chosen(ob, k, s) - top);
+        }
+        for (var s = 0u; s < k; s = s + 1u) {
+            work[prm.w_wt + ob + s] = bitcast<u32>(div_rn(exp_f32(chosen(ob, k, s) - top), sum));
+        }
     }
 }
 
@@ -244,8 +244,17 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let ob = n * k;
     if (e_n <= RT) {
         route_ranked(lid, base, e_n, k, ob);
-        return;
+    } else {
+        route_rounds(lid, base, e_n, k, ob);
     }
+    if (lid == 0u) {
+        route_weights(ob, k);
+    }
+}
+
+// The choices as k argmax rounds over the workgroup (E > RT), each below the previous
+// choice in the order (larger value, then smaller id); invocation 0 writes them.
+fn route_rounds(lid: u32, base: u32, e_n: u32, k: u32, ob: u32) {
     // (in the CPU's total order: -0 below +0)
     var prev_k = 0u;
     var prev_i = 0u;
@@ -264,36 +273,13 @@ fn route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         prev_k = best.x;
         prev_i = best.y;
         if (lid == 0u) {
+            let v = rt_value(base, prev_i);
+            if (s < RT) {
+                rt_val[s] = v;
+            }
             work[prm.w_idx_in + ob + s] = prev_i;
-            work[prm.w_wt + ob + s] = bitcast<u32>(rt_value(base, prev_i));
+            work[prm.w_wt + ob + s] = bitcast<u32>(v);
         }
-    }
-    if (lid != 0u || prm.router == 0u) {
-        return;
-    }
-    if (prm.router == 1u) {
-        // renormalised over the choices, summed in choice order
-        var norm = 0.0;
-        for (var s = 0u; s < k; s = s + 1u) {
-            norm = norm + bitcast<f32>(work[prm.w_wt + ob + s]);
-        }
-        for (var s = 0u; s < k; s = s + 1u) {
-            let p = bitcast<f32>(work[prm.w_wt + ob + s]);
-            work[prm.w_wt + ob + s] = bitcast<u32>(div_rn(p, norm));
-        }
-        return;
-    }
-    // top-k of the logits, then a softmax over them (from the first choice, in order)
-    let top = router_logits[base + work[prm.w_idx_in + ob]];
-    var sum = 0.0;
-    for (var s = 0u; s < k; s = s + 1u) {
-        let ev = exp_f32(bitcast<f32>(work[prm.w_wt + ob + s]) - top);
-        work[prm.w_wt + ob + s] = bitcast<u32>(ev);
-        sum = sum + ev;
-    }
-    for (var s = 0u; s < k; s = s + 1u) {
-        let ev = bitcast<f32>(work[prm.w_wt + ob + s]);
-        work[prm.w_wt + ob + s] = bitcast<u32>(div_rn(ev, sum));
     }
 }
 
@@ -413,7 +399,11 @@ fn part_expert(j: u32, lid: u32) -> u32 {
     if (lid == 0u) {
         w_expert = row_expert(j);
     }
-    let e = workgroupUniformLoad(&w_expert);
+    return local_expert(workgroupUniformLoad(&w_expert));
+}
+
+// Expert e among this dispatch's weights, or NO_EXPERT when another part holds it.
+fn local_expert(e: u32) -> u32 {
     if (e < prm.e_lo || e >= prm.e_hi) {
         return NO_EXPERT;
     }
@@ -638,9 +628,8 @@ fn down_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             if (prm.sorted != 0u) {
                 j = work[prm.w_inv + p];
             }
-            let e = row_expert(j);
             dc_j[lid] = j;
-            dc_e[lid] = select(e - prm.e_lo, NO_EXPERT, e < prm.e_lo || e >= prm.e_hi);
+            dc_e[lid] = local_expert(row_expert(j));
             dc_w[lid] = bitcast<f32>(work[prm.w_wt + p]);
         }
         workgroupBarrier();

@@ -208,46 +208,48 @@ fn tile_products(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, liv
     workgroupBarrier();
 }
 
-// Call row j's inputs at `x0 + min(j, nr - 1) * stride` against weight row t's chunk c.
-fn wide_dot(t: WRow, c: u32, i0: u32, a: vec2<f32>, w: vec4<u32>, n: u32, sel: u32, x0: u32,
-            stride: u32, j: u32, nr: u32) -> f32 {
-    let xv = chunk_x(sel, x0 + min(j, nr - 1u) * stride, i0, n);
-    return chunk_dot_x(w, xv, chunk_sum(xv), a.x, a.y);
+// Chunk w of a weight row (first input i0, its group's scale sc and bias bi) against
+// call rows j < nr (row j's inputs at x0 + j * stride, read with `sel`, or with j when
+// `per_row`: the mv kernels' normed rows); 0 past nr. The row-by-row products' step.
+fn rows_dot(w: vec4<u32>, i0: u32, sc: f32, bi: f32, n: u32, sel: u32, per_row: bool, x0: u32,
+            stride: u32, nr: u32) -> V8 {
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    a.x = chunk_dot(w, i0, select(sel, 0u, per_row), x0, n, sc, bi);
+    if (nr > 1u) {
+        a.y = chunk_dot(w, i0, select(sel, 1u, per_row), x0 + stride, n, sc, bi);
+    }
+    if (nr > 2u) {
+        a.z = chunk_dot(w, i0, select(sel, 2u, per_row), x0 + 2u * stride, n, sc, bi);
+    }
+    if (nr > 3u) {
+        a.w = chunk_dot(w, i0, select(sel, 3u, per_row), x0 + 3u * stride, n, sc, bi);
+    }
+    if (nr > 4u) {
+        b.x = chunk_dot(w, i0, select(sel, 4u, per_row), x0 + 4u * stride, n, sc, bi);
+    }
+    if (nr > 5u) {
+        b.y = chunk_dot(w, i0, select(sel, 5u, per_row), x0 + 5u * stride, n, sc, bi);
+    }
+    if (nr > 6u) {
+        b.z = chunk_dot(w, i0, select(sel, 6u, per_row), x0 + 6u * stride, n, sc, bi);
+    }
+    if (nr > 7u) {
+        b.w = chunk_dot(w, i0, select(sel, 7u, per_row), x0 + 7u * stride, n, sc, bi);
+    }
+    return V8(a, b);
 }
 
 // Lane `lane`'s sums of weight row t for the call rows j < nr (0 past them).
 fn wide_lane(t: WRow, lane: u32, chunks: u32, n: u32, sel: u32, x0: u32, stride: u32,
              nr: u32) -> V8 {
-    var a = vec4<f32>(0.0);
-    var b = vec4<f32>(0.0);
+    var acc = V8(vec4<f32>(0.0), vec4<f32>(0.0));
     for (var c = lane; c < chunks; c = c + TEAM_LANES) {
         let i0 = c * per_chunk();
         let af = chunk_affine(t, i0);
-        let w = wvec(t.wb + c);
-        a.x = a.x + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 0u, nr);
-        if (nr > 1u) {
-            a.y = a.y + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 1u, nr);
-        }
-        if (nr > 2u) {
-            a.z = a.z + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 2u, nr);
-        }
-        if (nr > 3u) {
-            a.w = a.w + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 3u, nr);
-        }
-        if (nr > 4u) {
-            b.x = b.x + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 4u, nr);
-        }
-        if (nr > 5u) {
-            b.y = b.y + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 5u, nr);
-        }
-        if (nr > 6u) {
-            b.z = b.z + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 6u, nr);
-        }
-        if (nr > 7u) {
-            b.w = b.w + wide_dot(t, c, i0, af, w, n, sel, x0, stride, 7u, nr);
-        }
+        acc = v8_add(acc, rows_dot(wvec(t.wb + c), i0, af.x, af.y, n, sel, false, x0, stride, nr));
     }
-    return V8(a, b);
+    return acc;
 }
 
 // The matrix-vector shape of the same order (`mv_wide`, for matrices of many rows: the

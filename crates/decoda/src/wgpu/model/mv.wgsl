@@ -117,24 +117,17 @@ fn norm_rows(r0: u32, nr: u32, team: u32, lane: u32, lid: u32, first: bool) {
     }
 }
 
-// Call row j's (of the chunk at r0) share of chunk w (first input i0).
-fn row_dot(j: u32, w: vec4<u32>, i0: u32, r0: u32, norm: bool, sc: f32, bi: f32) -> f32 {
-    let xb = (op.src_row0 + r0 + j) * op.src_w;
-    return chunk_dot(w, i0, select(RAW, j, norm), xb, op.in_w, sc, bi);
-}
-
 // This invocation's share of W[row] . src[r0 + j] for j < nr, into red[lid][j] (the
 // inputs normed when `norm`). The 8 sums are named registers (no array indexed at run
 // time: see chunk.wgsl).
 fn stream_row(row: u32, valid: bool, r0: u32, nr: u32, lane: u32, lid: u32, norm: bool) {
-    var a = vec4<f32>(0.0);
-    var b = vec4<f32>(0.0);
+    var acc = V8(vec4<f32>(0.0), vec4<f32>(0.0));
     if (valid) {
         let chunks = op.row_words / 4u;
         let base = (op.w_off + row * op.row_words) / 4u;
         let gpr = op.in_w / op.group;
+        let x0 = (op.src_row0 + r0) * op.src_w;
         for (var c = lane; c < chunks; c = c + TEAM) {
-            let w = wts[base + c];
             let i0 = c * per_chunk();
             var sc = 0.0;
             var bi = 0.0;
@@ -143,31 +136,11 @@ fn stream_row(row: u32, valid: bool, r0: u32, nr: u32, lane: u32, lid: u32, norm
                 sc = bitcast<f32>(word(op.s_off + g));
                 bi = bitcast<f32>(word(op.b_off + g));
             }
-            a.x = a.x + row_dot(0u, w, i0, r0, norm, sc, bi);
-            if (nr > 1u) {
-                a.y = a.y + row_dot(1u, w, i0, r0, norm, sc, bi);
-            }
-            if (nr > 2u) {
-                a.z = a.z + row_dot(2u, w, i0, r0, norm, sc, bi);
-            }
-            if (nr > 3u) {
-                a.w = a.w + row_dot(3u, w, i0, r0, norm, sc, bi);
-            }
-            if (nr > 4u) {
-                b.x = b.x + row_dot(4u, w, i0, r0, norm, sc, bi);
-            }
-            if (nr > 5u) {
-                b.y = b.y + row_dot(5u, w, i0, r0, norm, sc, bi);
-            }
-            if (nr > 6u) {
-                b.z = b.z + row_dot(6u, w, i0, r0, norm, sc, bi);
-            }
-            if (nr > 7u) {
-                b.w = b.w + row_dot(7u, w, i0, r0, norm, sc, bi);
-            }
+            let d = rows_dot(wts[base + c], i0, sc, bi, op.in_w, RAW, norm, x0, op.src_w, nr);
+            acc = v8_add(acc, d);
         }
     }
-    put_red8(lid, V8(a, b));
+    put_red8(lid, acc);
 }
 
 fn silu(g: f32) -> f32 {
