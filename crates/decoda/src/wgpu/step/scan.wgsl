@@ -83,9 +83,19 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let end = min(call.vocab, start + call.chunk);
     let g0 = start / 4u;
     let g1 = (end + 3u) / 4u;
+    // a row without penalties, bias or DRY leaves z = x (z_of's work is skipped)
+    let touch = select(0u, 0xfu, (sp.flags & F_TOUCH) != 0u);
     for (var g = g0 + lid; g < g1; g = g + WG) {
-        var words = vec4<u32>(0u, 0u, 0u, 0u);
-        var have = false;
+        // A group of four tokens in three steps: x, then z for the tokens whose row has
+        // penalties, bias or DRY, then y and what needs it for the tokens that can
+        // matter. Each later step loops over the tokens it concerns (bit masks), so a
+        // token that cannot reach a list, a sum or the draw costs no division or noise
+        // even where every branch is run (lavapipe runs both sides of a branch, masked;
+        // a loop whose mask empties stops). Each token's values and the order of the
+        // candidates' keys are as one pass in token order gives: sums are integers,
+        // maxima and argmaxima order-free.
+        var zs = vec4<f32>(0.0, 0.0, 0.0, 0.0);
+        var n = 0u;
         for (var j = 0u; j < 4u; j = j + 1u) {
             let i = g * 4u + j;
             if (i >= end) {
@@ -97,7 +107,22 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
             } else {
                 xk = max(xk, key_of(x));
             }
-            let z = z_of(slot, sp, i, x);
+            zs[j] = x;
+            n = n + 1u;
+        }
+        var zt = touch & ((1u << n) - 1u);
+        loop {
+            if (zt == 0u) {
+                break;
+            }
+            let j = firstTrailingBit(zt);
+            zt = zt & (zt - 1u);
+            zs[j] = z_of(slot, sp, g * 4u + j, zs[j]);
+        }
+        var live = 0u;
+        for (var j = 0u; j < n; j = j + 1u) {
+            let i = g * 4u + j;
+            let z = zs[j];
             if (is_bad(z)) {
                 bad_z = bad_z + 1u;
                 continue;
@@ -114,7 +139,18 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
             if (is_neg_inf(z) || isc || kz <= zlo) {
                 continue;
             }
-            let y = div_rn(z, t);
+            live = live | (1u << j);
+        }
+        var words = vec4<u32>(0u, 0u, 0u, 0u);
+        var have = false;
+        loop {
+            if (live == 0u) {
+                break;
+            }
+            let j = firstTrailingBit(live);
+            live = live & (live - 1u);
+            let i = g * 4u + j;
+            let y = div_rn(zs[j], t);
             let yk = cmp_key(y);
             if ((need & N_LIST) != 0u && (yk >= kappa || (minp && yk >= gkey))) {
                 let at = atomicAdd(&ctr[2u * row], 1u);
