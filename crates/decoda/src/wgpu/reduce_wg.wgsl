@@ -12,18 +12,29 @@ struct Lanes {
 fn lanes_init(l: Lanes) {
 }
 
+// Each reduction is a tree of fan-in four: a barrier a level, six for 256 invocations
+// (a binary tree takes ten, and lavapipe pays for each barrier by switching between
+// every group of invocations). Sums are exact integers and maxima order-free, so the
+// result is any tree's, and reduce_sg.wgsl's.
+
 fn wg_argmax(lid: u32, key: u32, idx: u32) -> vec2<u32> {
     ra[lid] = key;
     rb[lid] = idx;
     workgroupBarrier();
-    for (var s = 128u; s > 0u; s = s >> 1u) {
+    for (var s = 64u; s > 0u; s = s >> 2u) {
         if (lid < s) {
-            let ok = ra[lid + s];
-            let oi = rb[lid + s];
-            if (ok > ra[lid] || (ok == ra[lid] && oi < rb[lid])) {
-                ra[lid] = ok;
-                rb[lid] = oi;
+            var bk = ra[lid];
+            var bi = rb[lid];
+            for (var q = 1u; q < 4u; q = q + 1u) {
+                let ok = ra[lid + q * s];
+                let oi = rb[lid + q * s];
+                if (ok > bk || (ok == bk && oi < bi)) {
+                    bk = ok;
+                    bi = oi;
+                }
             }
+            ra[lid] = bk;
+            rb[lid] = bi;
         }
         workgroupBarrier();
     }
@@ -37,10 +48,10 @@ fn wg_sum_max(lid: u32, s: u32, m: u32) -> vec2<u32> {
     ra[lid] = s;
     rb[lid] = m;
     workgroupBarrier();
-    for (var k = 128u; k > 0u; k = k >> 1u) {
+    for (var k = 64u; k > 0u; k = k >> 2u) {
         if (lid < k) {
-            ra[lid] = ra[lid] + ra[lid + k];
-            rb[lid] = max(rb[lid], rb[lid + k]);
+            ra[lid] = ra[lid] + ra[lid + k] + ra[lid + 2u * k] + ra[lid + 3u * k];
+            rb[lid] = max(max(rb[lid], rb[lid + k]), max(rb[lid + 2u * k], rb[lid + 3u * k]));
         }
         workgroupBarrier();
     }
@@ -57,11 +68,14 @@ fn wg_sum64(lid: u32, v: vec2<u32>) -> vec2<u32> {
     ra[lid] = v.x;
     rb[lid] = v.y;
     workgroupBarrier();
-    for (var k = 128u; k > 0u; k = k >> 1u) {
+    for (var k = 64u; k > 0u; k = k >> 2u) {
         if (lid < k) {
-            let r = add64(vec2<u32>(ra[lid], rb[lid]), vec2<u32>(ra[lid + k], rb[lid + k]));
-            ra[lid] = r.x;
-            rb[lid] = r.y;
+            var t = vec2<u32>(ra[lid], rb[lid]);
+            t = add64(t, vec2<u32>(ra[lid + k], rb[lid + k]));
+            t = add64(t, vec2<u32>(ra[lid + 2u * k], rb[lid + 2u * k]));
+            t = add64(t, vec2<u32>(ra[lid + 3u * k], rb[lid + 3u * k]));
+            ra[lid] = t.x;
+            rb[lid] = t.y;
         }
         workgroupBarrier();
     }
