@@ -191,6 +191,9 @@ pub struct SelftestArgs {
     /// instead of every real model's at B = 1, 2 and 3.
     #[arg(long)]
     quick: bool,
+    /// Steps of the head check (default 300, or 60 with `--quick`).
+    #[arg(long)]
+    head_steps: Option<usize>,
 }
 
 pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
@@ -217,7 +220,7 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
             .map(|h| Box::new(h) as Box<dyn decoda::head::Head>)
             .map_err(|e| e.to_string())
     };
-    let head_steps = if a.quick { 60 } else { 300 };
+    let head_steps = a.head_steps.unwrap_or(if a.quick { 60 } else { 300 });
     match head.and_then(|mut h| testing::head::head_sequences(h.as_mut(), head_steps)) {
         Ok(()) => {
             passed += 1;
