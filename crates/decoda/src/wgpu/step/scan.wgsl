@@ -91,24 +91,20 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         // matter. Each later step loops over the tokens it concerns (bit masks), so a
         // token that cannot reach a list, a sum or the draw costs no division or noise
         // even where every branch is run (lavapipe runs both sides of a branch, masked;
-        // a loop whose mask empties stops). Each token's values and the order of the
-        // candidates' keys are as one pass in token order gives: sums are integers,
-        // maxima and argmaxima order-free.
+        // a loop whose mask empties stops). Every token gets the values one pass in
+        // token order gives it; sums are integers, maxima and argmaxima order-free, and
+        // the list's order is its atomics' in either form.
         var zs = vec4<f32>(0.0, 0.0, 0.0, 0.0);
-        var n = 0u;
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            let i = g * 4u + j;
-            if (i >= end) {
-                break;
-            }
-            let x = load_x(row, i);
+        // (g < g1, so the group holds at least one token of the chunk)
+        let n = min(4u, end - g * 4u);
+        for (var j = 0u; j < n; j = j + 1u) {
+            let x = load_x(row, g * 4u + j);
             if (is_bad(x)) {
                 bad_x = bad_x + 1u;
             } else {
                 xk = max(xk, key_of(x));
             }
             zs[j] = x;
-            n = n + 1u;
         }
         var zt = touch & ((1u << n) - 1u);
         loop {
