@@ -1,7 +1,8 @@
 //! The device's arithmetic (`fmath.wgsl`) against the CPU's, bit for bit, on millions
 //! of inputs: the correctly rounded division `div_rn` against Rust's IEEE `/` (the
 //! contract's `z / T`), and the shader copies of `ln`, `exp` and the Gumbel noise against
-//! `decoda::fmath` and `decoda::philox`. Runs on any adapter (CI: lavapipe).
+//! `decoda::fmath` and `decoda::philox`, each in both forms the kernels use (`div_rn` and
+//! `div_rn_cold`, `philox` and `philox_cold`). Runs on any adapter (CI: lavapipe).
 #![cfg(feature = "wgpu")]
 
 use decoda::testing::Rng;
@@ -30,6 +31,16 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
         case 0u: { y = div_rn(x, bitcast<f32>(b[i])); }
         case 1u: { y = ln_f32(x); }
         case 2u: { y = exp_f32(x); }
+        case 4u: { y = div_rn_cold(x, bitcast<f32>(b[i])); }
+        case 5u, 6u: {
+            let c = vec4<u32>(a[i], b[i], a[i] ^ b[i], 1u);
+            let k = vec2<u32>(b[i], a[i] + 1u);
+            var w = philox(c, k);
+            if (p.op == 6u) {
+                w = philox_cold(c, k);
+            }
+            y = bitcast<f32>(w[a[i] % 4u]);
+        }
         default: { y = gumbel(a[i]); }
     }
     r[i] = bitcast<u32>(y);
@@ -207,10 +218,33 @@ fn division_is_correctly_rounded() {
     ] {
         push(x, y);
     }
+    let ieee = |x: u32, y: u32| (f32::from_bits(x) / f32::from_bits(y)).to_bits();
     let got = run(&s, 0, &a, &b);
-    compare("div_rn", &a, &b, &got, |x, y| {
-        (f32::from_bits(x) / f32::from_bits(y)).to_bits()
-    });
+    compare("div_rn", &a, &b, &got, ieee);
+    // the digits-at-a-time division of the one-workgroup passes: the same bits
+    let got = run(&s, 4, &a, &b);
+    compare("div_rn_cold", &a, &b, &got, ieee);
+}
+
+/// Philox4x32-10, unrolled (`philox`) and as a loop (`philox_cold`), is the CPU's, word
+/// for word.
+#[test]
+fn philox_matches_the_cpu() {
+    let Some(s) = sampler() else { return };
+    let mut rng = Rng::new(23);
+    let n = 200_000;
+    let mut a: Vec<u32> = (0..n).map(|_| rng.next_u64() as u32).collect();
+    let mut b: Vec<u32> = (0..n).map(|_| rng.next_u64() as u32).collect();
+    a.extend([0, u32::MAX, 0, 1]);
+    b.extend([0, u32::MAX, u32::MAX, 0]);
+    let cpu = |x: u32, y: u32| {
+        let w = decoda::philox::philox4x32_10([x, y, x ^ y, 1], [y, x.wrapping_add(1)]);
+        w[(x % 4) as usize]
+    };
+    for (op, name) in [(5, "philox"), (6, "philox_cold")] {
+        let got = run(&s, op, &a, &b);
+        compare(name, &a, &b, &got, cpu);
+    }
 }
 
 /// The shader's ln and exp are the CPU's, bit for bit.

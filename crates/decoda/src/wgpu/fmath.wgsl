@@ -23,6 +23,23 @@ fn fp(x: f32) -> f32 {
 // (zero and subnormals included) or -inf (returned as is). Overflow gives +-inf,
 // results below the normal range are rounded into the subnormals as IEEE 754 does.
 fn div_rn(a: f32, b: f32) -> f32 {
+    return div_rn_by(a, b, false);
+}
+
+// div_rn, the same bits, with the quotient's bits found eight at a time (three digits
+// estimated in floating point and corrected exactly) instead of 25 compare-and-subtract
+// steps: a fraction of the code, for kernels that divide in many places but few times
+// (settle, a row's later stages). A driver compiles every inlined copy, and lavapipe
+// does it again in every process: the unrolled steps cost `settle` about a third of its
+// build. (The 25 steps as a loop whose count the compiler cannot see were smaller
+// still, but on lavapipe they changed tokens in the settle passes, for reasons not
+// found; the fmath test alone passed.)
+fn div_rn_cold(a: f32, b: f32) -> f32 {
+    return div_rn_by(a, b, true);
+}
+
+// div_rn with the quotient's bits found eight at a time (`chunks`) or one at a time.
+fn div_rn_by(a: f32, b: f32, chunks: bool) -> f32 {
     let ab = bitcast<u32>(a);
     let sign = ab & 0x80000000u;
     let mag = ab & 0x7fffffffu;
@@ -42,13 +59,32 @@ fn div_rn(a: f32, b: f32) -> f32 {
     // 24 quotient bits, a guard bit, and whether anything is left (sticky)
     var rem = ma;
     var q = 0u;
-    for (var i = 0u; i < 25u; i = i + 1u) {
-        q = q << 1u;
-        if (rem >= mb) {
-            rem = rem - mb;
-            q = q | 1u;
+    if (chunks) {
+        // ma < 2 mb: the first bit, then 24 more eight at a time (rem < mb < 2^24, so
+        // rem << 8 fits a word); rem doubled at the end as the steps leave it. Each digit
+        // (below 256) is estimated in floating point, within one of the true one (the
+        // estimate's error is far below one), then corrected in exact integers (d mb
+        // stays below 2^32 for d <= 256).
+        q = select(0u, 1u, rem >= mb);
+        rem = rem - mb * q;
+        for (var i = 0u; i < 3u; i = i + 1u) {
+            let t = rem << 8u;
+            var d = u32(f32(t) / f32(mb));
+            d = d - select(0u, 1u, d * mb > t);
+            d = d + select(0u, 1u, t - d * mb >= mb);
+            q = (q << 8u) | d;
+            rem = t - d * mb;
         }
         rem = rem << 1u;
+    } else {
+        for (var i = 0u; i < 25u; i = i + 1u) {
+            q = q << 1u;
+            if (rem >= mb) {
+                rem = rem - mb;
+                q = q | 1u;
+            }
+            rem = rem << 1u;
+        }
     }
     // q: 25 bits (bit 24 set); x = q << 1 | sticky: 26 bits, two below the last kept one
     var x = (q << 1u) | select(0u, 1u, rem != 0u);
@@ -158,9 +194,21 @@ fn exp_f32(x_in: f32) -> f32 {
 // (`mulhilo`: mulhi32.wgsl or, on devices with 64-bit integers, mulhi64.wgsl, appended
 // by the launcher)
 fn philox(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+    return philox_rounds(counter, key, 10u);
+}
+
+// philox, the same bits, with its ten rounds left as a loop the compiler cannot unroll
+// (a count read from a uniform): for passes that draw in many places but few times (the
+// list's and the full row's draws, XTC's coin), so each inlined copy is one round's code.
+fn philox_cold(counter: vec4<u32>, key: vec2<u32>) -> vec4<u32> {
+    return philox_rounds(counter, key, 10u + opaque_zero());
+}
+
+// Philox4x32 with `rounds` rounds (10, constant or not).
+fn philox_rounds(counter: vec4<u32>, key: vec2<u32>, rounds: u32) -> vec4<u32> {
     var c = counter;
     var k = key;
-    for (var rd = 0u; rd < 10u; rd = rd + 1u) {
+    for (var rd = 0u; rd < rounds; rd = rd + 1u) {
         if (rd > 0u) {
             k = vec2<u32>(k.x + 0x9E3779B9u, k.y + 0xBB67AE85u);
         }

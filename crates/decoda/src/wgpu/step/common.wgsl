@@ -573,7 +573,7 @@ fn wg_scan64(lid: u32, v: vec2<u32>) -> vec2<u32> {
 
 // Philox word of token i of a slot at a step (stream 0).
 fn noise_word(i: u32, seed: vec2<u32>, step_lo: u32, step_hi: u32) -> u32 {
-    let w = philox(vec4<u32>(i / 4u, step_lo, step_hi, 0u), seed);
+    let w = philox_cold(vec4<u32>(i / 4u, step_lo, step_hi, 0u), seed);
     return w[i % 4u];
 }
 
@@ -598,7 +598,7 @@ fn xtc_fires(slot: u32, sp: SlotP) -> bool {
         return false;
     }
     let stp = step_of(slot);
-    let w = philox(vec4<u32>(0u, stp.x, stp.y, 1u), vec2<u32>(sp.seed_lo, sp.seed_hi));
+    let w = philox_cold(vec4<u32>(0u, stp.x, stp.y, 1u), vec2<u32>(sp.seed_lo, sp.seed_hi));
     let u = f32(2u * (w.x >> 9u) + 1u) * (1.0 / 16777216.0);
     return u <= sp.xtc_p;
 }

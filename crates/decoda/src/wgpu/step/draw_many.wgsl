@@ -61,7 +61,7 @@ fn draw_many(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
                 continue;
             }
             if (!have) {
-                words = philox(vec4<u32>(g, step_lo, step_hi, 0u), seed);
+                words = philox_cold(vec4<u32>(g, step_lo, step_hi, 0u), seed);
                 have = true;
             }
             let k = cmp_key(mb.y + gumbel(words[j]));

@@ -28,7 +28,7 @@ fn kept_list(lid: u32, row: u32, sp: SlotP, j0: u32, n_s: u32, vtop: f32, total:
         let en = entry(row, j0 + j);
         out_res[kb + 2u + 2u * j] = en.x;
         let w = exp_diff(bitcast<f32>(en.y), vtop);
-        out_res[kb + 3u + 2u * j] = bitcast<u32>(div_rn(w, total * TWO_M40));
+        out_res[kb + 3u + 2u * j] = bitcast<u32>(div_rn_cold(w, total * TWO_M40));
     }
     if (lid == 0u) {
         out_res[kb] = size;
@@ -181,7 +181,7 @@ fn kept_row(lid: u32, row: u32) {
             let en = entry(row, j);
             out_res[kb + 2u + 2u * j] = en.x;
             let w = exp_f32(bitcast<f32>(en.y) - vmax);
-            out_res[kb + 3u + 2u * j] = bitcast<u32>(div_rn(w, total * TWO_M40));
+            out_res[kb + 3u + 2u * j] = bitcast<u32>(div_rn_cold(w, total * TWO_M40));
         }
     }
     if (lid == 0u) {

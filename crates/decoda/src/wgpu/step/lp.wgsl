@@ -12,14 +12,14 @@ fn member(row: u32, z: f32, t: f32) -> Member {
     if (is_neg_inf(z)) {
         return Member(false, neg_inf());
     }
-    let y = div_rn(z, t);
+    let y = div_rn_cold(z, t);
     let yk = cmp_key(y);
     if (yk < cmp_key(sgetf(row, S_TAU_K)) || yk < cmp_key(sgetf(row, S_TAU_MIN))
         || yk > cmp_key(sgetf(row, S_VMAX)) || !typ_in(row, y)) {
         return Member(false, y);
     }
     if (sget(row, S_P_CUT) != 0u) {
-        let q = div_rn(exp_f32(y - sgetf(row, S_YMAX)), sgetf(row, S_SUM) * TWO_M40);
+        let q = div_rn_cold(exp_f32(y - sgetf(row, S_YMAX)), sgetf(row, S_SUM) * TWO_M40);
         if (cmp_key(q) < cmp_key(sgetf(row, S_TAU_Q))) {
             return Member(false, y);
         }
@@ -82,7 +82,7 @@ fn draw_group(row: u32, slot: u32, sp: SlotP, g: u32, end: u32, stp: vec2<u32>,
         let mb = member(row, z_of(slot, sp, i, load_x(row, i)), sp.temperature);
         if (mb.inside) {
             if (!have) {
-                words = philox(vec4<u32>(g, stp.x, stp.y, 0u), vec2<u32>(sp.seed_lo, sp.seed_hi));
+                words = philox_cold(vec4<u32>(g, stp.x, stp.y, 0u), vec2<u32>(sp.seed_lo, sp.seed_hi));
                 have = true;
             }
             let sk = cmp_key(mb.y + gumbel(words[j]));

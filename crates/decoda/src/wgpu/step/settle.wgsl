@@ -152,7 +152,7 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, xf: bool, typ: 
                 if (level == 2u) {
                     // the k-th largest y of the row, or top-n-σ's bound when higher
                     // (both keep every y above a value: the set is their intersection)
-                    let tau_k = div_rn(from_key(np), t);
+                    let tau_k = div_rn_cold(from_key(np), t);
                     let tau_s = sgetf(row, S_TAU_K);
                     ssetf(row, S_TAU_K, select(tau_k, tau_s, cmp_key(tau_s) > cmp_key(tau_k)));
                 }
@@ -185,7 +185,7 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, xf: bool, typ: 
                 if (!in_prefix(key, level, prefix)) {
                     continue;
                 }
-                let y = div_rn(z, t);
+                let y = div_rn_cold(z, t);
                 if (cmp_key(y) < cmp_key(tau_k) || !typ_in(row, y)) {
                     continue;
                 }
@@ -226,9 +226,9 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, xf: bool, typ: 
                 sset(row, S_ABOVE_HI, cum.y);
                 if (level == 2u) {
                     let theta = from_key(np);
-                    let e = exp_f32(div_rn(theta, t) - ym);
+                    let e = exp_f32(div_rn_cold(theta, t) - ym);
                     ssetf(row, S_SUM, sum_f);
-                    ssetf(row, S_TAU_Q, div_rn(e, sum_f * TWO_M40));
+                    ssetf(row, S_TAU_Q, div_rn_cold(e, sum_f * TWO_M40));
                     sset(row, S_P_CUT, 1u);
                 }
             }
@@ -409,7 +409,7 @@ fn settle_row(lid: u32, row: u32) {
     } else if (cold(sp)) {
         status = 1u;
     } else {
-        ymax = div_rn(zmax, t);
+        ymax = div_rn_cold(zmax, t);
         if (not_finite(ymax)) {
             status = 1u;
             ymax = neg_inf();
@@ -460,7 +460,7 @@ fn settle_row(lid: u32, row: u32) {
         if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
             // stage 5a: a lower bound on y for every stage after it, on the list
             // (settle_list) or the whole row (`member`)
-            let ymin = div_rn(from_key(~fm.y), t);
+            let ymin = div_rn_cold(from_key(~fm.y), t);
             let tau_s = sigma_threshold(lid, row, slot, sp, ymax, fm.x, ymin);
             if (lid == 0u) {
                 ssetf(row, S_TAU_K, tau_s);

@@ -70,7 +70,7 @@ fn sigma_threshold(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n: u32,
         if (is_neg_inf(z)) {
             continue;
         }
-        let q = fixed_at(fp(ymax - div_rn(z, t)), 34 - e);
+        let q = fixed_at(fp(ymax - div_rn_cold(z, t)), 34 - e);
         s1 = add96(s1, q);
         s2 = add96(s2, square35(q.xy));
     }

@@ -40,7 +40,7 @@ fn typ_pre(row: u32, over: u32, ymax: f32, w: vec3<u32>, d: vec3<u32>) -> Typ {
         } else {
             df = val96(d);
         }
-        r.c = m0 - div_rn(df, wf);
+        r.c = m0 - div_rn_cold(df, wf);
         r.total = mass_at_ymax(row, w, ymax);
     }
     return r;
@@ -81,7 +81,7 @@ fn y_in_k(row: u32, slot: u32, sp: SlotP, i: u32, kk: u32) -> f32 {
     if (is_neg_inf(z)) {
         return z;
     }
-    let y = div_rn(z, sp.temperature);
+    let y = div_rn_cold(z, sp.temperature);
     if (cmp_key(y) < kk) {
         return neg_inf();
     }
@@ -121,7 +121,7 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n_list: u32,
             swd = add64(swd, fixed40(w * (ymax - y)));
         }
         total = val64(wg_sum64(lid, sw));
-        c = ymax - div_rn(val64(wg_sum64(lid, swd)), total);
+        c = ymax - div_rn_cold(val64(wg_sum64(lid, swd)), total);
     }
     let goal = sp.typical_p * total;
     if (lid == 0u) {
