@@ -446,6 +446,7 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
                         "copy_bw_gbs": round2(bw / 1e9),
                         "frac_of_measured_bw": round_sig3(floor / stream.median),
                         "gpu_frac_of_measured_bw": round_sig3(floor / one.median),
+                        "pipelines_s": pipeline_times(g),
                     });
                     if a.json {
                         bar.suspend(|| println!("{line}"));
@@ -465,8 +466,27 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
             bw / 1e9
         );
         print_table(&lines, "dtype");
+        let built: Vec<String> = g
+            .pipeline_build_times()
+            .iter()
+            .map(|(e, t)| format!("{e} {t:.2}"))
+            .collect();
+        println!(
+            "pipelines built by this process (seconds each, the start-up a first call pays): {}",
+            built.join(", ")
+        );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The step kernels' pipelines built so far and the seconds each took, as JSON.
+fn pipeline_times(g: &decoda::wgpu::WgpuSampler) -> serde_json::Value {
+    let m: serde_json::Map<String, serde_json::Value> = g
+        .pipeline_build_times()
+        .into_iter()
+        .map(|(e, t)| (e.to_string(), json!(round_sig3(t))))
+        .collect();
+    serde_json::Value::Object(m)
 }
 
 /// The logit element type named `name` (`--dtype`).

@@ -400,6 +400,12 @@ fn bench_device_json_fields() {
         assert_eq!(l["dispatches"], want.len(), "{l}");
         assert_eq!(l["kernels"], serde_json::json!(want), "{l}");
         assert_eq!(l["row_reads"], 1.125, "{l}");
+        // the start-up: each kernel the call ran has its pipeline's build time
+        let built = l["pipelines_s"].as_object().expect("pipelines_s");
+        for k in &want {
+            let t = built.get(*k).and_then(|t| t.as_f64());
+            assert!(t.is_some_and(|t| t >= 0.0), "{k}: {l}");
+        }
         // the profile: every stage of the step, in order, when there are timestamps
         if l["timer"] == "gpu" {
             let stages = l["stages_us"].as_object().expect("stages_us");

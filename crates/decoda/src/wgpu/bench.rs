@@ -479,7 +479,9 @@ impl WgpuSampler {
     /// wall-clock times each); each way's rate is that of the 8 copies between them, so
     /// the fixed cost of a submission and its wait cancels, and the faster way counts.
     /// (The copy command alone read 840 GB/s on an H200 whose copies PyTorch's kernels
-    /// run at 4,219: NVIDIA's driver can give it to a copy engine.)
+    /// run at 4,219: NVIDIA's driver can give it to a copy engine.) On an adapter where
+    /// one copy (after the untimed one) takes 20 ms or more (lavapipe on two cores: 30 to 80
+    /// ms), each way's rate is that copy's.
     #[doc(hidden)]
     pub fn copy_bandwidth(&self) -> Result<f64> {
         use super::device::{lazy_pipelines, Bind};
@@ -519,9 +521,9 @@ impl WgpuSampler {
         let groups = (size / (16 << 10)) as u32;
         let max = device.limits().max_compute_workgroups_per_dimension;
         let (gx, gy) = (groups.min(max), groups.div_ceil(max));
-        let time = |copies: usize, kernel: bool| -> Result<f64> {
+        let time = |copies: usize, kernel: bool, tries: usize| -> Result<f64> {
             let mut best = f64::INFINITY;
-            for _ in 0..3 {
+            for _ in 0..tries {
                 let t = std::time::Instant::now();
                 let mut enc = self.encoder();
                 for _ in 0..copies {
@@ -545,12 +547,21 @@ impl WgpuSampler {
         let mut rate: f64 = 0.0;
         for kernel in [true, false] {
             // one untimed submission first: the buffers' pages exist after it
-            time(1, kernel)?;
-            let (few, many) = (time(2, kernel)?, time(10, kernel)?);
-            // a difference lost in timing noise falls back to the 10 copies' own rate
-            let dt = if many > few { many - few } else { many };
-            let copies = if many > few { 8.0 } else { 10.0 };
-            rate = rate.max(2.0 * copies * size as f64 / dt);
+            time(1, kernel, 1)?;
+            let one = time(1, kernel, 1)?;
+            let r = if one >= SLOW_COPY_S {
+                // a slow adapter (a software one): a copy's bytes dwarf a submission's
+                // fixed cost, so that copy's time is its rate (the 26 copies of 256 MiB
+                // below take lavapipe seconds a process)
+                2.0 * size as f64 / one
+            } else {
+                let (few, many) = (time(2, kernel, 3)?, time(10, kernel, 3)?);
+                // a difference lost in timing noise falls back to the 10 copies' own rate
+                let dt = if many > few { many - few } else { many };
+                let copies = if many > few { 8.0 } else { 10.0 };
+                2.0 * copies * size as f64 / dt
+            };
+            rate = rate.max(r);
         }
         Ok(rate)
     }
@@ -564,3 +575,8 @@ fn masks_view(buf: &Option<wgpu::Buffer>, vocab: usize) -> Option<DeviceMasks<'_
         row_stride: vocab.div_ceil(32),
     })
 }
+
+/// The time of one copy of the bandwidth probe's buffer at or above which the adapter is
+/// slow enough that one copy measures its rate (a copy of 256 MiB takes an H200 about a
+/// tenth of a millisecond, lavapipe on two cores 30 to 80 ms).
+pub(crate) const SLOW_COPY_S: f64 = 0.02;

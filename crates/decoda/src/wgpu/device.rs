@@ -287,15 +287,19 @@ pub(crate) struct Pipelines<const N: usize> {
     layout: wgpu::PipelineLayout,
     entries: [&'static str; N],
     pipes: [std::sync::OnceLock<wgpu::ComputePipeline>; N],
+    /// The wall-clock seconds each built pipeline took to build.
+    secs: [std::sync::OnceLock<f64>; N],
     /// The bind group layout every pipeline of the module uses.
     pub binds: wgpu::BindGroupLayout,
 }
 
 impl<const N: usize> Pipelines<N> {
-    /// Entry point `i`'s pipeline, built at the first call.
+    /// Entry point `i`'s pipeline, built at the first call (its build time kept).
     pub fn get(&self, i: usize) -> &wgpu::ComputePipeline {
         self.pipes[i].get_or_init(|| {
-            self.device
+            let t = std::time::Instant::now();
+            let pipe = self
+                .device
                 .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(self.entries[i]),
                     layout: Some(&self.layout),
@@ -303,7 +307,9 @@ impl<const N: usize> Pipelines<N> {
                     entry_point: Some(self.entries[i]),
                     compilation_options: Default::default(),
                     cache: None,
-                })
+                });
+            let _ = self.secs[i].set(t.elapsed().as_secs_f64());
+            pipe
         })
     }
 
@@ -317,6 +323,15 @@ impl<const N: usize> Pipelines<N> {
     /// How many pipelines have been built so far.
     pub fn built(&self) -> usize {
         self.pipes.iter().filter(|p| p.get().is_some()).count()
+    }
+
+    /// (entry point, seconds its pipeline took to build) of each one built so far.
+    pub fn build_times(&self) -> Vec<(&'static str, f64)> {
+        self.entries
+            .iter()
+            .zip(&self.secs)
+            .filter_map(|(e, s)| s.get().map(|&s| (*e, s)))
+            .collect()
     }
 }
 
@@ -346,6 +361,7 @@ pub(crate) fn lazy_pipelines<const N: usize>(
         layout,
         entries,
         pipes: std::array::from_fn(|_| std::sync::OnceLock::new()),
+        secs: std::array::from_fn(|_| std::sync::OnceLock::new()),
         binds: bind_layout,
     })
 }

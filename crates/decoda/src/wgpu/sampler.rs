@@ -206,6 +206,14 @@ impl WgpuSampler {
         self.kernels.pipes.built()
     }
 
+    /// The step kernels' pipelines built so far, each with the seconds it took to build
+    /// (wall clock, in this process): the start-up cost a first call pays. A driver with a
+    /// disk cache of compiled shaders still spends its own time on each (lavapipe: its
+    /// NIR passes, most of a second for `settle`).
+    pub fn pipeline_build_times(&self) -> Vec<(&'static str, f64)> {
+        self.kernels.pipes.build_times()
+    }
+
     /// How many times [`WgpuSampler::record`] has had to create device objects (grow a
     /// working or staging buffer, build a bind group). It stops moving once calls repeat
     /// the same sizes and buffers: the steady state allocates nothing on the device.
