@@ -551,7 +551,7 @@ impl WgpuSampler {
             let one = time(1, kernel, 1)?;
             let r = if one >= SLOW_COPY_S {
                 // a slow adapter (a software one): a copy's bytes dwarf a submission's
-                // fixed cost, so that copy's time is its rate (the 26 copies of 256 MiB
+                // fixed cost, so that copy's time is its rate (the 36 copies of 256 MiB
                 // below take lavapipe seconds a process)
                 2.0 * size as f64 / one
             } else {
@@ -579,4 +579,4 @@ fn masks_view(buf: &Option<wgpu::Buffer>, vocab: usize) -> Option<DeviceMasks<'_
 /// The time of one copy of the bandwidth probe's buffer at or above which the adapter is
 /// slow enough that one copy measures its rate (a copy of 256 MiB takes an H200 about a
 /// tenth of a millisecond, lavapipe on two cores 30 to 80 ms).
-pub(crate) const SLOW_COPY_S: f64 = 0.02;
+const SLOW_COPY_S: f64 = 0.02;
