@@ -498,8 +498,8 @@ pub type Factory<'a> = &'a dyn Fn() -> Result<Box<dyn Backend>, String>;
 /// The suite: every `vocabs` x `batches` shape through `entries` (with `full`, every
 /// entry; else one per shape, rotating so that each
 /// entry meets every vocabulary), each on one long-lived backend that first served the
-/// largest shape (sample and draws, with logprobs and penalties) and, before each case,
-/// a small call; and on a fresh backend from `make` for the first batch size of each
+/// largest case (the most logits; without `full` through the entry of the most draws)
+/// and, before each case, a small call; and on a fresh backend from `make` for the first batch size of each
 /// vocabulary (every case with `full`). Without `full` the largest batch runs at every
 /// other vocabulary (the largest included). The tests pass [`super::full_tier`]. Element types rotate so that each entry sees every type at every
 /// vocabulary. `progress` is told each case as it passes.
@@ -515,54 +515,78 @@ pub fn decode_shapes(
     let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
     let long = make()?;
-    // the largest call first: every buffer at its largest size
-    let (vmax, bmax) = (
-        vocabs.iter().copied().max().unwrap_or(1),
-        batches.iter().copied().max().unwrap_or(1),
-    );
-    let big = Batch::new(decode_batch(&mut rng, vmax, bmax, 0), DType::F32);
-    for &e in entries {
-        run_entry(long.as_ref(), &big, e)?;
-    }
-    let small = Batch::new(decode_batch(&mut rng, 17, 2, 7), DType::Bf16);
-    for (vi, &v) in vocabs.iter().enumerate() {
+    // the cells this tier runs: (vocabulary, batch, entry) indices
+    let bmax = batches.iter().copied().max().unwrap_or(1);
+    let mut cells = Vec::new();
+    for vi in 0..vocabs.len() {
         for (bi, &b) in batches.iter().enumerate() {
             // quick tier: the largest batch at every other vocabulary, the largest
             // vocabulary included
             if !full && b == bmax && b > 1 && (vocabs.len() - 1 - vi) % 2 == 1 {
                 continue;
             }
-            let salt = vi * 5 + bi;
-            let cases = decode_batch(&mut rng, v, b, salt);
-            for (ei, &entry) in entries.iter().enumerate() {
+            for ei in 0..entries.len() {
                 // quick tier: one entry per cell, rotating, so that every entry meets
                 // every vocabulary and most batch sizes; the full tier runs them all
                 if !full && entries.len() > 1 && ei != (vi + bi) % entries.len() {
                     continue;
                 }
-                let dtype = DTYPES[(vi + bi + ei) % DTYPES.len()];
-                let batch = Batch::new(cases.clone(), dtype);
-                let want = batch.expected(entry);
-                let label = format!("V={v} B={b} {dtype} {entry:?}");
-                // a fresh object for the first cell of each vocabulary (every cell in
-                // the full tier); the long-lived one serves every cell
-                if bi == 0 || full {
-                    let fresh = make()?;
-                    let got = run_entry(fresh.as_ref(), &batch, entry)?;
-                    check(&format!("{label} (fresh)"), &batch, &got, &want, &mut tally)?;
-                }
-                run_entry(long.as_ref(), &small, Entry::Sample)?;
-                let got = run_entry(long.as_ref(), &batch, entry)?;
-                check(
-                    &format!("{label} (after a larger and a smaller call)"),
-                    &batch,
-                    &got,
-                    &want,
-                    &mut tally,
-                )?;
-                progress(&label);
+                cells.push((vi, bi, ei));
             }
         }
+    }
+    // The largest call first, so that every later cell runs on a long-lived backend
+    // whose buffers a larger call grew: the cell of the most logits (in the quick tier
+    // with the entry of the most draws, whose outputs are the largest) moves to the
+    // front and is checked like the rest.
+    let most = entries
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, e)| e.steps())
+        .map_or(0, |(i, _)| i);
+    if let Some(k) = (0..cells.len()).max_by_key(|&k| {
+        (
+            vocabs[cells[k].0] * batches[cells[k].1],
+            entries[cells[k].2].steps(),
+        )
+    }) {
+        let mut c = cells.remove(k);
+        if !full {
+            c.2 = most;
+        }
+        cells.insert(0, c);
+    }
+    let small = Batch::new(decode_batch(&mut rng, 17, 2, 7), DType::Bf16);
+    // each cell's rows are drawn once for all its entries (the full tier's cells share them)
+    let (mut rows_of, mut rows) = (None, Vec::new());
+    for (n, &(vi, bi, ei)) in cells.iter().enumerate() {
+        let (v, b, entry) = (vocabs[vi], batches[bi], entries[ei]);
+        let salt = vi * 5 + bi;
+        if rows_of != Some((vi, bi)) {
+            rows_of = Some((vi, bi));
+            rows = decode_batch(&mut rng, v, b, salt);
+        }
+        let cases = rows.clone();
+        let dtype = DTYPES[(vi + bi + ei) % DTYPES.len()];
+        let batch = Batch::new(cases, dtype);
+        let want = batch.expected(entry);
+        let label = format!("V={v} B={b} {dtype} {entry:?}");
+        // a fresh object for the first cell of each vocabulary (every cell in the full
+        // tier); the long-lived one serves every cell
+        if bi == 0 || full {
+            let fresh = make()?;
+            let got = run_entry(fresh.as_ref(), &batch, entry)?;
+            check(&format!("{label} (fresh)"), &batch, &got, &want, &mut tally)?;
+        }
+        run_entry(long.as_ref(), &small, Entry::Sample)?;
+        let got = run_entry(long.as_ref(), &batch, entry)?;
+        let after = if n == 0 {
+            "(the largest call, after a smaller one)"
+        } else {
+            "(after a larger and a smaller call)"
+        };
+        check(&format!("{label} {after}"), &batch, &got, &want, &mut tally)?;
+        progress(&label);
     }
     Ok(tally)
 }
