@@ -1,0 +1,120 @@
+//! What a workgroup and a workgroup barrier cost on this machine's wgpu adapter: the
+//! wall time of dispatches of 256-invocation workgroups with no barrier, 9 and 33 (one
+//! and four tree sums of 256 values), and of 64-invocation ones with 7 (one tree sum),
+//! over 1 to 4,096 workgroups. On a GPU both are small; on a CPU adapter (Mesa's lavapipe) a barrier
+//! switches between every group of SIMD lanes of the workgroup, which is what a kernel
+//! with many barriers per workgroup pays there (docs/TESTING.md).
+//!
+//! ```sh
+//! cargo run --release --features wgpu --example barrier_cost
+//! ```
+
+use decoda::wgpu::WgpuDevice;
+
+/// (name, barriers per workgroup, WGSL). Every kernel writes one value
+/// per invocation; the barrier kernels sum workgroup memory by a tree, `rounds` times.
+fn kernels() -> Vec<(&'static str, u32, String)> {
+    let tree = |size: u32, rounds: u32| {
+        format!(
+            "var<workgroup> s: array<f32, {size}>;
+@group(0) @binding(0) var<storage, read_write> o: array<f32>;
+@compute @workgroup_size({size})
+fn main(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w: vec3<u32>) {{
+    s[l] = f32(l);
+    for (var r = 0u; r < {rounds}u; r++) {{
+        for (var k = {half}u; k > 0u; k = k >> 1u) {{
+            workgroupBarrier();
+            if (l < k) {{ s[l] = s[l] + s[l + k]; }}
+        }}
+    }}
+    workgroupBarrier();
+    o[w.x * 256u + l] = s[0];
+}}",
+            half = size / 2
+        )
+    };
+    let plain = "@group(0) @binding(0) var<storage, read_write> o: array<f32>;
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w: vec3<u32>) {
+    o[w.x * 256u + l] = f32(l);
+}"
+    .to_string();
+    vec![
+        ("256 invocations", 0, plain),
+        ("256 invocations, a tree sum", 9, tree(256, 1)),
+        ("256 invocations, 4 tree sums", 33, tree(256, 4)),
+        ("64 invocations, a tree sum", 7, tree(64, 1)),
+    ]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let ctx = WgpuDevice::new()?;
+    let (dev, queue) = (ctx.device(), ctx.queue());
+    let out = dev.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("barrier_cost out"),
+        size: 4 << 20,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    println!(
+        "{}: wall µs per dispatch (µs per workgroup), the best of 3 runs of 20 dispatches",
+        ctx.adapter_name()
+    );
+    println!(
+        "{:32} {:>8} {:>20} {:>20} {:>20} {:>20}",
+        "kernel", "barriers", "1 wg", "64 wg", "512 wg", "4096 wg"
+    );
+    for (name, barriers, src) in kernels() {
+        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        });
+        let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(name),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(name),
+            layout: &pipe.get_bind_group_layout(0),
+            entries: &[wgpu::BindGroupEntry {
+                binding: 0,
+                resource: out.as_entire_binding(),
+            }],
+        });
+        let mut cells = Vec::new();
+        for groups in [1u32, 64, 512, 4096] {
+            let run = |n: usize| -> Result<f64, Box<dyn std::error::Error>> {
+                let t = std::time::Instant::now();
+                let mut enc = dev.create_command_encoder(&Default::default());
+                {
+                    let mut pass = enc.begin_compute_pass(&Default::default());
+                    pass.set_pipeline(&pipe);
+                    pass.set_bind_group(0, &bind, &[]);
+                    for _ in 0..n {
+                        pass.dispatch_workgroups(groups, 1, 1);
+                    }
+                }
+                queue.submit([enc.finish()]);
+                dev.poll(wgpu::PollType::wait_indefinitely())?;
+                Ok(t.elapsed().as_secs_f64())
+            };
+            run(2)?;
+            let n = 20;
+            let mut best = f64::MAX;
+            for _ in 0..3 {
+                best = best.min(run(n)?);
+            }
+            let us = best / n as f64 * 1e6;
+            cells.push(format!("{us:.1} ({:.2})", us / f64::from(groups)));
+        }
+        println!(
+            "{name:32} {barriers:>8} {:>20} {:>20} {:>20} {:>20}",
+            cells[0], cells[1], cells[2], cells[3]
+        );
+    }
+    Ok(())
+}
