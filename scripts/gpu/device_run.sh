@@ -10,7 +10,8 @@
 #   scripts/gpu-peers/.whl/     scripts/gpu-peers/fetch_wheels.sh, then prebuild.sh: FlashInfer
 #                               and its sampling modules built for sm_90a
 # It writes into $OUT: decoda.jsonl (decoda-old.jsonl), peers.jsonl (+ the kit's peers_table.txt and
-# jit_build.log), peers.log, selftest.log, cpu.txt; the machine's facts go to stdout.
+# jit_build.log), peers.log, selftest.log, stress.log, cpu.txt; the machine's facts go to
+# stdout.
 # Each step has its own time limit, so one that hangs leaves the others.
 set -u
 # shellcheck source=scripts/gpu/setup.sh
@@ -57,6 +58,14 @@ echo "rc=$? $(wc -l < "$OUT/peers.jsonl" 2>/dev/null) lines"; tail -4 "$OUT/peer
 step selftest
 timeout 110 "$D" selftest --device wgpu --parity-rows 100000 > "$OUT/selftest.log" 2>&1
 echo "rc=$?"; grep -E "^conformance|FAIL|parity:|passed" "$OUT/selftest.log" | tail -6
+
+# 3b. the stress run: STRESS calls (default 10^6) of random shapes and stages against the
+#     reference, within STRESS_S seconds (default 150); the last progress line counts
+#     what ran when the limit stops it.
+step stress
+timeout "${STRESS_S:-150}" "$D" selftest --device wgpu --stress "${STRESS:-1000000}" \
+  > "$OUT/stress.log" 2>&1
+echo "rc=$? (124: the time limit)"; grep -E "MISMATCH|calls" "$OUT/stress.log" | tail -4
 
 # 4. the CPU of the GPU machine (issue 16's ratios on a server part).
 step cpu bench

@@ -194,11 +194,72 @@ pub struct SelftestArgs {
     /// Steps of the head check (default 300, or 60 with `--quick`).
     #[arg(long)]
     head_steps: Option<usize>,
+    /// Instead of the suite: N calls of random shapes (V = 17 to 262,144, B = 1 to 64),
+    /// element types, entry points and parameter mixes (every stage) against the
+    /// reference, counting mismatches and out-of-range ids; fails if there is any.
+    #[arg(long, value_name = "N")]
+    stress: Option<usize>,
+    /// The seed of `--stress`'s random calls.
+    #[arg(long, default_value_t = 1, requires = "stress")]
+    stress_seed: u64,
+}
+
+/// `selftest --stress N`: the stress run on the chosen backend.
+fn run_stress(
+    gpu: Option<&decoda::wgpu::WgpuDevice>,
+    calls: usize,
+    seed: u64,
+) -> Result<ExitCode, String> {
+    let make = || -> Result<Box<dyn decoda::Backend>, String> {
+        if let Some(d) = gpu {
+            Ok(Box::new(
+                decoda::wgpu::WgpuSampler::on(d).map_err(|e| e.to_string())?,
+            ))
+        } else {
+            Ok(Box::new(crate::device::cpu(0)?))
+        }
+    };
+    let name = make()?.name();
+    println!("stress run on {name}: {calls} calls, seed {seed}");
+    let t = std::time::Instant::now();
+    let tally = testing::stress::stress(
+        &make,
+        calls,
+        seed,
+        |n, t| {
+            if n % 1000 == 0 || n == calls {
+                println!(
+                    "  {n} calls: {} results, {} identical, {} allowed ties, {} mismatches, {} out of range",
+                    t.results, t.same, t.allowed_ties, t.mismatches, t.out_of_range
+                );
+            }
+        },
+        |d| println!("  MISMATCH {d}"),
+    )?;
+    println!(
+        "stress: {} calls ({} failed), {} results, {} identical, {} allowed floating-point ties, {} mismatches, {} out-of-range ids in {:.1} s",
+        tally.calls,
+        tally.failed_calls,
+        tally.results,
+        tally.same,
+        tally.allowed_ties,
+        tally.mismatches,
+        tally.out_of_range,
+        t.elapsed().as_secs_f64()
+    );
+    Ok(if tally.clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
     // one device for every part of the run: each shader is compiled once
     let gpu = crate::device::gpu_device(a.device)?;
+    if let Some(n) = a.stress {
+        return run_stress(gpu.as_ref(), n, a.stress_seed);
+    }
     let be: Box<dyn decoda::Backend> = match &gpu {
         Some(d) => Box::new(decoda::wgpu::WgpuSampler::on(d).map_err(|e| e.to_string())?),
         None => Box::new(crate::device::cpu(0)?),

@@ -623,6 +623,32 @@ fn wgpu_selftest_runs_the_rows_asked() {
     );
 }
 
+/// `selftest --stress N` on the CPU: N calls of random shapes and stages against the
+/// reference, the counts on its last line, exit 0 when nothing differs; the seed flag
+/// needs `--stress`. (The device's stress run is `wgpu::stress_run_matches_the_reference`.)
+#[test]
+fn selftest_stress_counts_on_the_cpu() {
+    let (code, out, err) = run(&[
+        "selftest",
+        "--device",
+        "cpu",
+        "--stress",
+        "25",
+        "--stress-seed",
+        "9",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let last = out.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("stress: 25 calls (0 failed)")
+            && last.contains(" 0 mismatches, 0 out-of-range ids"),
+        "{out}"
+    );
+    let (code, _, err) = run(&["selftest", "--device", "cpu", "--stress-seed", "9"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--stress"), "{err}");
+}
+
 #[test]
 fn hostile_inputs_get_clear_errors() {
     // a header whose shape product wraps around to 0 (2^32 * 2^32 f32 values)

@@ -319,6 +319,41 @@ fn run_cases(b: &WgpuSampler, count: &mut Count, cases: Vec<(Vec<f32>, Request)>
     compare(count, &rows, &reqs, &g.unwrap(), &c.unwrap());
 }
 
+/// The stress run (`decoda::testing::stress`, `selftest --stress`): calls of random
+/// shapes (V = 17 to 262,144, B = 1 to 64), element types, entry points and every
+/// stage's parameters against the reference, on a long-lived sampler and fresh ones:
+/// no mismatch, no failed call, no out-of-range id. 32 calls in the quick tier; in
+/// the full tier `DECODA_STRESS_CALLS` (default 100,000: about three hours on lavapipe).
+#[test]
+fn stress_run_matches_the_reference() {
+    if decoda::testing::gpu::sampler().is_none() {
+        return;
+    }
+    let calls = if decoda::testing::full_tier() {
+        std::env::var("DECODA_STRESS_CALLS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100_000)
+    } else {
+        32
+    };
+    let make = || -> Result<Box<dyn Backend>, String> {
+        Ok(Box::new(
+            decoda::testing::gpu::sampler().ok_or("no adapter")?,
+        ))
+    };
+    let t = decoda::testing::stress::stress(
+        &make,
+        calls,
+        5,
+        |n, t| eprintln!("{n} calls: {t:?}"),
+        |d| eprintln!("MISMATCH {d}"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(t.clean(), "{t:?}");
+    assert_eq!(t.calls, calls);
+}
+
 /// Thousands of rows (over 10,000 in the full tier) of every kind (V from 1 to 262,144; f32, f16, bf16; every
 /// filter, penalty, bias, sentinel and logprobs mode) draw the same token as the CPU,
 /// except where the reference shows a floating-point tie.

@@ -19,6 +19,7 @@ pub mod model;
 pub mod moe;
 pub mod shapes;
 pub mod stages;
+pub mod stress;
 pub mod synthetic;
 pub mod tiny;
 pub mod workload;
