@@ -436,6 +436,7 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
                         "impl": "decoda", "device": g.adapter(), "config": config,
                         "vocab": vocab, "rows": rows, "dtype": name, "law": a.law.name(),
                         "dispatches": shape.dispatches, "kernels": shape.stages,
+                        "workgroups": shape.workgroups,
                         "row_reads": shape.row_reads,
                         "stages_us": stages,
                         "timer": timer, "median_us": round2(stream.median),

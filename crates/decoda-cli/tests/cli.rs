@@ -400,6 +400,17 @@ fn bench_device_json_fields() {
         assert_eq!(l["dispatches"], want.len(), "{l}");
         assert_eq!(l["kernels"], serde_json::json!(want), "{l}");
         assert_eq!(l["row_reads"], 1.125, "{l}");
+        // each dispatch's workgroups: a probe and a settle per row, the scan's pieces
+        // of each row (V = 4,099: the smallest piece is 4,096 logits, so two a row)
+        let wg: Vec<u64> = l["workgroups"]
+            .as_array()
+            .expect("workgroups")
+            .iter()
+            .map(|w| w.as_u64().unwrap())
+            .collect();
+        let mut want_wg = vec![3, 6];
+        want_wg.extend(settle_finish().iter().map(|_| 3));
+        assert_eq!(wg, want_wg, "{l}");
         // the start-up: each kernel the call ran has its pipeline's build time
         let built = l["pipelines_s"].as_object().expect("pipelines_s");
         for k in &want {

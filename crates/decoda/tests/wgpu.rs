@@ -646,6 +646,12 @@ fn calls_record_the_passes_their_rows_need() {
     let greedy = with(&|p| p.temperature = 0.0);
     assert_eq!(greedy.stages, ["scan", "settle_finish"]);
     assert_eq!(greedy.row_reads, 1.0);
+    // the workgroups of each dispatch: the scan's pieces of the row (none under 4,096
+    // logits, so 1 to 8 at V = 32,768, as many as the adapter's target allows), one
+    // workgroup a row after it
+    assert_eq!(greedy.workgroups.len(), 2);
+    assert!((1..=8).contains(&greedy.workgroups[0]), "{greedy:?}");
+    assert_eq!(greedy.workgroups[1], 1);
     assert_eq!(with(&|_| {}).dispatches, 2);
     // a greedy row's filters do nothing, so they cost no probe
     assert_eq!(
@@ -690,6 +696,9 @@ fn calls_record_the_passes_their_rows_need() {
     });
     assert_eq!(lp.stages, ["probe", "scan", "settle", "lp", "finish"]);
     assert_eq!(lp.row_reads, 2.125);
+    // lp walks the row in the scan's pieces
+    let w = &lp.workgroups;
+    assert_eq!((w[0], w[2], w[3], w[4]), (1, 1, w[1], 1), "{lp:?}");
     // one row with log-probabilities takes the whole call through the five passes
     let mixed = b
         .call_structure(

@@ -34,6 +34,8 @@ pub struct CallStructure {
     pub stages: &'static [&'static str],
     /// Reads of each row's logits on the common path.
     pub row_reads: f64,
+    /// The workgroups each dispatch launches, in the order of `stages`.
+    pub workgroups: Vec<u64>,
 }
 
 /// A timestamp query set and the buffers to read it.
@@ -251,7 +253,7 @@ impl WgpuSampler {
     }
 
     /// The structure of a call of these requests on rows of `vocab` logits: the
-    /// compute dispatches it records, their names in order, and the reads of a row's
+    /// compute dispatches it records, their names and workgroups in order, and the reads of a row's
     /// logits on the common path (see `Plan::row_reads`; a row on the full-row path
     /// reads more). Known before the call runs: the plan follows the parameters only.
     #[doc(hidden)]
@@ -260,10 +262,23 @@ impl WgpuSampler {
         let plan = WgpuSampler::plan_for(&rows, vocab, 0);
         let stages = plan.stages(false, self.kernels.fused);
         let logprobs = requests.iter().any(|r| r.params.logprobs.is_some());
+        let (splits, _) = self.shape(vocab, rows.len());
+        let grid = self.kernels.grid(super::kernels::StepShape {
+            rows: rows.len(),
+            splits,
+            draw_groups: 0,
+            plan,
+        });
+        if grid.iter().map(|g| g.0).ne(stages.iter().copied()) {
+            return Err(crate::Error::Device(format!(
+                "the plan's stages {stages:?} are not the dispatches recorded {grid:?}"
+            )));
+        }
         Ok(CallStructure {
             dispatches: stages.len(),
             stages,
             row_reads: plan.row_reads(logprobs),
+            workgroups: grid.into_iter().map(|g| g.1).collect(),
         })
     }
 

@@ -126,6 +126,15 @@ impl Kernels {
         ]
     }
 
+    /// The dispatches of a step of `shape`, in order: (entry point's name, workgroups).
+    pub fn grid(&self, shape: StepShape) -> Vec<(&'static str, u64)> {
+        self.stages(shape)
+            .into_iter()
+            .flatten()
+            .map(|(e, x, y)| (ENTRIES[e as usize], u64::from(x) * u64::from(y)))
+            .collect()
+    }
+
     /// Records one step into `passes` (a profiled pass per dispatch when they profile),
     /// each stage's plan from `row_bytes`, the bytes of one row of logits: the passes
     /// that walk the rows (probe, scan, lp) read each row once; the others read and
