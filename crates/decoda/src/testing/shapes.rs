@@ -496,13 +496,15 @@ pub fn check(
 pub type Factory<'a> = &'a dyn Fn() -> Result<Box<dyn Backend>, String>;
 
 /// The suite: every `vocabs` x `batches` shape through `entries` (with `full`, every
-/// entry; else one per shape, rotating so that each
-/// entry meets every vocabulary), each on one long-lived backend that first served the
-/// largest case (the most logits; without `full` through the entry of the most draws)
-/// and, before each case, a small call; and on a fresh backend from `make` for the first batch size of each
-/// vocabulary (every case with `full`). Without `full` the largest batch runs at every
-/// other vocabulary (the largest included). The tests pass [`super::full_tier`]. Element types rotate so that each entry sees every type at every
-/// vocabulary. `progress` is told each case as it passes.
+/// entry; else one per shape, rotating so that each entry meets every vocabulary), each
+/// on one long-lived backend that first served the largest case (the most bytes of
+/// logits) and, before each case, a small call; and on a fresh backend from `make` for
+/// the first batch size of each vocabulary (every case with `full`). Without `full` the
+/// largest batch runs at every other vocabulary (the largest included). The tests pass
+/// [`super::full_tier`]. Element types rotate over the vocabularies and batch sizes, so
+/// that each entry meets every type. A case's rows come from its own seed (`seed`, its
+/// vocabulary and batch), the same for each entry. `progress` is told each case as it
+/// passes.
 pub fn decode_shapes(
     make: Factory<'_>,
     vocabs: &[usize],
@@ -535,40 +537,30 @@ pub fn decode_shapes(
             }
         }
     }
-    // The largest call first, so that every later cell runs on a long-lived backend
-    // whose buffers a larger call grew: the cell of the most logits (in the quick tier
-    // with the entry of the most draws, whose outputs are the largest) moves to the
-    // front and is checked like the rest.
-    let most = entries
-        .iter()
-        .enumerate()
-        .max_by_key(|(_, e)| e.steps())
-        .map_or(0, |(i, _)| i);
+    // quick tier: entry (vi + bi) % 3 and type (2 vi + bi) % 3, so an entry's type
+    // changes with the vocabulary (vi + e); the full tier gives every entry of a shape
+    // the same type and each batch size another
+    let dtype_of = |vi: usize, bi: usize| DTYPES[(2 * vi + bi) % DTYPES.len()];
+    // The largest call first, so that every later case runs on a long-lived backend
+    // whose buffers a larger call grew: the case of the most bytes of logits (then the
+    // most logits, then the most draws) moves to the front, its entry and type
+    // unchanged, and is checked like the rest.
     if let Some(k) = (0..cells.len()).max_by_key(|&k| {
-        (
-            vocabs[cells[k].0] * batches[cells[k].1],
-            entries[cells[k].2].steps(),
-        )
+        let (vi, bi, ei) = cells[k];
+        let n = vocabs[vi] * batches[bi];
+        (n * dtype_of(vi, bi).size(), n, entries[ei].steps())
     }) {
-        let mut c = cells.remove(k);
-        if !full {
-            c.2 = most;
-        }
+        let c = cells.remove(k);
         cells.insert(0, c);
     }
     let small = Batch::new(decode_batch(&mut rng, 17, 2, 7), DType::Bf16);
-    // each cell's rows are drawn once for all its entries (the full tier's cells share them)
-    let (mut rows_of, mut rows) = (None, Vec::new());
     for (n, &(vi, bi, ei)) in cells.iter().enumerate() {
         let (v, b, entry) = (vocabs[vi], batches[bi], entries[ei]);
         let salt = vi * 5 + bi;
-        if rows_of != Some((vi, bi)) {
-            rows_of = Some((vi, bi));
-            rows = decode_batch(&mut rng, v, b, salt);
-        }
-        let cases = rows.clone();
-        let dtype = DTYPES[(vi + bi + ei) % DTYPES.len()];
-        let batch = Batch::new(cases, dtype);
+        let mut cell_rng =
+            Rng::new(seed ^ (((vi as u64) << 32) | bi as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let dtype = dtype_of(vi, bi);
+        let batch = Batch::new(decode_batch(&mut cell_rng, v, b, salt), dtype);
         let want = batch.expected(entry);
         let label = format!("V={v} B={b} {dtype} {entry:?}");
         // a fresh object for the first cell of each vocabulary (every cell in the full
@@ -581,9 +573,9 @@ pub fn decode_shapes(
         run_entry(long.as_ref(), &small, Entry::Sample)?;
         let got = run_entry(long.as_ref(), &batch, entry)?;
         let after = if n == 0 {
-            "(the largest call, after a smaller one)"
+            "(the largest case, after a smaller call)"
         } else {
-            "(after a larger and a smaller call)"
+            "(long-lived: after the largest case and a smaller call)"
         };
         check(&format!("{label} {after}"), &batch, &got, &want, &mut tally)?;
         progress(&label);
