@@ -195,13 +195,18 @@ pub struct SelftestArgs {
     #[arg(long)]
     head_steps: Option<usize>,
     /// Instead of the suite: N calls of random shapes (V = 17 to 262,144, B = 1 to 64),
-    /// element types, entry points and parameter mixes (every stage) against the
-    /// reference, counting mismatches and out-of-range ids; fails if there is any.
-    #[arg(long, value_name = "N")]
-    stress: Option<usize>,
+    /// element types, entry points and parameter mixes (every stage but token masks and
+    /// the kept distribution) against the reference, counting mismatches and
+    /// out-of-range ids; fails if there is any.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..),
+          conflicts_with_all = ["quick", "parity_rows", "head_steps"])]
+    stress: Option<u64>,
     /// The seed of `--stress`'s random calls.
     #[arg(long, default_value_t = 1, requires = "stress")]
     stress_seed: u64,
+    /// Stop `--stress` after this many seconds (the counts so far are its result).
+    #[arg(long, value_name = "S", requires = "stress")]
+    stress_secs: Option<f64>,
 }
 
 /// `selftest --stress N`: the stress run on the chosen backend.
@@ -209,6 +214,7 @@ fn run_stress(
     gpu: Option<&decoda::wgpu::WgpuDevice>,
     calls: usize,
     seed: u64,
+    secs: Option<f64>,
 ) -> Result<ExitCode, String> {
     let make = || -> Result<Box<dyn decoda::Backend>, String> {
         if let Some(d) = gpu {
@@ -222,10 +228,16 @@ fn run_stress(
     let name = make()?.name();
     println!("stress run on {name}: {calls} calls, seed {seed}");
     let t = std::time::Instant::now();
+    let until = match secs {
+        Some(s) if s.is_finite() && s >= 0.0 => Some(t + std::time::Duration::from_secs_f64(s)),
+        Some(s) => return Err(format!("--stress-secs {s}: a number of seconds, 0 or more")),
+        None => None,
+    };
     let tally = testing::stress::stress(
         &make,
         calls,
         seed,
+        until,
         |n, t| {
             if n % 1000 == 0 || n == calls {
                 println!(
@@ -258,7 +270,7 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
     // one device for every part of the run: each shader is compiled once
     let gpu = crate::device::gpu_device(a.device)?;
     if let Some(n) = a.stress {
-        return run_stress(gpu.as_ref(), n, a.stress_seed);
+        return run_stress(gpu.as_ref(), n as usize, a.stress_seed, a.stress_secs);
     }
     let be: Box<dyn decoda::Backend> = match &gpu {
         Some(d) => Box::new(decoda::wgpu::WgpuSampler::on(d).map_err(|e| e.to_string())?),

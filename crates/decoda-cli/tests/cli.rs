@@ -401,7 +401,9 @@ fn bench_device_json_fields() {
         assert_eq!(l["kernels"], serde_json::json!(want), "{l}");
         assert_eq!(l["row_reads"], 1.125, "{l}");
         // each dispatch's workgroups: a probe and a settle per row, the scan's pieces
-        // of each row (V = 4,099: the smallest piece is 4,096 logits, so two a row)
+        // of each row (V = 4,099: the smallest piece is 4,096 logits, so two a row, on
+        // any adapter that aims at 4 or more workgroups, unless DECODA_WGPU_WORKGROUPS
+        // asks for fewer)
         let wg: Vec<u64> = l["workgroups"]
             .as_array()
             .expect("workgroups")

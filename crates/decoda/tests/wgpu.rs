@@ -330,10 +330,10 @@ fn stress_run_matches_the_reference() {
         return;
     }
     let calls = if decoda::testing::full_tier() {
-        std::env::var("DECODA_STRESS_CALLS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(100_000)
+        std::env::var("DECODA_STRESS_CALLS").map_or(100_000, |v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("DECODA_STRESS_CALLS={v}: not a count"))
+        })
     } else {
         32
     };
@@ -346,6 +346,7 @@ fn stress_run_matches_the_reference() {
         &make,
         calls,
         5,
+        None,
         |n, t| eprintln!("{n} calls: {t:?}"),
         |d| eprintln!("MISMATCH {d}"),
     )
