@@ -1,9 +1,10 @@
 //! What a workgroup and a workgroup barrier cost on this machine's wgpu adapter: the
 //! wall time of dispatches of 256-invocation workgroups with no barrier, 9 and 33 (one
-//! and four tree sums of 256 values), and of 64-invocation ones with 7 (one tree sum),
-//! over 1 to 4,096 workgroups. On a GPU both are small; on a CPU adapter (Mesa's lavapipe) a barrier
-//! switches between every group of SIMD lanes of the workgroup, which is what a kernel
-//! with many barriers per workgroup pays there (docs/TESTING.md).
+//! and four tree sums of 256 values), and of 64-invocation ones with none and 7 (one
+//! tree sum), over 1 to 4,096 workgroups. On a GPU both are small; on a CPU adapter
+//! (Mesa's lavapipe) a barrier switches between every group of SIMD lanes of the
+//! workgroup, which is what a kernel with many barriers per workgroup pays there
+//! (docs/TESTING.md).
 //!
 //! ```sh
 //! cargo run --release --features wgpu --example barrier_cost
@@ -39,10 +40,12 @@ fn main(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w: vec3<
     o[w.x * 256u + l] = f32(l);
 }"
     .to_string();
+    let plain64 = plain.replace("workgroup_size(256)", "workgroup_size(64)");
     vec![
         ("256 invocations", 0, plain),
         ("256 invocations, a tree sum", 9, tree(256, 1)),
         ("256 invocations, 4 tree sums", 33, tree(256, 4)),
+        ("64 invocations", 0, plain64),
         ("64 invocations, a tree sum", 7, tree(64, 1)),
     ]
 }
