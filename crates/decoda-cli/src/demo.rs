@@ -216,15 +216,7 @@ fn run_stress(
     seed: u64,
     secs: Option<f64>,
 ) -> Result<ExitCode, String> {
-    let make = || -> Result<Box<dyn decoda::Backend>, String> {
-        if let Some(d) = gpu {
-            Ok(Box::new(
-                decoda::wgpu::WgpuSampler::on(d).map_err(|e| e.to_string())?,
-            ))
-        } else {
-            Ok(Box::new(crate::device::cpu(0)?))
-        }
-    };
+    let make = || crate::device::sampler_on(gpu);
     let name = make()?.name();
     println!("stress run on {name}: {calls} calls, seed {seed}");
     let t = std::time::Instant::now();
@@ -272,10 +264,7 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
     if let Some(n) = a.stress {
         return run_stress(gpu.as_ref(), n as usize, a.stress_seed, a.stress_secs);
     }
-    let be: Box<dyn decoda::Backend> = match &gpu {
-        Some(d) => Box::new(decoda::wgpu::WgpuSampler::on(d).map_err(|e| e.to_string())?),
-        None => Box::new(crate::device::cpu(0)?),
-    };
+    let be = crate::device::sampler_on(gpu.as_ref())?;
     println!("conformance suite on {}", be.name());
     let report = testing::run_all(be.as_ref(), |name, r| match r {
         Ok(()) => println!("  ok    {name}"),
@@ -358,15 +347,7 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
     // the smallest and the largest at B = 1 and 3), through sample and sample_draws (1
     // and 3 draws), on a long-lived sampler and a fresh one per vocabulary (on the
     // run's device)
-    let make = || -> Result<Box<dyn decoda::Backend>, String> {
-        if let Some(d) = &gpu {
-            Ok(Box::new(
-                decoda::wgpu::WgpuSampler::on(d).map_err(|e| e.to_string())?,
-            ))
-        } else {
-            Ok(Box::new(crate::device::cpu(0)?))
-        }
-    };
+    let make = || crate::device::sampler_on(gpu.as_ref());
     let (vocabs, batches): (&[usize], &[usize]) = if a.quick {
         (&[32_000, 262_144], &[1, 3])
     } else {

@@ -53,6 +53,14 @@ pub fn backend(device: Device, threads: usize) -> Result<Box<dyn Backend>, Strin
     }
 }
 
+/// A fresh sampler on `gpu` (from [`gpu_device`]), else the CPU's on every core.
+pub fn sampler_on(gpu: Option<&decoda::wgpu::WgpuDevice>) -> Result<Box<dyn Backend>, String> {
+    Ok(match gpu {
+        Some(d) => Box::new(decoda::wgpu::WgpuSampler::on(d).map_err(|e| e.to_string())?),
+        None => Box::new(cpu(0)?),
+    })
+}
+
 /// The device context for `device`: `None` for the CPU (`cpu`, or `auto` without a
 /// hardware GPU, said on stderr); every GPU part of a command is built from it, so
 /// each shader is compiled once per run.

@@ -31,7 +31,7 @@ pub struct CallStructure {
     /// Compute dispatches per call.
     pub dispatches: usize,
     /// Their kernels, in order.
-    pub stages: &'static [&'static str],
+    pub stages: Vec<&'static str>,
     /// Reads of each row's logits on the common path.
     pub row_reads: f64,
     /// The workgroups each dispatch launches, in the order of `stages`.
@@ -260,25 +260,24 @@ impl WgpuSampler {
     pub fn call_structure(&self, vocab: usize, requests: &[Request]) -> Result<CallStructure> {
         let rows = pl::validated_rows(requests.len(), vocab, requests)?;
         let plan = WgpuSampler::plan_for(&rows, vocab, 0);
-        let stages = plan.stages(false, self.kernels.fused);
         let logprobs = requests.iter().any(|r| r.params.logprobs.is_some());
         let (splits, _) = self.shape(vocab, rows.len());
-        let grid = self.kernels.grid(super::kernels::StepShape {
-            rows: rows.len(),
-            splits,
-            draw_groups: 0,
-            plan,
-        });
-        if grid.iter().map(|g| g.0).ne(stages.iter().copied()) {
-            return Err(crate::Error::Device(format!(
-                "the plan's stages {stages:?} are not the dispatches recorded {grid:?}"
-            )));
-        }
+        // the dispatches as the call records them
+        let (stages, workgroups): (Vec<_>, Vec<_>) = self
+            .kernels
+            .grid(super::kernels::StepShape {
+                rows: rows.len(),
+                splits,
+                draw_groups: 0,
+                plan,
+            })
+            .into_iter()
+            .unzip();
         Ok(CallStructure {
-            dispatches: stages.len(),
+            dispatches: workgroups.len(),
             stages,
             row_reads: plan.row_reads(logprobs),
-            workgroups: grid.into_iter().map(|g| g.1).collect(),
+            workgroups,
         })
     }
 

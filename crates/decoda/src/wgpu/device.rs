@@ -286,9 +286,8 @@ pub(crate) struct Pipelines<const N: usize> {
     module: wgpu::ShaderModule,
     layout: wgpu::PipelineLayout,
     entries: [&'static str; N],
-    pipes: [std::sync::OnceLock<wgpu::ComputePipeline>; N],
-    /// The wall-clock seconds each built pipeline took to build.
-    secs: [std::sync::OnceLock<f64>; N],
+    /// Each entry point's pipeline once built, with the wall-clock seconds it took.
+    pipes: [std::sync::OnceLock<(wgpu::ComputePipeline, f64)>; N],
     /// The bind group layout every pipeline of the module uses.
     pub binds: wgpu::BindGroupLayout,
 }
@@ -296,21 +295,22 @@ pub(crate) struct Pipelines<const N: usize> {
 impl<const N: usize> Pipelines<N> {
     /// Entry point `i`'s pipeline, built at the first call (its build time kept).
     pub fn get(&self, i: usize) -> &wgpu::ComputePipeline {
-        self.pipes[i].get_or_init(|| {
-            let t = std::time::Instant::now();
-            let pipe = self
-                .device
-                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(self.entries[i]),
-                    layout: Some(&self.layout),
-                    module: &self.module,
-                    entry_point: Some(self.entries[i]),
-                    compilation_options: Default::default(),
-                    cache: None,
-                });
-            let _ = self.secs[i].set(t.elapsed().as_secs_f64());
-            pipe
-        })
+        &self.pipes[i]
+            .get_or_init(|| {
+                let t = std::time::Instant::now();
+                let pipe = self
+                    .device
+                    .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(self.entries[i]),
+                        layout: Some(&self.layout),
+                        module: &self.module,
+                        entry_point: Some(self.entries[i]),
+                        compilation_options: Default::default(),
+                        cache: None,
+                    });
+                (pipe, t.elapsed().as_secs_f64())
+            })
+            .0
     }
 
     /// Builds every pipeline not built yet.
@@ -329,8 +329,8 @@ impl<const N: usize> Pipelines<N> {
     pub fn build_times(&self) -> Vec<(&'static str, f64)> {
         self.entries
             .iter()
-            .zip(&self.secs)
-            .filter_map(|(e, s)| s.get().map(|&s| (*e, s)))
+            .zip(&self.pipes)
+            .filter_map(|(e, p)| p.get().map(|p| (*e, p.1)))
             .collect()
     }
 }
@@ -361,7 +361,6 @@ pub(crate) fn lazy_pipelines<const N: usize>(
         layout,
         entries,
         pipes: std::array::from_fn(|_| std::sync::OnceLock::new()),
-        secs: std::array::from_fn(|_| std::sync::OnceLock::new()),
         binds: bind_layout,
     })
 }
