@@ -532,12 +532,19 @@ fn act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var g = 0.0;
     var u = 0.0;
     if (o < h) {
-        if (prm.separate != 0u) {
-            g = stream(prm.gate_w, prm.gate_s, prm.gate_b, e * h + o, d, 0u, xb, lane);
-            u = stream(prm.up_w, prm.up_s, prm.up_b, e * h + o, d, 0u, xb, lane);
-        } else {
-            g = stream(prm.gate_w, prm.gate_s, prm.gate_b, e * 2u * h + o, d, 0u, xb, lane);
-            u = stream(prm.gate_w, prm.gate_s, prm.gate_b, e * 2u * h + h + o, d, 0u, xb, lane);
+        // gate (k = 0) then up (k = 1): separate matrices, or one with up's rows after
+        // gate's; one copy of the product in a loop (a smaller kernel, the same sums)
+        let sep = prm.separate != 0u;
+        for (var k = 0u; k < 2u; k = k + 1u) {
+            let up = k == 1u && sep;
+            let row = select(e * 2u * h + k * h + o, e * h + o, sep);
+            let v = stream(select(prm.gate_w, prm.up_w, up), select(prm.gate_s, prm.up_s, up),
+                           select(prm.gate_b, prm.up_b, up), row, d, 0u, xb, lane);
+            if (k == 0u) {
+                g = v;
+            } else {
+                u = v;
+            }
         }
     }
     red_g[lid] = g;
@@ -633,17 +640,17 @@ fn down_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             dc_w[lid] = bitcast<f32>(work[prm.w_wt + p]);
         }
         workgroupBarrier();
+        // (a loop over the choices, not eight inlined copies of the product: the same
+        // sums, a smaller kernel; see tile.wgsl's rows_dot)
         var a = vec4<f32>(0.0);
         var b = vec4<f32>(0.0);
-        a.x = down_part(0u, nv, o, lane);
-        if (nv > 1u) {
-            a.y = down_part(1u, nv, o, lane);
-            a.z = down_part(2u, nv, o, lane);
-            a.w = down_part(3u, nv, o, lane);
-        }
-        if (nv > 4u) {
-            b = vec4<f32>(down_part(4u, nv, o, lane), down_part(5u, nv, o, lane), down_part(6u, nv, o, lane),
-                          down_part(7u, nv, o, lane));
+        for (var s = 0u; s < nv; s = s + 1u) {
+            let v = down_part(s, nv, o, lane);
+            if (s < 4u) {
+                a[s] = v;
+            } else {
+                b[s - 4u] = v;
+            }
         }
         put_red8(lid, V8(a, b));
         reduce_red8(lane, lid, nv);

@@ -211,31 +211,21 @@ fn tile_products(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, liv
 // Chunk w of a weight row (first input i0, its group's scale sc and bias bi) against
 // call rows j < nr (row j's inputs at x0 + j * stride, read with `sel`, or with j when
 // `per_row`: the mv kernels' normed rows); 0 past nr. The row-by-row products' step.
+// The rows are a loop, not eight inlined copies of the chunk's product: the same sums,
+// and a kernel an eighth the size, which a CPU adapter pays for per workgroup (lavapipe
+// starts every group of lanes of a workgroup with all of its kernel's registers
+// zeroed: docs/TESTING.md).
 fn rows_dot(w: vec4<u32>, i0: u32, sc: f32, bi: f32, n: u32, sel: u32, per_row: bool, x0: u32,
             stride: u32, nr: u32) -> V8 {
     var a = vec4<f32>(0.0);
     var b = vec4<f32>(0.0);
-    a.x = chunk_dot(w, i0, select(sel, 0u, per_row), x0, n, sc, bi);
-    if (nr > 1u) {
-        a.y = chunk_dot(w, i0, select(sel, 1u, per_row), x0 + stride, n, sc, bi);
-    }
-    if (nr > 2u) {
-        a.z = chunk_dot(w, i0, select(sel, 2u, per_row), x0 + 2u * stride, n, sc, bi);
-    }
-    if (nr > 3u) {
-        a.w = chunk_dot(w, i0, select(sel, 3u, per_row), x0 + 3u * stride, n, sc, bi);
-    }
-    if (nr > 4u) {
-        b.x = chunk_dot(w, i0, select(sel, 4u, per_row), x0 + 4u * stride, n, sc, bi);
-    }
-    if (nr > 5u) {
-        b.y = chunk_dot(w, i0, select(sel, 5u, per_row), x0 + 5u * stride, n, sc, bi);
-    }
-    if (nr > 6u) {
-        b.z = chunk_dot(w, i0, select(sel, 6u, per_row), x0 + 6u * stride, n, sc, bi);
-    }
-    if (nr > 7u) {
-        b.w = chunk_dot(w, i0, select(sel, 7u, per_row), x0 + 7u * stride, n, sc, bi);
+    for (var j = 0u; j < min(nr, 8u); j = j + 1u) {
+        let d = chunk_dot(w, i0, select(sel, j, per_row), x0 + j * stride, n, sc, bi);
+        if (j < 4u) {
+            a[j] = d;
+        } else {
+            b[j - 4u] = d;
+        }
     }
     return V8(a, b);
 }

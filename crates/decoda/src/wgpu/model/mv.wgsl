@@ -72,39 +72,41 @@ fn wgroup() -> u32 {
 // kernel writes it unless `sel` is RAW (else the row's index in the chunk).
 fn xin(sel: u32, base: u32, i: u32, n: u32) -> f32 {
     let k = min(i, n - 1u);
-    var v = src[base + k];
-    if (sel != RAW) {
-        v = fp(v * invs[sel]) * bitcast<f32>(aux[op.aux_off + k]);
-    }
-    return select(0.0, v, i < n);
+    let v = src[base + k];
+    // (no branch: `sel` is RAW in every call of the entry points that do not norm, so
+    // the normed value folds away there; a branch per input cost lavapipe more)
+    let normed = fp(v * invs[min(sel, 7u)]) * bitcast<f32>(aux[op.aux_off + k]);
+    return select(0.0, select(normed, v, sel == RAW), i < n);
 }
 
 // The _norm entry points: invs[j] for the chunk's call rows j < nr (team t: rows t and
-// t + 4), each as `rms` computes it; workgroup 0 writes the normed rows to `normed`.
+// t + 4), each as `rms` computes it (the same strided sums and the same tree, both rows'
+// sums in one pass of reduce_red8's levels); workgroup 0 writes the normed rows to
+// `normed`.
 fn norm_rows(r0: u32, nr: u32, team: u32, lane: u32, lid: u32, first: bool) {
+    var ss = vec2<f32>(0.0);
     for (var k = 0u; k < 2u; k = k + 1u) {
         let j = team + 4u * k;
-        var ss = 0.0;
         if (j < nr) {
             let xb = (op.src_row0 + r0 + j) * op.src_w;
+            var s = 0.0;
             for (var i = lane; i < op.in_w; i = i + TEAM) {
                 let x = src[xb + i];
-                ss = ss + x * x;
+                s = s + x * x;
             }
+            ss[k] = s;
         }
-        red[lid] = ss;
-        workgroupBarrier();
-        for (var s = TEAM / 2u; s > 0u; s = s >> 1u) {
-            if (lane < s) {
-                red[lid] = red[lid] + red[lid + s];
-            }
-            workgroupBarrier();
-        }
-        if (lane == 0u && j < nr) {
-            invs[j] = 1.0 / sqrt(red[lid] / f32(op.in_w) + op.eps);
-        }
-        workgroupBarrier();
     }
+    red[lid * 8u] = ss.x;
+    red[lid * 8u + 1u] = ss.y;
+    reduce_red8_from(TEAM / 2u, lane, lid, 2u);
+    if (lane < 2u) {
+        let j = team + 4u * lane;
+        if (j < nr) {
+            invs[j] = 1.0 / sqrt(red[team * TEAM * 8u + lane] / f32(op.in_w) + op.eps);
+        }
+    }
+    workgroupBarrier();
     // (q, k and v write k_out: their normed input is not needed after them)
     if (first && op.kind != 3u) {
         for (var j = 0u; j < nr; j = j + 1u) {
