@@ -74,7 +74,7 @@ fn xin(sel: u32, base: u32, i: u32, n: u32) -> f32 {
     let k = min(i, n - 1u);
     let v = src[base + k];
     // (no branch: `sel` is RAW in every call of the entry points that do not norm, so
-    // the normed value folds away there; a branch per input cost lavapipe more)
+    // the normed value folds away there, and is always taken in those that do)
     let normed = fp(v * invs[min(sel, 7u)]) * bitcast<f32>(aux[op.aux_off + k]);
     return select(0.0, select(normed, v, sel == RAW), i < n);
 }

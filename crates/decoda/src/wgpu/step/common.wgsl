@@ -300,11 +300,14 @@ fn load_x(row: u32, i: u32) -> f32 {
         }
     }
     let e = call.base + row * call.stride + i;
-    if (call.dtype == 0u) {
-        return bitcast<f32>(logits[e]);
-    }
-    let w = logits[e >> 1u];
+    // one load for every element type (the word of an f32, or the word holding a 16-bit
+    // value): lavapipe runs both sides of a branch, and each side's load would be a
+    // gather of its own, lane by lane
+    let w = logits[select(e >> 1u, e, call.dtype == 0u)];
     let h = (w >> ((e & 1u) * 16u)) & 0xffffu;
+    if (call.dtype == 0u) {
+        return bitcast<f32>(w);
+    }
     if (call.dtype == 1u) {
         return f16_to_f32(h);
     }
