@@ -24,6 +24,27 @@ fn z_floor(thr: u32, t: f32) -> u32 {
     return 0u;
 }
 
+// The per-word reach test of the CPU's gated draw (philox::gumbel_reach_chord,
+// gumbel_reach_consts): a token of logit z and Philox word x can reach a score `floor`
+// (z / t + g(x) >= floor) only if z >= c1 chord(x) + c0, where c1 chord(x) + c0 is
+// t (floor - slack - bound(x)) and bound(x) = ln 2 (151 - chord(x) 2^-23) bounds the
+// noise of x. The constants are computed here in f32, not f64, so the slack is twice
+// the CPU's; (f32 min, 0) where the test cannot be made safely (every finite z passes).
+fn reach_chord(x: u32) -> f32 {
+    let d = 16777215u - 2u * (x >> 9u);
+    return f32(bitcast<i32>(f32(d)));
+}
+
+fn reach_consts(t: f32, floor: f32) -> vec2<f32> {
+    let slack = 2e-3 + 2e-5 * abs(floor);
+    let c0 = t * (floor - slack - 104.66522);
+    let c1 = t * 8.262958e-8;
+    if (not_finite(c0) || !(c1 >= 1.1754944e-38) || not_finite(c1 * 1.3e9)) {
+        return vec2<f32>(-3.4028235e38, 0.0);
+    }
+    return vec2<f32>(c0, c1);
+}
+
 @compute @workgroup_size(256)
 fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
@@ -61,6 +82,12 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         }
         zlo = z_floor(thr, t);
     }
+    // rows whose y serves the draw alone (no list, no sums): a token whose logit cannot
+    // reach this invocation's best score whatever its word's noise (the reach test, from
+    // the word alone) costs no division and no logarithm (issue 56's gated Gumbel)
+    let draw_only = unf && (need & (N_LIST | N_SIGMA)) == 0u;
+    var reach = vec2<f32>(-3.4028235e38, 0.0);
+    var reach_bk = 0u;
     var zk = 0u;
     var zi = NO_TOKEN;
     var xk = 0u;
@@ -94,6 +121,13 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         // a loop whose mask empties stops). Every token gets the values one pass in
         // token order gives it; sums are integers, maxima and argmaxima order-free, and
         // the list's order is its atomics' in either form.
+        // a new best since the reach constants were made: remake them (a loop run at most
+        // once, not an `if`: lavapipe skips a loop no lane enters, but runs both sides of
+        // a branch)
+        for (var stale = draw_only && bi != NO_TOKEN && bk != reach_bk; stale; stale = false) {
+            reach = reach_consts(t, from_key(bk));
+            reach_bk = bk;
+        }
         var zs = vec4<f32>(0.0, 0.0, 0.0, 0.0);
         // (g < g1, so the group holds at least one token of the chunk)
         let n = min(4u, end - g * 4u);
@@ -115,6 +149,12 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
             zt = zt & (zt - 1u);
             zs[j] = z_of(slot, sp, g * 4u + j, zs[j]);
         }
+        // the group's Philox words, for rows that draw here (before y: the reach test
+        // needs them)
+        var words = vec4<u32>(0u, 0u, 0u, 0u);
+        for (var draws = unf; draws; draws = false) {
+            words = philox(vec4<u32>(g, stp.x, stp.y, 0u), seed);
+        }
         var live = 0u;
         for (var j = 0u; j < n; j = j + 1u) {
             let i = g * 4u + j;
@@ -135,10 +175,11 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
             if (is_neg_inf(z) || isc || kz <= zlo) {
                 continue;
             }
+            if (draw_only && z < reach.y * reach_chord(words[j]) + reach.x) {
+                continue;
+            }
             live = live | (1u << j);
         }
-        var words = vec4<u32>(0u, 0u, 0u, 0u);
-        var have = false;
         loop {
             if (live == 0u) {
                 break;
@@ -170,10 +211,6 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
                 // tokens that cannot beat this invocation's best skip the noise
                 if (bi != NO_TOKEN && cmp_key(y + GUMBEL_MAX) < bk) {
                     continue;
-                }
-                if (!have) {
-                    words = philox(vec4<u32>(g, stp.x, stp.y, 0u), seed);
-                    have = true;
                 }
                 let w = words[j];
                 if (bi != NO_TOKEN && cmp_key(y + gumbel_bound(w)) < bk) {
