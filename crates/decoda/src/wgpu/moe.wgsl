@@ -642,17 +642,11 @@ fn down_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         workgroupBarrier();
         // (a loop over the choices, not eight inlined copies of the product: the same
         // sums, a smaller kernel; see tile.wgsl's rows_dot)
-        var a = vec4<f32>(0.0);
-        var b = vec4<f32>(0.0);
+        var parts = V8(vec4<f32>(0.0), vec4<f32>(0.0));
         for (var s = 0u; s < nv; s = s + 1u) {
-            let v = down_part(s, nv, o, lane);
-            if (s < 4u) {
-                a[s] = v;
-            } else {
-                b[s - 4u] = v;
-            }
+            parts = v8_set(parts, s, down_part(s, nv, o, lane));
         }
-        put_red8(lid, V8(a, b));
+        put_red8(lid, parts);
         reduce_red8(lane, lid, nv);
         for (var s = 0u; s < nv; s = s + 1u) {
             y = y + fp(dc_w[s] * red[team * TEAM * 8u + s]);

@@ -101,6 +101,17 @@ fn v8_add(x: V8, y: V8) -> V8 {
     return V8(x.a + y.a, x.b + y.b);
 }
 
+// v with its value j (< 8) set to x: a, then b.
+fn v8_set(v: V8, j: u32, x: f32) -> V8 {
+    var r = v;
+    if (j < 4u) {
+        r.a[j] = x;
+    } else {
+        r.b[j - 4u] = x;
+    }
+    return r;
+}
+
 // red[lid * 8 ..] = v
 fn put_red8(lid: u32, v: V8) {
     let at = lid * 8u;
@@ -217,17 +228,11 @@ fn tile_products(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, liv
 // with the copies, 0.9 ms with the loop; docs/TESTING.md).
 fn rows_dot(w: vec4<u32>, i0: u32, sc: f32, bi: f32, n: u32, sel: u32, per_row: bool, x0: u32,
             stride: u32, nr: u32) -> V8 {
-    var a = vec4<f32>(0.0);
-    var b = vec4<f32>(0.0);
+    var r = V8(vec4<f32>(0.0), vec4<f32>(0.0));
     for (var j = 0u; j < min(nr, 8u); j = j + 1u) {
-        let d = chunk_dot(w, i0, select(sel, j, per_row), x0 + j * stride, n, sc, bi);
-        if (j < 4u) {
-            a[j] = d;
-        } else {
-            b[j - 4u] = d;
-        }
+        r = v8_set(r, j, chunk_dot(w, i0, select(sel, j, per_row), x0 + j * stride, n, sc, bi));
     }
-    return V8(a, b);
+    return r;
 }
 
 // Lane `lane`'s sums of weight row t for the call rows j < nr (0 past them).

@@ -51,7 +51,6 @@ const DRY_CAP: u32 = 4096u; // most tokens a DRY window holds on the device (a p
 const NEG_INF_BITS: u32 = 0xff800000u;
 const TWO_M40: f32 = 9.094947017729282e-13; // 2^-40
 const TWO_M32: f32 = 2.3283064365386963e-10; // 2^-32
-const GUMBEL_MAX: f32 = 17.0;               // above every Gumbel value the noise can take
 const R_HEADROOM: f32 = 20.0;               // R = m0 + 20: the top-p mass reference
 const LIST_TARGET: u32 = 512u;              // candidates the threshold aims at
 

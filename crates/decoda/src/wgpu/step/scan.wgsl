@@ -208,10 +208,7 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
                 }
             }
             if (unf) {
-                // tokens that cannot beat this invocation's best skip the noise
-                if (bi != NO_TOKEN && cmp_key(y + GUMBEL_MAX) < bk) {
-                    continue;
-                }
+                // tokens that cannot beat this invocation's best skip the logarithms
                 let w = words[j];
                 if (bi != NO_TOKEN && cmp_key(y + gumbel_bound(w)) < bk) {
                     continue;
