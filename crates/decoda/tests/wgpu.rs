@@ -190,12 +190,18 @@ fn pipelines_are_built_when_first_needed() {
         1,
     )];
     s.sample(&l, &lp).unwrap()[0].as_ref().unwrap();
-    assert_eq!(s.pipelines_built(), 6, "probe, settle, lp and finish too");
-    // (the call above ran scan, settle and draw_finish where settle_finish is not fused)
+    // (the greedy call ran the light plan's scan and settle_finish_light, or
+    // settle_light and draw_finish_light where they are not fused)
+    let both = if d.fuses_settle() { 6 } else { 7 };
+    assert_eq!(
+        s.pipelines_built(),
+        both,
+        "probe, settle, lp and finish too"
+    );
     let again = WgpuSampler::on(&d).unwrap();
     assert_eq!(
         again.pipelines_built(),
-        6,
+        both,
         "the device's pipelines are shared"
     );
 }
@@ -814,6 +820,24 @@ fn fused_settle_finish_gives_the_unfused_bits() {
     for (r, (x, y)) in ga.iter().zip(&gb).enumerate() {
         assert_eq!(format!("{x:?}"), format!("{y:?}"), "row {r}");
     }
+    // a light call (greedy and temperature rows alone): `settle_finish_light` against
+    // `settle_light` then `draw_finish_light`
+    let light: Vec<Request> = (0..reqs.len() as u64)
+        .map(|r| {
+            let p = SamplingParams {
+                temperature: [0.0, 0.7, 1.3][r as usize % 3],
+                // on greedy rows only: the call stays light
+                kept: (r % 6 == 0).then_some(2),
+                ..SamplingParams::default()
+            };
+            Request::new(p, 0x99 + r)
+        })
+        .collect();
+    assert_eq!(
+        format!("{:?}", a.sample(&logits, &light).unwrap()),
+        format!("{:?}", b.sample(&logits, &light).unwrap()),
+        "a light call"
+    );
     for q in reqs.iter().take(8) {
         let one = Logits::f32(&data[..v], 1, v).unwrap();
         let q = [q.clone()];

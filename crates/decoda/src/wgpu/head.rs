@@ -157,8 +157,9 @@ impl WgpuHead {
             )));
         }
         let kernels = Kernels::of(&ctx)?;
-        // a head steps many times: every step kernel now, none inside a step
-        kernels.build_used();
+        // a head steps many times: the light plan's kernels now, a slot's plan's when it
+        // joins or changes its parameters, none inside a step
+        kernels.build_for(Plan::Light);
         let device = ctx.device().clone();
         let max_binding = device.limits().max_storage_buffer_binding_size;
         let pen_bytes = (slots * kernels::pen_words(vocab) * 4) as u64;
@@ -758,6 +759,7 @@ impl Head for WgpuHead {
             bytemuck::cast_slice(&state),
         );
         self.run_op(slot, true, &hist)?;
+        self.build_for(&h.params);
         self.host[slot] = Some(h);
         Ok(seed)
     }
@@ -785,6 +787,7 @@ impl Head for WgpuHead {
         let old_bias: BTreeMap<u32, f32> = h.params.logit_bias.clone();
         h.params = params;
         self.write_slot(slot, &h, (0, 0))?;
+        self.build_for(&h.params);
         if old_bias != h.params.logit_bias {
             // the bias bitmap follows the new bias list: clear the old bits, set the new
             self.rebuild_bias_bits(slot, &old_bias, &h.params.logit_bias)?;
@@ -865,6 +868,13 @@ impl Head for WgpuHead {
 }
 
 impl WgpuHead {
+    /// Builds the pipelines a step of a slot with these parameters runs (its plan alone;
+    /// a step's plan is its rows' largest, so every step finds its pipelines built).
+    fn build_for(&self, params: &SamplingParams) {
+        let needs = RowNeeds::of(row_flags(params, self.vocab), params.temperature);
+        self.kernels.build_for(Plan::of([needs], false, false));
+    }
+
     /// Writes the last `DRY_CAP` tokens of a joining slot's history into its DRY ring
     /// (token `i` of the history at `i % DRY_CAP`), which `finish` extends.
     fn write_ring(&mut self, slot: usize, prompt: &[u32], output: &[u32]) {

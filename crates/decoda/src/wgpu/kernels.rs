@@ -8,7 +8,7 @@ use super::device::{lazy_pipelines, Pipelines, WgpuDevice};
 use super::layout::*;
 
 /// The step kernels' entry points, in the order of [`Kernels::pipes`].
-const ENTRIES: [&str; 10] = [
+const ENTRIES: [&str; 13] = [
     "join",
     "wipe",
     "probe",
@@ -19,6 +19,27 @@ const ENTRIES: [&str; 10] = [
     "settle_finish",
     "draw_many",
     "draw_finish",
+    "settle_light",
+    "draw_finish_light",
+    "settle_finish_light",
+];
+
+/// The stage each entry point runs as ([`Plan::stages`]' names): a light call's
+/// `settle_light` is its `settle`, and so on.
+const STAGE_NAMES: [&str; 13] = [
+    "join",
+    "wipe",
+    "probe",
+    "scan",
+    "settle",
+    "lp",
+    "finish",
+    "settle_finish",
+    "draw_many",
+    "draw_finish",
+    "settle",
+    "draw_finish",
+    "settle_finish",
 ];
 
 /// An entry point of `step/`.
@@ -34,11 +55,14 @@ pub(crate) enum Entry {
     SettleFinish,
     DrawMany,
     DrawFinish,
+    SettleLight,
+    DrawFinishLight,
+    SettleFinishLight,
 }
 
 /// The compute pipelines, one per entry point of `step/`, each built at its first use.
 pub(crate) struct Kernels {
-    pub pipes: Pipelines<10>,
+    pub pipes: Pipelines<13>,
     /// `settle_finish` as one dispatch ([`super::WgpuDevice::fuses_settle`]).
     pub fused: bool,
     /// The bind group layout of every step kernel.
@@ -87,16 +111,21 @@ impl Kernels {
         })
     }
 
-    /// Builds every pipeline a step can use on this device (all but `settle_finish` or
-    /// `draw_finish`, whichever the device's plans leave out).
-    pub fn build_used(&self) {
-        let unused = if self.fused {
-            Entry::DrawFinish
-        } else {
-            Entry::SettleFinish
+    /// Builds the pipelines of a head step whose plan is `plan` (one without draws), and
+    /// the head's join and wipe: a head builds the light plan's when it is made and a
+    /// slot's plan's when the slot joins or changes its parameters, so no step builds
+    /// one (a call's plan is its rows' largest, one a slot already built).
+    pub fn build_for(&self, plan: Plan) {
+        self.pipe(Entry::Join);
+        self.pipe(Entry::Wipe);
+        let shape = StepShape {
+            rows: 1,
+            splits: 1,
+            draw_groups: 0,
+            plan,
         };
-        for i in (0..ENTRIES.len()).filter(|&i| i != unused as usize) {
-            self.pipes.get(i);
+        for (e, _, _) in self.stages(shape).into_iter().flatten() {
+            self.pipe(e);
         }
     }
 
@@ -110,8 +139,26 @@ impl Kernels {
         let (b, w) = (shape.rows as u32, shape.splits as u32);
         let full = shape.plan == Plan::Full;
         let fused = !full && self.fused;
+        if shape.plan == Plan::Light {
+            // the light entry points: the same results from far less code
+            let (settle, finish) = if fused {
+                (Entry::SettleFinishLight, None)
+            } else {
+                (Entry::SettleLight, Some((Entry::DrawFinishLight, b, 1)))
+            };
+            return [
+                Some((Entry::Scan, w, b)),
+                Some((settle, b, 1)),
+                finish,
+                None,
+                None,
+                None,
+                None,
+                None,
+            ];
+        }
         [
-            (shape.plan != Plan::Light).then_some((Entry::Probe, b, 1)),
+            Some((Entry::Probe, b, 1)),
             Some((Entry::Scan, w, b)),
             (!fused).then_some((Entry::Settle, b, 1)),
             (full && shape.draw_groups > 0).then_some((
@@ -131,7 +178,7 @@ impl Kernels {
         self.stages(shape)
             .into_iter()
             .flatten()
-            .map(|(e, x, y)| (ENTRIES[e as usize], u64::from(x) * u64::from(y)))
+            .map(|(e, x, y)| (STAGE_NAMES[e as usize], u64::from(x) * u64::from(y)))
             .collect()
     }
 
@@ -151,7 +198,7 @@ impl Kernels {
             passes.dispatch(self.pipe(e), group, (x, y), || {
                 let walks = matches!(e, Entry::Probe | Entry::Scan | Entry::Lp);
                 crate::profile::Launch {
-                    kernel: format!("sample.{}", ENTRIES[e as usize]),
+                    kernel: format!("sample.{}", STAGE_NAMES[e as usize]),
                     workgroups: u64::from(x) * u64::from(y),
                     bytes_read: 256 * rows + if walks { rows * row_bytes } else { 0 },
                     bytes_written: 256 * rows,
@@ -234,6 +281,9 @@ pub enum Plan {
     /// then `settle_finish` (2 dispatches, 1 read of each row). Where the device does
     /// not fuse them ([`super::WgpuDevice::fuses_settle`]: software adapters),
     /// `settle_finish` is `settle` then `draw_finish`, the same code in two dispatches.
+    /// Its settle stages run entry points of their own (`settle_light`,
+    /// `draw_finish_light`, `settle_finish_light`): the status, the scan's winner and the
+    /// results, without the filters' code.
     Light,
     /// No row wants log-probabilities or draws: `probe`, `scan`, `settle_finish` (3,
     /// or 4 unfused); a row on the full-row path is drawn by its `settle_finish`

@@ -91,6 +91,21 @@ fn finish_row(lid: u32, row: u32) {
             }
         }
     }
+    finish_out(lid, row, slot, status, token);
+    if ((call.mode & M_SCATTER) != 0u) {
+        storageBarrier();
+        scatter(slot, sp, lid, true);
+        if ((sp.flags & F_DRY) != 0u) {
+            dry_clear(lid, sp);
+        }
+    }
+}
+
+// A row's results from its status and token (`finish_row`'s last part, and all of it
+// on a light call): the outcome's code, the token, and in a head the slot moved on.
+fn finish_out(lid: u32, row: u32, slot: u32, status: u32, tok: u32) {
+    let sp = sparams[slot];
+    var token = tok;
     if (lid == 0u) {
         var code = 0u;
         var word = 0u;
@@ -145,12 +160,4 @@ fn finish_row(lid: u32, row: u32) {
         out_res[row * RESW] = code;
         out_res[row * RESW + 1u] = word;
     }
-    if ((call.mode & M_SCATTER) != 0u) {
-        storageBarrier();
-        scatter(slot, sp, lid, true);
-        if ((sp.flags & F_DRY) != 0u) {
-            dry_clear(lid, sp);
-        }
-    }
 }
-

@@ -77,6 +77,15 @@ fn kept_y(row: u32, slot: u32, sp: SlotP, i: u32) -> f32 {
 
 // The kept distribution of a row at the end of its step (before finish), for rows the
 // list path did not settle.
+// The kept distribution of a row settled greedily (status 1): its token alone.
+fn kept_single(row: u32, sp: SlotP) {
+    let kb = kept_area(row);
+    out_res[kb] = 1u;
+    out_res[kb + 1u] = min(sp.n_kept, 1u);
+    out_res[kb + 2u] = sget(row, S_TOKEN);
+    out_res[kb + 3u] = bitcast<u32>(1.0);
+}
+
 fn kept_row(lid: u32, row: u32) {
     let slot = rmap[row];
     let sp = sparams[slot];
@@ -88,10 +97,7 @@ fn kept_row(lid: u32, row: u32) {
     if (!wg_flag(lid, status == 0u && sget(row, S_PATH) == P_FULL)) {
         // list-path rows have theirs (settle); a row error has none
         if (lid == 0u && status == 1u) {
-            out_res[kb] = 1u;
-            out_res[kb + 1u] = min(sp.n_kept, 1u);
-            out_res[kb + 2u] = sget(row, S_TOKEN);
-            out_res[kb + 3u] = bitcast<u32>(1.0);
+            kept_single(row, sp);
         }
         return;
     }

@@ -337,10 +337,18 @@ fn full_draw(lid: u32, row: u32) {
     }
 }
 
-// settle of one row by this workgroup.
-fn settle_row(lid: u32, row: u32) {
-    let slot = rmap[row];
-    let sp = sparams[slot];
+// What every row's settle starts with, from the scan's partials (words 0-6): the
+// non-finite counts, the largest z and the draw's winner, reduced over the splits; the
+// row's status (`st`, uniform), ymax, and its state for the stages after it (token and
+// path already set for a row no filter touches: `filt` false).
+struct Head {
+    st: u32,
+    ymax: f32,
+    // the scan's draw winner (`NO_TOKEN`: none)
+    drawn: u32,
+}
+
+fn settle_head(lid: u32, row: u32, slot: u32, sp: SlotP, filt: bool) -> Head {
     let t = sp.temperature;
     var bad_x = 0u;
     var bad_z = 0u;
@@ -349,12 +357,6 @@ fn settle_row(lid: u32, row: u32) {
     var zi = NO_TOKEN;
     var bk = 0u;
     var bi = NO_TOKEN;
-    var sig = vec3<u32>(0u, 0u, 0u);
-    var ov = 0u;
-    var n_fin = 0u;
-    var kz_not_min = 0u;
-    var tsum = vec3<u32>(0u, 0u, 0u);
-    var n_y = 0u;
     for (var s = lid; s < call.splits; s = s + WG) {
         let pb = part(row, s);
         bad_x = bad_x + work[pb];
@@ -372,25 +374,11 @@ fn settle_row(lid: u32, row: u32) {
             bk = dk;
             bi = di;
         }
-        sig = add96(sig, vec3<u32>(work[pb + 7u], work[pb + 8u], work[pb + 9u]));
-        ov = ov + work[pb + 10u];
-        n_fin = n_fin + work[pb + 11u];
-        kz_not_min = max(kz_not_min, work[pb + 12u]);
-        tsum = add96(tsum, vec3<u32>(work[pb + 13u], work[pb + 14u], work[pb + 15u]));
-        n_y = n_y + work[pb + 16u];
     }
     let a = wg_sum_max(lid, bad_x, xk);
     let bz = wg_sum_u32(lid, bad_z);
     let zm = wg_argmax(lid, zk, zi);
     let dr = wg_argmax(lid, bk, bi);
-    let s96 = wg_sum96(lid, sig);
-    let ovt = wg_sum_u32(lid, ov);
-    // top-n-σ: the finite count and the smallest z of the row (words 11-12 of the
-    // partials are written for its rows only)
-    var fm = vec2<u32>(0u, 0u);
-    if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
-        fm = wg_sum_max(lid, n_fin, kz_not_min);
-    }
     let fin = (call.mode & M_HEAD) != 0u && sstate[slot * SSW + 4u] != 0u;
     let zmax = from_key(zm.x);
     var status = 0u;
@@ -415,12 +403,6 @@ fn settle_row(lid: u32, row: u32) {
             ymax = neg_inf();
         }
     }
-    let st = wg_uniform(lid, status);
-    // stage 8a acts at this step: the row is filtered even with no other filter
-    let xf = xtc_fires(slot, sp);
-    // (a row asking for its kept distribution is filtered too: with no other filter
-    // `settle_whole` takes it from the list, else the full-row path's `kept_row`)
-    let filt = (sp.flags & (F_SET_FILTERS | F_KEPT)) != 0u || xf;
     if (lid == 0u) {
         sset(row, S_STATUS, status);
         sset(row, S_COUNT, count);
@@ -455,11 +437,47 @@ fn settle_row(lid: u32, row: u32) {
             }
         }
     }
+    return Head(wg_uniform(lid, status), ymax, dr.y);
+}
+
+// settle of one row by this workgroup.
+fn settle_row(lid: u32, row: u32) {
+    let slot = rmap[row];
+    let sp = sparams[slot];
+    let t = sp.temperature;
+    // stage 8a acts at this step: the row is filtered even with no other filter
+    let xf = xtc_fires(slot, sp);
+    // (a row asking for its kept distribution is filtered too: with no other filter
+    // `settle_whole` takes it from the list, else the full-row path's `kept_row`)
+    let filt = (sp.flags & (F_SET_FILTERS | F_KEPT)) != 0u || xf;
+    let h = settle_head(lid, row, slot, sp, filt);
+    let st = h.st;
+    let ymax = h.ymax;
     storageBarrier();
     if (wg_flag(lid, st == 0u && filt)) {
+        // the partials' sums for the filters (words 7-16)
+        var sig = vec3<u32>(0u, 0u, 0u);
+        var ov = 0u;
+        var n_fin = 0u;
+        var kz_not_min = 0u;
+        var tsum = vec3<u32>(0u, 0u, 0u);
+        var n_y = 0u;
+        for (var s = lid; s < call.splits; s = s + WG) {
+            let pb = part(row, s);
+            sig = add96(sig, vec3<u32>(work[pb + 7u], work[pb + 8u], work[pb + 9u]));
+            ov = ov + work[pb + 10u];
+            n_fin = n_fin + work[pb + 11u];
+            kz_not_min = max(kz_not_min, work[pb + 12u]);
+            tsum = add96(tsum, vec3<u32>(work[pb + 13u], work[pb + 14u], work[pb + 15u]));
+            n_y = n_y + work[pb + 16u];
+        }
+        let s96 = wg_sum96(lid, sig);
+        let ovt = wg_sum_u32(lid, ov);
         if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
             // stage 5a: a lower bound on y for every stage after it, on the list
-            // (settle_list) or the whole row (`member`)
+            // (settle_list) or the whole row (`member`), from the finite count and the
+            // smallest z of the row (words 11-12 are written for its rows only)
+            let fm = wg_sum_max(lid, n_fin, kz_not_min);
             let ymin = div_rn_cold(from_key(~fm.y), t);
             let tau_s = sigma_threshold(lid, row, slot, sp, ymax, fm.x, ymin);
             if (lid == 0u) {
@@ -489,7 +507,7 @@ fn settle_row(lid: u32, row: u32) {
         var whole = W_NONE;
         if (wg_flag(lid, !others && ok_list && (need & N_SIGMA) != 0u)) {
             whole = settle_whole(lid, row, sp, n_all, ymax, s96, wg_sum_u32(lid, n_y), xf,
-                                 dr.y);
+                                 h.drawn);
         }
         var done = whole == W_DONE;
         if (wg_flag(lid, ok_list && others)) {
@@ -511,3 +529,60 @@ fn settle_row(lid: u32, row: u32) {
     }
 }
 
+// ---------------------------------------------------------------------------------
+// The light plan (`Plan::Light` in kernels.rs: no row of the call has a filter, the kept
+// distribution, log-probabilities, DRY, a history to scatter or many draws): settle is
+// its head alone and finish its results alone, entry points of their own, so a device
+// builds and runs far less code for the commonest calls (greedy and temperature rows).
+// A row the host should not have sent here is a row error (status 4), never a token.
+
+// settle of one row of a light call.
+fn settle_light_row(lid: u32, row: u32) {
+    let slot = rmap[row];
+    let sp = sparams[slot];
+    let h = settle_head(lid, row, slot, sp, false);
+    let always = (sp.flags & (F_LOGPROBS | F_DRY)) != 0u || (call.mode & M_SCATTER) != 0u;
+    let warm = (sp.flags & (F_SET_FILTERS | F_KEPT | F_XTC)) != 0u && h.st == 0u;
+    if (lid == 0u) {
+        if ((always && h.st <= 1u) || warm) {
+            sset(row, S_STATUS, 4u);
+        }
+        sset(row, S_LP, 0u);
+    }
+}
+
+@compute @workgroup_size(256)
+fn settle_light(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    settle_light_row(lid, wid.x);
+}
+
+// finish of one row of a light call: a greedy row's kept distribution (its token
+// alone: a row whose temperature samples and asks for one is not light), the results.
+fn finish_light_row(lid: u32, row: u32) {
+    let slot = rmap[row];
+    let sp = sparams[slot];
+    let status = sget(row, S_STATUS);
+    if (lid == 0u && (sp.flags & F_KEPT) != 0u && status == 1u) {
+        kept_single(row, sp);
+    }
+    finish_out(lid, row, slot, status, sget(row, S_TOKEN));
+}
+
+@compute @workgroup_size(256)
+fn draw_finish_light(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    finish_light_row(lid, wid.x);
+}
+
+@compute @workgroup_size(256)
+fn settle_finish_light(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    let row = wid.x;
+    settle_light_row(lid, row);
+    storageBarrier();
+    finish_light_row(lid, row);
+}
