@@ -190,13 +190,14 @@ fn pipelines_are_built_when_first_needed() {
         1,
     )];
     s.sample(&l, &lp).unwrap()[0].as_ref().unwrap();
-    // (the greedy call ran the light plan's scan and settle_finish_light, or
-    // settle_light and draw_finish_light where they are not fused)
-    let both = if d.fuses_settle() { 6 } else { 7 };
+    // (the greedy call ran the light plan's scan_light and settle_finish_light, or
+    // settle_light and draw_finish_light where they are not fused; this one the full
+    // plan's own)
+    let both = if d.fuses_settle() { 7 } else { 8 };
     assert_eq!(
         s.pipelines_built(),
         both,
-        "probe, settle, lp and finish too"
+        "probe, scan, settle, lp and finish too"
     );
     let again = WgpuSampler::on(&d).unwrap();
     assert_eq!(

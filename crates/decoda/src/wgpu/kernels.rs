@@ -8,7 +8,7 @@ use super::device::{lazy_pipelines, Pipelines, WgpuDevice};
 use super::layout::*;
 
 /// The step kernels' entry points, in the order of [`Kernels::pipes`].
-const ENTRIES: [&str; 13] = [
+const ENTRIES: [&str; 14] = [
     "join",
     "wipe",
     "probe",
@@ -22,11 +22,12 @@ const ENTRIES: [&str; 13] = [
     "settle_light",
     "draw_finish_light",
     "settle_finish_light",
+    "scan_light",
 ];
 
 /// The stage each entry point runs as ([`Plan::stages`]' names): a light call's
 /// `settle_light` is its `settle`, and so on.
-const STAGE_NAMES: [&str; 13] = [
+const STAGE_NAMES: [&str; 14] = [
     "join",
     "wipe",
     "probe",
@@ -40,6 +41,7 @@ const STAGE_NAMES: [&str; 13] = [
     "settle",
     "draw_finish",
     "settle_finish",
+    "scan",
 ];
 
 /// An entry point of `step/`.
@@ -58,11 +60,12 @@ pub(crate) enum Entry {
     SettleLight,
     DrawFinishLight,
     SettleFinishLight,
+    ScanLight,
 }
 
 /// The compute pipelines, one per entry point of `step/`, each built at its first use.
 pub(crate) struct Kernels {
-    pub pipes: Pipelines<13>,
+    pub pipes: Pipelines<14>,
     /// `settle_finish` as one dispatch ([`super::WgpuDevice::fuses_settle`]).
     pub fused: bool,
     /// The bind group layout of every step kernel.
@@ -147,7 +150,7 @@ impl Kernels {
                 (Entry::SettleLight, Some((Entry::DrawFinishLight, b, 1)))
             };
             return [
-                Some((Entry::Scan, w, b)),
+                Some((Entry::ScanLight, w, b)),
                 Some((settle, b, 1)),
                 finish,
                 None,
@@ -281,9 +284,10 @@ pub enum Plan {
     /// then `settle_finish` (2 dispatches, 1 read of each row). Where the device does
     /// not fuse them ([`super::WgpuDevice::fuses_settle`]: software adapters),
     /// `settle_finish` is `settle` then `draw_finish`, the same code in two dispatches.
-    /// Its settle stages run entry points of their own (`settle_light`,
-    /// `draw_finish_light`, `settle_finish_light`): the status, the scan's winner and the
-    /// results, without the filters' code.
+    /// Its stages run entry points of their own (`scan_light`, `settle_light`,
+    /// `draw_finish_light`, `settle_finish_light`): the scan without the list and the
+    /// sums, then the status, the scan's winner and the results, without the filters'
+    /// code.
     Light,
     /// No row wants log-probabilities or draws: `probe`, `scan`, `settle_finish` (3,
     /// or 4 unfused); a row on the full-row path is drawn by its `settle_finish`

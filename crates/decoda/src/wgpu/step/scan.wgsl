@@ -49,8 +49,21 @@ fn reach_consts(t: f32, floor: f32) -> vec2<f32> {
 fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
     lanes_init(lanes);
-    let split = wid.x;
-    let row = wid.y;
+    scan_split(lid, wid.x, wid.y, false);
+}
+
+// The scan of a light call (`Plan::Light`: no row has a filter, so none needs a list or
+// sums): the same code with `light` a constant, which drops their parts at compile time
+// (a smaller kernel: lavapipe pays for a kernel's code, and a GPU for its registers).
+@compute @workgroup_size(256)
+fn scan_light(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    scan_split(lid, wid.x, wid.y, true);
+}
+
+// One split of one row; `light`: a light call's (a constant at each call site).
+fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
     let slot = rmap[row];
     let sp = sparams[slot];
     let t = sp.temperature;
@@ -58,7 +71,7 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     // without a probe (M_LIGHT: no row of the call has filters) the row needs no list
     // and no top-p mass, whatever an earlier call left in its state
     var need = 0u;
-    if ((call.mode & M_LIGHT) == 0u) {
+    if (!light && (call.mode & M_LIGHT) == 0u) {
         need = sget(row, S_NEED);
     }
     let kappa = sget(row, S_KAPPA);
@@ -225,19 +238,24 @@ fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let bz = wg_sum_u32(lid, bad_z);
     let zm = wg_argmax(lid, zk, zi);
     let dr = wg_argmax(lid, bk, bi);
-    let s96 = wg_sum96(lid, sig);
-    let ov = wg_sum_u32(lid, over);
+    // (a light call's rows have no sums: their words stay 0)
+    var s96 = vec3<u32>(0u, 0u, 0u);
+    var ov = 0u;
     var ny = 0u;
-    if (wg_flag(lid, (need & N_SIGMA) != 0u)) {
-        ny = wg_sum_u32(lid, n_y);
-    }
     var ts = vec3<u32>(0u, 0u, 0u);
-    if (wg_flag(lid, typ)) {
-        ts = wg_sum96(lid, tsum);
-    }
     var fm = vec2<u32>(0u, 0u);
-    if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
-        fm = wg_sum_max(lid, n_fin, ~kz_min);
+    if (!light) {
+        s96 = wg_sum96(lid, sig);
+        ov = wg_sum_u32(lid, over);
+        if (wg_flag(lid, (need & N_SIGMA) != 0u)) {
+            ny = wg_sum_u32(lid, n_y);
+        }
+        if (wg_flag(lid, typ)) {
+            ts = wg_sum96(lid, tsum);
+        }
+        if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
+            fm = wg_sum_max(lid, n_fin, ~kz_min);
+        }
     }
     if (lid == 0u) {
         let pb = part(row, split);
