@@ -2,14 +2,15 @@
 //! of inputs: the correctly rounded division `div_rn` against Rust's IEEE `/` (the
 //! contract's `z / T`), and the shader copies of `ln`, `exp` and the Gumbel noise against
 //! `decoda::fmath` and `decoda::philox`, each in both forms the kernels use (`div_rn` and
-//! `div_rn_cold`, `philox` and `philox_cold`). Runs on any adapter (CI: lavapipe).
+//! `div_rn_cold`, `philox` and `philox_cold`), and the scan's reach test (its constants in
+//! f32) on the grid of the CPU's. Runs on any adapter (CI: lavapipe).
 #![cfg(feature = "wgpu")]
 
 use decoda::testing::Rng;
 use decoda::wgpu::{WgpuSampler, SHADER_FMATH};
 
 const HARNESS: &str = r#"
-struct P { n: u32, op: u32, zero: u32, pad: u32 }
+struct P { n: u32, op: u32, zero: u32, per: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> a: array<u32>;
 @group(0) @binding(2) var<storage, read> b: array<u32>;
@@ -41,6 +42,14 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
             }
             y = bitcast<f32>(w[a[i] % 4u]);
         }
+        case 8u: {
+            // the scan's reach test: word a[i], logit b[i], and the case's (t, floor)
+            // after the n words
+            let at = p.n + 2u * (i / p.per);
+            let c = reach_consts(bitcast<f32>(a[at]), bitcast<f32>(a[at + 1u]));
+            let z = bitcast<f32>(b[i]);
+            y = select(0.0, 1.0, !(z < c.y * reach_chord(a[i]) + c.x));
+        }
         default: { y = gumbel(a[i]); }
     }
     r[i] = bitcast<u32>(y);
@@ -54,6 +63,12 @@ fn sampler() -> Option<WgpuSampler> {
 
 /// Runs operation `op` of the harness on `(a[i], b[i])` on the device.
 fn run(s: &WgpuSampler, op: u32, a: &[u32], b: &[u32]) -> Vec<u32> {
+    run_n(s, op, a, b, a.len(), 1)
+}
+
+/// `run` over the first `n` inputs, in cases of `per` (the reach test's constants after
+/// them in `a`).
+fn run_n(s: &WgpuSampler, op: u32, a: &[u32], b: &[u32], n: usize, per: usize) -> Vec<u32> {
     use wgpu::util::DeviceExt;
     let dev = s.device();
     let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -68,8 +83,7 @@ fn run(s: &WgpuSampler, op: u32, a: &[u32], b: &[u32]) -> Vec<u32> {
         compilation_options: Default::default(),
         cache: None,
     });
-    let n = a.len();
-    let params = [n as u32, op, 0, 0];
+    let params = [n as u32, op, 0, per as u32];
     use wgpu::BufferUsages as U;
     let ub = dev.create_buffer_init(&wgpu::util::BufferInitDescriptor {
         label: None,
@@ -286,4 +300,91 @@ fn gumbel_noise_matches_the_cpu() {
     compare("gumbel", &a, &zeros, &got, |x, _| {
         decoda::philox::gumbel_from_bits(x).to_bits()
     });
+}
+
+/// The scan's reach test (`reach_consts`, `reach_chord`: constants in f32) on the grid of
+/// the CPU's `reach_test_is_safe_and_tight`: every logit whose score z / t + g reaches
+/// the floor passes (safe: the draw never loses its winner), and every logit that passes
+/// comes within twice the CPU's slack of the floor by its word's bound (tight: the test
+/// drops what the CPU's drops, up to that slack).
+#[test]
+fn reach_test_is_safe_and_tight_on_the_device() {
+    use decoda::philox::{gumbel_from_bits, gumbel_reach_consts, gumbel_reach_threshold, uniform};
+    let Some(s) = sampler() else { return };
+    let mut words = vec![0u32, 1 << 9, 1 << 31, 0xC000_0000, u32::MAX - 512, u32::MAX];
+    let mut rng = Rng::new(56);
+    words.extend((0..64).map(|_| rng.next_u64() as u32));
+    words.extend((0..24u32).map(|k| u32::MAX - (1u32 << (k + 8))));
+    let (mut a, mut b, mut cases) = (Vec::new(), Vec::new(), Vec::new());
+    let temps = [1e-5f32, 0.05, 0.8, 1.0, 3.0, 100.0];
+    let floors = [-1e4f32, -30.0, -1.0, 0.0, 0.5, 17.66, 1e3, 1e6];
+    // each case the same count of (word, logit) pairs: 128 logits from 64 ulps under the
+    // crossing up, 6 spread about it, and 16 about the CPU's own threshold (where the
+    // test starts dropping)
+    let per = words.len() * 150;
+    for t in temps {
+        for floor in floors {
+            let (c0, c1) = gumbel_reach_consts(t, floor);
+            for &x in &words {
+                let thr = gumbel_reach_threshold(x, c0, c1);
+                let near = t * (2e-3 + 2e-5 * floor.abs());
+                for k in -8..8 {
+                    a.push(x);
+                    b.push((thr + k as f32 * near).to_bits());
+                }
+                let g = gumbel_from_bits(x);
+                let cross = t * (floor - g);
+                let mut z = cross;
+                for _ in 0..64 {
+                    z = z.next_down();
+                }
+                let scale = cross.abs().max(t);
+                for _ in 0..128 {
+                    z = z.next_up();
+                    a.push(x);
+                    b.push(z.to_bits());
+                }
+                for d in [-0.3f32, -0.05, -0.01, 0.01, 0.05, 0.3] {
+                    a.push(x);
+                    b.push((cross + d * scale).to_bits());
+                }
+            }
+            cases.push((t, floor));
+        }
+    }
+    let n = a.len();
+    assert_eq!(n, per * cases.len());
+    for &(t, floor) in &cases {
+        a.extend([t.to_bits(), floor.to_bits()]);
+    }
+    let got = run_n(&s, 8, &a, &b, n, per);
+    let (mut kept, mut dropped) = (0, 0);
+    for i in 0..n {
+        let (t, floor) = cases[i / per];
+        let (x, z) = (a[i], f32::from_bits(b[i]));
+        let passes = f32::from_bits(got[i]) == 1.0;
+        if z / t + gumbel_from_bits(x) >= floor {
+            assert!(
+                passes,
+                "t {t} floor {floor} word {x:#x} z {z}: reaches, dropped"
+            );
+        }
+        if passes {
+            kept += 1;
+            let bound = -(1.0 - f64::from(uniform(x))).ln() + 0.065;
+            let slack = 2.0 * (2e-3 + 2e-5 * f64::from(floor).abs());
+            assert!(
+                f64::from(z) / f64::from(t) + bound >= f64::from(floor) - slack,
+                "t {t} floor {floor} word {x:#x} z {z}: kept, far below"
+            );
+        } else {
+            dropped += 1;
+        }
+    }
+    // the grid tests both sides
+    assert!(
+        kept > n / 2 && dropped > n / 20,
+        "kept {kept}, dropped {dropped} of {n}"
+    );
+    eprintln!("kept {kept}, dropped {dropped} of {n}");
 }

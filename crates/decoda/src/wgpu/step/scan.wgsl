@@ -24,27 +24,6 @@ fn z_floor(thr: u32, t: f32) -> u32 {
     return 0u;
 }
 
-// The per-word reach test of the CPU's gated draw (philox::gumbel_reach_chord,
-// gumbel_reach_consts): a token of logit z and Philox word x can reach a score `floor`
-// (z / t + g(x) >= floor) only if z >= c1 chord(x) + c0, where c1 chord(x) + c0 is
-// t (floor - slack - bound(x)) and bound(x) = ln 2 (151 - chord(x) 2^-23) bounds the
-// noise of x. The constants are computed here in f32, not f64, so the slack is twice
-// the CPU's; (f32 min, 0) where the test cannot be made safely (every finite z passes).
-fn reach_chord(x: u32) -> f32 {
-    let d = 16777215u - 2u * (x >> 9u);
-    return f32(bitcast<i32>(f32(d)));
-}
-
-fn reach_consts(t: f32, floor: f32) -> vec2<f32> {
-    let slack = 2e-3 + 2e-5 * abs(floor);
-    let c0 = t * (floor - slack - 104.66522);
-    let c1 = t * 8.262958e-8;
-    if (not_finite(c0) || !(c1 >= 1.1754944e-38) || not_finite(c1 * 1.3e9)) {
-        return vec2<f32>(-3.4028235e38, 0.0);
-    }
-    return vec2<f32>(c0, c1);
-}
-
 @compute @workgroup_size(256)
 fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
