@@ -377,7 +377,8 @@ fn acts(stage: &Stage, data: &[f32], req: &Request) -> bool {
 
 /// Per-call rows of the stage alone and with every other stage, at V = 32,000 and
 /// 151,936: a batch of 36 through the device API against the reference, the host API
-/// against the device API, and every third row alone (B = 1) against the batch.
+/// against the device API (at 32,000 only in the quick tier), and every third row alone
+/// (B = 1) against the batch.
 fn per_call(stage: &Stage, seed: u64) {
     let Some(b) = sampler() else { return };
     let (mut ties, mut rows, mut acted) = (0, 0, 0);
@@ -404,8 +405,11 @@ fn per_call(stage: &Stage, seed: u64) {
         let logits = Logits::f32(&data, reqs.len(), v).unwrap();
         let dev = device_api(b, &logits, &reqs);
         ties += check(&dev, &data, &reqs, v, &format!("device API, V {v}"));
-        let host = b.sample(&logits, &reqs).unwrap();
-        assert_eq!(host, dev, "host API against device API, V {v}");
+        // (the host API's upload, record and read at one vocabulary in the quick tier)
+        if v == 32_000 || decoda::testing::full_tier() {
+            let host = b.sample(&logits, &reqs).unwrap();
+            assert_eq!(host, dev, "host API against device API, V {v}");
+        }
         for (r, req) in reqs.iter().enumerate().step_by(3) {
             let row = &data[r * v..(r + 1) * v];
             let one = device_api(
