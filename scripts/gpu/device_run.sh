@@ -9,7 +9,8 @@
 #                               then step 1b times it on the same grid, same call
 #   scripts/gpu-peers/.whl/     scripts/gpu-peers/fetch_wheels.sh, then prebuild.sh: FlashInfer
 #                               and its sampling modules built for sm_90a
-# It writes into $OUT: decoda.jsonl (decoda-old.jsonl), peers.jsonl (+ the kit's peers_table.txt and
+# It writes into $OUT: decoda.jsonl (decoda-old.jsonl), wide.jsonl (`--law wide`
+# cells), peers.jsonl (+ the kit's peers_table.txt and
 # jit_build.log), peers.log, selftest.log, stress.log, cpu.txt; the machine's facts go to
 # stdout.
 # Each step has its own time limit, so one that hangs leaves the others.
@@ -45,6 +46,15 @@ if [ -f .gpu/decoda-old.xz ]; then
     > "$OUT/decoda-old.jsonl" 2> /tmp/decoda-old.err
   echo "rc=$? $(wc -l < "$OUT/decoda-old.jsonl") cells"; tail -2 /tmp/decoda-old.err
 fi
+
+# 1c. rows spanning about 30 units (`--law wide`, as an LLM's do; the affine law spans
+#     about 14): where the scan's gated Gumbel (the reach test) skips most tokens' noise
+#     and division, so `temp` should come close to `greedy`. This build only (older ones
+#     have no `--law wide`).
+step decoda wide law
+timeout 60 "$D" bench --device wgpu --law wide --vocab 151936 --rows 1,32,1024 \
+  --config greedy,temp,topp09 --time-ms 60 --json > "$OUT/wide.jsonl" 2> /tmp/wide.err
+echo "rc=$? $(wc -l < "$OUT/wide.jsonl") cells"; tail -1 /tmp/wide.err
 
 # 2. PyTorch and FlashInfer on the same GPU, in the same call.
 step peers

@@ -44,7 +44,9 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "f32")]
     dtype: Vec<String>,
     /// The law of the synthetic rows: `zipf` (a random permutation of ranks, exponent
-    /// 1.1, noise 0.3) or `affine` (the GPU peers' rows in `scripts/gpu-peers/bench_peers.py`:
+    /// 1.1, noise 0.3: about 13 units from the largest logit to the smallest at
+    /// V = 151,936), `wide` (the same with exponent 2.5: about 30 units, the span of an
+    /// LLM's rows) or `affine` (the GPU peers' rows in `scripts/gpu-peers/bench_peers.py`:
     /// affine rank permutations, noise 0.5).
     #[arg(long, value_enum, default_value_t = Law::Zipf)]
     law: Law,
@@ -74,6 +76,8 @@ pub struct BenchArgs {
 enum Law {
     /// `decoda::testing::workload::logits`.
     Zipf,
+    /// `decoda::testing::zipf_logits` with exponent 2.5.
+    Wide,
     /// `decoda::testing::workload::affine_logits`.
     Affine,
 }
@@ -82,7 +86,22 @@ impl Law {
     fn name(self) -> &'static str {
         match self {
             Law::Zipf => "zipf",
+            Law::Wide => "wide",
             Law::Affine => "affine",
+        }
+    }
+
+    /// `rows` rows of `vocab` logits of this law (seed 7).
+    fn rows(self, rows: usize, vocab: usize) -> Vec<f32> {
+        match self {
+            Law::Zipf => workload::logits(rows, vocab, 7),
+            Law::Wide => {
+                let mut rng = decoda::testing::Rng::new(7);
+                (0..rows)
+                    .flat_map(|_| decoda::testing::zipf_logits(&mut rng, vocab, 2.5))
+                    .collect()
+            }
+            Law::Affine => workload::affine_logits(rows, vocab, 7),
         }
     }
 }
@@ -181,10 +200,7 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
     let mut lines = Vec::new();
     for &vocab in &a.vocab {
         for &rows in &a.rows {
-            let data = match a.law {
-                Law::Zipf => workload::logits(rows, vocab, 7),
-                Law::Affine => workload::affine_logits(rows, vocab, 7),
-            };
+            let data = a.law.rows(rows, vocab);
             let logits = decoda::Logits::f32(&data, rows, vocab).map_err(|e| e.to_string())?;
             for &threads in &a.threads {
                 let sampler = crate::device::cpu(threads)?;
@@ -235,7 +251,7 @@ pub fn run(a: BenchArgs) -> Result<ExitCode, String> {
                         "impl": "decoda", "device": "cpu", "config": config, "vocab": vocab, "rows": rows,
                         "threads": nthreads, "median_us": round2(t.median), "p10_us": round2(t.p10),
                         "p90_us": round2(t.p90), "floor_us": round2(floor.median),
-                        "philox_us": round2(philox.median),
+                        "philox_us": round2(philox.median), "law": a.law.name(),
                     });
                     if a.json {
                         bar.suspend(|| println!("{line}"));
@@ -328,10 +344,7 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
         for &rows in &a.rows {
             // distinct rows for up to 64 rows of calls; copies of them fill the rotation
             let sets = 64usize.div_ceil(rows).max(1);
-            let data = match a.law {
-                Law::Zipf => workload::logits(rows * sets, vocab, 7),
-                Law::Affine => workload::affine_logits(rows * sets, vocab, 7),
-            };
+            let data = a.law.rows(rows * sets, vocab);
             for name in &a.dtype {
                 let dt = dtype(name)?;
                 let bytes = rows * vocab * dt.size();

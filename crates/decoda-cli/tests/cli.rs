@@ -339,6 +339,28 @@ fn bench_device_json_fields() {
     assert!(err.contains("--dtype") && err.contains("f32"), "{err}");
     let (code, _, err) = run(&["bench", "--device", "cpu", "--law", "nope"]);
     assert_eq!(code, 2, "{err}");
+    // the wide law: rows spanning about 2.5 ln V (30 units at V = 151,936; 17 at 1,000)
+    let (code, out, err) = run(&[
+        "bench",
+        "--device",
+        "cpu",
+        "--law",
+        "wide",
+        "--config",
+        "greedy",
+        "--vocab",
+        "1000",
+        "--rows",
+        "1",
+        "--threads",
+        "1",
+        "--time-ms",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let cell: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(cell["law"], "wide", "{out}");
     let (code, out, err) = run(&[
         "bench",
         "--device",
