@@ -25,24 +25,11 @@ const ENTRIES: [&str; 14] = [
     "scan_light",
 ];
 
-/// The stage each entry point runs as ([`Plan::stages`]' names): a light call's
+/// The stage entry point `e` runs as ([`Plan::stages`]' names): a light call's
 /// `settle_light` is its `settle`, and so on.
-const STAGE_NAMES: [&str; 14] = [
-    "join",
-    "wipe",
-    "probe",
-    "scan",
-    "settle",
-    "lp",
-    "finish",
-    "settle_finish",
-    "draw_many",
-    "draw_finish",
-    "settle",
-    "draw_finish",
-    "settle_finish",
-    "scan",
-];
+fn stage_name(e: Entry) -> &'static str {
+    ENTRIES[e as usize].trim_end_matches("_light")
+}
 
 /// An entry point of `step/`.
 #[derive(Clone, Copy, Debug)]
@@ -142,28 +129,13 @@ impl Kernels {
         let (b, w) = (shape.rows as u32, shape.splits as u32);
         let full = shape.plan == Plan::Full;
         let fused = !full && self.fused;
-        if shape.plan == Plan::Light {
-            // the light entry points: the same results from far less code
-            let (settle, finish) = if fused {
-                (Entry::SettleFinishLight, None)
-            } else {
-                (Entry::SettleLight, Some((Entry::DrawFinishLight, b, 1)))
-            };
-            return [
-                Some((Entry::ScanLight, w, b)),
-                Some((settle, b, 1)),
-                finish,
-                None,
-                None,
-                None,
-                None,
-                None,
-            ];
-        }
+        // a light call runs the light entry points: the same results from far less code
+        let light = shape.plan == Plan::Light;
+        let pick = |e: Entry, l: Entry| if light { l } else { e };
         [
-            Some((Entry::Probe, b, 1)),
-            Some((Entry::Scan, w, b)),
-            (!fused).then_some((Entry::Settle, b, 1)),
+            (!light).then_some((Entry::Probe, b, 1)),
+            Some((pick(Entry::Scan, Entry::ScanLight), w, b)),
+            (!fused).then_some((pick(Entry::Settle, Entry::SettleLight), b, 1)),
             (full && shape.draw_groups > 0).then_some((
                 Entry::DrawMany,
                 shape.draw_groups as u32,
@@ -171,8 +143,8 @@ impl Kernels {
             )),
             full.then_some((Entry::Lp, w, b)),
             full.then_some((Entry::Finish, b, 1)),
-            fused.then_some((Entry::SettleFinish, b, 1)),
-            (!full && !fused).then_some((Entry::DrawFinish, b, 1)),
+            fused.then_some((pick(Entry::SettleFinish, Entry::SettleFinishLight), b, 1)),
+            (!full && !fused).then_some((pick(Entry::DrawFinish, Entry::DrawFinishLight), b, 1)),
         ]
     }
 
@@ -181,7 +153,7 @@ impl Kernels {
         self.stages(shape)
             .into_iter()
             .flatten()
-            .map(|(e, x, y)| (STAGE_NAMES[e as usize], u64::from(x) * u64::from(y)))
+            .map(|(e, x, y)| (stage_name(e), u64::from(x) * u64::from(y)))
             .collect()
     }
 
@@ -201,7 +173,7 @@ impl Kernels {
             passes.dispatch(self.pipe(e), group, (x, y), || {
                 let walks = matches!(e, Entry::Probe | Entry::Scan | Entry::Lp);
                 crate::profile::Launch {
-                    kernel: format!("sample.{}", STAGE_NAMES[e as usize]),
+                    kernel: format!("sample.{}", stage_name(e)),
                     workgroups: u64::from(x) * u64::from(y),
                     bytes_read: 256 * rows + if walks { rows * row_bytes } else { 0 },
                     bytes_written: 256 * rows,
