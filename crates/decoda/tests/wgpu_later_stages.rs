@@ -812,3 +812,66 @@ fn acts_xtc(row: &[f32], req: &Request) -> bool {
     let size = |q: &Request| reference_row(row, q).0.unwrap().kept.unwrap().size;
     size(&on) != size(&off)
 }
+
+/// The list path orders nothing but what it lists: its cuts are selections over the
+/// unordered candidates, and only the listed top (log-probabilities, the kept
+/// distribution) is sorted. Rows whose set the list holds with ties at the cut of what
+/// is listed (10 tokens at 8, 300 at 7, a Gaussian floor): the listed ties must be the
+/// smallest ids, the rank of a tied winner counts the smaller ids before it, and top-k
+/// cuts inside the ties (keeping them all); with top-p, min-p, XTC and typical-p too.
+/// Every row on the list path, all against the reference, at V = 32,000 and 151,936.
+#[test]
+fn list_path_splits_ties_by_id() {
+    let Some(b) = sampler() else { return };
+    for v in [32_000usize, 151_936] {
+        let mut rng = Rng::new(v as u64 + 71);
+        let (mut data, mut reqs) = (Vec::new(), Vec::new());
+        for r in 0..24 {
+            let mut x: Vec<f32> = (0..v).map(|_| rng.normal()).collect();
+            let mut ids: Vec<usize> = (0..v).collect();
+            for j in 0..310 {
+                let at = j + rng.below((v - j) as u64) as usize;
+                ids.swap(j, at);
+                x[ids[j]] = if j < 10 { 8.0 } else { 7.0 };
+            }
+            data.extend(x);
+            let mut p = SamplingParams {
+                top_k: [50, 5, 200, 310][r % 4],
+                temperature: pick(&mut rng, &[0.5, 1.0, 2.0]),
+                kept: Some([20u32, 64, 200, 1][r % 4]),
+                logprobs: Some(20),
+                logprobs_mode: LogprobsMode::Processed,
+                ..SamplingParams::default()
+            };
+            match r % 6 {
+                1 => p.top_p = 0.5,
+                2 => p.min_p = 0.2,
+                3 => {
+                    p.xtc_probability = 1.0;
+                    p.xtc_threshold = 0.001;
+                }
+                4 => p.typical_p = 0.5,
+                _ => {}
+            }
+            reqs.push(Request::new(p, rng.below(1 << 40)));
+        }
+        let logits = Logits::f32(&data, reqs.len(), v).unwrap();
+        let full = b.full_row_rows(&logits, &reqs).unwrap();
+        assert!(
+            full.iter().all(|f| !f),
+            "V {v}: rows on the full-row path: {full:?}"
+        );
+        let got = device_api(b, &logits, &reqs);
+        let ties = check(&got, &data, &reqs, v, "ties on the list");
+        assert!(ties <= 1, "V {v}: {ties} ties");
+        // the listed top holds tied tokens past the first ten
+        let tied = got
+            .iter()
+            .filter(|g| {
+                g.as_ref()
+                    .is_ok_and(|s| s.kept.as_ref().is_some_and(|k| k.top.len() > 10))
+            })
+            .count();
+        assert!(tied >= 8, "V {v}: {tied} rows list ties");
+    }
+}

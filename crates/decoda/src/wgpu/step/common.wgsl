@@ -13,8 +13,9 @@
 //   scan   (W x B)  read 1 of the row: z (bias, penalties from the slot's bitmaps and
 //                   counts), max, argmax and non-finite counts, the Gumbel draw of rows
 //                   without filters, the candidates, and the exact top-p mass of the row
-//   settle (1 x B)  the row's status; sorts the candidates and applies top-k, top-p and
-//                   min-p to them, draws, and computes processed log-probabilities; a row
+//   settle (1 x B)  the row's status; applies top-k, top-p and min-p to the candidates
+//                   by selections over them (no sort), draws, and computes processed
+//                   log-probabilities (sorting only the listed top); a row
 //                   whose candidates cannot settle it takes the exact full-row path here
 //                   (radix selects over the whole row by this one workgroup)
 //   lp     (W x B)  read 2, only for rows that need it: raw (or unfiltered) log-sum-exp,
@@ -73,7 +74,7 @@ const S_R: u32 = 7u;         // top-p mass reference (0 bits: none)
 const S_NEED: u32 = 8u;      // N_* flags
 const S_TOKEN: u32 = 9u;
 const S_PATH: u32 = 10u;     // P_* : how the row is drawn
-const S_NS: u32 = 11u;       // list path: the end of the kept set in the sorted list
+const S_NS: u32 = 11u;       // list path: the list's length (0: not settled on it)
 const S_TAU_K: u32 = 12u;    // full-row path thresholds (`member`)
 const S_TAU_MIN: u32 = 13u;
 const S_P_CUT: u32 = 14u;
@@ -100,7 +101,8 @@ const S_T_PREFIX: u32 = 34u; // its radix walk
 const S_T_LEVEL: u32 = 35u;
 const S_T_ABOVE_LO: u32 = 36u;
 const S_T_ABOVE_HI: u32 = 37u;
-const S_J0: u32 = 38u;       // list path: the kept set's first candidate (S_NS its end)
+const S_KHI: u32 = 38u;      // list path: the kept set is the candidates with keys in
+const S_KLO: u32 = 39u;      //   S_KLO ..= S_KHI
 
 // S_NEED flags
 const N_LIST: u32 = 1u;
@@ -209,7 +211,11 @@ var<workgroup> rb: array<u32, 256>;
 var<workgroup> wtot: vec2<u32>;
 var<workgroup> wflag: u32;
 var<workgroup> wsum: vec3<u32>;
+// the probe's radix bins; settle's selections over the list (bins, then the sorted top
+// as (id, y) pairs: `list_top`, `sort_top`)
 var<workgroup> hk: array<atomic<u32>, 2048>;
+var<workgroup> wcnt: atomic<u32>;
+var<workgroup> wcut: vec4<u32>;
 
 fn opaque_zero() -> u32 {
     return call.zero;

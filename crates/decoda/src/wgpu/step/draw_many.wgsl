@@ -2,7 +2,7 @@
 // Many draws of one row: tokens at steps step .. step + draws - 1 from the same kept set
 // (the filters do not depend on the step), after settle. `draw_lanes` invocations share
 // one draw; a workgroup holds DRAW_WG / draw_lanes draws of one row. List-path rows draw
-// over their kept candidates (S_J0 .. S_NS), the others over the row. The tokens go to
+// over their kept candidates (keys in S_KLO ..= S_KHI), the others over the row. The tokens go to
 // out_res[call.rows * RESW + row * draws + d]; a draw that finds no winner writes
 // NO_TOKEN, which the launcher reports as a row error.
 
@@ -19,7 +19,8 @@ fn draw_many(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let status = sget(row, S_STATUS);
     let path = sget(row, S_PATH);
     let ns = sget(row, S_NS);
-    let j0 = sget(row, S_J0);
+    let klo = sget(row, S_KLO);
+    let khi = sget(row, S_KHI);
     let stp = step_of(slot);
     var step_lo = stp.x + d;
     var step_hi = stp.y;
@@ -34,14 +35,18 @@ fn draw_many(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     var n = 0u;
     if (d < call.draws && status == 0u) {
         if (list) {
-            n = ns - j0;
+            n = ns;
         } else {
             n = (call.vocab + 3u) / 4u;
         }
     }
     for (var g = lane; g < n; g = g + per) {
         if (list) {
-            let en = entry(row, j0 + g);
+            let en = entry(row, g);
+            let ek = ekey(en);
+            if (ek < klo || ek > khi) {
+                continue;
+            }
             let k = cmp_key(bitcast<f32>(en.y) + gumbel(noise_word(en.x, seed, step_lo, step_hi)));
             if (k > best_k || (k == best_k && en.x < best_i)) {
                 best_k = k;

@@ -2,14 +2,15 @@
 // The kept distribution (`kept = n`, F_KEPT): the kept set's size and its n most likely
 // tokens (larger y first, then the smaller id) with softmax(y) over the set, written to
 // the row's kept area of out_res (size, listed, then (id, p bits) pairs). A list-path
-// row writes it in settle (`kept_list`: the set is a stretch of the sorted candidates);
+// row writes it in settle (`kept_list`: the set is the candidates in a range of keys,
+// its top found by selections and sorted alone in workgroup memory: `list_top`);
 // a greedy row's set is its token at 1; a full-row-path row's is found here, by the
 // row's workgroup after the draw and before finish moves the slot on (`kept_row`): one
 // read for the set's size and mass (fixed point, 2^-40 units) and a first radix level
 // of counts; when the set holds more than n, two more levels find the n-th largest y;
 // one read gathers the tokens above it (and its ties when all of them are listed, or
-// one ordered walk of the row for the ties with the smallest ids), and a bitonic sort of
-// at most 1,024 entries in the row's candidate area orders them.
+// one ordered walk of the row for the ties with the smallest ids) into workgroup memory,
+// and a bitonic sort of those at most 1,024 entries there orders them (`sort_top`).
 
 const KEPTN: u32 = 1024u;   // most tokens a kept distribution lists
 const KEPTW: u32 = 2050u;   // kept words per row: size, listed, then KEPTN (id, p) pairs
@@ -18,14 +19,19 @@ fn kept_area(row: u32) -> u32 {
     return call.kept_base + row * KEPTW;
 }
 
-// The list path's kept distribution: candidates j0 .. n_s, topped by `vtop`, their mass
-// `total` (exp(y - vtop) summed in 2^-40 units, as an f32 count of units).
-fn kept_list(lid: u32, row: u32, sp: SlotP, j0: u32, n_s: u32, vtop: f32, total: f32) {
+// The list path's kept distribution: the `avail` candidates among the first n with keys
+// in [lo, hi] (holding the set's m most likely: all of it, or its top), topped by
+// `vtop`; the set's size `size` and mass `total` (exp(y - vtop) summed in 2^-40 units,
+// as an f32 count of units).
+fn kept_list(lid: u32, row: u32, sp: SlotP, n: u32, lo: u32, hi: u32, avail: u32, size: u32,
+             vtop: f32, total: f32) {
     let kb = kept_area(row);
-    let size = n_s - j0;
-    let m = min(sp.n_kept, size);
+    let m = wg_uniform(lid, min(sp.n_kept, size));
+    if (m > 0u) {
+        list_top(lid, row, n, lo, hi, avail, m);
+    }
     for (var j = lid; j < m; j = j + WG) {
-        let en = entry(row, j0 + j);
+        let en = top_at(j);
         out_res[kb + 2u + 2u * j] = en.x;
         let w = exp_diff(bitcast<f32>(en.y), vtop);
         out_res[kb + 3u + 2u * j] = bitcast<u32>(div_rn_cold(w, total * TWO_M40));
@@ -139,7 +145,10 @@ fn kept_row(lid: u32, row: u32) {
     // the tokens above kk, and kk's ties when every one of them is listed, in any order
     let all_ties = left == ties;
     if (m > 0u) {
-        let cb = cand(row);
+        if (lid == 0u) {
+            atomicStore(&wcnt, 0u);
+        }
+        workgroupBarrier();
         for (var i = lid; i < call.vocab; i = i + WG) {
             let y = kept_y(row, slot, sp, i);
             if (is_neg_inf(y)) {
@@ -147,17 +156,10 @@ fn kept_row(lid: u32, row: u32) {
             }
             let key = cmp_key(y);
             if (key > kk || (key == kk && all_ties)) {
-                let at = atomicAdd(&ctr[hb], 1u);
-                work[cb + 2u * at] = i;
-                work[cb + 2u * at + 1u] = bitcast<u32>(y);
+                top_put(atomicAdd(&wcnt, 1u), vec2<u32>(i, bitcast<u32>(y)));
             }
         }
-        storageBarrier();
-        let above = wg_uniform(lid, atomicLoad(&ctr[hb]));
-        storageBarrier();
-        if (lid == 0u) {
-            atomicStore(&ctr[hb], 0u);
-        }
+        let above = workgroupUniformLoad(&wcnt);
         if (!all_ties) {
             // the `left` ties with the smallest ids: each invocation walks its own
             // stretch of the row, after the ties of the stretches before it
@@ -175,16 +177,15 @@ fn kept_row(lid: u32, row: u32) {
             for (var i = i0; i < i1 && at < left; i = i + 1u) {
                 let y = kept_y(row, slot, sp, i);
                 if (!is_neg_inf(y) && cmp_key(y) == kk) {
-                    work[cb + 2u * (above + at)] = i;
-                    work[cb + 2u * (above + at) + 1u] = bitcast<u32>(y);
+                    top_put(above + at, vec2<u32>(i, bitcast<u32>(y)));
                     at = at + 1u;
                 }
             }
         }
-        storageBarrier();
-        sort_list(lid, row, m);
+        workgroupBarrier();
+        sort_top(lid, m);
         for (var j = lid; j < m; j = j + WG) {
-            let en = entry(row, j);
+            let en = top_at(j);
             out_res[kb + 2u + 2u * j] = en.x;
             let w = exp_f32(bitcast<f32>(en.y) - vmax);
             out_res[kb + 3u + 2u * j] = bitcast<u32>(div_rn_cold(w, total * TWO_M40));

@@ -163,7 +163,7 @@ fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, xf: bool, typ: 
     // stage 6a: typical-p's band, and the largest y left (the ymax from here on)
     var ym = ymax;
     if (wg_flag(lid, (sp.flags & F_TYPICAL) != 0u)) {
-        ym = typical_row(lid, row, slot, sp, ymax, NO_TOKEN, typ);
+        ym = typical_row(lid, row, slot, sp, ymax, NO_TOKEN, 0u, typ);
     }
     if (wg_flag(lid, (sp.flags & F_TOP_P) != 0u)) {
         let tau_k = sgetf(row, S_TAU_K);
@@ -421,7 +421,8 @@ fn settle_head(lid: u32, row: u32, slot: u32, sp: SlotP, filt: bool) -> Head {
         ssetf(row, S_TAU_Q, -1.0);
         ssetf(row, S_SUM, 0.0);
         sset(row, S_NS, 0u);
-        sset(row, S_J0, 0u);
+        sset(row, S_KLO, 0u);
+        sset(row, S_KHI, 0u);
         sset(row, S_LP_DONE, 0u);
         sset(row, S_PATH, P_NONE);
         sset(row, S_TOKEN, 0u);

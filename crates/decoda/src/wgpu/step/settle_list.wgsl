@@ -1,87 +1,316 @@
 // ---------------------------------------------------------------------------------
 // settle: status, filters on the candidates (or the full row), the draw.
 
-// Candidate j of the row's list: (token, y).
+// Candidate j of the row's list: (token, y). The list is in no order: the scan appends
+// candidates as it finds them; every decision below is a key threshold found by
+// selections over it, so a kept set is the candidates whose keys lie in a range [lo, hi].
 fn entry(row: u32, j: u32) -> vec2<u32> {
     let b = cand(row) + 2u * j;
     return vec2<u32>(work[b], work[b + 1u]);
 }
 
-// Whether candidate a comes before b: larger y first, then the smaller id.
-fn before_entry(a: vec2<u32>, b: vec2<u32>) -> bool {
-    let ka = cmp_key(bitcast<f32>(a.y));
-    let kb = cmp_key(bitcast<f32>(b.y));
-    return ka > kb || (ka == kb && a.x < b.x);
+// A candidate's y as a comparison key.
+fn ekey(en: vec2<u32>) -> u32 {
+    return cmp_key(bitcast<f32>(en.y));
 }
 
-// Sorts the first n candidates of the row (bitonic, in place; n <= cap, uniform).
-fn sort_list(lid: u32, row: u32, n: u32) {
-    var np = 1u;
-    while (np < n) {
-        np = np << 1u;
-    }
-    let b = cand(row);
-    // padding sorts last: id NO_TOKEN, y -inf
-    for (var j = n + lid; j < np; j = j + WG) {
-        work[b + 2u * j] = NO_TOKEN;
-        work[b + 2u * j + 1u] = NEG_INF_BITS;
-    }
-    storageBarrier();
-    for (var k = 2u; k <= np; k = k << 1u) {
-        for (var jj = k >> 1u; jj > 0u; jj = jj >> 1u) {
-            for (var t = lid; t < np; t = t + WG) {
-                let l = t ^ jj;
-                if (l > t) {
-                    let a = entry(row, t);
-                    let c = entry(row, l);
-                    let first = (t & k) == 0u;
-                    if (first == before_entry(c, a)) {
-                        work[b + 2u * t] = c.x;
-                        work[b + 2u * t + 1u] = c.y;
-                        work[b + 2u * l] = a.x;
-                        work[b + 2u * l + 1u] = a.y;
-                    }
-                }
-            }
-            storageBarrier();
-        }
-    }
+const KEY_MAX: u32 = 0xffffffffu;
+
+// Whether candidate a comes before b: larger y first, then the smaller id.
+fn before_entry(a: vec2<u32>, b: vec2<u32>) -> bool {
+    let ka = ekey(a);
+    let kb = ekey(b);
+    return ka > kb || (ka == kb && a.x < b.x);
 }
 
 // Candidates among the first n whose y key is at least `key` (uniform).
 fn count_at_least(lid: u32, row: u32, n: u32, key: u32) -> u32 {
+    return count_range(lid, row, n, key, KEY_MAX);
+}
+
+// Candidates among the first n whose y key lies in [lo, hi] (uniform).
+fn count_range(lid: u32, row: u32, n: u32, lo: u32, hi: u32) -> u32 {
     var c = 0u;
     for (var j = lid; j < n; j = j + WG) {
-        if (cmp_key(bitcast<f32>(entry(row, j).y)) >= key) {
+        let k = ekey(entry(row, j));
+        if (k >= lo && k <= hi) {
             c = c + 1u;
         }
     }
     return wg_uniform(lid, wg_sum_u32(lid, c));
 }
 
-// Inclusive prefix sum of 96-bit values in thread order; the total in the .w of the
-// returned pair's second member is not kept: callers add up tiles themselves.
-fn wg_scan96(lid: u32, v: vec3<u32>) -> vec3<u32> {
-    let lo = wg_scan64(lid, vec2<u32>(v.x, 0u));
-    let hi = wg_scan64(lid, vec2<u32>(v.y, v.z));
-    return vec3<u32>(lo.x, add64(hi, vec2<u32>(lo.y, 0u)));
+// ---------------------------------------------------------------------------------
+// Selections over the list, in workgroup memory (`hk`): four levels of 8-bit digits,
+// most significant first, 256 bins. Each level reads the list once into the bins; then
+// 16 invocations add up 16 bins each and one walks those sums and the bins of the one
+// it stops in, from the largest digit down (three barriers a level, where a scan over
+// the workgroup takes sixteen). Nothing is sorted and nothing is left in global memory.
+
+// Digit `level` of v, and whether v lies under the digits chosen so far.
+fn digit8(v: u32, level: u32) -> u32 {
+    return (v >> (24u - 8u * level)) & 0xffu;
+}
+
+fn under8(v: u32, level: u32, prefix: u32) -> bool {
+    return level == 0u || (v >> (32u - 8u * level)) == prefix;
+}
+
+// The rank-th largest value (1-based; rank at most their count) over the candidates
+// among the first n with keys in [lo, hi]: the value is the key, or with `by_id` the
+// complement of the id (so the rank-th smallest id). Returns (value, its rank among
+// its equals, their count), uniform.
+fn list_select(lid: u32, row: u32, n: u32, lo: u32, hi: u32, rank: u32, by_id: bool)
+    -> vec3<u32> {
+    var prefix = 0u;
+    var rem = rank;
+    var ties = 0u;
+    for (var level = 0u; level < 4u; level = level + 1u) {
+        atomicStore(&hk[lid], 0u);
+        workgroupBarrier();
+        for (var j = lid; j < n; j = j + WG) {
+            let en = entry(row, j);
+            let k = ekey(en);
+            if (k < lo || k > hi) {
+                continue;
+            }
+            let v = select(k, ~en.x, by_id);
+            if (under8(v, level, prefix)) {
+                atomicAdd(&hk[digit8(v, level)], 1u);
+            }
+        }
+        workgroupBarrier();
+        let r = pick_count(lid, rem);
+        prefix = (prefix << 8u) | r.x;
+        rem = r.y;
+        ties = r.z;
+    }
+    return vec3<u32>(prefix, rem, ties);
+}
+
+// The bin (of the 256 counts in `hk`) holding the rem-th largest value (rem at most
+// their total), walking from the largest digit: (digit, rem's rank inside the bin, the
+// bin's count), uniform.
+fn pick_count(lid: u32, rem: u32) -> vec3<u32> {
+    if (lid < 16u) {
+        var c = 0u;
+        for (var q = 0u; q < 16u; q = q + 1u) {
+            c = c + atomicLoad(&hk[255u - 16u * lid - q]);
+        }
+        ra[lid] = c;
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        var cum = 0u;
+        var g = 0u;
+        while (g < 15u && cum + ra[g] < rem) {
+            cum = cum + ra[g];
+            g = g + 1u;
+        }
+        for (var q = 0u; q < 16u; q = q + 1u) {
+            let d = 255u - 16u * g - q;
+            let c = atomicLoad(&hk[d]);
+            if (cum + c >= rem) {
+                wcut = vec4<u32>(d, rem - cum, c, 0u);
+                break;
+            }
+            cum = cum + c;
+        }
+    }
+    return workgroupUniformLoad(&wcut).xyz;
+}
+
+// A bin's 96-bit mass (`add_mass96`).
+fn bin_mass(d: u32) -> vec3<u32> {
+    return vec3<u32>(atomicLoad(&hk[d]), atomicLoad(&hk[256u + d]), atomicLoad(&hk[512u + d]));
+}
+
+// The bin (of the 256 masses in `hk`) where the running mass from the largest digit,
+// after `above`, first reaches `goal`: (digit, the mass before it), or NO_TOKEN when
+// the total never does; uniform.
+fn pick_mass(lid: u32, above: vec3<u32>, goal: f32) -> vec4<u32> {
+    if (lid < 16u) {
+        var m = vec3<u32>(0u, 0u, 0u);
+        for (var q = 0u; q < 16u; q = q + 1u) {
+            m = add96(m, bin_mass(255u - 16u * lid - q));
+        }
+        ra[lid] = m.x;
+        ra[16u + lid] = m.y;
+        ra[32u + lid] = m.z;
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        wcut = vec4<u32>(NO_TOKEN, 0u, 0u, 0u);
+        var cum = above;
+        var g = 0u;
+        loop {
+            let nxt = add96(cum, vec3<u32>(ra[g], ra[16u + g], ra[32u + g]));
+            if (val96(nxt) >= goal) {
+                break;
+            }
+            cum = nxt;
+            g = g + 1u;
+            if (g == 16u) {
+                break;
+            }
+        }
+        if (g < 16u) {
+            for (var q = 0u; q < 16u; q = q + 1u) {
+                let d = 255u - 16u * g - q;
+                let nxt = add96(cum, bin_mass(d));
+                if (val96(nxt) >= goal) {
+                    wcut = vec4<u32>(d, cum);
+                    break;
+                }
+                cum = nxt;
+            }
+        }
+    }
+    return workgroupUniformLoad(&wcut);
+}
+
+// Adds a 96-bit mass to bin d of the workgroup's mass histogram (words d, 256 + d,
+// 512 + d of `hk`, carried by hand: the sum is exact, in any order).
+fn add_mass96(d: u32, e: vec3<u32>) {
+    let o0 = atomicAdd(&hk[d], e.x);
+    let c1 = select(0u, 1u, o0 + e.x < o0);
+    let a1 = e.y + c1;
+    var c2 = select(0u, 1u, a1 < c1);
+    if (a1 != 0u) {
+        let o1 = atomicAdd(&hk[256u + d], a1);
+        if (o1 + a1 < o1) {
+            c2 = c2 + 1u;
+        }
+    }
+    let a2 = e.z + c2;
+    if (a2 != 0u) {
+        atomicAdd(&hk[512u + d], a2);
+    }
+}
+
+// Top-p's cut on the list: over the candidates with keys in [lo, hi], walked by
+// decreasing y, the key of the first whose running mass (fixed72 of exp(y - r_ref),
+// summed exactly) reaches `goal`: (1, key), or (0, 0) when the sum never does. Ties of
+// y fall together, so a radix walk over keys by mass finds the same key as a sorted walk.
+fn list_mass_cut(lid: u32, row: u32, n: u32, lo: u32, hi: u32, r_ref: f32, goal: f32)
+    -> vec2<u32> {
+    var prefix = 0u;
+    var above = vec3<u32>(0u, 0u, 0u);
+    for (var level = 0u; level < 4u; level = level + 1u) {
+        atomicStore(&hk[lid], 0u);
+        atomicStore(&hk[256u + lid], 0u);
+        atomicStore(&hk[512u + lid], 0u);
+        workgroupBarrier();
+        for (var j = lid; j < n; j = j + WG) {
+            let en = entry(row, j);
+            let k = ekey(en);
+            if (k < lo || k > hi || !under8(k, level, prefix)) {
+                continue;
+            }
+            let e = fixed72(exp_f32(bitcast<f32>(en.y) - r_ref));
+            if ((e.x | e.y | e.z) != 0u) {
+                add_mass96(digit8(k, level), e);
+            }
+        }
+        workgroupBarrier();
+        let r = pick_mass(lid, above, goal);
+        if (r.x == NO_TOKEN) {
+            // (only at level 0: a chosen bin's mass reaches the goal at every level)
+            return vec2<u32>(0u, 0u);
+        }
+        prefix = (prefix << 8u) | r.x;
+        above = r.yzw;
+    }
+    return vec2<u32>(1u, prefix);
+}
+
+// A pair of the sorted top (`list_top`, in `hk`).
+fn top_at(j: u32) -> vec2<u32> {
+    return vec2<u32>(atomicLoad(&hk[2u * j]), atomicLoad(&hk[2u * j + 1u]));
+}
+
+fn top_put(j: u32, v: vec2<u32>) {
+    atomicStore(&hk[2u * j], v.x);
+    atomicStore(&hk[2u * j + 1u], v.y);
+}
+
+// Sorts the m (id, y) pairs in `hk` (m <= 1,024): larger y first, then the smaller id
+// (bitonic, in workgroup memory).
+fn sort_top(lid: u32, m: u32) {
+    var np = 1u;
+    while (np < m) {
+        np = np << 1u;
+    }
+    // padding sorts last: id NO_TOKEN, y -inf
+    for (var j = m + lid; j < np; j = j + WG) {
+        top_put(j, vec2<u32>(NO_TOKEN, NEG_INF_BITS));
+    }
+    workgroupBarrier();
+    for (var k = 2u; k <= np; k = k << 1u) {
+        for (var jj = k >> 1u; jj > 0u; jj = jj >> 1u) {
+            for (var t = lid; t < np; t = t + WG) {
+                let l = t ^ jj;
+                if (l > t) {
+                    let a = top_at(t);
+                    let c = top_at(l);
+                    if (((t & k) == 0u) == before_entry(c, a)) {
+                        top_put(t, c);
+                        top_put(l, a);
+                    }
+                }
+            }
+            workgroupBarrier();
+        }
+    }
+}
+
+// The m most likely candidates (1 <= m <= 1,024) of the `avail` among the first n with
+// keys in [lo, hi], in order, as (id, y) pairs in `hk` (`top_at`): the m-th largest key
+// by a selection (and, when some of its ties are left out, the smallest ids among them
+// by a second), one read gathering them, and a sort of those m alone.
+fn list_top(lid: u32, row: u32, n: u32, lo: u32, hi: u32, avail: u32, m: u32) {
+    var kc = lo;
+    var idc = NO_TOKEN;
+    if (m < avail) {
+        let s = list_select(lid, row, n, lo, hi, m, false);
+        kc = s.x;
+        if (s.y < s.z) {
+            idc = ~list_select(lid, row, n, kc, kc, s.y, true).x;
+        }
+    }
+    if (lid == 0u) {
+        atomicStore(&wcnt, 0u);
+    }
+    workgroupBarrier();
+    for (var j = lid; j < n; j = j + WG) {
+        let en = entry(row, j);
+        let k = ekey(en);
+        if (k >= kc && k <= hi && (k > kc || en.x <= idc)) {
+            top_put(atomicAdd(&wcnt, 1u), en);
+        }
+    }
+    workgroupBarrier();
+    sort_top(lid, m);
 }
 
 // The list path of a filtered row: true when the candidates settle it (then the token is
-// in S_TOKEN, and the kept set is candidates S_J0 .. S_NS: past typical-p's excluded top
-// and XTC's top choices when `xf`, its coin fired; rows whose XTC is on never reach
-// `draw_many`).
+// in S_TOKEN, and the kept set is the candidates with keys in S_KLO ..= S_KHI: past
+// typical-p's excluded top and XTC's top choices when `xf`, its coin fired; rows whose
+// XTC is on never reach `draw_many`).
 fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>,
                xf: bool, typ: Typ) -> bool {
-    sort_list(lid, row, n);
     let tk = wg_flag(lid, (sp.flags & F_TOP_K) != 0u);
     let tp = wg_flag(lid, (sp.flags & F_TOP_P) != 0u);
     let mp = wg_flag(lid, (sp.flags & F_MIN_P) != 0u);
     let top_k = wg_uniform(lid, sp.top_k);
     let kappa = wg_uniform(lid, sget(row, S_KAPPA));
     let complete = kappa == 0u;
-    // top-n-σ: every y at or above its threshold (S_TAU_K, from settle_row), the first
-    // n_sig candidates; the list holds them all when the threshold is at or above kappa
+    // K (after top-n-σ and top-k) is the candidates with keys >= lo, when the list
+    // holds it
+    var lo = 0u;
+    var hi = KEY_MAX;
+    // top-n-σ: every y at or above its threshold (S_TAU_K, from settle_row); the list
+    // holds them all when the threshold is at or above kappa
     let sg = wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u);
     var n_sig = n;
     var sig_ok = false;
@@ -89,24 +318,22 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
         let ks = wg_uniform(lid, cmp_key(sgetf(row, S_TAU_K)));
         n_sig = count_at_least(lid, row, n, ks);
         sig_ok = complete || ks >= kappa;
+        lo = ks;
     }
     // top-k over those: the k-th largest y, if the list holds k of them (or all of K0,
     // when it holds fewer)
-    var n_k = n_sig;
     var k_ok = false;
     if (tk && top_k <= n_sig) {
-        let tau = wg_uniform(lid, cmp_key(bitcast<f32>(entry(row, top_k - 1u).y)));
-        n_k = count_at_least(lid, row, n, tau);
+        lo = list_select(lid, row, n, 0u, KEY_MAX, top_k, false).x;
         k_ok = true;
     } else if (tk && sig_ok) {
         k_ok = true;
     }
     // K (after top-n-σ and top-k) lies in the list
     var k_in = (tk && k_ok) || sig_ok;
-    // stage 6a, typical-p: its band is candidates ja..n_k, topped by `ym`, when the
-    // list holds K (its sums from the list) or, with the scan's sums (K is every finite
-    // y), when the cut the walk finds proves the band lies in the list
-    var ja = 0u;
+    // stage 6a, typical-p: its band is the candidates of K it keeps, topped by `ym`,
+    // when the list holds K (its sums from the list) or, with the scan's sums (K is
+    // every finite y), when the cut the walk finds proves the band lies in the list
     var ym = ymax;
     if (wg_flag(lid, (sp.flags & F_TYPICAL) != 0u)) {
         let whole = k_in || complete;
@@ -117,7 +344,7 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
         if (whole) {
             pre.pre = false;
         }
-        ym = typical_row(lid, row, slot, sp, ymax, n_k, pre);
+        ym = typical_row(lid, row, slot, sp, ymax, n, lo, pre);
         let cut = sgetf(row, S_TYP_D);
         if (!whole) {
             // a token off the list has y <= yb (under every gathering threshold), so a
@@ -135,31 +362,33 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
             }
         }
         if (wg_flag(lid, bitcast<u32>(cut) != 0x7f800000u)) {
-            // the band: a run of the list (|y - c| grows away from c both ways)
-            var cnt = 0u;
-            var last = 0u;
-            for (var j = lid; j < n_k; j = j + WG) {
-                if (typ_in(row, bitcast<f32>(entry(row, j).y))) {
-                    cnt = cnt + 1u;
-                    last = max(last, j);
+            // the band: a run of K in y's order (|y - c| grows away from c both ways),
+            // so a range of keys
+            var low = 0u;
+            var top = 0u;
+            for (var j = lid; j < n; j = j + WG) {
+                let en = entry(row, j);
+                let k = ekey(en);
+                if (k >= lo && typ_in(row, bitcast<f32>(en.y))) {
+                    low = max(low, ~k);
+                    top = max(top, k);
                 }
             }
-            let band = wg_sum_max(lid, cnt, last);
-            n_k = band.y + 1u;
-            ja = n_k - band.x;
-            ym = bitcast<f32>(wg_uniform(lid, entry(row, ja).y));
+            lo = ~wg_uniform(lid, wg_sum_max(lid, 0u, low).y);
+            hi = wg_uniform(lid, wg_sum_max(lid, 0u, top).y);
+            ym = from_key(hi);
         }
         k_in = true;
     }
     // min-p: y >= ymax + ln(min_p); the list holds every y >= m0 + ln(min_p) <= that
-    var n_m = n;
+    var lo_m = 0u;
     var m_ok = false;
     if (mp) {
-        n_m = count_at_least(lid, row, n, wg_uniform(lid, cmp_key(ym + sp.ln_min_p)));
+        lo_m = wg_uniform(lid, cmp_key(ym + sp.ln_min_p));
         m_ok = !is_neg_inf(sgetf(row, S_GTHR));
     }
-    // top-p over K: walk the candidates in order until their mass reaches p of K's
-    var n_p = n_k;
+    // top-p over K: the cut where the mass walked by decreasing y reaches p of K's
+    var lo_p = 0u;
     var p_ok = false;
     var p_covers = false;
     if (tp && (k_in || (!tk && !sg))) {
@@ -169,50 +398,30 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
             // K lies in the list: its mass, against ymax
             r_ref = ym;
             var part_sum = vec3<u32>(0u, 0u, 0u);
-            for (var j = ja + lid; j < n_k; j = j + WG) {
-                part_sum = add96(part_sum, fixed72(exp_f32(bitcast<f32>(entry(row, j).y) - r_ref)));
+            for (var j = lid; j < n; j = j + WG) {
+                let en = entry(row, j);
+                let k = ekey(en);
+                if (k >= lo && k <= hi) {
+                    part_sum = add96(part_sum, fixed72(exp_f32(bitcast<f32>(en.y) - r_ref)));
+                }
             }
             total = wg_sum96(lid, part_sum);
         }
         let goal = sp.top_p * val96(total);
-        var above = vec3<u32>(0u, 0u, 0u);
-        var m = NO_TOKEN;
-        for (var tile = ja; tile < n_k; tile = tile + WG) {
-            let j = tile + lid;
-            var e = vec3<u32>(0u, 0u, 0u);
-            if (j < n_k) {
-                e = fixed72(exp_f32(bitcast<f32>(entry(row, j).y) - r_ref));
-            }
-            let incl = wg_scan96(lid, e);
-            if (lid == 0u) {
-                wflag = NO_TOKEN;
-            }
-            if (lid == WG - 1u) {
-                wsum = incl;
-            }
-            workgroupBarrier();
-            let reach = val96(add96(above, incl)) >= goal;
-            let reach_before = val96(add96(above, sub96(incl, e))) >= goal;
-            if (j < n_k && reach && !reach_before) {
-                wflag = j;
-            }
-            m = workgroupUniformLoad(&wflag);
-            if (m != NO_TOKEN) {
-                break;
-            }
-            above = add96(above, wsum);
-            workgroupBarrier();
-        }
-        if (m != NO_TOKEN) {
-            let em = fixed72(exp_f32(bitcast<f32>(entry(row, m).y) - r_ref));
-            var c = 0u;
-            for (var j = ja + lid; j < n_k; j = j + WG) {
-                let e = fixed72(exp_f32(bitcast<f32>(entry(row, j).y) - r_ref));
-                if (!gt96(em, e)) {
-                    c = c + 1u;
+        let cut = list_mass_cut(lid, row, n, lo, hi, r_ref, goal);
+        if (cut.x != 0u) {
+            // every candidate whose mass is at least the cut's stays (ties kept)
+            let em = fixed72(exp_f32(from_key(cut.y) - r_ref));
+            var low = 0u;
+            for (var j = lid; j < n; j = j + WG) {
+                let en = entry(row, j);
+                let k = ekey(en);
+                if (k >= lo && k <= hi
+                    && !gt96(em, fixed72(exp_f32(bitcast<f32>(en.y) - r_ref)))) {
+                    low = max(low, ~k);
                 }
             }
-            n_p = ja + wg_uniform(lid, wg_sum_u32(lid, c));
+            lo_p = ~wg_uniform(lid, wg_sum_max(lid, 0u, low).y);
             if (k_in || complete) {
                 p_ok = true;
             } else {
@@ -225,7 +434,6 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
         } else if (k_in || complete) {
             // the sum never reaches p (rounding): every token of K stays
             p_ok = true;
-            n_p = n_k;
         }
     }
     let covered = k_in || p_covers || (mp && m_ok) || complete;
@@ -233,32 +441,38 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
     if (!valid) {
         return false;
     }
-    let n_s = min(min(n_k, n_p), n_m);
-    // stage 8a, XTC: the kept set is the list's first n_s, so its top choices (q >= the
-    // threshold) come first; with two or more, the tokens above the least likely one
-    // leave (its ties stay): the set becomes candidates j0..n_s, topped by `vtop`
-    var j0 = ja;
+    lo = max(lo, max(lo_p, lo_m));
+    var size = count_range(lid, row, n, lo, hi);
+    // stage 8a, XTC: over the kept set, its top choices (q >= the threshold); with two
+    // or more, the tokens above the least likely one leave (its ties stay): the set's
+    // top becomes that one's y, `vtop`
     var vtop = ym;
-    if (wg_flag(lid, xf && n_s >= ja + 2u)) {
+    if (wg_flag(lid, xf && size >= 2u)) {
         var part_sum = vec3<u32>(0u, 0u, 0u);
-        for (var j = ja + lid; j < n_s; j = j + WG) {
-            part_sum = add96(part_sum, fixed72(exp_f32(bitcast<f32>(entry(row, j).y) - ym)));
+        for (var j = lid; j < n; j = j + WG) {
+            let en = entry(row, j);
+            let k = ekey(en);
+            if (k >= lo && k <= hi) {
+                part_sum = add96(part_sum, fixed72(exp_f32(bitcast<f32>(en.y) - ym)));
+            }
         }
         let bar = sp.xtc_thr * (val96(wg_sum96(lid, part_sum)) * TWO_M40 * TWO_M32);
         var c = 0u;
-        var last = 0u;
-        for (var j = ja + lid; j < n_s; j = j + WG) {
-            if (exp_f32(bitcast<f32>(entry(row, j).y) - ym) >= bar) {
+        var low = 0u;
+        for (var j = lid; j < n; j = j + WG) {
+            let en = entry(row, j);
+            let k = ekey(en);
+            if (k >= lo && k <= hi && exp_f32(bitcast<f32>(en.y) - ym) >= bar) {
                 c = c + 1u;
-                last = max(last, j);
+                low = max(low, ~k);
             }
         }
-        let top = wg_sum_max(lid, c, last);
+        let top = wg_sum_max(lid, c, low);
         if (wg_flag(lid, top.x >= 2u)) {
-            // the least likely top choice is the last in the list's order
-            let low = wg_uniform(lid, entry(row, top.y).y);
-            vtop = bitcast<f32>(low);
-            j0 = count_at_least(lid, row, n_s, cmp_key(vtop) + 1u);
+            // the least likely top choice: the smallest key among them
+            hi = ~wg_uniform(lid, top.y);
+            vtop = from_key(hi);
+            size = count_range(lid, row, n, lo, hi);
         }
     }
     // the draw: Gumbel-max over the kept candidates
@@ -266,8 +480,12 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
     let seed = vec2<u32>(sp.seed_lo, sp.seed_hi);
     var bk = 0u;
     var bi = NO_TOKEN;
-    for (var j = j0 + lid; j < n_s; j = j + WG) {
+    for (var j = lid; j < n; j = j + WG) {
         let en = entry(row, j);
+        let k = ekey(en);
+        if (k < lo || k > hi) {
+            continue;
+        }
         let sk = cmp_key(bitcast<f32>(en.y) + gumbel(noise_word(en.x, seed, stp.x, stp.y)));
         if (sk > bk || (sk == bk && en.x < bi)) {
             bk = sk;
@@ -275,54 +493,76 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
         }
     }
     let w = wg_argmax(lid, bk, bi);
-    // processed log-probabilities over the kept set (the list holds all of it)
+    // processed log-probabilities over the kept set (the list holds all of it): the
+    // log-sum-exp, the chosen token's rank, the n most likely in order
     let lp_on = (sp.flags & F_LOGPROBS) != 0u && (sp.flags & F_PROCESSED) != 0u;
-    var lse = 0.0;
-    var pos = NO_TOKEN;
-    if (wg_flag(lid, lp_on)) {
+    if (wg_flag(lid, lp_on && w.y != NO_TOKEN)) {
         var acc = vec2<u32>(0u, 0u);
-        var at = NO_TOKEN;
-        for (var j = j0 + lid; j < n_s; j = j + WG) {
+        var wb = 0u;
+        for (var j = lid; j < n; j = j + WG) {
             let en = entry(row, j);
-            acc = add64(acc, fixed40(exp_diff(bitcast<f32>(en.y), vtop)));
-            if (en.x == w.y) {
-                at = j;
+            let k = ekey(en);
+            if (k >= lo && k <= hi) {
+                acc = add64(acc, fixed40(exp_diff(bitcast<f32>(en.y), vtop)));
+                if (en.x == w.y) {
+                    wb = en.y;
+                }
             }
         }
         let total = val64(wg_sum64(lid, acc)) * TWO_M40;
-        lse = ln_f32(max(total, 1.0));
-        pos = wg_argmax(lid, 0u, at).y;
+        let lse = ln_f32(max(total, 1.0));
+        // the chosen token's y (its bits: one invocation holds it, the others 0)
+        let yw = bitcast<f32>(wg_uniform(lid, wg_sum_max(lid, 0u, wb).y));
+        let kw = cmp_key(yw);
+        // the candidates before the chosen one: larger y, or its y and a smaller id
+        var ahead = 0u;
+        for (var j = lid; j < n; j = j + WG) {
+            let en = entry(row, j);
+            let k = ekey(en);
+            if (k <= hi && (k > kw || (k == kw && en.x < w.y))) {
+                ahead = ahead + 1u;
+            }
+        }
+        let rank = wg_sum_u32(lid, ahead) + 1u;
+        let m = wg_uniform(lid, min(min(sp.n_lp, NTOP), size));
+        if (m > 0u) {
+            list_top(lid, row, n, lo, hi, size, m);
+        }
+        if (lid == 0u) {
+            let ob = row * RESW + 2u;
+            for (var j = 0u; j < m; j = j + 1u) {
+                let en = top_at(j);
+                out_res[ob + 3u + 2u * j] = en.x;
+                out_res[ob + 4u + 2u * j] = bitcast<u32>(fp(bitcast<f32>(en.y) - vtop) - lse);
+            }
+            out_res[ob] = bitcast<u32>(fp(yw - vtop) - lse);
+            out_res[ob + 1u] = rank;
+            out_res[ob + 2u] = m;
+            sset(row, S_LP_DONE, 1u);
+        }
+        workgroupBarrier();
     }
     if (wg_flag(lid, (sp.flags & F_KEPT) != 0u && w.y != NO_TOKEN)) {
         var acc = vec2<u32>(0u, 0u);
-        for (var j = j0 + lid; j < n_s; j = j + WG) {
-            acc = add64(acc, fixed40(exp_diff(bitcast<f32>(entry(row, j).y), vtop)));
+        for (var j = lid; j < n; j = j + WG) {
+            let en = entry(row, j);
+            let k = ekey(en);
+            if (k >= lo && k <= hi) {
+                acc = add64(acc, fixed40(exp_diff(bitcast<f32>(en.y), vtop)));
+            }
         }
-        kept_list(lid, row, sp, j0, n_s, vtop, val64(wg_sum64(lid, acc)));
+        kept_list(lid, row, sp, n, lo, hi, size, size, vtop, val64(wg_sum64(lid, acc)));
     }
     if (lid == 0u) {
-        sset(row, S_NS, n_s);
-        sset(row, S_J0, j0);
+        sset(row, S_NS, n);
+        sset(row, S_KLO, lo);
+        sset(row, S_KHI, hi);
         if (w.y == NO_TOKEN) {
             sset(row, S_STATUS, 4u);
             sset(row, S_PATH, P_NONE);
         } else {
             sset(row, S_TOKEN, w.y);
             sset(row, S_PATH, P_DONE);
-        }
-        if (lp_on && w.y != NO_TOKEN) {
-            let ob = row * RESW + 2u;
-            let n = min(min(sp.n_lp, NTOP), n_s - j0);
-            for (var j = 0u; j < n; j = j + 1u) {
-                let en = entry(row, j0 + j);
-                out_res[ob + 3u + 2u * j] = en.x;
-                out_res[ob + 4u + 2u * j] = bitcast<u32>(fp(bitcast<f32>(en.y) - vtop) - lse);
-            }
-            let yc = bitcast<f32>(entry(row, pos).y);
-            out_res[ob] = bitcast<u32>(fp(yc - vtop) - lse);
-            out_res[ob + 1u] = pos - j0 + 1u;
-            out_res[ob + 2u] = n;
-            sset(row, S_LP_DONE, 1u);
         }
     }
     return true;
@@ -337,14 +577,13 @@ const W_DRAW: u32 = 2u;
 
 // A row whose only filter is XTC (its coin fired) or the kept distribution: the set is
 // every finite y, its mass the scan's (`s96`, against R) and its size `n_fin`; the
-// sorted list holds the top. XTC's top choices (w >= threshold Σ w) are a prefix of the
-// list when the largest y off it is no top choice; with two or more, S_VMAX bounds the
-// set and the draw over the row is left (W_DRAW: one read); with fewer the set is
-// every finite y and the scan's winner `won` is the token. The kept distribution is its
-// first n entries (their ties too: the list holds every y at or above its threshold).
+// list holds its top. XTC's top choices (w >= threshold Σ w) are all on the list when
+// the largest y off it is no top choice; with two or more, S_VMAX bounds the set and
+// the draw over the row is left (W_DRAW: one read); with fewer the set is every finite
+// y and the scan's winner `won` is the token. The kept distribution is its n most
+// likely, on the list (their ties too: the list holds every y at or above its threshold).
 fn settle_whole(lid: u32, row: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>,
                 n_fin: u32, xf: bool, won: u32) -> u32 {
-    sort_list(lid, row, n);
     let kappa = wg_uniform(lid, sget(row, S_KAPPA));
     let total = mass_at_ymax(row, s96, ymax);
     // the largest y off the list (none when the list holds the row)
@@ -358,17 +597,19 @@ fn settle_whole(lid: u32, row: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>
             return W_NONE;
         }
         var c = 0u;
-        var last = 0u;
+        var low = 0u;
         for (var j = lid; j < n; j = j + WG) {
-            if (exp_f32(bitcast<f32>(entry(row, j).y) - ymax) >= bar) {
+            let en = entry(row, j);
+            if (exp_f32(bitcast<f32>(en.y) - ymax) >= bar) {
                 c = c + 1u;
-                last = max(last, j);
+                low = max(low, ~ekey(en));
             }
         }
-        let top = wg_sum_max(lid, c, last);
+        let top = wg_sum_max(lid, c, low);
         if (wg_flag(lid, top.x >= 2u)) {
             if ((sp.flags & F_KEPT) == 0u && lid == 0u) {
-                ssetf(row, S_VMAX, bitcast<f32>(entry(row, top.y).y));
+                // the least likely top choice: the smallest key among them
+                ssetf(row, S_VMAX, from_key(~top.y));
             }
             // (with the kept distribution too: the full-row path's `kept_row`)
             return select(W_DRAW, W_NONE, (sp.flags & F_KEPT) != 0u);
@@ -379,7 +620,7 @@ fn settle_whole(lid: u32, row: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>
         if (!wg_flag(lid, m <= n)) {
             return W_NONE;
         }
-        kept_list(lid, row, sp, 0u, n_fin, ymax, total);
+        kept_list(lid, row, sp, n, 0u, KEY_MAX, n, n_fin, ymax, total);
     }
     if (lid == 0u) {
         if (won == NO_TOKEN) {

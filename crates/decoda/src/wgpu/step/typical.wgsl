@@ -88,23 +88,28 @@ fn y_in_k(row: u32, slot: u32, sp: SlotP, i: u32, kk: u32) -> f32 {
     return y;
 }
 
-// Token (or candidate, `listed`) i's y when it is in K, else -inf. The candidates
-// walked are K's own or, with the scan's sums, any finite y.
+// Token (or candidate, `listed`) i's y when it is in K (its key at least kk), else
+// -inf. The candidates walked are K's own or, with the scan's sums, any finite y.
 fn typ_y(row: u32, slot: u32, sp: SlotP, i: u32, kk: u32, listed: bool) -> f32 {
     if (listed) {
-        return bitcast<f32>(entry(row, i).y);
+        let y = bitcast<f32>(entry(row, i).y);
+        if (cmp_key(y) < kk) {
+            return neg_inf();
+        }
+        return y;
     }
     return y_in_k(row, slot, sp, i, kk);
 }
 
 // Typical-p's cut over K for a sampling row (ymax finite), walking the row
-// (`n_list` = NO_TOKEN) or the first n_list candidates; returns the largest y left.
-// Only the row's walk sets S_YMAX (and min-p's threshold from it).
-fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n_list: u32, pre: Typ)
-    -> f32 {
+// (`n_list` = NO_TOKEN; K is y at or above S_TAU_K) or the n_list candidates (K is
+// those with keys at least `lk`); returns the largest y left. Only the row's walk sets
+// S_YMAX (and min-p's threshold from it).
+fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n_list: u32, lk: u32,
+               pre: Typ) -> f32 {
     let hb = hbase(row);
-    let kk = cmp_key(sgetf(row, S_TAU_K));
     let listed = n_list != NO_TOKEN;
+    let kk = select(cmp_key(sgetf(row, S_TAU_K)), lk, listed);
     let n = select(call.vocab, n_list, listed);
     var c = pre.c;
     var total = pre.total;
