@@ -2,7 +2,7 @@
 // The kept distribution (`kept = n`, F_KEPT): the kept set's size and its n most likely
 // tokens (larger y first, then the smaller id) with softmax(y) over the set, written to
 // the row's kept area of out_res (size, listed, then (id, p bits) pairs). A list-path
-// row writes it in settle (`kept_list`: the set is the candidates in a range of keys,
+// row writes it in settle (`list_out`: the set is the candidates in a range of keys,
 // its top found by selections and sorted alone in workgroup memory: `list_top`);
 // a greedy row's set is its token at 1; a full-row-path row's is found here, by the
 // row's workgroup after the draw and before finish moves the slot on (`kept_row`): one
@@ -17,29 +17,6 @@ const KEPTW: u32 = 2050u;   // kept words per row: size, listed, then KEPTN (id,
 
 fn kept_area(row: u32) -> u32 {
     return call.kept_base + row * KEPTW;
-}
-
-// The list path's kept distribution: the `avail` candidates among the first n with keys
-// in [lo, hi] (holding the set's m most likely: all of it, or its top), topped by
-// `vtop`; the set's size `size` and mass `total` (exp(y - vtop) summed in 2^-40 units,
-// as an f32 count of units).
-fn kept_list(lid: u32, row: u32, sp: SlotP, n: u32, lo: u32, hi: u32, avail: u32, size: u32,
-             vtop: f32, total: f32) {
-    let kb = kept_area(row);
-    let m = wg_uniform(lid, min(sp.n_kept, size));
-    if (m > 0u) {
-        list_top(lid, row, n, lo, hi, avail, m);
-    }
-    for (var j = lid; j < m; j = j + WG) {
-        let en = top_at(j);
-        out_res[kb + 2u + 2u * j] = en.x;
-        let w = exp_diff(bitcast<f32>(en.y), vtop);
-        out_res[kb + 3u + 2u * j] = bitcast<u32>(div_rn_cold(w, total * TWO_M40));
-    }
-    if (lid == 0u) {
-        out_res[kb] = size;
-        out_res[kb + 1u] = m;
-    }
 }
 
 // Counts of the kept set's keys (cmp_key of y) in digit `level`'s bins, for keys under

@@ -455,6 +455,7 @@ fn settle_row(lid: u32, row: u32) {
     let st = h.st;
     let ymax = h.ymax;
     storageBarrier();
+    lout = ListOut(0u, 0u, 0u, 0u, 0u, 0u, 0.0, 0.0, 0.0);
     if (wg_flag(lid, st == 0u && filt)) {
         // the partials' sums for the filters (words 7-16)
         var sig = vec3<u32>(0u, 0u, 0u);
@@ -514,6 +515,8 @@ fn settle_row(lid: u32, row: u32) {
         if (wg_flag(lid, ok_list && others)) {
             done = settle_list(lid, row, slot, sp, n_all, ymax, s96, xf, typ);
         }
+        // what a settled row lists: its top log-probabilities and kept tokens
+        list_out(lid, row);
         // (W_DRAW: only the draw over the row below XTC's bound, S_VMAX, is left)
         if (!wg_flag(lid, done || whole == W_DRAW)) {
             full_row(lid, row, slot, sp, ymax, xf, typ);

@@ -65,7 +65,7 @@ fn list_select(lid: u32, row: u32, n: u32, lo: u32, hi: u32, rank: u32, by_id: b
     var prefix = 0u;
     var rem = rank;
     var ties = 0u;
-    for (var level = 0u; level < 4u; level = level + 1u) {
+    for (var level = 0u; level < 4u + opaque_zero(); level = level + 1u) {
         atomicStore(&hk[lid], 0u);
         workgroupBarrier();
         for (var j = lid; j < n; j = j + WG) {
@@ -94,7 +94,7 @@ fn list_select(lid: u32, row: u32, n: u32, lo: u32, hi: u32, rank: u32, by_id: b
 fn pick_count(lid: u32, rem: u32) -> vec3<u32> {
     if (lid < 16u) {
         var c = 0u;
-        for (var q = 0u; q < 16u; q = q + 1u) {
+        for (var q = 0u; q < 16u + opaque_zero(); q = q + 1u) {
             c = c + atomicLoad(&hk[255u - 16u * lid - q]);
         }
         ra[lid] = c;
@@ -107,7 +107,7 @@ fn pick_count(lid: u32, rem: u32) -> vec3<u32> {
             cum = cum + ra[g];
             g = g + 1u;
         }
-        for (var q = 0u; q < 16u; q = q + 1u) {
+        for (var q = 0u; q < 16u + opaque_zero(); q = q + 1u) {
             let d = 255u - 16u * g - q;
             let c = atomicLoad(&hk[d]);
             if (cum + c >= rem) {
@@ -131,7 +131,7 @@ fn bin_mass(d: u32) -> vec3<u32> {
 fn pick_mass(lid: u32, above: vec3<u32>, goal: f32) -> vec4<u32> {
     if (lid < 16u) {
         var m = vec3<u32>(0u, 0u, 0u);
-        for (var q = 0u; q < 16u; q = q + 1u) {
+        for (var q = 0u; q < 16u + opaque_zero(); q = q + 1u) {
             m = add96(m, bin_mass(255u - 16u * lid - q));
         }
         ra[lid] = m.x;
@@ -155,7 +155,7 @@ fn pick_mass(lid: u32, above: vec3<u32>, goal: f32) -> vec4<u32> {
             }
         }
         if (g < 16u) {
-            for (var q = 0u; q < 16u; q = q + 1u) {
+            for (var q = 0u; q < 16u + opaque_zero(); q = q + 1u) {
                 let d = 255u - 16u * g - q;
                 let nxt = add96(cum, bin_mass(d));
                 if (val96(nxt) >= goal) {
@@ -196,7 +196,7 @@ fn list_mass_cut(lid: u32, row: u32, n: u32, lo: u32, hi: u32, r_ref: f32, goal:
     -> vec2<u32> {
     var prefix = 0u;
     var above = vec3<u32>(0u, 0u, 0u);
-    for (var level = 0u; level < 4u; level = level + 1u) {
+    for (var level = 0u; level < 4u + opaque_zero(); level = level + 1u) {
         atomicStore(&hk[lid], 0u);
         atomicStore(&hk[256u + lid], 0u);
         atomicStore(&hk[512u + lid], 0u);
@@ -267,15 +267,33 @@ fn sort_top(lid: u32, m: u32) {
 // The m most likely candidates (1 <= m <= 1,024) of the `avail` among the first n with
 // keys in [lo, hi], in order, as (id, y) pairs in `hk` (`top_at`): the m-th largest key
 // by a selection (and, when some of its ties are left out, the smallest ids among them
-// by a second), one read gathering them, and a sort of those m alone.
+// by a second: the same code, run again), one read gathering them, and a sort of those
+// m alone.
 fn list_top(lid: u32, row: u32, n: u32, lo: u32, hi: u32, avail: u32, m: u32) {
     var kc = lo;
     var idc = NO_TOKEN;
-    if (m < avail) {
-        let s = list_select(lid, row, n, lo, hi, m, false);
-        kc = s.x;
-        if (s.y < s.z) {
-            idc = ~list_select(lid, row, n, kc, kc, s.y, true).x;
+    var by_id = false;
+    var go = m < avail;
+    var slo = lo;
+    var shi = hi;
+    var rank = m;
+    loop {
+        if (!go) {
+            break;
+        }
+        let s = list_select(lid, row, n, slo, shi, rank, by_id);
+        go = false;
+        if (by_id) {
+            idc = ~s.x;
+        } else {
+            kc = s.x;
+            if (s.y < s.z) {
+                by_id = true;
+                slo = kc;
+                shi = kc;
+                rank = s.y;
+                go = true;
+            }
         }
     }
     if (lid == 0u) {
@@ -291,6 +309,50 @@ fn list_top(lid: u32, row: u32, n: u32, lo: u32, hi: u32, avail: u32, m: u32) {
     }
     workgroupBarrier();
     sort_top(lid, m);
+}
+
+// What a settled row lists, written by `list_out` (one place, so a device builds one
+// copy of the selections): its set is the `avail` candidates of the list's n with keys
+// in [lo, hi]; the top m_lp processed log-probabilities (against `vtop` and the set's
+// log-sum-exp `lse`) and the kept distribution's m_k tokens (mass `ktotal` against
+// `vtop`, in 2^-40 units), both in the same order.
+struct ListOut {
+    n: u32,
+    lo: u32,
+    hi: u32,
+    avail: u32,
+    m_lp: u32,
+    m_k: u32,
+    vtop: f32,
+    lse: f32,
+    ktotal: f32,
+}
+
+var<private> lout: ListOut;
+
+fn list_out(lid: u32, row: u32) {
+    let o = lout;
+    let m = wg_uniform(lid, max(o.m_lp, o.m_k));
+    if (m == 0u) {
+        return;
+    }
+    list_top(lid, row, o.n, o.lo, o.hi, o.avail, m);
+    if (lid == 0u) {
+        let ob = row * RESW + 2u;
+        for (var j = 0u; j < o.m_lp; j = j + 1u) {
+            let en = top_at(j);
+            out_res[ob + 3u + 2u * j] = en.x;
+            out_res[ob + 4u + 2u * j] = bitcast<u32>(fp(bitcast<f32>(en.y) - o.vtop) - o.lse);
+        }
+    }
+    let kb = kept_area(row);
+    for (var j = lid; j < o.m_k; j = j + WG) {
+        let en = top_at(j);
+        out_res[kb + 2u + 2u * j] = en.x;
+        let w = exp_diff(bitcast<f32>(en.y), o.vtop);
+        out_res[kb + 3u + 2u * j] = bitcast<u32>(div_rn_cold(w, o.ktotal * TWO_M40));
+    }
+    workgroupBarrier();
 }
 
 // The list path of a filtered row: true when the candidates settle it (then the token is
@@ -494,9 +556,11 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
     }
     let w = wg_argmax(lid, bk, bi);
     // processed log-probabilities over the kept set (the list holds all of it): the
-    // log-sum-exp, the chosen token's rank, the n most likely in order
+    // log-sum-exp, the chosen token's rank, the n most likely in order (`list_out`); the
+    // kept distribution's size (its tokens: `list_out`)
     let lp_on = (sp.flags & F_LOGPROBS) != 0u && (sp.flags & F_PROCESSED) != 0u;
-    if (wg_flag(lid, lp_on && w.y != NO_TOKEN)) {
+    let kept_on = (sp.flags & F_KEPT) != 0u;
+    if (wg_flag(lid, (lp_on || kept_on) && w.y != NO_TOKEN)) {
         var acc = vec2<u32>(0u, 0u);
         var wb = 0u;
         for (var j = lid; j < n; j = j + WG) {
@@ -509,8 +573,8 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
                 }
             }
         }
-        let total = val64(wg_sum64(lid, acc)) * TWO_M40;
-        let lse = ln_f32(max(total, 1.0));
+        let mass = val64(wg_sum64(lid, acc));
+        let lse = ln_f32(max(mass * TWO_M40, 1.0));
         // the chosen token's y (its bits: one invocation holds it, the others 0)
         let yw = bitcast<f32>(wg_uniform(lid, wg_sum_max(lid, 0u, wb).y));
         let kw = cmp_key(yw);
@@ -524,34 +588,24 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
             }
         }
         let rank = wg_sum_u32(lid, ahead) + 1u;
-        let m = wg_uniform(lid, min(min(sp.n_lp, NTOP), size));
-        if (m > 0u) {
-            list_top(lid, row, n, lo, hi, size, m);
-        }
+        let m_lp = select(0u, min(min(sp.n_lp, NTOP), size), lp_on);
+        let m_k = select(0u, min(sp.n_kept, size), kept_on);
         if (lid == 0u) {
-            let ob = row * RESW + 2u;
-            for (var j = 0u; j < m; j = j + 1u) {
-                let en = top_at(j);
-                out_res[ob + 3u + 2u * j] = en.x;
-                out_res[ob + 4u + 2u * j] = bitcast<u32>(fp(bitcast<f32>(en.y) - vtop) - lse);
+            if (lp_on) {
+                let ob = row * RESW + 2u;
+                out_res[ob] = bitcast<u32>(fp(yw - vtop) - lse);
+                out_res[ob + 1u] = rank;
+                out_res[ob + 2u] = m_lp;
+                sset(row, S_LP_DONE, 1u);
             }
-            out_res[ob] = bitcast<u32>(fp(yw - vtop) - lse);
-            out_res[ob + 1u] = rank;
-            out_res[ob + 2u] = m;
-            sset(row, S_LP_DONE, 1u);
-        }
-        workgroupBarrier();
-    }
-    if (wg_flag(lid, (sp.flags & F_KEPT) != 0u && w.y != NO_TOKEN)) {
-        var acc = vec2<u32>(0u, 0u);
-        for (var j = lid; j < n; j = j + WG) {
-            let en = entry(row, j);
-            let k = ekey(en);
-            if (k >= lo && k <= hi) {
-                acc = add64(acc, fixed40(exp_diff(bitcast<f32>(en.y), vtop)));
+            if (kept_on) {
+                let kb = kept_area(row);
+                out_res[kb] = size;
+                out_res[kb + 1u] = m_k;
             }
         }
-        kept_list(lid, row, sp, n, lo, hi, size, size, vtop, val64(wg_sum64(lid, acc)));
+        // (every invocation: `list_out` reads it)
+        lout = ListOut(n, lo, hi, size, m_lp, m_k, vtop, lse, mass);
     }
     if (lid == 0u) {
         sset(row, S_NS, n);
@@ -620,7 +674,12 @@ fn settle_whole(lid: u32, row: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>
         if (!wg_flag(lid, m <= n)) {
             return W_NONE;
         }
-        kept_list(lid, row, sp, n, 0u, KEY_MAX, n, n_fin, ymax, total);
+        if (lid == 0u) {
+            let kb = kept_area(row);
+            out_res[kb] = n_fin;
+            out_res[kb + 1u] = m;
+        }
+        lout = ListOut(n, 0u, KEY_MAX, n, 0u, m, ymax, 0.0, total);
     }
     if (lid == 0u) {
         if (won == NO_TOKEN) {
