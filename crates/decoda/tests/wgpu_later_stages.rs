@@ -10,7 +10,7 @@
 //! Top-n-σ's threshold `ymax - n σ` comes from integer sums (`wgpu/step/sigma.wgsl`);
 //! typical-p scores `|y - c|` and walks the scores by radix levels, over the candidate
 //! list when it holds the band, else over the row (`step/typical.wgsl`); XTC's coin is
-//! drawn in settle, its cut made on the sorted candidates (list path) or by two reads of
+//! drawn in settle, its cut made over the candidates (list path) or by two reads of
 //! the row (full-row path).
 //! Runs on lavapipe in CI; skips without an adapter unless `DECODA_REQUIRE_GPU=1`.
 
@@ -290,7 +290,7 @@ fn xtc() -> Stage {
     }
 }
 
-/// The kept distribution (`kept = n`): on the list path from the sorted candidates, on
+/// The kept distribution (`kept = n`): on the list path from the candidates, on
 /// the full-row path (unfiltered rows, typical-p, top-n-σ, sets the list does not hold)
 /// by a radix select of the n-th largest y, ties split by id on rows of coarse ties and
 /// equal values; greedy rows keep their token.
