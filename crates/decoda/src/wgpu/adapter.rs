@@ -163,6 +163,19 @@ pub(crate) fn fused_settle(option: Option<bool>, info: &wgpu::AdapterInfo) -> bo
     })
 }
 
+/// The fewest logits a workgroup of the scan handles by default: 1,024 on a hardware
+/// adapter, so a decode row (B = 1, V >= 32,000) spreads over at least 32 workgroups
+/// (issue 56: a pass over a row's tokens uses the device, not a few of its units), and
+/// 4,096 on a software one, whose few threads gain nothing from more, smaller pieces.
+/// Results never depend on it.
+pub(crate) fn min_chunk(software: bool) -> usize {
+    if software {
+        4096
+    } else {
+        1024
+    }
+}
+
 /// Workgroups a step aims to keep busy on this adapter. wgpu does not report an
 /// adapter's compute units, so: `DECODA_WGPU_WORKGROUPS` when set; on a software adapter
 /// (its "compute units" are CPU threads) four per thread; on a hardware one 1024, enough

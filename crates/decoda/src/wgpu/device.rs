@@ -51,6 +51,8 @@ struct Context {
     info: wgpu::AdapterInfo,
     /// Workgroups a step aims to keep busy (rows times splits).
     target_wg: usize,
+    /// The fewest logits a workgroup of the scan handles by default.
+    min_chunk: usize,
     /// Calls settle and finish in one dispatch ([`WgpuOptions::fused_settle`]).
     fused: bool,
     /// Staging buffers for per-call parameters, shared by everything on the device.
@@ -119,6 +121,7 @@ impl WgpuDevice {
         Self {
             inner: Arc::new(Context {
                 target_wg,
+                min_chunk: adapter::min_chunk(adapter::is_software(&info)),
                 fused: adapter::fused_settle(fused, &info),
                 stages: StagePool::new(),
                 pipelines: Mutex::new(HashMap::new()),
@@ -138,6 +141,12 @@ impl WgpuDevice {
     /// Workgroups a step aims to keep busy on this adapter.
     pub(crate) fn target_wg(&self) -> usize {
         self.inner.target_wg
+    }
+
+    /// The fewest logits a workgroup of a step's scan handles by default
+    /// (`adapter::min_chunk`).
+    pub(crate) fn min_chunk(&self) -> usize {
+        self.inner.min_chunk
     }
 
     /// Whether a call without log-probabilities or draws settles and finishes its rows

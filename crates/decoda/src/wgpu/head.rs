@@ -170,7 +170,7 @@ impl WgpuHead {
             )));
         }
         let mut bufs = StepBuffers::new(&device);
-        let (splits, _) = kernels::split(vocab, 1, ctx.target_wg(), 4096);
+        let (splits, _) = kernels::split(vocab, 1, ctx.target_wg(), ctx.min_chunk());
         bufs.ensure(
             &device,
             &Sizes {
@@ -347,7 +347,7 @@ impl WgpuHead {
             return Err(Error::Shape("a step needs at least one row".into()));
         }
         let v = self.vocab;
-        let (splits, chunk) = kernels::split(v, b, self.ctx.target_wg(), 4096);
+        let (splits, chunk) = kernels::split(v, b, self.ctx.target_wg(), self.ctx.min_chunk());
         // the passes, from the rows' parameters (the head keeps the penalty areas up to
         // date itself, so nothing is scattered)
         let plan = Plan::of(

@@ -482,3 +482,26 @@ pub(crate) fn pen_words(vocab: usize) -> usize {
 pub(crate) fn dry_ring_offset(vocab: usize) -> usize {
     pen_words(vocab) - DRY_CAP
 }
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    /// Issue 56's count: on a GPU (1,024 workgroups aimed at, the hardware adapter's
+    /// default chunk) a decode row of a real vocabulary is scanned by at least 32
+    /// workgroups, and every piece stays within the limits.
+    #[test]
+    fn a_decode_row_spreads_over_32_workgroups_on_a_gpu() {
+        let chunk = super::super::adapter::min_chunk(false);
+        for v in [32_000usize, 32_768, 131_072, 151_936, 262_144] {
+            let (splits, c) = split(v, 1, 1024, chunk);
+            assert!(splits >= 32, "V {v}: {splits} workgroups");
+            assert!(
+                splits * c >= v && (splits - 1) * c < v,
+                "V {v}: {splits} x {c}"
+            );
+            // a batch of 1,024 rows still takes one workgroup a row
+            assert_eq!(split(v, 1024, 1024, chunk).0, 1, "V {v} at B = 1,024");
+        }
+    }
+}

@@ -155,7 +155,7 @@ impl WgpuSampler {
             kernels,
             scratch: Mutex::new(scratch),
             host_call: Mutex::new(()),
-            min_chunk: AtomicUsize::new(4096),
+            min_chunk: AtomicUsize::new(device.min_chunk()),
             created: AtomicU64::new(0),
         })
     }
@@ -244,7 +244,8 @@ impl WgpuSampler {
         self.ctx.queue()
     }
 
-    /// The fewest logits one workgroup handles (default 4096): a row of V logits is cut
+    /// The fewest logits one workgroup handles (default 1,024 on a GPU, 4,096 on a software
+    /// adapter): a row of V logits is cut
     /// into up to `V / min_chunk` pieces handled by separate workgroups when the batch is
     /// too small to fill the device. Results do not depend on it; tests lower it to run
     /// the multi-workgroup path on small vocabularies.
