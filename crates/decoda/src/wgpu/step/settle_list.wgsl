@@ -126,9 +126,11 @@ fn bin_mass(d: u32) -> vec3<u32> {
 }
 
 // The bin (of the 256 masses in `hk`) where the running mass from the largest digit,
-// after `above`, first reaches `goal`: (digit, the mass before it), or NO_TOKEN when
-// the total never does; uniform.
-fn pick_mass(lid: u32, above: vec3<u32>, goal: f32) -> vec4<u32> {
+// after `above`, first reaches `goal` (invocation 0's; with `own`, first set to p of
+// the bins' total): (digit, the mass before it), or NO_TOKEN when the total never
+// does; uniform.
+fn pick_mass(lid: u32, above: vec3<u32>, goal: ptr<function, f32>, own: bool, p: f32)
+    -> vec4<u32> {
     if (lid < 16u) {
         var m = vec3<u32>(0u, 0u, 0u);
         for (var q = 0u; q < 16u + opaque_zero(); q = q + 1u) {
@@ -141,11 +143,18 @@ fn pick_mass(lid: u32, above: vec3<u32>, goal: f32) -> vec4<u32> {
     workgroupBarrier();
     if (lid == 0u) {
         wcut = vec4<u32>(NO_TOKEN, 0u, 0u, 0u);
+        if (own) {
+            var t = vec3<u32>(0u, 0u, 0u);
+            for (var g = 0u; g < 16u + opaque_zero(); g = g + 1u) {
+                t = add96(t, vec3<u32>(ra[g], ra[16u + g], ra[32u + g]));
+            }
+            *goal = p * val96(t);
+        }
         var cum = above;
         var g = 0u;
         loop {
             let nxt = add96(cum, vec3<u32>(ra[g], ra[16u + g], ra[32u + g]));
-            if (val96(nxt) >= goal) {
+            if (val96(nxt) >= *goal) {
                 break;
             }
             cum = nxt;
@@ -158,7 +167,7 @@ fn pick_mass(lid: u32, above: vec3<u32>, goal: f32) -> vec4<u32> {
             for (var q = 0u; q < 16u + opaque_zero(); q = q + 1u) {
                 let d = 255u - 16u * g - q;
                 let nxt = add96(cum, bin_mass(d));
-                if (val96(nxt) >= goal) {
+                if (val96(nxt) >= *goal) {
                     wcut = vec4<u32>(d, cum);
                     break;
                 }
@@ -190,10 +199,12 @@ fn add_mass96(d: u32, e: vec3<u32>) {
 
 // Top-p's cut on the list: over the candidates with keys in [lo, hi], walked by
 // decreasing y, the key of the first whose running mass (fixed72 of exp(y - r_ref),
-// summed exactly) reaches `goal`: (1, key), or (0, 0) when the sum never does. Ties of
-// y fall together, so a radix walk over keys by mass finds the same key as a sorted walk.
-fn list_mass_cut(lid: u32, row: u32, n: u32, lo: u32, hi: u32, r_ref: f32, goal: f32)
-    -> vec2<u32> {
+// summed exactly) reaches p of `total`, or with `own` of their own total (the first
+// level's bins add up to it): (1, key), or (0, 0) when the sum never does. Ties of y
+// fall together, so a radix walk over keys by mass finds the same key as a sorted walk.
+fn list_mass_cut(lid: u32, row: u32, n: u32, lo: u32, hi: u32, r_ref: f32, p: f32,
+                 total: vec3<u32>, own: bool) -> vec2<u32> {
+    var goal = p * val96(total);
     var prefix = 0u;
     var above = vec3<u32>(0u, 0u, 0u);
     for (var level = 0u; level < 4u + opaque_zero(); level = level + 1u) {
@@ -213,7 +224,7 @@ fn list_mass_cut(lid: u32, row: u32, n: u32, lo: u32, hi: u32, r_ref: f32, goal:
             }
         }
         workgroupBarrier();
-        let r = pick_mass(lid, above, goal);
+        let r = pick_mass(lid, above, &goal, own && level == 0u, p);
         if (r.x == NO_TOKEN) {
             // (only at level 0: a chosen bin's mass reaches the goal at every level)
             return vec2<u32>(0u, 0u);
@@ -454,23 +465,10 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
     var p_ok = false;
     var p_covers = false;
     if (tp && (k_in || (!tk && !sg))) {
-        var r_ref = sgetf(row, S_R);
-        var total = s96;
-        if (k_in) {
-            // K lies in the list: its mass, against ymax
-            r_ref = ym;
-            var part_sum = vec3<u32>(0u, 0u, 0u);
-            for (var j = lid; j < n; j = j + WG) {
-                let en = entry(row, j);
-                let k = ekey(en);
-                if (k >= lo && k <= hi) {
-                    part_sum = add96(part_sum, fixed72(exp_f32(bitcast<f32>(en.y) - r_ref)));
-                }
-            }
-            total = wg_sum96(lid, part_sum);
-        }
-        let goal = sp.top_p * val96(total);
-        let cut = list_mass_cut(lid, row, n, lo, hi, r_ref, goal);
+        // K lies in the list: its mass against ymax (the walk's own total), else the
+        // scan's, against R
+        let r_ref = select(sgetf(row, S_R), ym, k_in);
+        let cut = list_mass_cut(lid, row, n, lo, hi, r_ref, sp.top_p, s96, k_in);
         if (cut.x != 0u) {
             // every candidate whose mass is at least the cut's stays (ties kept)
             let em = fixed72(exp_f32(from_key(cut.y) - r_ref));
