@@ -473,6 +473,19 @@ fn stream(w: u32, s: u32, b: u32, r: u32, inf: u32, src: u32, xb: u32, lane: u32
 // (team_wg.wgsl or team_sg.wgsl, appended by the launcher: the same bits).
 fn reduce_teams(lane: u32, lid: u32) {
     workgroupBarrier();
+    if (serial_tree()) {
+        // (tile.wgsl's reduce_red8_from: the same adds, in series)
+        if (lane == 0u) {
+            for (var s = TEAM / 2u; s > 0u; s = s >> 1u) {
+                for (var l = 0u; l < s; l = l + 1u) {
+                    red_g[lid + l] = red_g[lid + l] + red_g[lid + l + s];
+                    red_u[lid + l] = red_u[lid + l] + red_u[lid + l + s];
+                }
+            }
+        }
+        workgroupBarrier();
+        return;
+    }
     var st = TEAM / 2u;
     for (; st > 0u && st >= tree_floor(); st = st >> 1u) {
         if (lane < st) {

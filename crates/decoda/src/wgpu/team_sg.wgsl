@@ -23,6 +23,11 @@ fn tree_floor() -> u32 {
     return sg_size;
 }
 
+// (team_wg.wgsl's: the levels run between barriers and as the butterfly here)
+fn serial_tree() -> bool {
+    return false;
+}
+
 // The tree's levels top, top / 2, .., 1 of this lane's value, as the butterfly.
 fn butterfly(v: f32, top: u32) -> f32 {
     var x = v;

@@ -17,6 +17,17 @@ fn tree_floor() -> u32 {
     return 0u;
 }
 
+// Whether one invocation per value runs a team tree's levels in order, in workgroup
+// memory, after one barrier (the same adds on the same operands, so the same bits),
+// instead of the other invocations taking a level each between barriers: yes here. A
+// software adapter (lavapipe) pays about 1.7 µs a workgroup barrier and runs a
+// workgroup's invocations 8 at a time, so the tree's 6 barriers cost more than its
+// 63 adds in series; a GPU without subgroups runs this path too, at 63 dependent
+// workgroup-memory adds a value (a few hundred cycles, once a product).
+fn serial_tree() -> bool {
+    return true;
+}
+
 // (never called here: every level is the tree's)
 fn butterfly(v: f32, top: u32) -> f32 {
     return v;

@@ -35,6 +35,20 @@ fn reduce_red8(lane: u32, lid: u32, nv: u32) {
 // reduce_red8's levels top, top / 2, .., 1 (teams of 2 top invocations).
 fn reduce_red8_from(top: u32, lane: u32, lid: u32, nv: u32) {
     workgroupBarrier();
+    if (serial_tree()) {
+        // invocation j of the team runs value j's tree: level s adds lane l + s into
+        // lane l for l < s, as below, one level after another
+        if (lane < nv) {
+            let b = (lid - lane) * 8u + lane;
+            for (var s = top; s > 0u; s = s >> 1u) {
+                for (var l = 0u; l < s; l = l + 1u) {
+                    red[b + l * 8u] = red[b + l * 8u] + red[b + (l + s) * 8u];
+                }
+            }
+        }
+        workgroupBarrier();
+        return;
+    }
     var s = top;
     for (; s > 0u && s >= tree_floor(); s = s >> 1u) {
         if (lane < s) {
