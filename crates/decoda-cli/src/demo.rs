@@ -194,12 +194,17 @@ pub struct SelftestArgs {
     /// Steps of the head check (default 300, or 60 with `--quick`).
     #[arg(long)]
     head_steps: Option<usize>,
+    /// Only these checks of the conformance suite (a comma list of the names the run
+    /// prints, such as `stage_xtc,kept_distribution`), to rerun one that failed; the head
+    /// check, the parity rows and the decode shapes run as before.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    only: Vec<String>,
     /// Instead of the suite: N calls of random shapes (V = 17 to 262,144, B = 1 to 64),
     /// element types, entry points and parameter mixes (every stage but token masks and
     /// the kept distribution) against the reference, counting mismatches and
     /// out-of-range ids; fails if there is any.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..),
-          conflicts_with_all = ["quick", "parity_rows", "head_steps"])]
+          conflicts_with_all = ["quick", "parity_rows", "head_steps", "only"])]
     stress: Option<u64>,
     /// The seed of `--stress`'s random calls.
     #[arg(long, default_value_t = 1, requires = "stress")]
@@ -259,6 +264,18 @@ fn run_stress(
 }
 
 pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
+    // the checks --only names (every one without it); an unknown name is refused
+    if let Some(bad) = a
+        .only
+        .iter()
+        .find(|n| !testing::CHECKS.iter().any(|(name, _)| name == n))
+    {
+        let names: Vec<&str> = testing::CHECKS.iter().map(|(n, _)| *n).collect();
+        return Err(format!(
+            "--only {bad}: no such check; the suite's checks are {}",
+            names.join(", ")
+        ));
+    }
     // one device for every part of the run: each shader is compiled once
     let gpu = crate::device::gpu_device(a.device)?;
     if let Some(n) = a.stress {
@@ -266,12 +283,22 @@ pub fn run_selftest(a: SelftestArgs) -> Result<ExitCode, String> {
     }
     let be = crate::device::sampler_on(gpu.as_ref())?;
     println!("conformance suite on {}", be.name());
-    let report = testing::run_all(be.as_ref(), |name, r| match r {
-        Ok(()) => println!("  ok    {name}"),
-        Err(e) => println!("  FAIL  {name}: {e}"),
-    });
-    let mut passed = report.passed;
-    let mut failed = report.failed.len();
+    let (mut passed, mut failed) = (0, 0);
+    for (name, check) in testing::CHECKS {
+        if !a.only.is_empty() && !a.only.iter().any(|n| n == name) {
+            continue;
+        }
+        match check(be.as_ref()) {
+            Ok(()) => {
+                passed += 1;
+                println!("  ok    {name}");
+            }
+            Err(e) => {
+                failed += 1;
+                println!("  FAIL  {name}: {e}");
+            }
+        }
+    }
     // the sampling head: 64 slots, 300 steps of joins, leaves, stops and long histories
     let head: Result<Box<dyn decoda::head::Head>, String> = if let Some(d) = &gpu {
         decoda::wgpu::WgpuHead::new(d, 64, 3000)

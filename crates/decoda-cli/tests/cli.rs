@@ -646,15 +646,37 @@ fn wgpu_selftest_runs_the_rows_asked() {
     // run thousands)
     let mut args = vec!["selftest", "--device", "wgpu", "--parity-rows", "177"];
     if quick {
-        // (the head over 8 steps: `wgpu_head` checks the device head over 60)
-        args.extend_from_slice(&["--quick", "--head-steps", "8"]);
+        // (the head over 8 steps: `wgpu_head` checks the device head over 60; four
+        // checks of the conformance suite, whose every check the `wgpu` test binary runs
+        // on the same sampler)
+        args.extend_from_slice(&[
+            "--quick",
+            "--head-steps",
+            "8",
+            "--only",
+            "greedy_ties_to_smallest_id,top_p_keeps_ties,stage_typical_p,kept_distribution",
+        ]);
     }
     let (code, out, err) = run(&args);
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("parity: 177 rows"), "{out}");
+    let checks = out.lines().filter(|l| l.starts_with("  ok    ")).count();
+    if quick {
+        // the four checks, the head, 9 parity vocabularies, 3 shapes and their tally
+        assert!(out.contains("  ok    kept_distribution"), "{out}");
+        assert!(!out.contains("stage_bias"), "{out}");
+        assert_eq!(checks, 18, "{out}");
+    }
     assert!(
         out.lines().any(|l| l.ends_with(" passed, 0 failed")),
         "{out}"
+    );
+    // a check the suite does not have is named, with the ones it has
+    let (code, _, err) = run(&["selftest", "--device", "cpu", "--only", "stage_nope"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("stage_nope") && err.contains("stage_xtc"),
+        "{err}"
     );
 }
 
