@@ -11,6 +11,7 @@ mod profile;
 mod replay;
 mod sample;
 mod tiny_model;
+mod verify;
 
 use std::process::ExitCode;
 
@@ -40,6 +41,8 @@ enum Command {
     Selftest(demo::SelftestArgs),
     /// Run the sampling head over logged logits [T, S, V] to reproduce a decode.
     Replay(replay::ReplayArgs),
+    /// Verify drafted tokens (speculative decoding): the tokens K + 1 plain steps would draw, up to the first disagreement.
+    Verify(verify::VerifyArgs),
     /// Generate with a Qwen3-MoE checkpoint: prefill, then decode steps sampled on the device.
     Generate(generate::GenerateArgs),
     /// Write a small random Qwen3-MoE checkpoint (and a byte-level tokenizer).
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
         Command::MoeBench(a) => moe_bench::run(a),
         Command::Selftest(a) => demo::run_selftest(a),
         Command::Replay(a) => replay::run(a),
+        Command::Verify(a) => verify::run(a),
         Command::Generate(a) => generate::run(a),
         Command::TinyModel(a) => tiny_model::run(a),
     };

@@ -1872,3 +1872,119 @@ fn closed_stdout_is_no_panic() {
     child.wait().unwrap();
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// `decoda verify`: drafted tokens against the target's K + 1 positions give the tokens
+/// plain decoding (`decoda sample` position by position, the history extended by each
+/// token) gives, up to the first disagreement: a draft of plain decoding's own tokens is
+/// accepted whole, one with its second token changed stops there with the target's draw;
+/// the device agrees; bad drafts exit 2 naming the problem.
+#[test]
+fn verify_gives_plain_decodings_tokens() {
+    let (b, k, v) = (2usize, 3usize, 50usize);
+    let vals: Vec<f32> = (0..b * (k + 1) * v)
+        .map(|i| ((i * 7919 % 211) as f32) / 37.0 - 2.5)
+        .collect();
+    let logits = f32_npy("verify-logits.npy", &[b, k + 1, v], &vals);
+    let flags = [
+        "--temperature",
+        "0.8",
+        "--repetition-penalty",
+        "1.4",
+        "--seed",
+        "11",
+        "--prompt",
+        "5,6",
+    ];
+    // plain decoding of each row, one position at a time
+    let mut plain = vec![Vec::new(); b];
+    for (r, toks) in plain.iter_mut().enumerate() {
+        for i in 0..=k {
+            let at = (r * (k + 1) + i) * v;
+            let p = f32_npy(&format!("verify-pos-{r}-{i}.npy"), &[v], &vals[at..at + v]);
+            let step = i.to_string();
+            let output: Vec<String> = toks.iter().map(|t: &u32| t.to_string()).collect();
+            let output = output.join(",");
+            let mut args = vec!["sample", "--logits", p.to_str().unwrap(), "--device", "cpu"];
+            args.extend_from_slice(&flags);
+            args.extend_from_slice(&["--step", &step, "--json"]);
+            if !output.is_empty() {
+                args.extend_from_slice(&["--output", &output]);
+            }
+            let (code, out, err) = run(&args);
+            assert_eq!(code, 0, "{err}");
+            let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+            toks.push(j["rows"][0]["tokens"][0].as_u64().unwrap() as u32);
+        }
+    }
+    // row 0 drafts plain decoding's tokens; row 1 the same with its second one changed
+    let mut draft: Vec<u32> = plain[0][..k].to_vec();
+    let mut other = plain[1][..k].to_vec();
+    other[1] = (other[1] + 1) % v as u32;
+    draft.extend_from_slice(&other);
+    let dp = tmp("verify-draft.npy");
+    let bytes: Vec<u8> = draft.iter().flat_map(|t| t.to_le_bytes()).collect();
+    write_npy(&dp, "<u4", &[b, k], &bytes);
+    let verify = |device: &str| {
+        let mut args = vec![
+            "verify",
+            "--logits",
+            logits.to_str().unwrap(),
+            "--draft",
+            dp.to_str().unwrap(),
+            "--device",
+            device,
+            "--json",
+        ];
+        args.extend_from_slice(&flags);
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(out.trim()).unwrap()
+    };
+    let j = verify("cpu");
+    assert_eq!(j["rows"][0]["accepted"], 3, "{j}");
+    assert_eq!(j["rows"][0]["tokens"], serde_json::json!(plain[0]), "{j}");
+    assert_eq!(j["rows"][1]["accepted"], 1, "{j}");
+    assert_eq!(
+        j["rows"][1]["tokens"],
+        serde_json::json!(plain[1][..2]),
+        "{j}"
+    );
+    assert_eq!(j["acceptance"], 4.0 / 6.0, "{j}");
+    if have_wgpu() {
+        let g = verify("wgpu");
+        assert_eq!(g["rows"], j["rows"], "{g}");
+    }
+    // drafts for another K, and a drafted id past V
+    let short = tmp("verify-short.npy");
+    write_npy(&short, "<u4", &[b, 2], &bytes[..16]);
+    let (code, _, err) = run(&[
+        "verify",
+        "--logits",
+        logits.to_str().unwrap(),
+        "--draft",
+        short.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("[B, K + 1, V]"), "{err}");
+    let far = tmp("verify-far.npy");
+    let mut bad = draft.clone();
+    bad[4] = v as u32;
+    let bytes: Vec<u8> = bad.iter().flat_map(|t| t.to_le_bytes()).collect();
+    write_npy(&far, "<u4", &[b, k], &bytes);
+    let (code, _, err) = run(&[
+        "verify",
+        "--logits",
+        logits.to_str().unwrap(),
+        "--draft",
+        far.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("row 1") && err.contains("draft") && err.contains("50"),
+        "{err}"
+    );
+}

@@ -122,6 +122,53 @@ impl Sampler {
         Ok((PyArray1::from_vec(py, tokens), extras(&results)))
     }
 
+    /// Verifies drafted tokens (speculative decoding, coupled: docs/CONTRACT.md):
+    /// `logits` (2-D, `B (K + 1)` rows: each row's K + 1 positions in turn), `requests`
+    /// (B request objects, as `sample` takes) and `drafts` (B lists of K ids). Returns per
+    /// row the accepted count, the emitted tokens, and a JSON array of per-row extras
+    /// (`error`, and `logprobs` per emitted token when asked).
+    #[allow(clippy::type_complexity)]
+    fn verify(
+        &self,
+        py: Python<'_>,
+        logits: &Bound<'_, PyAny>,
+        requests: &str,
+        drafts: Vec<Vec<u32>>,
+    ) -> PyResult<(Vec<usize>, Vec<Vec<u32>>, String)> {
+        let reqs: Vec<Request> = serde_json::from_str(requests)
+            .map_err(|e| PyValueError::new_err(format!("requests: {e}")))?;
+        if drafts.len() != reqs.len() {
+            return Err(PyValueError::new_err(format!(
+                "drafts: {} rows of drafted tokens for {} requests",
+                drafts.len(),
+                reqs.len()
+            )));
+        }
+        let rows: Vec<decoda::DraftRow> = reqs
+            .into_iter()
+            .zip(drafts)
+            .map(|(q, d)| decoda::DraftRow::new(q, d))
+            .collect();
+        let backend = &self.backend;
+        let out = with_logits(py, logits, |l| {
+            decoda::verify_coupled(backend.as_ref(), l, &rows)
+        })?;
+        let extras: Vec<serde_json::Value> = out
+            .iter()
+            .map(|v| {
+                serde_json::json!({
+                    "error": v.error.as_ref().map(|e| serde_json::json!({"kind": e.kind(), "message": e.to_string()})),
+                    "logprobs": v.samples.iter().map(|s| &s.logprobs).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        Ok((
+            out.iter().map(|v| v.accepted).collect(),
+            out.iter().map(|v| v.tokens()).collect(),
+            serde_json::Value::Array(extras).to_string(),
+        ))
+    }
+
     /// For benchmarks: microseconds of `iters` Rust calls on these logits and requests
     /// (parsed once, the lock released), so the Python layer's cost over a Rust call can
     /// be measured on the same rows (`scripts/python/bench_python.py`).

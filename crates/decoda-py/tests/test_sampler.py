@@ -173,6 +173,42 @@ def test_wgpu_matches_the_cpu():
     assert gpu.device.startswith("wgpu:")
 
 
+def test_verify_gives_plain_decodings_tokens():
+    """Sampler.verify: a draft of plain decoding's own tokens stands whole, one with its
+    first token changed stops at once with the target's draw; the same on the device;
+    bad drafts raise ValueError naming the problem."""
+    rng = np.random.default_rng(12)
+    b, k, v = 3, 4, 1000
+    x = rng.normal(0.0, 2.0, size=(b, k + 1, v)).astype(np.float32)
+    params = {"temperature": 0.9, "top_k": 40, "repetition_penalty": 1.3, "logprobs": 2}
+    s = decoda.Sampler(device="cpu")
+    plain = [[] for _ in range(b)]
+    for i in range(k + 1):
+        out = s.sample(x[:, i, :], params, seeds=[5, 6, 7], steps=i, outputs=plain)
+        for r in range(b):
+            plain[r].append(int(out.tokens[r]))
+    drafts = np.array([p[:k] for p in plain], dtype=np.int64)
+    drafts[1, 0] = (drafts[1, 0] + 1) % v
+    got = s.verify(x, drafts, params, seeds=[5, 6, 7])
+    assert got.accepted.tolist() == [k, 0, k]
+    assert got.tokens == [plain[0], plain[1][:1], plain[2]]
+    assert got.acceptance == 8 / 12
+    assert len(got.logprobs[0]) == k + 1 and got.errors == [None] * b
+    try:
+        gpu = decoda.Sampler(device="wgpu")
+    except RuntimeError:
+        gpu = None
+    if gpu is not None:
+        g = gpu.verify(x, drafts, params, seeds=[5, 6, 7])
+        assert g.tokens == got.tokens and g.accepted.tolist() == got.accepted.tolist()
+    with pytest.raises(ValueError, match=r"\[B, K \+ 1, V\]"):
+        s.verify(x, drafts[:, :2], params, seeds=1)
+    far = drafts.copy()
+    far[2, 1] = v
+    with pytest.raises(ValueError, match="row 2.*draft"):
+        s.verify(x, far, params, seeds=1)
+
+
 def test_probing_for_an_adapter_keeps_stderr_clean():
     """On a headless machine Mesa's device-selection layer would print an XDG_RUNTIME_DIR
     error at every adapter probe; the package switches it off as the CLI does."""

@@ -38,6 +38,7 @@ pub mod pipeline;
 pub mod profile;
 pub mod reference;
 pub mod testing;
+pub mod verify;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
 
@@ -67,3 +68,4 @@ pub use logits::{DType, LogitElem, Logits, LogitsData};
 pub use params::{LogprobsMode, Request, SamplingParams, SequenceState};
 pub use pipeline::{Kept, KeptToken, RowResult, Sample, TokenLogprobs, TopLogprob};
 pub use reference::ReferenceSampler;
+pub use verify::{verify_coupled, DraftRow, Verified};

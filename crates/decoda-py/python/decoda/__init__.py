@@ -35,7 +35,7 @@ if "NODEVICE_SELECT" not in os.environ and "MESA_VK_DEVICE_SELECT" not in os.env
 from . import _native  # noqa: E402
 
 __all__ = [
-    "Sampler", "SampleResult", "Head", "StepResult", "load", "Model", "Generation",
+    "Sampler", "SampleResult", "VerifyResult", "Head", "StepResult", "load", "Model", "Generation",
     "REQUEST_KEYS", "__version__",
 ]
 
@@ -107,6 +107,50 @@ def _ids(name: str, row: int, value: Any) -> Optional[List[int]]:
     return ids
 
 
+def _requests(rows: int, params: Params, seeds: Any, steps: Any, prompts: Any, outputs: Any,
+              masks: Any) -> tuple:
+    """The requests' JSON for ``rows`` rows from :meth:`Sampler.sample`'s arguments, and
+    each row's seed (drawn from the OS where none was given)."""
+    if params is None or isinstance(params, Mapping):
+        per_row = [dict(params or {})] * rows
+    else:
+        per_row = [dict(p) for p in params]
+        if len(per_row) != rows:
+            raise ValueError(f"params: {len(per_row)} mappings for {rows} rows")
+    seed_list = [
+        s if s is not None else _native.entropy_seed()
+        for s in _per_row("seeds", seeds, rows)
+    ]
+    step_list = _per_row("steps", steps, rows)
+    prompt_list = _per_row("prompts", prompts, rows)
+    output_list = _per_row("outputs", outputs, rows)
+    if masks is not None and not isinstance(masks, (list, tuple)):
+        masks = np.asarray(masks)
+        if masks.ndim == 1:
+            masks = [masks] * rows
+    mask_list = _per_row("masks", masks, rows)
+    requests = []
+    for r in range(rows):
+        req = dict(per_row[r])
+        if not _KEYS.issuperset(req):
+            unknown = sorted(set(req) - _KEYS)
+            raise ValueError(f"row {r}: unknown keys {unknown} (known: {REQUEST_KEYS})")
+        req["seed"] = int(seed_list[r])
+        if step_list[r] is not None:
+            req["step"] = int(step_list[r])
+        for key, value in (("prompt", prompt_list[r]), ("output", output_list[r])):
+            ids = _ids(key, r, value)
+            if ids is not None:
+                req[key] = ids
+        if mask_list[r] is not None:
+            words = np.asarray(mask_list[r]).reshape(-1)
+            if words.dtype not in (np.int32, np.uint32):
+                raise TypeError(f"masks of row {r}: int32 or uint32 words, not {words.dtype}")
+            req["allowed"] = words.astype(np.uint32).tolist()
+        requests.append(req)
+    return json.dumps(requests), seed_list
+
+
 class Sampler:
     """A sampler on ``device``: ``"cpu"``, ``"wgpu"`` (a GPU through Vulkan, Metal or
     DX12; software adapters such as lavapipe included) or ``"auto"`` (a hardware GPU
@@ -155,44 +199,60 @@ class Sampler:
             # the common call, one mapping for every row and no history: its JSON once
             requests, seed_list = _plain_requests(params or {}, seeds, steps, rows)
             return self._result(x, requests, seed_list, rows)
-        if params is None or isinstance(params, Mapping):
-            per_row = [dict(params or {})] * rows
-        else:
-            per_row = [dict(p) for p in params]
-            if len(per_row) != rows:
-                raise ValueError(f"params: {len(per_row)} mappings for {rows} rows")
-        seed_list = [
-            s if s is not None else _native.entropy_seed()
-            for s in _per_row("seeds", seeds, rows)
-        ]
-        step_list = _per_row("steps", steps, rows)
-        prompt_list = _per_row("prompts", prompts, rows)
-        output_list = _per_row("outputs", outputs, rows)
-        if masks is not None and not isinstance(masks, (list, tuple)):
-            masks = np.asarray(masks)
-            if masks.ndim == 1:
-                masks = [masks] * rows
-        mask_list = _per_row("masks", masks, rows)
-        requests = []
-        for r in range(rows):
-            req = dict(per_row[r])
-            if not _KEYS.issuperset(req):
-                unknown = sorted(set(req) - _KEYS)
-                raise ValueError(f"row {r}: unknown keys {unknown} (known: {REQUEST_KEYS})")
-            req["seed"] = int(seed_list[r])
-            if step_list[r] is not None:
-                req["step"] = int(step_list[r])
-            for key, value in (("prompt", prompt_list[r]), ("output", output_list[r])):
-                ids = _ids(key, r, value)
-                if ids is not None:
-                    req[key] = ids
-            if mask_list[r] is not None:
-                words = np.asarray(mask_list[r]).reshape(-1)
-                if words.dtype not in (np.int32, np.uint32):
-                    raise TypeError(f"masks of row {r}: int32 or uint32 words, not {words.dtype}")
-                req["allowed"] = words.astype(np.uint32).tolist()
-            requests.append(req)
-        return self._result(x, json.dumps(requests), seed_list, rows)
+        requests, seed_list = _requests(rows, params, seeds, steps, prompts, outputs, masks)
+        return self._result(x, requests, seed_list, rows)
+
+    def verify(
+        self,
+        logits: Any,
+        drafts: Any,
+        params: Params = None,
+        *,
+        seeds: Union[None, int, Sequence[int]] = None,
+        steps: Union[None, int, Sequence[int]] = None,
+        prompts: Optional[Sequence[Any]] = None,
+        outputs: Optional[Sequence[Any]] = None,
+        masks: Any = None,
+    ) -> "VerifyResult":
+        """Verifies drafted tokens (speculative decoding; docs/CONTRACT.md, coupled
+        verification): the tokens :meth:`sample` would draw position by position, each
+        at step ``step + i`` with the history extended by the drafted tokens before it,
+        up to and including the first that differs from its drafted token.
+
+        ``logits``: the target's ``[B, K + 1, V]`` (or ``[K + 1, V]``) logits, each row's
+        K + 1 positions. ``drafts``: ``[B, K]`` (or ``[K]``) drafted ids. The other
+        arguments are :meth:`sample`'s, per row, for the first drafted position (a mask
+        applies at every position).
+        """
+        x = _host_array(logits)
+        if x.ndim == 2:
+            x = x.reshape((1,) + x.shape)
+        if x.ndim != 3:
+            raise ValueError(f"logits must have shape [B, K + 1, V], not {list(x.shape)}")
+        d = np.asarray(drafts)
+        if d.ndim == 1:
+            d = d.reshape(1, -1)
+        rows, positions, vocab = x.shape
+        if d.ndim != 2 or d.shape[0] != rows or d.shape[1] + 1 != positions:
+            raise ValueError(
+                f"drafts of shape {list(d.shape)} for logits of shape {list(x.shape)}: "
+                "the logits need [B, K + 1, V] for drafts of [B, K]"
+            )
+        if not np.issubdtype(d.dtype, np.integer) or (d < 0).any():
+            raise ValueError("drafts: token ids, integers >= 0")
+        flat = _logits_2d(x.reshape(rows * positions, vocab))
+        requests, seed_list = _requests(rows, params, seeds, steps, prompts, outputs, masks)
+        accepted, tokens, extras = self._native.verify(flat, requests, d.astype(np.int64).tolist())
+        result = VerifyResult(
+            accepted=np.asarray(accepted, dtype=np.int64),
+            tokens=[list(t) for t in tokens],
+            seeds=[int(s) for s in seed_list],
+            drafted=int(d.shape[1]),
+        )
+        for e in json.loads(extras):
+            result.errors.append(e.get("error"))
+            result.logprobs.append(e.get("logprobs"))
+        return result
 
     def _result(self, x: np.ndarray, requests: str, seed_list: List[Any], rows: int) -> SampleResult:
         tokens, extras = self._native.sample(x, requests)
@@ -204,6 +264,27 @@ class Sampler:
             result.logprobs.append(e.get("logprobs"))
             result.kept.append(e.get("kept"))
         return result
+
+
+@dataclass
+class VerifyResult:
+    """The result of :meth:`Sampler.verify`, one entry per row: ``accepted`` (int64, how
+    many drafted tokens stand), ``tokens`` (the tokens the row emits: the accepted ones,
+    then the target's own draw, unless ``errors`` holds the row error that stopped it),
+    ``seeds``, ``errors`` and ``logprobs`` (per emitted token, when asked)."""
+
+    accepted: np.ndarray
+    tokens: List[List[int]]
+    seeds: List[int]
+    drafted: int
+    errors: List[Optional[Dict[str, str]]] = field(default_factory=list)
+    logprobs: List[Optional[List[Any]]] = field(default_factory=list)
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted drafted tokens over drafted ones."""
+        total = self.drafted * len(self.tokens)
+        return float(self.accepted.sum()) / total if total else 0.0
 
 
 @dataclass

@@ -19,6 +19,10 @@ class Sampler:
         """The backend's name."""
     def sample(self, logits: np.ndarray, requests: str) -> Tuple[np.ndarray, Optional[str]]:
         """Tokens (int64, -1 for a failed row) and per-row extras as JSON (or None)."""
+    def verify(
+        self, logits: np.ndarray, requests: str, drafts: List[List[int]]
+    ) -> Tuple[List[int], List[List[int]], str]:
+        """Accepted counts, emitted tokens and per-row extras (JSON) of a coupled verification."""
     def _time_rust(self, logits: np.ndarray, requests: str, iters: int) -> List[float]:
         """For benchmarks: microseconds of each of `iters` Rust calls."""
 

@@ -22,12 +22,14 @@ pub mod stages;
 pub mod stress;
 pub mod synthetic;
 pub mod tiny;
+pub mod verify;
 pub mod workload;
 
 pub use stages::{
     kept_distribution, later_parameters_name_field_value_row, later_stages_match_reference,
     stage_dry, stage_top_n_sigma, stage_typical_p, stage_xtc,
 };
+pub use verify::verify_coupled_is_plain_decoding;
 
 /// Whether the deeper test tier runs (`DECODA_TESTS=full`; docs/TESTING.md): long
 /// property runs, the large parity runs, fresh objects for every cell of a sweep. The
@@ -81,6 +83,10 @@ pub const CHECKS: &[(&str, Check)] = &[
         "later_parameters_name_field_value_row",
         later_parameters_name_field_value_row,
     ),
+    (
+        "verify_coupled_is_plain_decoding",
+        verify_coupled_is_plain_decoding,
+    ),
 ];
 
 /// Outcome of [`run_all`].
@@ -124,7 +130,7 @@ macro_rules! conformance_suite {
             batch_invariance, matches_reference_random_rows, distribution_chi_square,
             draws_match_single_steps, stage_dry, stage_top_n_sigma, stage_typical_p, stage_xtc,
             kept_distribution, later_stages_match_reference,
-            later_parameters_name_field_value_row);
+            later_parameters_name_field_value_row, verify_coupled_is_plain_decoding);
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
         $(
