@@ -374,6 +374,48 @@ impl Head {
             .collect();
         Ok((PyArray1::from_vec(py, tokens), finished, extras(&results)))
     }
+
+    /// The verify step (speculative decoding): slot `rows[r]` drafted `drafts[r]`;
+    /// `logits` (2-D) holds each row's K + 1 positions in turn. Returns per row the
+    /// accepted count, the emitted tokens, the finish, and a JSON array of per-row extras
+    /// (`error`, and `logprobs` per emitted token).
+    #[allow(clippy::type_complexity)]
+    fn verify(
+        &self,
+        py: Python<'_>,
+        logits: &Bound<'_, PyAny>,
+        rows: Vec<usize>,
+        drafts: Vec<Vec<u32>>,
+    ) -> PyResult<(Vec<usize>, Vec<Vec<u32>>, Vec<Option<String>>, String)> {
+        let mut head = self.lock()?;
+        let head = &mut **head;
+        let out = with_logits(py, logits, move |l| head.verify(l, &rows, &drafts))?;
+        let finished = out
+            .iter()
+            .map(|v| {
+                v.finished.map(|f| match f {
+                    decoda::head::FinishReason::Stop => "stop".to_string(),
+                    decoda::head::FinishReason::Length => "length".to_string(),
+                })
+            })
+            .collect();
+        let extras: Vec<serde_json::Value> = out
+            .iter()
+            .map(|v| {
+                let err = v.results.iter().find_map(|r| r.as_ref().err());
+                serde_json::json!({
+                    "error": err.map(|e| serde_json::json!({"kind": e.kind(), "message": e.to_string()})),
+                    "logprobs": v.results.iter().filter_map(|r| r.as_ref().ok()).map(|s| &s.logprobs).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        Ok((
+            out.iter().map(|v| v.accepted).collect(),
+            out.iter().map(|v| v.tokens()).collect(),
+            finished,
+            serde_json::Value::Array(extras).to_string(),
+        ))
+    }
 }
 
 /// The keys a request object may hold (sampling parameters, the sequence's state and

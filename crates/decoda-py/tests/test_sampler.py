@@ -258,6 +258,52 @@ def test_head_steps_like_the_sampler_driven_by_hand():
         head.step(np.zeros((1, v), dtype=np.float32), [1])
 
 
+def test_head_verify_advances_like_steps():
+    """Head.verify: a slot advances by the tokens plain steps give it up to the first
+    that differs from its draft (a stop id ends it there), on the CPU and the device."""
+    v, k = 500, 3
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((3, k + 1, v)) * 2).astype(np.float32)
+    params = {"temperature": 0.8, "top_k": 30, "repetition_penalty": 1.2}
+    plain_head = decoda.Head(3, v, device="cpu")
+    for slot in range(3):
+        plain_head.join(slot, params, seed=20 + slot, prompt=[7, 8])
+    plain = [[] for _ in range(3)]
+    for i in range(k + 1):
+        out = plain_head.step(x[:, i, :])
+        for slot in range(3):
+            plain[slot].append(int(out.tokens[slot]))
+    drafts = np.array([p[:k] for p in plain])
+    drafts[1, 1] = (drafts[1, 1] + 1) % v
+    devices = ["cpu"]
+    try:
+        decoda.Sampler(device="wgpu")
+        devices.append("wgpu")
+    except RuntimeError:
+        pass
+    for device in devices:
+        head = decoda.Head(3, v, device=device)
+        for slot in range(3):
+            # slot 2 stops at its second token
+            stop = [plain[2][1]] if slot == 2 else None
+            head.join(slot, params, seed=20 + slot, prompt=[7, 8], stop=stop)
+        got = head.verify(x, drafts)
+        assert got.tokens[0] == plain[0] and got.accepted[0] == k, device
+        assert got.tokens[1] == plain[1][:2] and got.accepted[1] == 1, device
+        assert got.tokens[2] == plain[2][:2] and got.finished[2] == "stop", device
+        assert got.finished[:2] == [None, None]
+        # the slots' state moved by those tokens: the next step is plain decoding's
+        nxt = (rng.standard_normal((2, v)) * 2).astype(np.float32)
+        s = decoda.Sampler(device="cpu")
+        step = head.step(nxt, [0, 1])
+        for r, slot in enumerate((0, 1)):
+            want = s.sample(nxt[r], params, seeds=20 + slot, steps=len(got.tokens[slot]),
+                            prompts=[[7, 8]], outputs=[got.tokens[slot]])
+            assert step.tokens[r] == want.tokens[0], (device, slot)
+        with pytest.raises(ValueError, match="draft"):
+            head.verify(x[:1], np.array([[0, v, 1]]), slots=[0])
+
+
 def test_head_masks_and_bad_input():
     v = 500
     head = decoda.Head(2, v, device="cpu")

@@ -234,6 +234,117 @@ pub trait Head {
             }),
         }
     }
+
+    /// Speculative decoding's verify step (docs/CONTRACT.md, coupled verification): slot
+    /// `rows[r]` drafted `drafts[r]` (K_r >= 1 tokens); `logits` holds each row's K_r + 1
+    /// positions in turn (row r's position i at logits row `Σ_{q<r} (K_q + 1) + i`). Each
+    /// slot advances by the tokens plain steps would give it, up to and including the
+    /// first that differs from its drafted token (or position K_r's draw), and by no
+    /// more: a stop id or `max_tokens` ends it where a step would. The default runs the
+    /// positions as [`Head::step`]s of the slots still going, so every head verifies
+    /// exactly; bad input is an error before any slot moves.
+    fn verify(
+        &mut self,
+        logits: &Logits<'_>,
+        rows: &[usize],
+        drafts: &[Vec<u32>],
+    ) -> Result<Vec<SlotVerify>> {
+        verify_by_steps(self, logits, rows, drafts)
+    }
+}
+
+/// What [`Head::verify`] did for one slot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotVerify {
+    /// The slot.
+    pub slot: usize,
+    /// How many drafted tokens stood.
+    pub accepted: usize,
+    /// Each position's result, in order, as [`Head::step`] returned it: the accepted
+    /// tokens, then the next draw, or the error or stop that ended the slot there.
+    pub results: Vec<RowResult>,
+    /// Set when the slot has finished (during this step or before).
+    pub finished: Option<FinishReason>,
+}
+
+impl SlotVerify {
+    /// The tokens the slot emitted.
+    pub fn tokens(&self) -> Vec<u32> {
+        self.results
+            .iter()
+            .filter_map(|r| r.as_ref().ok().map(|s| s.token))
+            .collect()
+    }
+}
+
+/// [`Head::verify`] by steps: position i of every slot still going (its drafted tokens
+/// before i all stood, it has not finished or failed, i <= K) as one [`Head::step`].
+/// Position 0 steps every row, so the step's door checks every slot before any moves;
+/// the drafts and the logits' shape are checked before that.
+pub fn verify_by_steps<H: Head + ?Sized>(
+    head: &mut H,
+    logits: &Logits<'_>,
+    rows: &[usize],
+    drafts: &[Vec<u32>],
+) -> Result<Vec<SlotVerify>> {
+    if drafts.len() != rows.len() {
+        return Err(Error::Shape(format!(
+            "{} drafts for {} rows: give one draft a row",
+            drafts.len(),
+            rows.len()
+        )));
+    }
+    let vocab = head.vocab();
+    for (r, d) in drafts.iter().enumerate() {
+        crate::verify::check_tokens(r, d, vocab)?;
+    }
+    let mut start = Vec::with_capacity(rows.len());
+    let mut n = 0;
+    for d in drafts {
+        start.push(n);
+        n += d.len() + 1;
+    }
+    if logits.rows() != n {
+        return Err(Error::Shape(format!(
+            "{} rows of logits for {n} positions: each row of the verification takes its \
+             drafted tokens plus one",
+            logits.rows()
+        )));
+    }
+    let mut out: Vec<SlotVerify> = rows
+        .iter()
+        .map(|&slot| SlotVerify {
+            slot,
+            accepted: 0,
+            results: Vec::new(),
+            finished: None,
+        })
+        .collect();
+    let mut going = vec![true; rows.len()];
+    let most = drafts.iter().map(Vec::len).max().unwrap_or(0);
+    for i in 0..=most {
+        let idx: Vec<usize> = (0..rows.len())
+            .filter(|&r| going[r] && i <= drafts[r].len())
+            .collect();
+        if idx.is_empty() {
+            break;
+        }
+        let picked = crate::logits::Gathered::new(logits, idx.iter().map(|&r| start[r] + i));
+        let slots: Vec<usize> = idx.iter().map(|&r| rows[r]).collect();
+        let steps = head.step(&picked.view()?, &slots)?;
+        for (&r, st) in idx.iter().zip(steps) {
+            let v = &mut out[r];
+            v.finished = st.finished;
+            let agrees =
+                matches!(&st.result, Ok(s) if i < drafts[r].len() && s.token == drafts[r][i]);
+            if agrees {
+                v.accepted += 1;
+            }
+            going[r] = agrees && st.finished.is_none();
+            v.results.push(st.result);
+        }
+    }
+    Ok(out)
 }
 
 /// The door of [`Head::join`], the same for every head: `slot` exists and is free

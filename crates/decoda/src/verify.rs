@@ -95,10 +95,9 @@ pub fn position_requests(rows: &[DraftRow], vocab: usize) -> Result<Vec<Request>
     Ok(out)
 }
 
-/// Row `r`'s draft against the contract: at least one token, every id below V, and
-/// K + 1 masks or none.
-fn check_draft(r: usize, row: &DraftRow, vocab: usize) -> Result<()> {
-    if row.draft.is_empty() {
+/// Row `r`'s drafted tokens against the contract: at least one, every id below V.
+pub fn check_tokens(r: usize, draft: &[u32], vocab: usize) -> Result<()> {
+    if draft.is_empty() {
         return Err(Error::InvalidParameter {
             row: r,
             field: "draft",
@@ -106,7 +105,7 @@ fn check_draft(r: usize, row: &DraftRow, vocab: usize) -> Result<()> {
             expected: "at least one drafted token",
         });
     }
-    if let Some(&id) = row.draft.iter().find(|&&t| t as usize >= vocab) {
+    if let Some(&id) = draft.iter().find(|&&t| t as usize >= vocab) {
         return Err(Error::TokenOutOfRange {
             row: r,
             field: "draft",
@@ -114,6 +113,13 @@ fn check_draft(r: usize, row: &DraftRow, vocab: usize) -> Result<()> {
             vocab,
         });
     }
+    Ok(())
+}
+
+/// Row `r`'s draft against the contract: its tokens ([`check_tokens`]) and K + 1 masks
+/// or none.
+fn check_draft(r: usize, row: &DraftRow, vocab: usize) -> Result<()> {
+    check_tokens(r, &row.draft, vocab)?;
     if !row.masks.is_empty() && row.masks.len() != row.positions() {
         return Err(Error::InvalidParameter {
             row: r,

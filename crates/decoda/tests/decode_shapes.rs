@@ -44,6 +44,16 @@ fn cpu_single_thread_decode_shapes() {
     eprintln!("cpu (1 thread): {t:?}");
 }
 
+/// The CPU head's verify step (speculative decoding) is plain decoding: each slot's
+/// tokens, accepted count and finish are the CPU sampler's coupled verification cut
+/// where a step would stop it.
+#[test]
+fn cpu_head_verify_is_plain_decoding() {
+    let mut head = decoda::CpuHead::new(4, 300).unwrap();
+    decoda::testing::verify::head_verify_is_plain_decoding(&mut head)
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// The CPU head: 64 slots, 300 steps of joins, leaves, stops and long penalised
 /// histories, each slot's tokens those of `CpuSampler` driven by hand.
 #[test]

@@ -15,6 +15,17 @@ fn sampler() -> Option<WgpuSampler> {
     decoda::testing::gpu::sampler()
 }
 
+/// The device head's verify step (speculative decoding) is plain decoding: each slot's
+/// tokens, accepted count and finish are the CPU sampler's coupled verification cut where
+/// a step would stop it, and the slots' device state moves by exactly those tokens.
+#[test]
+fn head_verify_is_plain_decoding() {
+    let Some(s) = sampler() else { return };
+    let mut head = WgpuHead::new(&s, 4, 300).unwrap();
+    decoda::testing::verify::head_verify_is_plain_decoding(&mut head)
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[test]
 fn head_matches_driven_sequences() {
     let Some(s) = sampler() else { return };

@@ -268,10 +268,11 @@ class Sampler:
 
 @dataclass
 class VerifyResult:
-    """The result of :meth:`Sampler.verify`, one entry per row: ``accepted`` (int64, how
-    many drafted tokens stand), ``tokens`` (the tokens the row emits: the accepted ones,
-    then the target's own draw, unless ``errors`` holds the row error that stopped it),
-    ``seeds``, ``errors`` and ``logprobs`` (per emitted token, when asked)."""
+    """The result of :meth:`Sampler.verify` and :meth:`Head.verify`, one entry per row:
+    ``accepted`` (int64, how many drafted tokens stand), ``tokens`` (the tokens the row
+    emits: the accepted ones, then the target's own draw, unless ``errors`` holds the
+    row error that stopped it or a stop ended the slot), ``seeds`` (the sampler's),
+    ``errors`` and ``logprobs`` (per emitted token, when asked)."""
 
     accepted: np.ndarray
     tokens: List[List[int]]
@@ -279,6 +280,8 @@ class VerifyResult:
     drafted: int
     errors: List[Optional[Dict[str, str]]] = field(default_factory=list)
     logprobs: List[Optional[List[Any]]] = field(default_factory=list)
+    #: :meth:`Head.verify`: each slot's finish (``"stop"``, ``"length"`` or ``None``)
+    finished: List[Optional[str]] = field(default_factory=list)
 
     @property
     def acceptance(self) -> float:
@@ -457,6 +460,42 @@ class Head:
             out.errors.append(e.get("error"))
             out.logprobs.append(e.get("logprobs"))
             out.kept.append(e.get("kept"))
+        return out
+
+    def verify(self, logits: Any, drafts: Any, slots: Optional[Sequence[int]] = None) -> "VerifyResult":
+        """The verify step of speculative decoding: slot ``slots[r]`` (default ``r``)
+        drafted ``drafts[r]``; ``logits`` is ``[B, K + 1, V]``, each row's K + 1
+        positions. Each slot advances by the tokens plain steps would give it, up to and
+        including the first that differs from its drafted token (a stop id or
+        ``max_tokens`` ends it where a step would); ``finished`` says which did."""
+        x = _host_array(logits)
+        if x.ndim == 2:
+            x = x.reshape((1,) + x.shape)
+        d = np.asarray(drafts)
+        if d.ndim == 1:
+            d = d.reshape(1, -1)
+        if x.ndim != 3 or d.ndim != 2 or d.shape[0] != x.shape[0] or d.shape[1] + 1 != x.shape[1]:
+            raise ValueError(
+                f"drafts of shape {list(d.shape)} for logits of shape {list(x.shape)}: "
+                "the logits need [B, K + 1, V] for drafts of [B, K]"
+            )
+        if not np.issubdtype(d.dtype, np.integer) or (d < 0).any():
+            raise ValueError("drafts: token ids, integers >= 0")
+        rows = list(range(x.shape[0])) if slots is None else [int(s) for s in slots]
+        flat = _logits_2d(x.reshape(x.shape[0] * x.shape[1], x.shape[2]))
+        accepted, tokens, finished, extras = self._native.verify(
+            flat, rows, d.astype(np.int64).tolist()
+        )
+        out = VerifyResult(
+            accepted=np.asarray(accepted, dtype=np.int64),
+            tokens=[list(t) for t in tokens],
+            seeds=[],
+            drafted=int(d.shape[1]),
+            finished=list(finished),
+        )
+        for e in json.loads(extras):
+            out.errors.append(e.get("error"))
+            out.logprobs.append(e.get("logprobs"))
         return out
 
 

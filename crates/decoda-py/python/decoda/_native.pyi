@@ -48,6 +48,10 @@ class Head:
         self, logits: np.ndarray, rows: List[int], masks: Optional[np.ndarray] = None
     ) -> Tuple[np.ndarray, List[Optional[str]], Optional[str]]:
         """Tokens, finishes and per-row extras (JSON or None)."""
+    def verify(
+        self, logits: np.ndarray, rows: List[int], drafts: List[List[int]]
+    ) -> Tuple[List[int], List[List[int]], List[Optional[str]], str]:
+        """Accepted counts, emitted tokens, finishes and per-row extras of a verify step."""
 
 class Generation:
     """An iterator of (sequence, token) pairs; ``report`` (JSON) once exhausted."""
