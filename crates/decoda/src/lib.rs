@@ -68,4 +68,4 @@ pub use logits::{DType, LogitElem, Logits, LogitsData};
 pub use params::{LogprobsMode, Request, SamplingParams, SequenceState};
 pub use pipeline::{Kept, KeptToken, RowResult, Sample, TokenLogprobs, TopLogprob};
 pub use reference::ReferenceSampler;
-pub use verify::{verify_coupled, DraftRow, Verified};
+pub use verify::{verify_coupled, verify_rejection, DraftRow, RejectRow, Verified};

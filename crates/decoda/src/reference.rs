@@ -99,24 +99,25 @@ pub fn reference_row(x: &[f32], req: &Request) -> (RowResult, TieReport) {
     reference_row_at(x, &Row::of(req))
 }
 
-/// [`reference_row`] for a row of a validated call, at that row's step.
-fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
-    // Stage 0: the token mask (a disallowed token's logit is -inf).
-    let x = &*req.mask_row(x);
+/// Where the contract's stages leave a row: the greedy token (stage 4) with the row's
+/// z, or y and the kept set S after stage 8a.
+enum Processed {
+    Greedy { token: u32, z: Vec<f32> },
+    Kept { y: Vec<f32>, keep: Vec<bool> },
+}
+
+/// Stages 1 to 8a of a (masked) row, recording how close each decision was to a tie.
+fn process(
+    x: &[f32],
+    req: &Row<'_>,
+    tie: &mut TieReport,
+) -> std::result::Result<Processed, RowError> {
     let p = &req.params;
     let v = x.len();
-    let mut tie = TieReport {
-        s_gap_ulps: u32::MAX,
-        top_p_margin: f64::INFINITY,
-        sigma_margin: f64::INFINITY,
-        xtc_margin: f64::INFINITY,
-        typical_margin: f64::INFINITY,
-    };
-
     // Section 5: non-finite logits.
     let bad = pl::count_non_finite(x);
     if bad > 0 {
-        return (Err(RowError::NonFiniteLogits { count: bad }), tie);
+        return Err(RowError::NonFiniteLogits { count: bad });
     }
     // Stages 1-3.
     let mut z = x.to_vec();
@@ -125,30 +126,18 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
     }
     let bad = pl::count_non_finite(&z);
     if bad > 0 {
-        return (Err(RowError::NonFiniteLogits { count: bad }), tie);
+        return Err(RowError::NonFiniteLogits { count: bad });
     }
     let zmax = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if zmax == f32::NEG_INFINITY {
-        return (Err(RowError::NoCandidate), tie);
+        return Err(RowError::NoCandidate);
     }
 
     // Stage 4 (and the temperature floor / overflow of stage 5): greedy.
     let t = p.temperature;
     if pl::is_greedy(t, zmax) {
         let token = z.iter().position(|&zi| zi == zmax).expect("max exists") as u32;
-        let lp = p.logprobs.map(|n| match p.logprobs_mode {
-            LogprobsMode::Raw => pl::logprobs::full(x, token, n),
-            LogprobsMode::Processed => pl::logprobs::full(&z, token, n),
-        });
-        let kept = p.kept.map(|n| pl::kept_of(&[(token, 0.0)], n));
-        return (
-            Ok(Sample {
-                token,
-                logprobs: lp,
-                kept,
-            }),
-            tie,
-        );
+        return Ok(Processed::Greedy { token, z });
     }
 
     // Stage 5: temperature.
@@ -186,6 +175,66 @@ fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
     if pl::xtc_fires(p, req.state.seed, req.step()) {
         tie.xtc_margin = pl::xtc::apply(&y, p.xtc_threshold, &mut keep);
     }
+    Ok(Processed::Kept { y, keep })
+}
+
+/// The processed distribution of a row (every stage through 8a applied, at the
+/// request's step): the tokens of S in id order with `softmax(y)` over S in f64, or the
+/// greedy token at probability 1. What speculative decoding's rejection verification
+/// calls q (docs/CONTRACT.md).
+pub fn processed_distribution(
+    x: &[f32],
+    req: &Request,
+) -> std::result::Result<Vec<(u32, f64)>, RowError> {
+    let row = Row::of(req);
+    let x = &*row.mask_row(x);
+    let mut tie = TieReport::default();
+    Ok(match process(x, &row, &mut tie)? {
+        Processed::Greedy { token, .. } => vec![(token, 1.0)],
+        Processed::Kept { y, keep } => {
+            let ymax = pl::weights::kept_max(&y, &keep);
+            let w: Vec<(u32, f64)> = (0..y.len())
+                .filter(|&i| keep[i])
+                .map(|i| (i as u32, f64::from(y[i] - ymax).exp()))
+                .collect();
+            let sum: f64 = w.iter().map(|p| p.1).sum();
+            w.into_iter().map(|(i, p)| (i, p / sum)).collect()
+        }
+    })
+}
+
+/// [`reference_row`] for a row of a validated call, at that row's step.
+fn reference_row_at(x: &[f32], req: &Row<'_>) -> (RowResult, TieReport) {
+    // Stage 0: the token mask (a disallowed token's logit is -inf).
+    let x = &*req.mask_row(x);
+    let p = &req.params;
+    let v = x.len();
+    let mut tie = TieReport {
+        s_gap_ulps: u32::MAX,
+        top_p_margin: f64::INFINITY,
+        sigma_margin: f64::INFINITY,
+        xtc_margin: f64::INFINITY,
+        typical_margin: f64::INFINITY,
+    };
+    let (y, keep) = match process(x, req, &mut tie) {
+        Err(e) => return (Err(e), tie),
+        Ok(Processed::Greedy { token, z }) => {
+            let lp = p.logprobs.map(|n| match p.logprobs_mode {
+                LogprobsMode::Raw => pl::logprobs::full(x, token, n),
+                LogprobsMode::Processed => pl::logprobs::full(&z, token, n),
+            });
+            let kept = p.kept.map(|n| pl::kept_of(&[(token, 0.0)], n));
+            return (
+                Ok(Sample {
+                    token,
+                    logprobs: lp,
+                    kept,
+                }),
+                tie,
+            );
+        }
+        Ok(Processed::Kept { y, keep }) => (y, keep),
+    };
 
     // Stage 10: the Gumbel draw over S.
     let (token, s_best, runner_up) =
