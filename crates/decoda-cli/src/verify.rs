@@ -1,4 +1,5 @@
-//! `decoda verify`: speculative decoding's coupled verification over `.npy` inputs.
+//! `decoda verify`: speculative decoding's verification (coupled, or by rejection for
+//! drafts made elsewhere) over `.npy` inputs.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,6 +21,17 @@ pub struct VerifyArgs {
     draft: PathBuf,
     #[command(flatten)]
     params: ParamArgs,
+    /// The rule: `coupled` (the draft sampled with the target's noise: the tokens of
+    /// plain decoding) or `rejection` (drafts made elsewhere: accept with probability
+    /// min(1, q / p), computed on the host from the contract's stages, whatever
+    /// `--device`).
+    #[arg(long, value_enum, default_value_t = Rule::Coupled)]
+    rule: Rule,
+    /// With `--rule rejection`: the draft model's logits, a C-order f32 or f16 .npy of
+    /// shape [B, K, V] (or [K, V]), its distribution p taken with the target's parameters;
+    /// without it the draft is one-hot (greedy and n-gram drafters).
+    #[arg(long)]
+    draft_logits: Option<PathBuf>,
     /// Where to verify.
     #[arg(long, value_enum, default_value_t = Device::Auto)]
     device: Device,
@@ -29,6 +41,15 @@ pub struct VerifyArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+}
+
+/// How drafted tokens are checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Rule {
+    /// The coupled rule (docs/CONTRACT.md): the tokens plain decoding gives.
+    Coupled,
+    /// The rejection rule for drafts made elsewhere, with their distributions.
+    Rejection,
 }
 
 pub fn run(a: VerifyArgs) -> Result<ExitCode, String> {
@@ -62,7 +83,50 @@ pub fn run(a: VerifyArgs) -> Result<ExitCode, String> {
         .map(|(r, req)| decoda::DraftRow::new(req, words[r * k..(r + 1) * k].to_vec()))
         .collect();
     let be = backend(a.device, a.threads)?;
-    let out = decoda::verify_coupled(be.as_ref(), &logits, &rows).map_err(|e| e.to_string())?;
+    let out = match a.rule {
+        Rule::Coupled => {
+            if a.draft_logits.is_some() {
+                return Err("--draft-logits goes with --rule rejection".into());
+            }
+            decoda::verify_coupled(be.as_ref(), &logits, &rows).map_err(|e| e.to_string())?
+        }
+        Rule::Rejection => {
+            let draft = match &a.draft_logits {
+                None => None,
+                Some(path) => {
+                    let (d, dshape) = read_array(path, &[2, 3])?;
+                    let want = if b == 1 && dshape.len() == 2 {
+                        vec![k, vocab]
+                    } else {
+                        vec![b, k, vocab]
+                    };
+                    if dshape != want {
+                        return Err(format!(
+                            "{}: draft logits of shape {dshape:?}; the drafts need {want:?}",
+                            path.display()
+                        ));
+                    }
+                    Some(d)
+                }
+            };
+            let dl = match &draft {
+                None => None,
+                Some(LogitsFile::F32(d)) => Some(decoda::Logits::f32(d, b * k, vocab)),
+                Some(LogitsFile::F16(d)) => Some(decoda::Logits::f16(d, b * k, vocab)),
+            }
+            .transpose()
+            .map_err(|e| e.to_string())?;
+            let rej: Vec<decoda::RejectRow> = rows
+                .iter()
+                .map(|r| decoda::RejectRow {
+                    request: r.request.clone(),
+                    draft: r.draft.clone(),
+                    draft_params: dl.as_ref().map(|_| r.request.params.clone()),
+                })
+                .collect();
+            decoda::verify_rejection(&logits, &rej, dl.as_ref()).map_err(|e| e.to_string())?
+        }
+    };
     let failed = out.iter().any(|v| v.error.is_some());
     if a.json {
         let accepted: usize = out.iter().map(|v| v.accepted).sum();

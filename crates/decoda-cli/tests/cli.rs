@@ -1954,6 +1954,47 @@ fn verify_gives_plain_decodings_tokens() {
         let g = verify("wgpu");
         assert_eq!(g["rows"], j["rows"], "{g}");
     }
+    // the rejection rule with the target's own rows as the draft's (p = q): every
+    // drafted token stands, and row 0's last token is plain decoding's
+    let first_k: Vec<f32> = (0..b)
+        .flat_map(|r| vals[r * (k + 1) * v..][..k * v].iter().copied())
+        .collect();
+    let dl = f32_npy("verify-draft-logits.npy", &[b, k, v], &first_k);
+    let mut args = vec![
+        "verify",
+        "--logits",
+        logits.to_str().unwrap(),
+        "--draft",
+        dp.to_str().unwrap(),
+        "--rule",
+        "rejection",
+        "--draft-logits",
+        dl.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--json",
+    ];
+    args.extend_from_slice(&flags);
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(r["rows"][0]["accepted"], 3, "{r}");
+    assert_eq!(r["rows"][1]["accepted"], 3, "{r}");
+    assert_eq!(r["rows"][0]["tokens"], serde_json::json!(plain[0]), "{r}");
+    // draft logits belong to the rejection rule
+    let (code, _, err) = run(&[
+        "verify",
+        "--logits",
+        logits.to_str().unwrap(),
+        "--draft",
+        dp.to_str().unwrap(),
+        "--draft-logits",
+        dl.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--rule rejection"), "{err}");
     // drafts for another K, and a drafted id past V
     let short = tmp("verify-short.npy");
     write_npy(&short, "<u4", &[b, 2], &bytes[..16]);

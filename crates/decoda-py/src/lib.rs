@@ -169,6 +169,87 @@ impl Sampler {
         ))
     }
 
+    /// Rejection verification (docs/CONTRACT.md) of drafts made elsewhere: `logits` and
+    /// `requests` as `verify`; `draft_logits` (float32, `Σ K` rows, one per drafted
+    /// token) with `draft_params` (a JSON array of B parameter objects), or neither for
+    /// one-hot drafts. Returns what `verify` returns (tokens only, no log-probabilities).
+    #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (logits, requests, drafts, draft_logits = None, draft_params = None))]
+    fn verify_rejection(
+        &self,
+        py: Python<'_>,
+        logits: &Bound<'_, PyAny>,
+        requests: &str,
+        drafts: Vec<Vec<u32>>,
+        draft_logits: Option<PyReadonlyArray2<'_, f32>>,
+        draft_params: Option<&str>,
+    ) -> PyResult<(Vec<usize>, Vec<Vec<u32>>, String)> {
+        let reqs: Vec<Request> = serde_json::from_str(requests)
+            .map_err(|e| PyValueError::new_err(format!("requests: {e}")))?;
+        if drafts.len() != reqs.len() {
+            return Err(PyValueError::new_err(format!(
+                "drafts: {} rows of drafted tokens for {} requests",
+                drafts.len(),
+                reqs.len()
+            )));
+        }
+        let params: Option<Vec<decoda::SamplingParams>> = match draft_params {
+            None => None,
+            Some(j) => Some(
+                serde_json::from_str(j)
+                    .map_err(|e| PyValueError::new_err(format!("draft_params: {e}")))?,
+            ),
+        };
+        if params.as_ref().is_some_and(|p| p.len() != reqs.len())
+            || params.is_some() != draft_logits.is_some()
+        {
+            return Err(PyValueError::new_err(
+                "draft_params: one mapping a row, given with draft_logits (or neither)",
+            ));
+        }
+        let dl: Option<(Vec<f32>, usize, usize)> = match &draft_logits {
+            None => None,
+            Some(a) => Some((
+                a.as_slice()
+                    .map_err(|_| PyValueError::new_err("draft_logits must be C-contiguous"))?
+                    .to_vec(),
+                a.shape()[0],
+                a.shape()[1],
+            )),
+        };
+        let rows: Vec<decoda::RejectRow> = reqs
+            .into_iter()
+            .zip(drafts)
+            .enumerate()
+            .map(|(r, (q, d))| decoda::RejectRow {
+                request: q,
+                draft: d,
+                draft_params: params.as_ref().map(|p| p[r].clone()),
+            })
+            .collect();
+        let out = with_logits(py, logits, |l| {
+            let d = match &dl {
+                None => None,
+                Some((x, n, v)) => Some(Logits::f32(x, *n, *v)?),
+            };
+            decoda::verify_rejection(l, &rows, d.as_ref())
+        })?;
+        let extras: Vec<serde_json::Value> = out
+            .iter()
+            .map(|v| {
+                serde_json::json!({
+                    "error": v.error.as_ref().map(|e| serde_json::json!({"kind": e.kind(), "message": e.to_string()})),
+                    "logprobs": serde_json::Value::Null,
+                })
+            })
+            .collect();
+        Ok((
+            out.iter().map(|v| v.accepted).collect(),
+            out.iter().map(|v| v.tokens()).collect(),
+            serde_json::Value::Array(extras).to_string(),
+        ))
+    }
+
     /// For benchmarks: microseconds of `iters` Rust calls on these logits and requests
     /// (parsed once, the lock released), so the Python layer's cost over a Rust call can
     /// be measured on the same rows (`scripts/python/bench_python.py`).

@@ -201,6 +201,23 @@ def test_verify_gives_plain_decodings_tokens():
     if gpu is not None:
         g = gpu.verify(x, drafts, params, seeds=[5, 6, 7])
         assert g.tokens == got.tokens and g.accepted.tolist() == got.accepted.tolist()
+    # the rejection rule with the target's own rows as the draft's (p = q): every drafted
+    # token stands, and row 0's tokens are plain decoding's
+    own = np.array([p[:k] for p in plain])
+    rej = s.verify(x, own, params, seeds=[5, 6, 7], rule="rejection",
+                   draft_logits=x[:, :k, :])
+    assert rej.accepted.tolist() == [k, k, k]
+    assert rej.tokens == plain
+    # (row 1's changed token lies outside the draft's top-k: p = 0 is refused)
+    with pytest.raises(ValueError, match="draft_logits"):
+        s.verify(x, drafts, params, seeds=[5, 6, 7], rule="rejection", draft_logits=x[:, :k, :])
+    # one-hot drafts against a greedy target stand exactly where they are its argmax
+    greedy = s.verify(x[:1], drafts[:1], {"temperature": 0}, seeds=1, rule="rejection")
+    first = int(np.argmax(x[0, 0]))
+    assert greedy.accepted[0] >= int(drafts[0, 0] == first)
+    assert greedy.tokens[0][0] == first
+    with pytest.raises(ValueError, match="rule"):
+        s.verify(x, drafts, params, rule="both")
     with pytest.raises(ValueError, match=r"\[B, K \+ 1, V\]"):
         s.verify(x, drafts[:, :2], params, seeds=1)
     far = drafts.copy()

@@ -213,17 +213,30 @@ class Sampler:
         prompts: Optional[Sequence[Any]] = None,
         outputs: Optional[Sequence[Any]] = None,
         masks: Any = None,
+        rule: str = "coupled",
+        draft_logits: Any = None,
+        draft_params: Params = None,
     ) -> "VerifyResult":
-        """Verifies drafted tokens (speculative decoding; docs/CONTRACT.md, coupled
-        verification): the tokens :meth:`sample` would draw position by position, each
-        at step ``step + i`` with the history extended by the drafted tokens before it,
-        up to and including the first that differs from its drafted token.
+        """Verifies drafted tokens (speculative decoding; docs/CONTRACT.md).
+
+        ``rule="coupled"`` (the draft sampled with the target's noise): the tokens
+        :meth:`sample` would draw position by position, each at step ``step + i`` with the
+        history extended by the drafted tokens before it, up to and including the first
+        that differs from its drafted token. ``rule="rejection"`` (drafts made elsewhere):
+        each drafted token stands with probability min(1, q / p), the first rejection
+        draws from max(0, q - p); p is the draft's processed distribution of
+        ``draft_logits`` (``[B, K, V]``) under ``draft_params`` (default: ``params``), or
+        one-hot without ``draft_logits``. Computed on the host, tokens only.
 
         ``logits``: the target's ``[B, K + 1, V]`` (or ``[K + 1, V]``) logits, each row's
         K + 1 positions. ``drafts``: ``[B, K]`` (or ``[K]``) drafted ids. The other
         arguments are :meth:`sample`'s, per row, for the first drafted position (a mask
         applies at every position).
         """
+        if rule not in ("coupled", "rejection"):
+            raise ValueError(f'rule must be "coupled" or "rejection", not {rule!r}')
+        if rule == "coupled" and (draft_logits is not None or draft_params is not None):
+            raise ValueError('draft_logits and draft_params go with rule="rejection"')
         x = _host_array(logits)
         if x.ndim == 2:
             x = x.reshape((1,) + x.shape)
@@ -242,7 +255,26 @@ class Sampler:
             raise ValueError("drafts: token ids, integers >= 0")
         flat = _logits_2d(x.reshape(rows * positions, vocab))
         requests, seed_list = _requests(rows, params, seeds, steps, prompts, outputs, masks)
-        accepted, tokens, extras = self._native.verify(flat, requests, d.astype(np.int64).tolist())
+        ids = d.astype(np.int64).tolist()
+        if rule == "coupled":
+            accepted, tokens, extras = self._native.verify(flat, requests, ids)
+        else:
+            dl, dp = None, None
+            if draft_logits is not None:
+                dl = np.ascontiguousarray(np.asarray(_host_array(draft_logits), dtype=np.float32))
+                if dl.ndim == 2:
+                    dl = dl.reshape((1,) + dl.shape)
+                if dl.shape != (rows, d.shape[1], vocab):
+                    raise ValueError(
+                        f"draft_logits of shape {list(dl.shape)}: the drafts need "
+                        f"{[rows, int(d.shape[1]), vocab]}"
+                    )
+                dl = dl.reshape(rows * d.shape[1], vocab)
+                per = draft_params if draft_params is not None else params
+                if per is None or isinstance(per, Mapping):
+                    per = [dict(per or {})] * rows
+                dp = json.dumps([dict(p) for p in per])
+            accepted, tokens, extras = self._native.verify_rejection(flat, requests, ids, dl, dp)
         result = VerifyResult(
             accepted=np.asarray(accepted, dtype=np.int64),
             tokens=[list(t) for t in tokens],

@@ -23,6 +23,15 @@ class Sampler:
         self, logits: np.ndarray, requests: str, drafts: List[List[int]]
     ) -> Tuple[List[int], List[List[int]], str]:
         """Accepted counts, emitted tokens and per-row extras (JSON) of a coupled verification."""
+    def verify_rejection(
+        self,
+        logits: np.ndarray,
+        requests: str,
+        drafts: List[List[int]],
+        draft_logits: Optional[np.ndarray] = None,
+        draft_params: Optional[str] = None,
+    ) -> Tuple[List[int], List[List[int]], str]:
+        """Accepted counts, emitted tokens and per-row extras of a rejection verification."""
     def _time_rust(self, logits: np.ndarray, requests: str, iters: int) -> List[float]:
         """For benchmarks: microseconds of each of `iters` Rust calls."""
 
