@@ -135,15 +135,7 @@ impl Sampler {
         requests: &str,
         drafts: Vec<Vec<u32>>,
     ) -> PyResult<(Vec<usize>, Vec<Vec<u32>>, String)> {
-        let reqs: Vec<Request> = serde_json::from_str(requests)
-            .map_err(|e| PyValueError::new_err(format!("requests: {e}")))?;
-        if drafts.len() != reqs.len() {
-            return Err(PyValueError::new_err(format!(
-                "drafts: {} rows of drafted tokens for {} requests",
-                drafts.len(),
-                reqs.len()
-            )));
-        }
+        let reqs = drafted_requests(requests, &drafts)?;
         let rows: Vec<decoda::DraftRow> = reqs
             .into_iter()
             .zip(drafts)
@@ -153,20 +145,7 @@ impl Sampler {
         let out = with_logits(py, logits, |l| {
             decoda::verify_coupled(backend.as_ref(), l, &rows)
         })?;
-        let extras: Vec<serde_json::Value> = out
-            .iter()
-            .map(|v| {
-                serde_json::json!({
-                    "error": v.error.as_ref().map(|e| serde_json::json!({"kind": e.kind(), "message": e.to_string()})),
-                    "logprobs": v.samples.iter().map(|s| &s.logprobs).collect::<Vec<_>>(),
-                })
-            })
-            .collect();
-        Ok((
-            out.iter().map(|v| v.accepted).collect(),
-            out.iter().map(|v| v.tokens()).collect(),
-            serde_json::Value::Array(extras).to_string(),
-        ))
+        Ok(verified(&out, true))
     }
 
     /// Rejection verification (docs/CONTRACT.md) of drafts made elsewhere: `logits` and
@@ -184,15 +163,7 @@ impl Sampler {
         draft_logits: Option<PyReadonlyArray2<'_, f32>>,
         draft_params: Option<&str>,
     ) -> PyResult<(Vec<usize>, Vec<Vec<u32>>, String)> {
-        let reqs: Vec<Request> = serde_json::from_str(requests)
-            .map_err(|e| PyValueError::new_err(format!("requests: {e}")))?;
-        if drafts.len() != reqs.len() {
-            return Err(PyValueError::new_err(format!(
-                "drafts: {} rows of drafted tokens for {} requests",
-                drafts.len(),
-                reqs.len()
-            )));
-        }
+        let reqs = drafted_requests(requests, &drafts)?;
         let params: Option<Vec<decoda::SamplingParams>> = match draft_params {
             None => None,
             Some(j) => Some(
@@ -234,20 +205,7 @@ impl Sampler {
             };
             decoda::verify_rejection(l, &rows, d.as_ref())
         })?;
-        let extras: Vec<serde_json::Value> = out
-            .iter()
-            .map(|v| {
-                serde_json::json!({
-                    "error": v.error.as_ref().map(|e| serde_json::json!({"kind": e.kind(), "message": e.to_string()})),
-                    "logprobs": serde_json::Value::Null,
-                })
-            })
-            .collect();
-        Ok((
-            out.iter().map(|v| v.accepted).collect(),
-            out.iter().map(|v| v.tokens()).collect(),
-            serde_json::Value::Array(extras).to_string(),
-        ))
+        Ok(verified(&out, false))
     }
 
     /// For benchmarks: microseconds of `iters` Rust calls on these logits and requests
@@ -274,6 +232,46 @@ impl Sampler {
             Ok(times)
         })
     }
+}
+
+/// The requests of a verification (a JSON array, as `sample` takes), one a row of
+/// drafted tokens.
+fn drafted_requests(requests: &str, drafts: &[Vec<u32>]) -> PyResult<Vec<Request>> {
+    let reqs: Vec<Request> = serde_json::from_str(requests)
+        .map_err(|e| PyValueError::new_err(format!("requests: {e}")))?;
+    if drafts.len() != reqs.len() {
+        return Err(PyValueError::new_err(format!(
+            "drafts: {} rows of drafted tokens for {} requests",
+            drafts.len(),
+            reqs.len()
+        )));
+    }
+    Ok(reqs)
+}
+
+/// A verification's rows for Python: the accepted counts, the emitted tokens, and a JSON
+/// array of per-row extras (`error`; `logprobs` per emitted token with `logprobs`, else
+/// `null`).
+fn verified(out: &[decoda::Verified], logprobs: bool) -> (Vec<usize>, Vec<Vec<u32>>, String) {
+    let extras: Vec<serde_json::Value> = out
+        .iter()
+        .map(|v| {
+            let lp = if logprobs {
+                serde_json::json!(v.samples.iter().map(|s| &s.logprobs).collect::<Vec<_>>())
+            } else {
+                serde_json::Value::Null
+            };
+            serde_json::json!({
+                "error": v.error.as_ref().map(|e| serde_json::json!({"kind": e.kind(), "message": e.to_string()})),
+                "logprobs": lp,
+            })
+        })
+        .collect();
+    (
+        out.iter().map(|v| v.accepted).collect(),
+        out.iter().map(decoda::Verified::tokens).collect(),
+        serde_json::Value::Array(extras).to_string(),
+    )
 }
 
 /// Reads a 2-D float32 or float16 array in place and runs `f` on it as logits, with the

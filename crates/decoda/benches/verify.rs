@@ -13,6 +13,19 @@ use decoda::{Backend, CpuSampler, DraftRow, Logits, Request};
 const VOCAB: usize = 151_936;
 const K: usize = 4;
 
+/// The rows' requests at position `i`: `i` steps on, each history extended by `hist`.
+fn at_position(reqs: &[Request], hist: &[Vec<u32>], i: usize) -> Vec<Request> {
+    reqs.iter()
+        .zip(hist)
+        .map(|(q, h)| {
+            let mut q = q.clone();
+            q.state.step += i as u64;
+            q.state.output.extend_from_slice(h);
+            q
+        })
+        .collect()
+}
+
 fn bench(c: &mut Criterion) {
     let s = CpuSampler::new();
     for config in ["temp", "topk50_topp09"] {
@@ -28,16 +41,7 @@ fn bench(c: &mut Criterion) {
                 let rows: Vec<f32> = (0..b)
                     .flat_map(|r| x[(r * (K + 1) + i) * VOCAB..][..VOCAB].iter().copied())
                     .collect();
-                let at: Vec<Request> = reqs
-                    .iter()
-                    .zip(&plain)
-                    .map(|(q, p)| {
-                        let mut q = q.clone();
-                        q.state.step += i as u64;
-                        q.state.output.extend_from_slice(p);
-                        q
-                    })
-                    .collect();
+                let at = at_position(&reqs, &plain, i);
                 let l = Logits::f32(&rows, b, VOCAB).unwrap();
                 for (r, res) in s.sample(&l, &at).unwrap().into_iter().enumerate() {
                     plain[r].push(res.unwrap().token);
@@ -59,16 +63,7 @@ fn bench(c: &mut Criterion) {
                 bn.iter(|| {
                     let mut hist: Vec<Vec<u32>> = vec![Vec::new(); b];
                     for (i, rows) in steps.iter().enumerate() {
-                        let at: Vec<Request> = reqs
-                            .iter()
-                            .zip(&hist)
-                            .map(|(q, h)| {
-                                let mut q = q.clone();
-                                q.state.step += i as u64;
-                                q.state.output.extend_from_slice(h);
-                                q
-                            })
-                            .collect();
+                        let at = at_position(&reqs, &hist, i);
                         let l = Logits::f32(rows, b, VOCAB).unwrap();
                         for (r, res) in s.sample(&l, &at).unwrap().into_iter().enumerate() {
                             hist[r].push(res.unwrap().token);

@@ -237,23 +237,8 @@ class Sampler:
             raise ValueError(f'rule must be "coupled" or "rejection", not {rule!r}')
         if rule == "coupled" and (draft_logits is not None or draft_params is not None):
             raise ValueError('draft_logits and draft_params go with rule="rejection"')
-        x = _host_array(logits)
-        if x.ndim == 2:
-            x = x.reshape((1,) + x.shape)
-        if x.ndim != 3:
-            raise ValueError(f"logits must have shape [B, K + 1, V], not {list(x.shape)}")
-        d = np.asarray(drafts)
-        if d.ndim == 1:
-            d = d.reshape(1, -1)
-        rows, positions, vocab = x.shape
-        if d.ndim != 2 or d.shape[0] != rows or d.shape[1] + 1 != positions:
-            raise ValueError(
-                f"drafts of shape {list(d.shape)} for logits of shape {list(x.shape)}: "
-                "the logits need [B, K + 1, V] for drafts of [B, K]"
-            )
-        if not np.issubdtype(d.dtype, np.integer) or (d < 0).any():
-            raise ValueError("drafts: token ids, integers >= 0")
-        flat = _logits_2d(x.reshape(rows * positions, vocab))
+        flat, d = _drafted(logits, drafts)
+        rows, vocab = d.shape[0], flat.shape[1]
         requests, seed_list = _requests(rows, params, seeds, steps, prompts, outputs, masks)
         ids = d.astype(np.int64).tolist()
         if rule == "coupled":
@@ -389,6 +374,25 @@ def _logits_2d(logits: Any) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
+def _drafted(logits: Any, drafts: Any) -> tuple:
+    """A verification's inputs: the target's ``[B, K + 1, V]`` (or ``[K + 1, V]``)
+    logits as ``[B (K + 1), V]`` rows, and the ``[B, K]`` (or ``[K]``) drafted ids."""
+    x = _host_array(logits)
+    if x.ndim == 2:
+        x = x.reshape((1,) + x.shape)
+    d = np.asarray(drafts)
+    if d.ndim == 1:
+        d = d.reshape(1, -1)
+    if x.ndim != 3 or d.ndim != 2 or d.shape[0] != x.shape[0] or d.shape[1] + 1 != x.shape[1]:
+        raise ValueError(
+            f"drafts of shape {list(d.shape)} for logits of shape {list(x.shape)}: "
+            "the logits need [B, K + 1, V] for drafts of [B, K]"
+        )
+    if not np.issubdtype(d.dtype, np.integer) or (d < 0).any():
+        raise ValueError("drafts: token ids, integers >= 0")
+    return _logits_2d(x.reshape(x.shape[0] * x.shape[1], x.shape[2])), d
+
+
 class Head:
     """A sampling head: ``slots`` slots of decode state over a vocabulary of ``vocab``
     tokens, on ``device`` (``"cpu"``, ``"wgpu"`` or ``"auto"``). Each slot holds a
@@ -500,21 +504,8 @@ class Head:
         positions. Each slot advances by the tokens plain steps would give it, up to and
         including the first that differs from its drafted token (a stop id or
         ``max_tokens`` ends it where a step would); ``finished`` says which did."""
-        x = _host_array(logits)
-        if x.ndim == 2:
-            x = x.reshape((1,) + x.shape)
-        d = np.asarray(drafts)
-        if d.ndim == 1:
-            d = d.reshape(1, -1)
-        if x.ndim != 3 or d.ndim != 2 or d.shape[0] != x.shape[0] or d.shape[1] + 1 != x.shape[1]:
-            raise ValueError(
-                f"drafts of shape {list(d.shape)} for logits of shape {list(x.shape)}: "
-                "the logits need [B, K + 1, V] for drafts of [B, K]"
-            )
-        if not np.issubdtype(d.dtype, np.integer) or (d < 0).any():
-            raise ValueError("drafts: token ids, integers >= 0")
-        rows = list(range(x.shape[0])) if slots is None else [int(s) for s in slots]
-        flat = _logits_2d(x.reshape(x.shape[0] * x.shape[1], x.shape[2]))
+        flat, d = _drafted(logits, drafts)
+        rows = list(range(d.shape[0])) if slots is None else [int(s) for s in slots]
         accepted, tokens, finished, extras = self._native.verify(
             flat, rows, d.astype(np.int64).tolist()
         )
