@@ -16,6 +16,8 @@ use serde_json::{json, Value};
 
 use crate::profile::Bandwidth;
 
+mod speculate;
+
 use crate::device::{check_threads, Device};
 use crate::inputs::SamplingFlags;
 
@@ -87,6 +89,16 @@ pub struct GenerateArgs {
     /// (default: the adapter's copy rate, measured first).
     #[arg(long)]
     bandwidth_gbs: Option<f64>,
+    /// Speculative decoding: a second checkpoint with the same vocabulary (a smaller
+    /// model, or a dense Qwen3) drafts --speculate tokens a round with the same seeds and
+    /// parameters; the model verifies them in one forward. The tokens are plain
+    /// decoding's; the run also decodes plainly and prints both speeds and the
+    /// acceptance (CPU).
+    #[arg(long)]
+    draft: Option<PathBuf>,
+    /// Tokens the draft proposes a round (with --draft).
+    #[arg(long, default_value_t = 4, requires = "draft")]
+    speculate: usize,
 }
 
 /// Keys of a --prompts line besides the sampling parameters' (`decoda::params::PARAM_KEYS`).
@@ -381,7 +393,6 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
     if a.bandwidth_gbs.is_some() && !a.profile {
         return Err("--bandwidth-gbs is for --profile".into());
     }
-    let (mut eng, bw) = engine(&a, model, seqs.len(), positions, cpu_head)?;
     if !a.stop_str.is_empty() && tok.is_none() {
         return Err(format!(
             "--stop-str needs {}",
@@ -398,6 +409,31 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
             _ => false,
         }
     };
+    if let Some(dir) = &a.draft {
+        let spec = speculate::run(
+            &a,
+            dir,
+            Arc::clone(&model),
+            &checked,
+            &pool,
+            &mut stop_check,
+        )?;
+        let mut report = spec.speculative.report.clone();
+        (report.moe_prefill, report.moe_decode) = (spec.plain.moe_prefill, spec.plain.moe_decode);
+        let texts = cut_texts(&a, tok.as_ref(), &mut report.outputs);
+        let eng = CpuEngine::new(model, 1).map_err(|e| e.to_string())?;
+        return print_report(
+            &a,
+            &eng,
+            &seqs,
+            &report,
+            tok.as_ref(),
+            &texts,
+            None,
+            Some(&spec),
+        );
+    }
+    let (mut eng, bw) = engine(&a, model, seqs.len(), positions, cpu_head)?;
     let total: u64 = seqs.iter().filter_map(|s| s.request.max_tokens).sum();
     let bar = if a.json || total < 64 {
         indicatif::ProgressBar::hidden()
@@ -420,15 +456,29 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
         })
         .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
-    let texts: Vec<Option<String>> = report
-        .outputs
+    let texts = cut_texts(&a, tok.as_ref(), &mut report.outputs);
+    print_report(
+        &a,
+        eng.as_ref(),
+        &seqs,
+        &report,
+        tok.as_ref(),
+        &texts,
+        bw,
+        None,
+    )
+}
+
+/// Each output cut at its stop string, when it met one: the text before it.
+fn cut_texts(
+    a: &GenerateArgs,
+    tok: Option<&tokenizers::Tokenizer>,
+    outputs: &mut [SequenceOutput],
+) -> Vec<Option<String>> {
+    outputs
         .iter_mut()
-        .map(|out| {
-            tok.as_ref()
-                .and_then(|t| cut_at_stop_string(t, &a.stop_str, out))
-        })
-        .collect();
-    print_report(&a, eng.as_ref(), &seqs, &report, tok.as_ref(), &texts, bw)
+        .map(|out| tok.and_then(|t| cut_at_stop_string(t, &a.stop_str, out)))
+        .collect()
 }
 
 /// Cuts a sequence that met a stop string: its tokens whose text lies wholly before the
@@ -462,6 +512,7 @@ fn text_of(tok: Option<&tokenizers::Tokenizer>, ids: &[u32]) -> Option<String> {
     tok.and_then(|t| t.decode(ids, false).ok())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn print_report(
     a: &GenerateArgs,
     eng: &dyn Engine,
@@ -470,6 +521,7 @@ fn print_report(
     tok: Option<&tokenizers::Tokenizer>,
     cut: &[Option<String>],
     bw: Option<Bandwidth>,
+    spec: Option<&speculate::Compared>,
 ) -> Result<ExitCode, String> {
     // a sequence cut at a stop string shows the text before it
     let text_at = |i: usize| {
@@ -511,6 +563,9 @@ fn print_report(
             "moe": moe,
         });
         out["prefills_shared"] = json!(r.forked);
+        if let Some(c) = spec {
+            c.add_json(&mut out);
+        }
         if let Some(bw) = bw {
             out["profile"] = crate::profile::to_json(&eng.profile(), bw);
         }
@@ -554,8 +609,12 @@ fn print_report(
         if let Some(bw) = bw {
             crate::profile::print(&eng.profile(), bw, "decode steps", &eng.name());
         }
+        if let Some(c) = spec {
+            c.print();
+        }
     }
-    Ok(if failed {
+    let unequal = spec.is_some_and(|c| c.must_equal() && !c.equal());
+    Ok(if failed || unequal {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS

@@ -75,6 +75,14 @@ pub struct TinyModelArgs {
     /// Spread the tensors over N files with an index.
     #[arg(long, default_value_t = 1)]
     shards: usize,
+    /// Move every value by up to this fraction of its scale, by noise of its own seed
+    /// (--perturb-seed): with the same --seed and shape, a close copy of that model (a
+    /// draft for `generate --draft` that mostly agrees with it).
+    #[arg(long, default_value_t = 0.0)]
+    perturb: f32,
+    /// The seed of --perturb's noise.
+    #[arg(long, default_value_t = 1)]
+    perturb_seed: u64,
 }
 
 pub fn run(mut a: TinyModelArgs) -> Result<ExitCode, String> {
@@ -131,6 +139,8 @@ pub fn run(mut a: TinyModelArgs) -> Result<ExitCode, String> {
         mlx_layout: a.mlx_layout,
         shards: a.shards,
         seed: a.seed,
+        perturb: a.perturb,
+        perturb_seed: a.perturb_seed,
         ..TinySpec::default()
     };
     spec.write(&a.dir).map_err(|e| e.to_string())?;

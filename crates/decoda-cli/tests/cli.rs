@@ -1112,6 +1112,124 @@ fn generate_json_shape_and_reproducibility() {
     assert_eq!(a["tokens"], b["tokens"]);
 }
 
+/// `generate --draft DIR --speculate K`: the tokens of `generate` without a draft for
+/// the same seeds and parameters, at B = 1 (penalties, top-p, logprobs) and B = 32 (`--n`
+/// with the sort cutoff at the batch, so plain steps keep each row alone as verification
+/// does), with a draft made by perturbing the model's weights (acceptance above 0.3, and
+/// the run saying its tokens equal plain decoding's) and an unrelated smaller one (lower
+/// acceptance); a draft of another vocabulary and `--speculate 0` exit 2.
+#[test]
+fn generate_draft_gives_plain_decodings_tokens() {
+    let target = tiny("spec-target", &["--seed", "3"]);
+    let close = tiny("spec-close", &["--seed", "3", "--perturb", "0.05"]);
+    let far = tiny(
+        "spec-far",
+        &[
+            "--seed",
+            "8",
+            "--layers",
+            "1",
+            "--hidden",
+            "32",
+            "--dense-layers",
+            "",
+        ],
+    );
+    let m = target.to_str().unwrap();
+    let gen = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "generate",
+            "--model",
+            m,
+            "--prompt-ids",
+            "72,101,108,108,111",
+            "--seed",
+            "5",
+            "--temperature",
+            "0.8",
+            "--top-p",
+            "0.9",
+            "--repetition-penalty",
+            "1.1",
+            "--device",
+            "cpu",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        serde_json::from_str(out.trim()).unwrap()
+    };
+    let tokens = |v: &serde_json::Value| -> Vec<serde_json::Value> {
+        match v.get("sequences") {
+            Some(s) => s
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x["tokens"].clone())
+                .collect(),
+            None => vec![v["tokens"].clone()],
+        }
+    };
+    let mut acceptance = Vec::new();
+    for batch in [
+        &["--max-tokens", "40", "--logprobs", "2"][..],
+        &["--max-tokens", "12", "--n", "32", "--sort-cutoff", "32"][..],
+    ] {
+        let plain = gen(batch);
+        for (draft, k) in [(&close, "3"), (&far, "2")] {
+            let mut args = batch.to_vec();
+            args.extend_from_slice(&["--draft", draft.to_str().unwrap(), "--speculate", k]);
+            let s = gen(&args);
+            assert_eq!(tokens(&s), tokens(&plain), "{args:?}");
+            if batch.contains(&"--logprobs") {
+                assert_eq!(s["logprobs"], plain["logprobs"], "{args:?}");
+            }
+            assert_eq!(s["equal_to_plain"], true, "{s}");
+            assert_eq!(s["speculate"], k.parse::<u64>().unwrap());
+            for key in [
+                "drafted",
+                "accepted",
+                "rounds",
+                "plain_decode_tok_s",
+                "speedup",
+            ] {
+                assert!(s.get(key).is_some(), "missing {key}: {s}");
+            }
+            acceptance.push(s["acceptance"].as_f64().unwrap());
+        }
+    }
+    // per batch: the perturbed draft's acceptance above 0.3 and above the unrelated one's
+    for pair in acceptance.chunks(2) {
+        assert!(pair[0] > 0.3 && pair[1] < pair[0], "{acceptance:?}");
+    }
+    let v400 = tiny("spec-v400", &["--vocab", "400"]);
+    for (extra, want) in [
+        (
+            ["--draft", v400.to_str().unwrap(), "--speculate", "2"],
+            "vocab_size 400",
+        ),
+        (
+            ["--draft", close.to_str().unwrap(), "--speculate", "0"],
+            "--speculate 0",
+        ),
+    ] {
+        let mut args = vec![
+            "generate",
+            "--model",
+            m,
+            "--prompt-ids",
+            "1,2",
+            "--device",
+            "cpu",
+        ];
+        args.extend_from_slice(&extra);
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(want), "{err}");
+    }
+}
+
 /// `--prompts FILE`: one object per line with its own parameters; every sequence gets
 /// its own output, and a sequence alone draws what it draws in the batch.
 #[test]

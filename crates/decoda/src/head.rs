@@ -102,6 +102,24 @@ impl SlotRequest {
         self
     }
 
+    /// The request plain decoding samples this sequence's next token with once it has
+    /// drawn `drawn` tokens in the slot: its parameters and mask, `seed`, step `step +
+    /// drawn.len()`, history prompt + earlier output + `drawn` (what a head holds then).
+    pub fn request_after(&self, seed: u64, drawn: &[u32]) -> crate::params::Request {
+        let mut output = self.output.clone();
+        output.extend_from_slice(drawn);
+        crate::params::Request {
+            params: self.params.clone(),
+            state: SequenceState {
+                seed,
+                step: self.step.wrapping_add(drawn.len() as u64),
+                prompt: self.prompt.clone(),
+                output,
+            },
+            allowed: self.allowed.clone(),
+        }
+    }
+
     /// The most tokens the slot's history can reach: prompt, earlier output and
     /// `max_tokens` (`usize::MAX` without a limit).
     pub fn history_most(&self) -> usize {

@@ -924,3 +924,39 @@ mod wgpu {
         }
     }
 }
+
+fn cpu_forward(
+    model: Arc<Qwen3Moe>,
+    slots: usize,
+) -> Result<Box<dyn decoda::model::Forward>, String> {
+    Ok(Box::new(
+        decoda::cpu::CpuModel::new(model, slots).map_err(|e| e.to_string())?,
+    ))
+}
+
+#[test]
+fn cpu_verification_forward_is_position_invariant() {
+    let t = tmp("cpu-invariant");
+    decoda::testing::speculate::forward_is_position_invariant(&cpu_forward, &t)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::remove_dir_all(t);
+}
+
+#[test]
+fn cpu_speculative_is_plain_decoding() {
+    let t = tmp("cpu-speculative");
+    let head = |slots: usize, vocab: usize| -> Result<Box<dyn decoda::head::Head>, String> {
+        Ok(Box::new(
+            decoda::CpuHead::new(slots, vocab).map_err(|e| e.to_string())?,
+        ))
+    };
+    decoda::testing::speculate::speculative_is_plain(
+        &cpu_forward,
+        &head,
+        &cpu,
+        &decoda::CpuSampler::new(),
+        &t,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let _ = std::fs::remove_dir_all(t);
+}

@@ -18,6 +18,7 @@ use crate::head::{Head, SlotRequest, SlotStep};
 use crate::logits::Logits;
 use crate::model::generate::Engine;
 use crate::model::ops::{Acc, Act, ModelWeights, MoeBlock, NormId, Ops, RopeTable, WeightId};
+use crate::model::speculate::Forward;
 use crate::moe::{route_with, Dispatch, ExpertWeights};
 
 /// Floats of weights one task of a product reads (so ranges are fixed by the shapes).
@@ -42,6 +43,9 @@ pub struct CpuModel {
     tokens: Vec<u32>,
     out_rows: Vec<usize>,
     one_row_products: bool,
+    /// The call's MoE layers take the unsorted branch whatever its token count
+    /// ([`CpuModel::run_every`]: every row as it would run alone).
+    unsorted_moe: bool,
     acts: [Vec<f32>; 9],
     logits: Vec<f32>,
 }
@@ -130,6 +134,7 @@ impl CpuModel {
             tokens: Vec::new(),
             out_rows: Vec::new(),
             one_row_products: false,
+            unsorted_moe: false,
             acts: Default::default(),
             logits: Vec::new(),
         })
@@ -175,6 +180,38 @@ impl CpuModel {
     /// one row per segment. A decode call has one token per segment; a prefill one
     /// segment. Returns the branch each MoE layer took.
     pub fn run(&mut self, segments: &[(usize, &[u32])]) -> Result<Vec<Dispatch>> {
+        self.call(segments, false)
+    }
+
+    /// Runs `segments` as [`CpuModel::run`] does, with logits for every token (in
+    /// [`CpuModel::logits`], segments in order) and every row computed as it is in a
+    /// decode call: one-row products and the MoE layers' unsorted branch (their one-row
+    /// products) whatever the token count. Row `j` of a segment is then bit for bit the
+    /// row a decode call of that token alone gives at that position, when that call's
+    /// MoE layers are unsorted too (its batch within their `sort_cutoff`): speculative
+    /// decoding's verification (`crate::model::speculate`).
+    pub fn run_every(&mut self, segments: &[(usize, &[u32])]) -> Result<Vec<Dispatch>> {
+        self.call(segments, true)
+    }
+
+    /// Keeps `slot`'s first `len` positions and drops the rest (rejected drafted tokens);
+    /// `len` beyond what it holds is an error.
+    pub fn truncate(&mut self, slot: usize, len: usize) -> Result<()> {
+        let c = self
+            .caches
+            .get_mut(slot)
+            .ok_or_else(|| Error::Model(format!("slot {slot}: no such slot")))?;
+        if len > c.len {
+            return Err(Error::Model(format!(
+                "slot {slot}: cannot keep {len} positions of {}",
+                c.len
+            )));
+        }
+        c.len = len;
+        Ok(())
+    }
+
+    fn call(&mut self, segments: &[(usize, &[u32])], every: bool) -> Result<Vec<Dispatch>> {
         let v = self.model.config().vocab_size;
         self.rows.clear();
         self.tokens.clear();
@@ -201,8 +238,13 @@ impl CpuModel {
                 }
                 self.rows.push((slot, c.len + j));
                 self.tokens.push(t);
+                if every {
+                    self.out_rows.push(self.rows.len() - 1);
+                }
             }
-            self.out_rows.push(self.rows.len() - 1);
+            if !every {
+                self.out_rows.push(self.rows.len() - 1);
+            }
         }
         if self.rows.is_empty() {
             return Err(Error::Model("a call needs at least one segment".into()));
@@ -211,7 +253,8 @@ impl CpuModel {
         if need > self.rope.positions() {
             self.rope = RopeTable::new(self.model.config(), need.next_power_of_two());
         }
-        self.one_row_products = segments.iter().all(|s| s.1.len() == 1);
+        self.one_row_products = every || segments.iter().all(|s| s.1.len() == 1);
+        self.unsorted_moe = every;
         let model = Arc::clone(&self.model);
         let branches = model.forward(self)?;
         for (slot, toks) in segments {
@@ -220,7 +263,8 @@ impl CpuModel {
         Ok(branches)
     }
 
-    /// The last call's logits, `[segments, V]`.
+    /// The last call's logits, `[segments, V]` (`[tokens, V]` after
+    /// [`CpuModel::run_every`]).
     pub fn logits(&self) -> &[f32] {
         &self.logits
     }
@@ -395,7 +439,12 @@ impl Ops for CpuModel {
         };
         let r = &self.acts[slot_of(Act::R)];
         let route = route_with(r, experts.experts(), top_k, routing)?;
-        let out = experts.forward(&self.acts[slot_of(Act::H)], &route)?;
+        let h = &self.acts[slot_of(Act::H)];
+        let out = if self.unsorted_moe {
+            experts.forward_with(h, &route, Dispatch::Unsorted)?
+        } else {
+            experts.forward(h, &route)?
+        };
         self.put(Act::M, out.y);
         Ok(out.dispatch)
     }
@@ -430,6 +479,43 @@ impl Ops for CpuModel {
         );
         self.logits = logits;
         Ok(())
+    }
+}
+
+impl Forward for CpuModel {
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn vocab(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    fn slots(&self) -> usize {
+        self.caches.len()
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        self.model.config().max_position_embeddings
+    }
+
+    fn prefill(&mut self, slot: usize, prompt: &[u32]) -> Result<Vec<f32>> {
+        self.reset(slot)?;
+        self.run(&[(slot, prompt)])?;
+        Ok(self.logits.clone())
+    }
+
+    fn extend(&mut self, segments: &[(usize, &[u32])]) -> Result<Vec<f32>> {
+        self.run_every(segments)?;
+        Ok(self.logits.clone())
+    }
+
+    fn truncate(&mut self, slot: usize, len: usize) -> Result<()> {
+        CpuModel::truncate(self, slot, len)
+    }
+
+    fn positions(&self, slot: usize) -> usize {
+        CpuModel::positions(self, slot)
     }
 }
 

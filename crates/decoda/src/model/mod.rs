@@ -29,6 +29,7 @@ pub mod generate;
 pub mod load;
 pub mod ops;
 pub mod qwen3_moe;
+pub mod speculate;
 
 pub use config::Config;
 pub use generate::{
@@ -38,3 +39,4 @@ pub use generate::{
 pub use load::Checkpoint;
 pub use ops::{ModelWeights, MoeBlock, Ops, RopeTable};
 pub use qwen3_moe::{Qwen3Moe, DEFAULT_SORT_CUTOFF};
+pub use speculate::{generate_speculative, Forward, SpeculativeReport};

@@ -18,6 +18,7 @@ pub mod head;
 pub mod model;
 pub mod moe;
 pub mod shapes;
+pub mod speculate;
 pub mod stages;
 pub mod stress;
 pub mod synthetic;

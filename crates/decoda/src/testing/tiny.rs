@@ -58,6 +58,12 @@ pub struct TinySpec {
     pub shards: usize,
     /// The seed of every value.
     pub seed: u64,
+    /// Each value moved by up to this fraction of its scale, by noise of its own seed
+    /// ([`TinySpec::perturb_seed`]): with the same `seed` and shapes, a model close to the
+    /// unperturbed one (a draft for speculative decoding that mostly agrees). 0: none.
+    pub perturb: f32,
+    /// The seed of the perturbation's noise.
+    pub perturb_seed: u64,
 }
 
 impl Default for TinySpec {
@@ -82,6 +88,8 @@ impl Default for TinySpec {
             mlx_layout: false,
             shards: 1,
             seed: 0,
+            perturb: 0.0,
+            perturb_seed: 1,
         }
     }
 }
@@ -126,14 +134,27 @@ struct Writer<'a> {
 impl Writer<'_> {
     fn values(&mut self, n: usize, scale: f32) -> Vec<f32> {
         self.next_seed += 1;
-        uniform(
+        let mut v = uniform(
             n,
             scale,
             self.spec
                 .seed
                 .wrapping_mul(0x9E37_79B9)
                 .wrapping_add(self.next_seed),
-        )
+        );
+        if self.spec.perturb != 0.0 {
+            let noise = uniform(
+                n,
+                scale * self.spec.perturb,
+                self.spec
+                    .perturb_seed
+                    .wrapping_mul(0x85EB_CA6B)
+                    .wrapping_add(self.next_seed)
+                    ^ 0x5EED,
+            );
+            v.iter_mut().zip(noise).for_each(|(x, e)| *x += e);
+        }
+        v
     }
 
     fn plain(&mut self, name: String, shape: Vec<usize>, v: &[f32]) -> Result<()> {
@@ -263,6 +284,13 @@ impl TinySpec {
         let bad = |f: &str, v: String, e: &str| {
             Err(Error::Model(format!("tiny-model: {f} = {v}: expected {e}")))
         };
+        if !(self.perturb.is_finite() && self.perturb >= 0.0) {
+            return bad(
+                "perturb",
+                self.perturb.to_string(),
+                "a finite fraction >= 0",
+            );
+        }
         if self.vocab < 257 {
             return bad(
                 "vocab",

@@ -1,0 +1,331 @@
+//! Speculative decoding's checks, written once for every backend's [`Forward`] (the
+//! CPU's in `cargo test`): the K + 1-position forward gives every position the logits a
+//! one-position call gives, bit for bit, also after rejected positions are dropped; and
+//! speculative generation emits plain decoding's tokens, log-probabilities and finishes
+//! for a mix of stages, stops and lengths, with a draft that mostly agrees and one that
+//! does not.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::backend::Backend;
+use crate::head::{Head, SlotRequest};
+use crate::model::generate::{generate_until, CheckedSequences, Sequence};
+use crate::model::qwen3_moe::Qwen3Moe;
+use crate::model::speculate::{generate_speculative, Forward};
+use crate::moe::Affine;
+use crate::params::SamplingParams;
+use crate::testing::model::MakeEngine;
+use crate::testing::tiny::TinySpec;
+
+/// Builds a backend's model for speculative decoding with `slots` slots.
+pub type MakeForward<'a> = &'a dyn Fn(Arc<Qwen3Moe>, usize) -> Result<Box<dyn Forward>, String>;
+
+/// Builds a backend's sampling head with `slots` slots of `vocab` tokens.
+pub type MakeHead<'a> = &'a dyn Fn(usize, usize) -> Result<Box<dyn Head>, String>;
+
+fn write(spec: TinySpec, dir: &Path, name: &str) -> Result<std::path::PathBuf, String> {
+    let d = dir.join(name);
+    spec.write(&d).map_err(|e| e.to_string())?;
+    Ok(d)
+}
+
+fn bits(rows: &[f32]) -> Vec<u32> {
+    rows.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Two slots run five and three tokens as one call each; every row equals, bit for bit,
+/// the row of one-token calls of both slots at that position; after dropping a slot's
+/// last three positions, running them again gives the same rows. For f32, bf16 and
+/// 4-bit (q4g64) checkpoints whose MoE layers sort every call of more than one token.
+pub fn forward_is_position_invariant(make: MakeForward<'_>, dir: &Path) -> Result<(), String> {
+    let specs = [
+        ("f32", TinySpec::default()),
+        (
+            "bf16",
+            TinySpec {
+                dtype: "bf16".into(),
+                seed: 3,
+                ..TinySpec::default()
+            },
+        ),
+        (
+            "q4g64",
+            TinySpec {
+                quantize: Affine::parse("q4g64"),
+                seed: 4,
+                ..TinySpec::default()
+            },
+        ),
+    ];
+    for (name, spec) in specs {
+        let v = spec.vocab as u32;
+        let model = Arc::new(
+            // a sort cutoff of 1: a call of more than one token would sort, unless the
+            // forward keeps every row on the one-row branch as it must
+            Qwen3Moe::load(&write(spec, dir, &format!("inv-{name}"))?, 1)
+                .map_err(|e| e.to_string())?,
+        );
+        let prompts: [&[u32]; 2] = [&[256, 5, 6, 7], &[1, 2]];
+        let toks: [Vec<u32>; 2] = [
+            (0..5).map(|s| (s * 37 + 11) % v).collect(),
+            (0..3).map(|s| (s * 53 + 200) % v).collect(),
+        ];
+        let err = |e: crate::Error| format!("{name}: {e}");
+        let mut one = make(Arc::clone(&model), 2)?;
+        let mut many = make(Arc::clone(&model), 2)?;
+        for (s, p) in prompts.iter().enumerate() {
+            let a = one.prefill(s, p).map_err(err)?;
+            let b = many.prefill(s, p).map_err(err)?;
+            if bits(&a) != bits(&b) {
+                return Err(format!("{name}: slot {s}: two prefills differ"));
+            }
+        }
+        // one token a call (slot 1 stops after its three)
+        let mut alone: [Vec<Vec<f32>>; 2] = [Vec::new(), Vec::new()];
+        for j in 0..5 {
+            let segs: Vec<(usize, &[u32])> = (0..2)
+                .filter(|&s| j < toks[s].len())
+                .map(|s| (s, &toks[s][j..=j]))
+                .collect();
+            let rows = one.extend(&segs).map_err(err)?;
+            let vu = v as usize;
+            for (r, &(s, _)) in segs.iter().enumerate() {
+                alone[s].push(rows[r * vu..(r + 1) * vu].to_vec());
+            }
+        }
+        let vu = v as usize;
+        let check = |rows: &[f32], s: usize, from: usize, what: &str| -> Result<(), String> {
+            for (j, row) in rows.chunks_exact(vu).enumerate() {
+                if bits(row) != bits(&alone[s][from + j]) {
+                    return Err(format!(
+                        "{name}: {what}: slot {s}, position {} differs from the one-token call's",
+                        from + j
+                    ));
+                }
+            }
+            Ok(())
+        };
+        let rows = many
+            .extend(&[(0, &toks[0][..]), (1, &toks[1][..])])
+            .map_err(err)?;
+        check(&rows[..5 * vu], 0, 0, "5 + 3 tokens in one call")?;
+        check(&rows[5 * vu..], 1, 0, "5 + 3 tokens in one call")?;
+        // rejected positions dropped and run again
+        let at = many.positions(0);
+        many.truncate(0, at - 3).map_err(err)?;
+        let rows = many.extend(&[(0, &toks[0][2..])]).map_err(err)?;
+        check(&rows, 0, 2, "after dropping 3 positions")?;
+        if many.positions(0) != at || many.positions(1) != prompts[1].len() + 3 {
+            return Err(format!(
+                "{name}: positions {} and {} after the calls; expected {at} and {}",
+                many.positions(0),
+                many.positions(1),
+                prompts[1].len() + 3
+            ));
+        }
+        if many.truncate(1, many.positions(1) + 1).is_ok() {
+            return Err(format!(
+                "{name}: keeping more positions than held was accepted"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn mix() -> Vec<Sequence> {
+    let p = |f: fn(&mut SamplingParams)| {
+        let mut s = SamplingParams::default();
+        f(&mut s);
+        s
+    };
+    vec![
+        Sequence {
+            prompt: vec![256, 72, 101, 108],
+            request: SlotRequest::new(p(|s| s.temperature = 0.0))
+                .seed(1)
+                .max_tokens(30),
+        },
+        Sequence {
+            prompt: vec![40, 41, 42, 43, 44, 45],
+            request: SlotRequest::new(p(|s| {
+                s.temperature = 0.9;
+                s.top_p = 0.95;
+                s.repetition_penalty = 1.1;
+                s.presence_penalty = 0.3;
+                s.logprobs = Some(2);
+            }))
+            .seed(11)
+            .max_tokens(25),
+        },
+        Sequence {
+            prompt: vec![7],
+            request: SlotRequest::new(p(|s| {
+                s.temperature = 1.0;
+                s.top_k = 40;
+                s.dry_multiplier = 0.8;
+                s.dry_allowed_length = 2;
+            }))
+            .seed(12)
+            .max_tokens(20),
+        },
+        Sequence {
+            prompt: vec![300, 301],
+            request: SlotRequest::new(p(|s| {
+                s.temperature = 0.7;
+                s.min_p = 0.05;
+            }))
+            .seed(13)
+            .max_tokens(1),
+        },
+    ]
+}
+
+/// Speculative generation's outputs (tokens, log-probabilities, finishes) equal plain
+/// decoding's on `engine` for four sequences of different stages and lengths (one of a
+/// single token), a stop id met in a drafted run, and a stop closure (a stop string's
+/// stand-in), with K = 1, 3 and 5, for a draft that perturbs the target's weights
+/// (acceptance above 0.3) and an unrelated smaller one (below the perturbed one's).
+/// K = 0 and a draft of another vocabulary are errors.
+pub fn speculative_is_plain(
+    make: MakeForward<'_>,
+    head: MakeHead<'_>,
+    engine: MakeEngine<'_>,
+    sampler: &dyn Backend,
+    dir: &Path,
+) -> Result<(), String> {
+    let target = Arc::new(
+        Qwen3Moe::load(&write(TinySpec::default(), dir, "target")?, 16)
+            .map_err(|e| e.to_string())?,
+    );
+    let close = TinySpec {
+        perturb: 0.05,
+        ..TinySpec::default()
+    };
+    let unrelated = TinySpec {
+        seed: 9,
+        layers: 1,
+        hidden: 32,
+        dense_layers: Vec::new(),
+        ..TinySpec::default()
+    };
+    let drafts = [
+        ("perturbed", write(close, dir, "close")?),
+        ("unrelated", write(unrelated, dir, "unrelated")?),
+    ];
+    let mut seqs = mix();
+    let v = target.config.vocab_size;
+    let checked = |seqs: &[Sequence]| {
+        CheckedSequences::new(std::borrow::Cow::Owned(seqs.to_vec()), v, seqs.len(), None)
+            .map_err(|e| e.to_string())
+    };
+    let plain_of = |seqs: &[Sequence]| -> Result<_, String> {
+        let mut e = engine(Arc::clone(&target), seqs.len(), 128)?;
+        generate_until(e.as_mut(), seqs, &mut |_| {}, &mut |i, t: &[u32]| {
+            i == 0 && t.len() == 13
+        })
+        .map_err(|e| e.to_string())
+    };
+    // a stop id the third sequence draws at its 9th token
+    let probe = plain_of(&seqs)?;
+    let stop_id = probe.outputs[2].tokens[8];
+    seqs[2].request.stop = vec![stop_id];
+    let plain = plain_of(&seqs)?;
+    let mut acceptance = Vec::new();
+    for (what, d) in &drafts {
+        let draft = Arc::new(Qwen3Moe::load(d, 16).map_err(|e| e.to_string())?);
+        for k in [1, 3, 5] {
+            let mut t = make(Arc::clone(&target), seqs.len())?;
+            let mut dm = make(Arc::clone(&draft), seqs.len())?;
+            let mut h = head(seqs.len(), v)?;
+            let r = generate_speculative(
+                t.as_mut(),
+                h.as_mut(),
+                dm.as_mut(),
+                sampler,
+                k,
+                &checked(&seqs)?,
+                &mut |_| {},
+                &mut |i, t: &[u32]| i == 0 && t.len() == 13,
+            )
+            .map_err(|e| format!("{what} draft, K = {k}: {e}"))?;
+            for (i, (s, p)) in r.report.outputs.iter().zip(&plain.outputs).enumerate() {
+                if s.tokens != p.tokens || s.finish != p.finish || s.error != p.error {
+                    return Err(format!(
+                        "{what} draft, K = {k}: sequence {i}: {:?} ({:?}) vs plain {:?} ({:?})",
+                        s.tokens, s.finish, p.tokens, p.finish
+                    ));
+                }
+                if s.logprobs != p.logprobs {
+                    return Err(format!(
+                        "{what} draft, K = {k}: sequence {i}: log-probabilities differ"
+                    ));
+                }
+            }
+            if r.report.decode_tokens != plain.decode_tokens {
+                return Err(format!(
+                    "{what} draft, K = {k}: {} tokens counted; plain {}",
+                    r.report.decode_tokens, plain.decode_tokens
+                ));
+            }
+            acceptance.push((what, k, r.acceptance()));
+        }
+    }
+    let (close_min, far_max) = (
+        acceptance[..3].iter().map(|a| a.2).fold(1.0, f64::min),
+        acceptance[3..].iter().map(|a| a.2).fold(0.0, f64::max),
+    );
+    if close_min <= 0.3 || far_max >= close_min {
+        return Err(format!(
+            "acceptance (draft, K, fraction): {acceptance:?}: expected the perturbed draft's \
+             above 0.3 and the unrelated one's below it"
+        ));
+    }
+    // bad input
+    let draft = Arc::new(Qwen3Moe::load(&drafts[0].1, 16).map_err(|e| e.to_string())?);
+    let mut t = make(Arc::clone(&target), seqs.len())?;
+    let mut dm = make(Arc::clone(&draft), seqs.len())?;
+    let mut h = head(seqs.len(), v)?;
+    let e = generate_speculative(
+        t.as_mut(),
+        h.as_mut(),
+        dm.as_mut(),
+        sampler,
+        0,
+        &checked(&seqs)?,
+        &mut |_| {},
+        &mut |_, _| false,
+    );
+    if !matches!(&e, Err(x) if x.to_string().contains("K = 0")) {
+        return Err(format!("K = 0: {:?}", e.map(|r| r.drafted)));
+    }
+    let other = Arc::new(
+        Qwen3Moe::load(
+            &write(
+                TinySpec {
+                    vocab: 400,
+                    ..TinySpec::default()
+                },
+                dir,
+                "v400",
+            )?,
+            16,
+        )
+        .map_err(|e| e.to_string())?,
+    );
+    let mut dm = make(other, seqs.len())?;
+    let e = generate_speculative(
+        t.as_mut(),
+        h.as_mut(),
+        dm.as_mut(),
+        sampler,
+        2,
+        &checked(&seqs)?,
+        &mut |_| {},
+        &mut |_, _| false,
+    );
+    if !matches!(&e, Err(x) if x.to_string().contains("V = 400")) {
+        return Err(format!("a draft of V = 400: {:?}", e.map(|r| r.drafted)));
+    }
+    Ok(())
+}
