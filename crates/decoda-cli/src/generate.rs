@@ -93,7 +93,7 @@ pub struct GenerateArgs {
     /// model, or a dense Qwen3) drafts --speculate tokens a round with the same seeds and
     /// parameters; the model verifies them in one forward. The tokens are plain
     /// decoding's; the run also decodes plainly and prints both speeds and the
-    /// acceptance (CPU).
+    /// acceptance.
     #[arg(long)]
     draft: Option<PathBuf>,
     /// Tokens the draft proposes a round (with --draft).
@@ -413,18 +413,20 @@ pub fn run(a: GenerateArgs) -> Result<ExitCode, String> {
         let spec = speculate::run(
             &a,
             dir,
-            Arc::clone(&model),
+            model,
             &checked,
+            positions,
+            cpu_head,
             &pool,
             &mut stop_check,
         )?;
         let mut report = spec.speculative.report.clone();
         (report.moe_prefill, report.moe_decode) = (spec.plain.moe_prefill, spec.plain.moe_decode);
         let texts = cut_texts(&a, tok.as_ref(), &mut report.outputs);
-        let eng = CpuEngine::new(model, 1).map_err(|e| e.to_string())?;
+        let eng = spec.engine.as_ref();
         return print_report(
             &a,
-            &eng,
+            eng,
             &seqs,
             &report,
             tok.as_ref(),

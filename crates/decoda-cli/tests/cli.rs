@@ -1117,7 +1117,8 @@ fn generate_json_shape_and_reproducibility() {
 /// with the sort cutoff at the batch, so plain steps keep each row alone as verification
 /// does), with a draft made by perturbing the model's weights (acceptance above 0.3, and
 /// the run saying its tokens equal plain decoding's) and an unrelated smaller one (lower
-/// acceptance); a draft of another vocabulary and `--speculate 0` exit 2.
+/// acceptance); on the device too (B = 1 and 32, the close draft), where a wgpu adapter
+/// is; a draft of another vocabulary and `--speculate 0` exit 2.
 #[test]
 fn generate_draft_gives_plain_decodings_tokens() {
     let target = tiny("spec-target", &["--seed", "3"]);
@@ -1136,7 +1137,7 @@ fn generate_draft_gives_plain_decodings_tokens() {
         ],
     );
     let m = target.to_str().unwrap();
-    let gen = |extra: &[&str]| -> serde_json::Value {
+    let gen = |device: &str, extra: &[&str]| -> serde_json::Value {
         let mut args = vec![
             "generate",
             "--model",
@@ -1152,7 +1153,7 @@ fn generate_draft_gives_plain_decodings_tokens() {
             "--repetition-penalty",
             "1.1",
             "--device",
-            "cpu",
+            device,
             "--json",
         ];
         args.extend_from_slice(extra);
@@ -1172,16 +1173,18 @@ fn generate_draft_gives_plain_decodings_tokens() {
         }
     };
     let mut acceptance = Vec::new();
+    let runs = [("cpu", &close, "3"), ("cpu", &far, "2")];
     for batch in [
         &["--max-tokens", "40", "--logprobs", "2"][..],
-        &["--max-tokens", "12", "--n", "32", "--sort-cutoff", "32"][..],
+        &["--max-tokens", "8", "--n", "32", "--sort-cutoff", "32"][..],
     ] {
-        let plain = gen(batch);
-        for (draft, k) in [(&close, "3"), (&far, "2")] {
+        let mut plain = std::collections::HashMap::new();
+        for &(device, draft, k) in &runs {
+            let plain = plain.entry(device).or_insert_with(|| gen(device, batch));
             let mut args = batch.to_vec();
             args.extend_from_slice(&["--draft", draft.to_str().unwrap(), "--speculate", k]);
-            let s = gen(&args);
-            assert_eq!(tokens(&s), tokens(&plain), "{args:?}");
+            let s = gen(device, &args);
+            assert_eq!(tokens(&s), tokens(plain), "{device} {args:?}");
             if batch.contains(&"--logprobs") {
                 assert_eq!(s["logprobs"], plain["logprobs"], "{args:?}");
             }
@@ -1197,6 +1200,22 @@ fn generate_draft_gives_plain_decodings_tokens() {
                 assert!(s.get(key).is_some(), "missing {key}: {s}");
             }
             acceptance.push(s["acceptance"].as_f64().unwrap());
+        }
+    }
+    // the device (lavapipe in CI) with the close draft: its models' logits verified on
+    // the host, against the run's own plain decoding sampled by the device's head (short
+    // runs: lavapipe takes tens of milliseconds a call)
+    if have_wgpu() {
+        for batch in [
+            &["--max-tokens", "12"][..],
+            &["--max-tokens", "4", "--n", "32", "--sort-cutoff", "32"][..],
+        ] {
+            let mut args = batch.to_vec();
+            args.extend_from_slice(&["--draft", close.to_str().unwrap(), "--speculate", "3"]);
+            let s = gen("wgpu", &args);
+            assert!(s["device"].as_str().unwrap().starts_with("wgpu"), "{s}");
+            assert_eq!(s["equal_to_plain"], true, "{s}");
+            assert!(s["acceptance"].as_f64().unwrap() > 0.0, "{s}");
         }
     }
     // per batch: the perturbed draft's acceptance above 0.3 and above the unrelated one's

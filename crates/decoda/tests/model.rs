@@ -256,6 +256,63 @@ mod wgpu {
         })
     }
 
+    /// The device model as speculative decoding's forward (128 positions a slot).
+    fn dev_forward(
+        model: Arc<Qwen3Moe>,
+        slots: usize,
+    ) -> Result<Box<dyn decoda::model::Forward>, String> {
+        thread_local!(static S: WgpuSampler = sampler());
+        S.with(|s| {
+            decoda::wgpu::WgpuModel::new(s, model, slots, 128)
+                .map(|m| Box::new(m) as Box<dyn decoda::model::Forward>)
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    /// The suite's position invariance (`testing::speculate`) on the device: five and
+    /// three positions of two slots in one call give the one-position calls' bits.
+    #[test]
+    fn wgpu_verification_forward_is_position_invariant() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-invariant");
+        decoda::testing::speculate::forward_is_position_invariant(&dev_forward, &t)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let _ = std::fs::remove_dir_all(t);
+    }
+
+    /// Speculative decoding on the device model (host sampling of its logits) gives the
+    /// tokens of plain decoding on the device engine (its head sampling on the device).
+    #[test]
+    fn wgpu_speculative_is_plain_decoding() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-speculative");
+        let head = |slots: usize, vocab: usize| -> Result<Box<dyn decoda::head::Head>, String> {
+            Ok(Box::new(
+                decoda::CpuHead::new(slots, vocab).map_err(|e| e.to_string())?,
+            ))
+        };
+        decoda::testing::speculate::speculative_is_plain(
+            &dev_forward,
+            &head,
+            &dev,
+            &decoda::CpuSampler::new(),
+            // the quick tier one K (lavapipe's calls cost milliseconds each); the CPU's
+            // test runs K = 1, 3 and 5
+            if decoda::testing::full_tier() {
+                &[1, 3, 5]
+            } else {
+                &[3]
+            },
+            &t,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let _ = std::fs::remove_dir_all(t);
+    }
+
     /// A greedy request of `max` tokens.
     fn greedy(max: u64, seed: u64) -> decoda::head::SlotRequest {
         decoda::head::SlotRequest::new(decoda::SamplingParams {
@@ -955,6 +1012,7 @@ fn cpu_speculative_is_plain_decoding() {
         &head,
         &cpu,
         &decoda::CpuSampler::new(),
+        &[1, 3, 5],
         &t,
     )
     .unwrap_or_else(|e| panic!("{e}"));

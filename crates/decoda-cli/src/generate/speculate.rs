@@ -1,14 +1,17 @@
-//! `generate --draft DIR --speculate K`: speculative decoding of the sequences on the
-//! CPU ([`decoda::model::generate_speculative`]), then plain decoding of the same
-//! sequences, so the run shows the acceptance, both speeds, and that the tokens agree.
+//! `generate --draft DIR --speculate K`: speculative decoding of the sequences
+//! ([`decoda::model::generate_speculative`]) on the CPU or the device, then plain
+//! decoding of the same sequences, so the run shows the acceptance, both speeds, and
+//! that the tokens agree.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use decoda::cpu::CpuModel;
 use decoda::model::{
-    generate_checked, generate_speculative, CheckedSequences, Qwen3Moe, Report, SpeculativeReport,
+    generate_checked, generate_speculative, CheckedSequences, Engine, Forward, Qwen3Moe, Report,
+    SpeculativeReport,
 };
+use decoda::wgpu::{WgpuEngine, WgpuModel};
 use decoda::{CpuEngine, CpuHead, CpuSampler};
 use serde_json::{json, Value};
 
@@ -21,6 +24,8 @@ pub struct Compared {
     pub speculative: SpeculativeReport,
     /// Plain decoding of the same sequences.
     pub plain: Report,
+    /// The engine of the plain run (its name and device).
+    pub engine: Box<dyn Engine + Send>,
     /// Tokens drafted a round.
     k: usize,
     /// Plain decoding's calls took the MoE layers' unsorted branch (its batch within the
@@ -102,26 +107,24 @@ impl Compared {
     }
 }
 
-/// Runs `checked` speculatively with the draft in `dir`, then plainly.
+/// Runs `checked` speculatively with the draft in `dir`, then plainly: on the CPU, or on
+/// the device (`--device wgpu`, or `auto` with a GPU) with both models there, their
+/// logits read back for the host's head and sampler; the plain run samples on the
+/// device. `positions`: the caches' positions a sequence; `cpu_head`: some sequence needs
+/// the host's head in the plain run.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     a: &GenerateArgs,
     dir: &Path,
     model: Arc<Qwen3Moe>,
     checked: &CheckedSequences<'_>,
+    positions: usize,
+    cpu_head: bool,
     pool: &rayon::ThreadPool,
     stop: &mut (dyn FnMut(usize, &[u32]) -> bool + Send),
 ) -> Result<Compared, String> {
-    if a.device == Device::Wgpu {
-        return Err(
-            "--draft runs on the CPU for now (--device cpu): the device model's \
-                    K + 1-position forward is not written yet"
-                .into(),
-        );
-    }
     if a.host_sampling || a.profile {
-        return Err(
-            "--host-sampling and --profile are for device runs; --draft runs on the CPU".into(),
-        );
+        return Err("--host-sampling and --profile are for plain device runs, not --draft".into());
     }
     if a.speculate == 0 {
         return Err("--speculate 0: expected at least 1 drafted token a round".into());
@@ -141,33 +144,63 @@ pub fn run(
             draft.config.vocab_size
         ));
     }
+    let gpu = match a.device {
+        Device::Cpu => None,
+        Device::Wgpu => Some(decoda::wgpu::WgpuSampler::new().map_err(|e| e.to_string())?),
+        Device::Auto => crate::device::auto_gpu(),
+    };
     let n = checked.sequences().len();
-    let speculative = pool
-        .install(|| {
-            let mut target = CpuModel::new(Arc::clone(&model) as _, n)?;
+    let (speculative, plain, engine) = pool
+        .install(|| -> decoda::Result<_> {
             let mut head = CpuHead::new(n, v)?;
-            let mut drafter = CpuModel::new(draft as _, n)?;
-            generate_speculative(
-                &mut target,
+            let sampler = CpuSampler::new();
+            let (mut target, mut drafter, mut engine): (
+                Box<dyn Forward>,
+                Box<dyn Forward>,
+                Box<dyn Engine + Send>,
+            ) = match &gpu {
+                None => (
+                    Box::new(CpuModel::new(Arc::clone(&model) as _, n)?),
+                    Box::new(CpuModel::new(draft as _, n)?),
+                    Box::new(CpuEngine::new(Arc::clone(&model) as _, n)?),
+                ),
+                Some(s) => {
+                    let host: Option<Box<dyn decoda::head::Head + Send>> = if cpu_head {
+                        Some(Box::new(CpuHead::new(n, v)?))
+                    } else {
+                        None
+                    };
+                    (
+                        Box::new(WgpuModel::new(s, Arc::clone(&model) as _, n, positions)?),
+                        Box::new(WgpuModel::new(s, draft as _, n, positions)?),
+                        Box::new(WgpuEngine::new(
+                            s,
+                            Arc::clone(&model) as _,
+                            n,
+                            positions,
+                            host,
+                        )?),
+                    )
+                }
+            };
+            let speculative = generate_speculative(
+                target.as_mut(),
                 &mut head,
-                &mut drafter,
-                &CpuSampler::new(),
+                drafter.as_mut(),
+                &sampler,
                 a.speculate,
                 checked,
                 &mut |_| {},
                 stop,
-            )
-        })
-        .map_err(|e| e.to_string())?;
-    let plain = pool
-        .install(|| {
-            let mut eng = CpuEngine::new(Arc::clone(&model) as _, n)?;
-            generate_checked(&mut eng, checked, &mut |_| {}, stop)
+            )?;
+            let plain = generate_checked(engine.as_mut(), checked, &mut |_| {}, stop)?;
+            Ok((speculative, plain, engine))
         })
         .map_err(|e| e.to_string())?;
     Ok(Compared {
         speculative,
         plain,
+        engine,
         k: a.speculate,
         unsorted: n <= a.sort_cutoff,
         cutoff: a.sort_cutoff,

@@ -517,6 +517,11 @@ impl Forward for CpuModel {
     fn positions(&self, slot: usize) -> usize {
         CpuModel::positions(self, slot)
     }
+
+    fn fork(&mut self, from: usize, to: usize) -> Result<bool> {
+        CpuModel::fork(self, from, to)?;
+        Ok(true)
+    }
 }
 
 /// The model and a [`CpuHead`] on the CPU: the generation loop's [`Engine`].

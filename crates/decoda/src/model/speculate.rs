@@ -52,6 +52,13 @@ pub trait Forward {
     fn truncate(&mut self, slot: usize, len: usize) -> Result<()>;
     /// Positions `slot` holds.
     fn positions(&self, slot: usize) -> usize;
+    /// Makes `to` a copy of `from` (its positions and cache: a second sequence from the
+    /// same prompt, prefilled once). Returns whether it copied; the default does not
+    /// (the caller then prefills).
+    fn fork(&mut self, from: usize, to: usize) -> Result<bool> {
+        let _ = (from, to);
+        Ok(false)
+    }
 }
 
 /// A speculative run's outputs, timings and acceptance.
@@ -177,9 +184,21 @@ pub fn generate_speculative(
     let t0 = Instant::now();
     for (i, s) in seqs.iter().enumerate() {
         let seed = head.join(i, s.request.clone())?;
-        let target_row = target.prefill(i, &s.prompt)?;
-        let draft_row = draft.prefill(i, &s.prompt)?;
-        report.report.prefill_tokens += s.prompt.len();
+        // a prompt already prefilled (n completions of one prompt) is copied, not rerun
+        let same = seqs[..i].iter().position(|o| o.prompt == s.prompt);
+        let (target_row, draft_row) = match same {
+            Some(j) if target.fork(j, i)? && draft.fork(j, i)? => {
+                report.report.forked += 1;
+                (
+                    places[j].target_row.clone().unwrap_or_default(),
+                    places[j].draft_row.clone().unwrap_or_default(),
+                )
+            }
+            _ => {
+                report.report.prefill_tokens += s.prompt.len();
+                (target.prefill(i, &s.prompt)?, draft.prefill(i, &s.prompt)?)
+            }
+        };
         places.push(Place {
             seed,
             target_row: Some(target_row),

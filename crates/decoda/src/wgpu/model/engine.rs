@@ -128,7 +128,7 @@ impl WgpuEngine {
 }
 
 /// The first `n` floats of `buf`, copied to a readback buffer and read back.
-fn read_f32(ctx: &WgpuDevice, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
+pub(super) fn read_f32(ctx: &WgpuDevice, buf: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
     let bytes = (n * 4) as u64;
     let read = make_buffer(
         ctx.device(),

@@ -15,6 +15,7 @@
 //! `engine` is the generation loop's engine (with the host-sampling comparison).
 
 mod engine;
+mod forward;
 mod plan;
 mod weights;
 
@@ -173,6 +174,8 @@ pub struct WgpuModel {
     scores: wgpu::Buffer,
     ctl: wgpu::Buffer,
     logits: wgpu::Buffer,
+    /// Rows the logits buffer holds (the slots; more after a verification's call).
+    logits_rows: usize,
     prompt_tokens: wgpu::Buffer,
     host_tokens: wgpu::Buffer,
     /// Placeholders: one read-only, and one per read-write binding.
@@ -471,6 +474,7 @@ impl WgpuModel {
             scores,
             ctl,
             logits,
+            logits_rows: slots,
             prompt_tokens,
             host_tokens,
             dummy_ro: dummy("decoda dummy"),
