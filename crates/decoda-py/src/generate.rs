@@ -6,10 +6,13 @@ use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 
+use decoda::cpu::CpuModel;
 use decoda::head::SlotRequest;
 use decoda::model::{
-    generate_checked, CheckedSequences, Engine, Qwen3Moe, Sequence, DEFAULT_SORT_CUTOFF,
+    generate_checked, generate_speculative, CheckedSequences, Engine, Forward, Qwen3Moe, Sequence,
+    DEFAULT_SORT_CUTOFF,
 };
+use decoda::wgpu::WgpuModel;
 use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 
@@ -91,6 +94,27 @@ fn engine(
     })
 }
 
+/// The target's and the draft's models for speculative decoding on `device` (their
+/// logits sampled on the host).
+fn forwards(
+    device: crate::Device,
+    model: Arc<Qwen3Moe>,
+    draft: Arc<Qwen3Moe>,
+    slots: usize,
+    positions: usize,
+) -> decoda::Result<(Box<dyn Forward + Send>, Box<dyn Forward + Send>)> {
+    Ok(match device.gpu()? {
+        None => (
+            Box::new(CpuModel::new(model, slots)?),
+            Box::new(CpuModel::new(draft, slots)?),
+        ),
+        Some(s) => (
+            Box::new(WgpuModel::new(&s, model, slots, positions)?),
+            Box::new(WgpuModel::new(&s, draft, slots, positions)?),
+        ),
+    })
+}
+
 #[pymethods]
 impl Model {
     #[new]
@@ -151,7 +175,14 @@ impl Model {
     /// "max_tokens", "stop"}` (`request`: parameters, `seed`, `allowed`); a sequence
     /// ends at a stop id, at `max_tokens`, or when its text contains one of
     /// `stop_strings`. Returns the iterator of its tokens.
-    fn generate(&self, sequences: &str, stop_strings: Vec<String>) -> PyResult<Generation> {
+    #[pyo3(signature = (sequences, stop_strings, draft = None, speculate = 4))]
+    fn generate(
+        &self,
+        sequences: &str,
+        stop_strings: Vec<String>,
+        draft: Option<PyRef<'_, Model>>,
+        speculate: usize,
+    ) -> PyResult<Generation> {
         let items: Vec<serde_json::Value> = serde_json::from_str(sequences)
             .map_err(|e| PyValueError::new_err(format!("sequences: {e}")))?;
         let mut seqs = Vec::with_capacity(items.len());
@@ -186,6 +217,24 @@ impl Model {
         if !stop_strings.is_empty() && self.tokenizer.is_none() {
             return Err(PyValueError::new_err("stop strings need tokenizer.json"));
         }
+        let drafter = match &draft {
+            None => None,
+            Some(d) => {
+                if d.model.config.vocab_size != cfg.vocab_size {
+                    return Err(PyValueError::new_err(format!(
+                        "draft: vocab_size {}; the model's is {} (a draft must share the \
+                         vocabulary)",
+                        d.model.config.vocab_size, cfg.vocab_size
+                    )));
+                }
+                if speculate == 0 {
+                    return Err(PyValueError::new_err(
+                        "speculate = 0: expected at least 1 drafted token a round",
+                    ));
+                }
+                Some(d.model.clone())
+            }
+        };
         let host_head = seqs.iter().any(|s| s.beyond_device().is_some());
         let positions = seqs
             .iter()
@@ -196,7 +245,6 @@ impl Model {
         let (model, device, tok) = (self.model.clone(), self.device, self.tokenizer.clone());
         std::thread::spawn(move || {
             let run = || -> decoda::Result<String> {
-                let mut eng = engine(device, model, slots, positions, host_head)?;
                 let mut stop = |i: usize, ids: &[u32]| -> bool {
                     if let Some(&t) = ids.last() {
                         let _ = tx.send(Event::Token(i, t));
@@ -210,10 +258,36 @@ impl Model {
                         _ => false,
                     }
                 };
-                let report = generate_checked(eng.as_mut(), &checked, &mut |_| {}, &mut stop)?;
-                let mut v = serde_json::to_value(&report)
-                    .map_err(|e| decoda::Error::Model(e.to_string()))?;
-                v["device"] = serde_json::json!(eng.name());
+                let json = |e: serde_json::Error| decoda::Error::Model(e.to_string());
+                let v = match drafter {
+                    None => {
+                        let mut eng = engine(device, model, slots, positions, host_head)?;
+                        let r = generate_checked(eng.as_mut(), &checked, &mut |_| {}, &mut stop)?;
+                        let mut v = serde_json::to_value(&r).map_err(json)?;
+                        v["device"] = serde_json::json!(eng.name());
+                        v
+                    }
+                    Some(d) => {
+                        let (mut target, mut drafter) =
+                            forwards(device, model, d, slots, positions)?;
+                        let mut head = decoda::CpuHead::new(slots, target.vocab())?;
+                        let r = generate_speculative(
+                            target.as_mut(),
+                            &mut head,
+                            drafter.as_mut(),
+                            &decoda::CpuSampler::new(),
+                            speculate,
+                            &checked,
+                            &mut |_| {},
+                            &mut stop,
+                        )?;
+                        let mut v = serde_json::to_value(&r).map_err(json)?;
+                        v["acceptance"] = serde_json::json!(r.acceptance());
+                        v["speculate"] = serde_json::json!(speculate);
+                        v["device"] = serde_json::json!(target.name());
+                        v
+                    }
+                };
                 Ok(v.to_string())
             };
             let event = match run() {

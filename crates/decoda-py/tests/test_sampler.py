@@ -481,6 +481,34 @@ def test_generate_streams_the_clis_tokens(tiny_model):
         assert per[k] == want["tokens"]
 
 
+def test_generate_with_a_draft_gives_plain_decodings_tokens(tiny_model, tmp_path):
+    exe = cli()
+    close = tmp_path / "close"
+    subprocess.run([exe, "tiny-model", str(close), "--seed", "4", "--perturb", "0.05"],
+                   check=True, capture_output=True)
+    m = decoda.load(tiny_model, device="cpu")
+    d = decoda.load(close, device="cpu")
+    kw = dict(max_tokens=30, params={"temperature": 0.8, "top_p": 0.9,
+                                     "repetition_penalty": 1.1}, seed=5, n=3)
+    plain = m.generate([72, 101, 108], **kw).collect()
+    g = m.generate([72, 101, 108], draft=d, speculate=3, **kw)
+    streamed = {0: [], 1: [], 2: []}
+    for s, t in g:
+        streamed[s].append(t)
+    spec = g.report
+    for k in range(3):
+        assert spec["outputs"][k]["tokens"] == plain["outputs"][k]["tokens"] == streamed[k]
+    assert 0.3 < spec["acceptance"] <= 1.0 and spec["speculate"] == 3
+    assert spec["drafted"] >= spec["accepted"] > 0
+    with pytest.raises(ValueError, match="speculate"):
+        m.generate([1], draft=d, speculate=0)
+    other = tmp_path / "v400"
+    subprocess.run([exe, "tiny-model", str(other), "--vocab", "400"],
+                   check=True, capture_output=True)
+    with pytest.raises(ValueError, match="vocab"):
+        m.generate([1], draft=decoda.load(other, device="cpu"))
+
+
 def test_generate_stop_strings_masks_and_errors(tiny_model):
     m = decoda.load(tiny_model, device="cpu")
     w = (320 + 31) // 32

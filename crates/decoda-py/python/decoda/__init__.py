@@ -611,13 +611,21 @@ class Model:
         stop_str: Optional[Sequence[str]] = None,
         n: int = 1,
         grammar_mask: Any = None,
+        draft: Optional["Model"] = None,
+        speculate: int = 4,
     ) -> Generation:
         """Generates from ``prompt`` (text through the tokenizer, or token ids) or from
         several ``prompts``, as ``decoda generate`` does: ``max_tokens`` per sequence,
         the sampling ``params`` (the keys of :data:`REQUEST_KEYS`), ``seed`` (sequence
         ``i`` draws with ``seed + i``; from the OS when None), ``stop`` ids,
         ``stop_str`` strings, ``n`` sequences of the one prompt (prefilled once) and a
-        fixed ``grammar_mask``. Returns an iterator of ``(sequence, token)`` pairs."""
+        fixed ``grammar_mask``. Returns an iterator of ``(sequence, token)`` pairs.
+
+        With ``draft`` (another loaded checkpoint of the same vocabulary), speculative
+        decoding: the draft proposes ``speculate`` tokens a round with the same seeds
+        and parameters and this model verifies them in one forward; the tokens are those
+        of plain decoding, and the report adds ``acceptance``, ``drafted`` and
+        ``accepted``."""
         if (prompt is None) == (prompts is None):
             raise ValueError("give prompt or prompts")
         if n < 1:
@@ -645,7 +653,12 @@ class Model:
                 "stop": [int(t) for t in (stop or [])],
             })
         stops = list(stop_str or [])
-        return Generation(self._native.generate(json.dumps(seqs), stops), self, stops)
+        native_draft = None if draft is None else draft._native
+        return Generation(
+            self._native.generate(json.dumps(seqs), stops, native_draft, int(speculate)),
+            self,
+            stops,
+        )
 
 
 def load(model_dir: Union[str, "os.PathLike[str]"], device: str = "auto", sort_cutoff: int = 16) -> Model:

@@ -82,5 +82,12 @@ class Model:
         """Token ids of a text."""
     def decode(self, ids: List[int]) -> str:
         """The text of token ids."""
-    def generate(self, sequences: str, stop_strings: List[str]) -> Generation:
-        """Starts a generation (sequences as JSON)."""
+    def generate(
+        self,
+        sequences: str,
+        stop_strings: List[str],
+        draft: Optional["Model"] = None,
+        speculate: int = 4,
+    ) -> Generation:
+        """Starts a generation (sequences as JSON); with ``draft``, speculative decoding
+        with ``speculate`` drafted tokens a round."""
