@@ -300,13 +300,14 @@ mod wgpu {
             &head,
             &dev,
             &decoda::CpuSampler::new(),
-            // the quick tier one K (lavapipe's calls cost milliseconds each); the CPU's
-            // test runs K = 1, 3 and 5
+            // the quick tier one K and the close draft (lavapipe's calls cost
+            // milliseconds each); the CPU's test runs K = 1, 3 and 5 and both drafts
             if decoda::testing::full_tier() {
                 &[1, 3, 5]
             } else {
                 &[3]
             },
+            decoda::testing::full_tier(),
             &t,
         )
         .unwrap_or_else(|e| panic!("{e}"));
@@ -1013,6 +1014,7 @@ fn cpu_speculative_is_plain_decoding() {
         &cpu,
         &decoda::CpuSampler::new(),
         &[1, 3, 5],
+        true,
         &t,
     )
     .unwrap_or_else(|e| panic!("{e}"));

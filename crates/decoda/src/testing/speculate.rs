@@ -200,14 +200,15 @@ fn mix() -> Vec<Sequence> {
 /// sequences of different stages and lengths (one of a single token, one sharing
 /// another's prompt), a stop id met in a drafted run, and a stop closure (a stop
 /// string's stand-in), with each K of `ks`, for a draft that perturbs the target's
-/// weights (acceptance above 0.3) and an unrelated smaller one (below the perturbed
-/// one's). K = 0 and a draft of another vocabulary are errors.
+/// weights (acceptance above 0.3) and, with `unrelated_too`, an unrelated smaller one
+/// (below the perturbed one's). K = 0 and a draft of another vocabulary are errors.
 pub fn speculative_is_plain(
     make: MakeForward<'_>,
     head: MakeHead<'_>,
     engine: MakeEngine<'_>,
     sampler: &dyn Backend,
     ks: &[usize],
+    unrelated_too: bool,
     dir: &Path,
 ) -> Result<(), String> {
     let target = Arc::new(
@@ -225,28 +226,31 @@ pub fn speculative_is_plain(
         dense_layers: Vec::new(),
         ..TinySpec::default()
     };
-    let drafts = [
-        ("perturbed", write(close, dir, "close")?),
-        ("unrelated", write(unrelated, dir, "unrelated")?),
-    ];
+    let mut drafts = vec![("perturbed", write(close, dir, "close")?)];
+    if unrelated_too {
+        drafts.push(("unrelated", write(unrelated, dir, "unrelated")?));
+    }
     let mut seqs = mix();
     let v = target.config.vocab_size;
     let checked = |seqs: &[Sequence]| {
         CheckedSequences::new(std::borrow::Cow::Owned(seqs.to_vec()), v, seqs.len(), None)
             .map_err(|e| e.to_string())
     };
-    let plain_of = |seqs: &[Sequence]| -> Result<_, String> {
-        let mut e = engine(Arc::clone(&target), seqs.len(), 128)?;
-        generate_until(e.as_mut(), seqs, &mut |_| {}, &mut |i, t: &[u32]| {
-            i == 0 && t.len() == 13
-        })
-        .map_err(|e| e.to_string())
-    };
-    // a stop id the third sequence draws at its 9th token
-    let probe = plain_of(&seqs)?;
-    let stop_id = probe.outputs[2].tokens[8];
+    let mut e = engine(Arc::clone(&target), seqs.len(), 128)?;
+    let mut plain = generate_until(e.as_mut(), &seqs, &mut |_| {}, &mut |i, t: &[u32]| {
+        i == 0 && t.len() == 13
+    })
+    .map_err(|e| e.to_string())?;
+    // a stop id the third sequence draws at its 9th token: plain decoding with it stops
+    // there (the sequences are independent), which the speculative runs must do too
+    let stop_id = plain.outputs[2].tokens[8];
     seqs[2].request.stop = vec![stop_id];
-    let plain = plain_of(&seqs)?;
+    let out = &mut plain.outputs[2];
+    let first = out.tokens.iter().position(|&t| t == stop_id).unwrap_or(8);
+    out.tokens.truncate(first + 1);
+    out.logprobs.truncate(first + 1);
+    out.finish = Some(crate::head::FinishReason::Stop);
+    plain.decode_tokens = plain.outputs.iter().map(|o| o.tokens.len()).sum();
     let mut acceptance = Vec::new();
     for (what, d) in &drafts {
         let draft = Arc::new(Qwen3Moe::load(d, 16).map_err(|e| e.to_string())?);
@@ -302,7 +306,7 @@ pub fn speculative_is_plain(
             .map(|a| a.2)
             .fold(0.0, f64::max),
     );
-    if close_min <= 0.3 || far_max >= close_min {
+    if close_min <= 0.3 || (unrelated_too && far_max >= close_min) {
         return Err(format!(
             "acceptance (draft, K, fraction): {acceptance:?}: expected the perturbed draft's \
              above 0.3 and the unrelated one's below it"
