@@ -37,6 +37,7 @@ pub mod philox;
 pub mod pipeline;
 pub mod profile;
 pub mod reference;
+pub mod shard;
 pub mod testing;
 pub mod verify;
 #[cfg(feature = "wgpu")]

@@ -1,0 +1,664 @@
+//! Vocabulary-sharded sampling (docs/CONTRACT.md, "Sampling a vocabulary split across
+//! shards"): each shard holds the logits of ids `offset .. offset + Vs` of a vocabulary
+//! of V for B rows; a few rounds of small summaries, merged anywhere, pick the token the
+//! unsharded call picks, with its log-probabilities.
+//!
+//! Exact because every decision is a comparison against a value one shard can compute
+//! alone and the merge can combine without rounding: the noise is keyed by the global id;
+//! bias, penalties and DRY touch each id where it lives (the history holds global ids);
+//! greedy is the largest z (ties: the smallest id); top-k's threshold is the k-th largest
+//! y of the shards' own k largest; min-p's comes from the largest y; the draw is the
+//! largest `y + g` over the shards' winners (ties: the smallest id). Log-probabilities
+//! add the shards' `Σ exp(v - vmax)` in f64 (another association than one row's sum:
+//! the same values within the contract's `1e-5` between backends) and count the rank
+//! across shards.
+//!
+//! The rounds (each O(B (k + n)) values a shard, never O(V)):
+//! 1. [`round1`]: per row, the shard's largest z (and its smallest id), largest raw
+//!    logit, non-finite counts, its `max(k, n)` largest y and z and n largest raw logits
+//!    (ids global), and a digest of the row's request; [`plan`] merges them (refusing
+//!    rows whose shards disagree on the request).
+//! 2. [`round2`]: per row, the shard's best `y + g` over the kept set and its partial
+//!    log-sum-exp; [`decide`] picks the token.
+//! 3. [`round3`] (rows asking for log-probabilities): how many of the shard's tokens rank
+//!    before the chosen one; [`finish`] assembles each row's result.
+//!
+//! [`sample_sharded`] runs the rounds in one process (the merge of every round over the
+//! shards given), for tests and for callers that hold every shard; a distributed caller
+//! exchanges the summaries (serde) over its own collectives.
+//!
+//! Stages that need a sum over the kept set to decide (top-p, typical-p, top-n-σ, XTC)
+//! and the kept distribution are refused by name for now; nothing is approximate.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result, RowError};
+use crate::params::{LogprobsMode, Request};
+use crate::philox::gumbel;
+use crate::pipeline::{
+    is_greedy, logprob, min_p_threshold, rank_order, sparse_mods, RowResult, Sample, TokenLogprobs,
+    TopLogprob,
+};
+
+/// One shard's logits: `rows` rows of `width` values, ids `offset .. offset + width`.
+#[derive(Debug, Clone, Copy)]
+pub struct ShardRows<'a> {
+    /// Row-major `[rows, width]` logits.
+    pub logits: &'a [f32],
+    /// Ids this shard holds.
+    pub width: usize,
+    /// The first id it holds.
+    pub offset: usize,
+}
+
+/// Round 1 of one row on one shard.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Round1 {
+    /// A digest of the row's request and the vocabulary: every shard must hold the same.
+    pub digest: u64,
+    /// NaN or `+inf` logits (after the mask), and after bias and penalties.
+    pub bad: (u64, u64),
+    /// The largest z and the smallest id holding it (`u32::MAX`: none finite).
+    pub zmax: (f32, u32),
+    /// The largest raw (masked) logit.
+    pub xmax: f32,
+    /// The `max(k, n)` largest y in the contract's rank order (empty for greedy
+    /// temperatures).
+    pub top_y: Vec<(u32, f32)>,
+    /// The `n` largest z (processed log-probabilities of a greedy row).
+    pub top_z: Vec<(u32, f32)>,
+    /// The `n` largest raw logits (raw log-probabilities).
+    pub top_x: Vec<(u32, f32)>,
+}
+
+/// What round 1 decided for a row (every rank merges the same summaries to the same
+/// plan, so plans are not exchanged).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    /// The row failed (the same error the unsharded call gives).
+    Failed(RowError),
+    /// Greedy: the token, with the largest z.
+    Greedy {
+        /// The token.
+        token: u32,
+        /// Its z.
+        zmax: f32,
+        /// The largest raw logit.
+        xmax: f32,
+    },
+    /// A draw over the kept set: the tokens of finite `y >= floor`.
+    Draw {
+        /// The largest y.
+        ymax: f32,
+        /// The kept set's floor (top-k's and min-p's thresholds together).
+        floor: f32,
+        /// The largest raw logit.
+        xmax: f32,
+    },
+}
+
+/// Round 2 of one row on one shard.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Round2 {
+    /// The shard's best `(y + g, id, y, raw logit)` over its kept tokens (draws).
+    pub best: Option<(f32, u32, f32, f32)>,
+    /// The greedy token's raw logit, from the shard holding it.
+    pub greedy_x: Option<f32>,
+    /// `Σ exp(v - vmax)` over the shard's tokens (f64) for the row's log-probabilities.
+    pub lse_part: f64,
+}
+
+/// What round 2 decided for a row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// The token, or the row's error.
+    pub token: std::result::Result<u32, RowError>,
+    /// The token's value in the log-probabilities' terms (raw logit, y or z).
+    pub value: f32,
+    /// The log-sum-exp of the row's log-probabilities.
+    pub lse: f64,
+}
+
+/// Round 3 of one row on one shard: its tokens ranked before the chosen one.
+pub type Round3 = u64;
+
+/// FNV-1a of the request as JSON and the vocabulary.
+fn digest(req: &Request, vocab: usize) -> u64 {
+    let bytes = serde_json::to_vec(req).unwrap_or_default();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes.iter().chain(&(vocab as u64).to_le_bytes()) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The first stage a sharded call does not run, by its field name.
+fn refused(req: &Request) -> Option<&'static str> {
+    let p = &req.params;
+    if p.top_p < 1.0 {
+        Some("top_p")
+    } else if p.typical_p < 1.0 {
+        Some("typical_p")
+    } else if p.top_n_sigma > 0.0 {
+        Some("top_n_sigma")
+    } else if p.xtc_probability > 0.0 && p.xtc_threshold <= 0.5 {
+        Some("xtc_probability")
+    } else if p.kept.is_some() {
+        Some("kept")
+    } else {
+        None
+    }
+}
+
+/// Checks the call: one request a row, each valid for V and run sharded, the shard
+/// within V and its logits `[rows, width]`.
+fn check(shard: &ShardRows<'_>, vocab: usize, reqs: &[Request]) -> Result<()> {
+    if shard.width == 0 || shard.offset + shard.width > vocab {
+        return Err(Error::Shape(format!(
+            "a shard of ids {} .. {} in a vocabulary of {vocab}",
+            shard.offset,
+            shard.offset + shard.width
+        )));
+    }
+    if shard.logits.len() != reqs.len() * shard.width {
+        return Err(Error::Shape(format!(
+            "{} logits for {} rows of {} ids",
+            shard.logits.len(),
+            reqs.len(),
+            shard.width
+        )));
+    }
+    for (row, r) in reqs.iter().enumerate() {
+        r.validate(row, vocab)?;
+        if let Some(field) = refused(r) {
+            return Err(Error::InvalidParameter {
+                row,
+                field,
+                value: "set".into(),
+                expected: "off in a sharded call (this stage is not sharded yet)",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A row's masked raw logits and its z (bias, penalties and DRY applied to the shard's
+/// own ids).
+fn row_values(x: &[f32], offset: usize, req: &Request) -> (Vec<f32>, Vec<f32>) {
+    let masked: Vec<f32> = match &req.allowed {
+        None => x.to_vec(),
+        Some(m) => x
+            .iter()
+            .enumerate()
+            .map(|(j, &v)| {
+                let i = offset + j;
+                if m[i / 32] >> (i % 32) & 1 == 1 {
+                    v
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+            .collect(),
+    };
+    let mut z = masked.clone();
+    let end = offset + x.len();
+    let own = |t: u32| (t as usize) >= offset && (t as usize) < end;
+    let mods = sparse_mods(
+        |t| {
+            if own(t) {
+                masked[t as usize - offset]
+            } else {
+                0.0
+            }
+        },
+        req,
+    );
+    for (t, zt) in mods {
+        if own(t) {
+            z[t as usize - offset] = zt;
+        }
+    }
+    (masked, z)
+}
+
+fn bad(v: &[f32]) -> u64 {
+    crate::pipeline::count_non_finite(v)
+}
+
+/// The `n` largest `(global id, value)` pairs in the contract's rank order.
+fn top(values: &[f32], offset: usize, n: usize) -> Vec<(u32, f32)> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut all: Vec<(u32, f32)> = values
+        .iter()
+        .enumerate()
+        .map(|(j, &v)| ((offset + j) as u32, v))
+        .collect();
+    let n = n.min(all.len());
+    all.select_nth_unstable_by(n - 1, rank_order);
+    all.truncate(n);
+    all.sort_by(rank_order);
+    all
+}
+
+fn lp_count(req: &Request) -> usize {
+    req.params.logprobs.map_or(0, |n| n as usize)
+}
+
+fn top_k_of(req: &Request, vocab: usize) -> usize {
+    let k = req.params.top_k as usize;
+    if k > 0 && k < vocab {
+        k
+    } else {
+        0
+    }
+}
+
+/// Round 1 on one shard: a summary per row.
+pub fn round1(shard: &ShardRows<'_>, vocab: usize, reqs: &[Request]) -> Result<Vec<Round1>> {
+    check(shard, vocab, reqs)?;
+    Ok(reqs
+        .iter()
+        .enumerate()
+        .map(|(r, req)| {
+            let x = &shard.logits[r * shard.width..(r + 1) * shard.width];
+            let (masked, z) = row_values(x, shard.offset, req);
+            let mut zmax = (f32::NEG_INFINITY, u32::MAX);
+            for (j, &v) in z.iter().enumerate() {
+                if v > zmax.0 {
+                    zmax = (v, (shard.offset + j) as u32);
+                }
+            }
+            let xmax = masked.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let n = lp_count(req);
+            let t = req.params.temperature;
+            let top_y = if t < crate::params::GREEDY_TEMPERATURE {
+                Vec::new()
+            } else {
+                let y: Vec<f32> = z.iter().map(|&v| v / t).collect();
+                top(&y, shard.offset, top_k_of(req, vocab).max(n))
+            };
+            let raw = req.params.logprobs_mode == LogprobsMode::Raw;
+            Round1 {
+                digest: digest(req, vocab),
+                bad: (bad(&masked), bad(&z)),
+                zmax,
+                xmax,
+                top_y,
+                top_z: if raw {
+                    Vec::new()
+                } else {
+                    top(&z, shard.offset, n)
+                },
+                top_x: if raw {
+                    top(&masked, shard.offset, n)
+                } else {
+                    Vec::new()
+                },
+            }
+        })
+        .collect())
+}
+
+/// The per-shard summaries of row `r` (`rounds[s][r]`).
+fn of_row<T>(rounds: &[Vec<T>], r: usize) -> impl Iterator<Item = &T> {
+    rounds.iter().map(move |s| &s[r])
+}
+
+/// Merges round 1 (`r1[shard][row]`): each row's plan. Shards that disagree on a row's
+/// request (parameters, seed, step, history) are an error naming the row.
+pub fn plan(r1: &[Vec<Round1>], vocab: usize, reqs: &[Request]) -> Result<Vec<Plan>> {
+    if r1.is_empty() || r1.iter().any(|s| s.len() != reqs.len()) {
+        return Err(Error::Shape(format!(
+            "round 1 of {} shards for {} rows: every shard summarises every row",
+            r1.len(),
+            reqs.len()
+        )));
+    }
+    reqs.iter()
+        .enumerate()
+        .map(|(r, req)| {
+            let want = digest(req, vocab);
+            if let Some(s) = of_row(r1, r).position(|x| x.digest != want) {
+                return Err(Error::InvalidParameter {
+                    row: r,
+                    field: "request",
+                    value: format!("shard {s}'s digest differs"),
+                    expected: "the same parameters, seed, step and history on every shard",
+                });
+            }
+            let (bx, bz) = of_row(r1, r).fold((0, 0), |a, x| (a.0 + x.bad.0, a.1 + x.bad.1));
+            if bx > 0 {
+                return Ok(Plan::Failed(RowError::NonFiniteLogits { count: bx }));
+            }
+            if bz > 0 {
+                return Ok(Plan::Failed(RowError::NonFiniteLogits { count: bz }));
+            }
+            let zmax = of_row(r1, r).fold((f32::NEG_INFINITY, u32::MAX), |a, x| {
+                if x.zmax.0 > a.0 || (x.zmax.0 == a.0 && x.zmax.1 < a.1) {
+                    x.zmax
+                } else {
+                    a
+                }
+            });
+            let xmax = of_row(r1, r)
+                .map(|x| x.xmax)
+                .fold(f32::NEG_INFINITY, f32::max);
+            if zmax.0 == f32::NEG_INFINITY {
+                return Ok(Plan::Failed(RowError::NoCandidate));
+            }
+            let t = req.params.temperature;
+            if is_greedy(t, zmax.0) {
+                return Ok(Plan::Greedy {
+                    token: zmax.1,
+                    zmax: zmax.0,
+                    xmax,
+                });
+            }
+            let ymax = zmax.0 / t;
+            let k = top_k_of(req, vocab);
+            let tau_k = if k > 0 {
+                let mut ys: Vec<f32> = of_row(r1, r)
+                    .flat_map(|x| x.top_y.iter().map(|c| c.1))
+                    .collect();
+                ys.sort_by(|a, b| b.total_cmp(a));
+                ys.get(k - 1).copied().unwrap_or(f32::NEG_INFINITY)
+            } else {
+                f32::NEG_INFINITY
+            };
+            // top-k keeps the largest y: min-p's threshold is from it
+            let tau_p = min_p_threshold(ymax, req.params.min_p);
+            Ok(Plan::Draw {
+                ymax,
+                floor: tau_k.max(tau_p),
+                xmax,
+            })
+        })
+        .collect()
+}
+
+/// Round 2 on one shard, from the plans.
+pub fn round2(
+    shard: &ShardRows<'_>,
+    vocab: usize,
+    reqs: &[Request],
+    plans: &[Plan],
+) -> Result<Vec<Round2>> {
+    check(shard, vocab, reqs)?;
+    Ok(reqs
+        .iter()
+        .zip(plans)
+        .enumerate()
+        .map(|(r, (req, plan))| {
+            let x = &shard.logits[r * shard.width..(r + 1) * shard.width];
+            let mut out = Round2 {
+                best: None,
+                greedy_x: None,
+                lse_part: 0.0,
+            };
+            if matches!(plan, Plan::Failed(_)) {
+                return out;
+            }
+            let (masked, z) = row_values(x, shard.offset, req);
+            let raw = req.params.logprobs_mode == LogprobsMode::Raw;
+            let wants_lp = req.params.logprobs.is_some();
+            match *plan {
+                Plan::Greedy { token, zmax, xmax } => {
+                    let t = token as usize;
+                    if t >= shard.offset && t < shard.offset + shard.width {
+                        out.greedy_x = Some(masked[t - shard.offset]);
+                    }
+                    if wants_lp {
+                        out.lse_part = if raw {
+                            masked.iter().map(|&v| f64::from(v - xmax).exp()).sum()
+                        } else {
+                            z.iter().map(|&v| f64::from(v - zmax).exp()).sum()
+                        };
+                    }
+                }
+                Plan::Draw { ymax, floor, xmax } => {
+                    let t = req.params.temperature;
+                    let (seed, step) = (req.state.seed, req.state.step);
+                    let mut lse = 0f64;
+                    for (j, &zj) in z.iter().enumerate() {
+                        let y = zj / t;
+                        if !(y > f32::NEG_INFINITY && y >= floor) {
+                            continue;
+                        }
+                        let id = (shard.offset + j) as u32;
+                        let s = y + gumbel(seed, step, id);
+                        // ids ascend: a tie keeps the first
+                        if out.best.is_none_or(|b| s > b.0) {
+                            out.best = Some((s, id, y, masked[j]));
+                        }
+                        if wants_lp && !raw {
+                            lse += f64::from(y - ymax).exp();
+                        }
+                    }
+                    if wants_lp {
+                        out.lse_part = if raw {
+                            masked.iter().map(|&v| f64::from(v - xmax).exp()).sum()
+                        } else {
+                            lse
+                        };
+                    }
+                }
+                Plan::Failed(_) => {}
+            }
+            out
+        })
+        .collect())
+}
+
+/// Merges round 2 (`r2[shard][row]`): each row's token (or error) and its value.
+pub fn decide(r2: &[Vec<Round2>], plans: &[Plan], reqs: &[Request]) -> Vec<Decision> {
+    plans
+        .iter()
+        .zip(reqs)
+        .enumerate()
+        .map(|(r, (plan, req))| {
+            let lse = of_row(r2, r).map(|x| x.lse_part).sum::<f64>().ln();
+            let raw = req.params.logprobs_mode == LogprobsMode::Raw;
+            match plan {
+                Plan::Failed(e) => Decision {
+                    token: Err(*e),
+                    value: 0.0,
+                    lse,
+                },
+                Plan::Greedy { token, zmax, .. } => Decision {
+                    token: Ok(*token),
+                    value: if raw {
+                        of_row(r2, r).find_map(|x| x.greedy_x).unwrap_or(*zmax)
+                    } else {
+                        *zmax
+                    },
+                    lse,
+                },
+                Plan::Draw { .. } => {
+                    let best = of_row(r2, r).filter_map(|x| x.best).fold(
+                        None::<(f32, u32, f32, f32)>,
+                        |a, b| match a {
+                            Some(a) if a.0 > b.0 || (a.0 == b.0 && a.1 < b.1) => Some(a),
+                            _ => Some(b),
+                        },
+                    );
+                    match best {
+                        None => Decision {
+                            token: Err(RowError::NoWinner),
+                            value: 0.0,
+                            lse,
+                        },
+                        Some((_, id, y, x)) => Decision {
+                            token: Ok(id),
+                            value: if raw { x } else { y },
+                            lse,
+                        },
+                    }
+                }
+            }
+        })
+        .collect()
+}
+
+/// Round 3 on one shard (rows with log-probabilities; 0 for the others): its tokens
+/// ranked before each row's chosen one.
+pub fn round3(
+    shard: &ShardRows<'_>,
+    vocab: usize,
+    reqs: &[Request],
+    plans: &[Plan],
+    decisions: &[Decision],
+) -> Result<Vec<Round3>> {
+    check(shard, vocab, reqs)?;
+    Ok(reqs
+        .iter()
+        .zip(plans.iter().zip(decisions))
+        .enumerate()
+        .map(|(r, (req, (plan, d)))| {
+            let Ok(token) = d.token else { return 0 };
+            if req.params.logprobs.is_none() {
+                return 0;
+            }
+            let x = &shard.logits[r * shard.width..(r + 1) * shard.width];
+            let (masked, z) = row_values(x, shard.offset, req);
+            let chosen = (token, d.value);
+            let before = |v: &mut dyn Iterator<Item = (u32, f32)>| {
+                v.filter(|c| rank_order(c, &chosen) == std::cmp::Ordering::Less)
+                    .count() as u64
+            };
+            let ids = |j: usize| (shard.offset + j) as u32;
+            match (req.params.logprobs_mode, plan) {
+                (LogprobsMode::Raw, _) => {
+                    before(&mut masked.iter().enumerate().map(|(j, &v)| (ids(j), v)))
+                }
+                (LogprobsMode::Processed, Plan::Greedy { .. }) => {
+                    before(&mut z.iter().enumerate().map(|(j, &v)| (ids(j), v)))
+                }
+                (LogprobsMode::Processed, Plan::Draw { floor, .. }) => {
+                    let t = req.params.temperature;
+                    before(&mut z.iter().enumerate().filter_map(|(j, &v)| {
+                        let y = v / t;
+                        (y > f32::NEG_INFINITY && y >= *floor).then_some((ids(j), y))
+                    }))
+                }
+                (_, Plan::Failed(_)) => 0,
+            }
+        })
+        .collect())
+}
+
+/// Merges round 3 (`r3[shard][row]`, empty when no row asked for log-probabilities)
+/// with the earlier rounds: each row's result, as the unsharded call returns it.
+pub fn finish(
+    r1: &[Vec<Round1>],
+    r3: &[Vec<Round3>],
+    plans: &[Plan],
+    decisions: &[Decision],
+    reqs: &[Request],
+) -> Vec<RowResult> {
+    decisions
+        .iter()
+        .zip(plans.iter().zip(reqs))
+        .enumerate()
+        .map(|(r, (d, (plan, req)))| {
+            let token = d.token?;
+            let logprobs = req.params.logprobs.map(|n| {
+                let (vmax, cands): (f32, Vec<(u32, f32)>) = match (req.params.logprobs_mode, plan) {
+                    (LogprobsMode::Raw, Plan::Greedy { xmax, .. })
+                    | (LogprobsMode::Raw, Plan::Draw { xmax, .. }) => {
+                        (*xmax, of_row(r1, r).flat_map(|x| x.top_x.clone()).collect())
+                    }
+                    (LogprobsMode::Processed, Plan::Greedy { zmax, .. }) => {
+                        (*zmax, of_row(r1, r).flat_map(|x| x.top_z.clone()).collect())
+                    }
+                    (LogprobsMode::Processed, Plan::Draw { ymax, floor, .. }) => (
+                        *ymax,
+                        of_row(r1, r)
+                            .flat_map(|x| x.top_y.clone())
+                            .filter(|c| c.1 > f32::NEG_INFINITY && c.1 >= *floor)
+                            .collect(),
+                    ),
+                    (_, Plan::Failed(_)) => (0.0, Vec::new()),
+                };
+                let mut cands = cands;
+                cands.sort_by(rank_order);
+                let rank = 1 + r3.iter().map(|s| s[r]).sum::<u64>() as u32;
+                TokenLogprobs {
+                    logprob: logprob(d.value, vmax, d.lse),
+                    rank,
+                    top: cands
+                        .iter()
+                        .filter(|c| c.1 > f32::NEG_INFINITY)
+                        .take(n as usize)
+                        .map(|&(token, v)| TopLogprob {
+                            token,
+                            logprob: logprob(v, vmax, d.lse),
+                        })
+                        .collect(),
+                }
+            });
+            Ok(Sample {
+                token,
+                logprobs,
+                kept: None,
+            })
+        })
+        .collect()
+}
+
+/// Every round over `shards` in this process: the shards must cover `0 .. vocab` once
+/// (any order, uneven widths). Returns each row's result, as the unsharded call
+/// ([`crate::Backend::sample`]) returns it.
+pub fn sample_sharded(
+    shards: &[ShardRows<'_>],
+    vocab: usize,
+    reqs: &[Request],
+) -> Result<Vec<RowResult>> {
+    let mut spans: Vec<(usize, usize)> = shards.iter().map(|s| (s.offset, s.width)).collect();
+    spans.sort_unstable();
+    let mut at = 0;
+    for &(o, w) in &spans {
+        if o > at {
+            return Err(Error::Shape(format!(
+                "ids {at} .. {o} are in no shard: every id of 0 .. {vocab} must be in one"
+            )));
+        }
+        if o < at {
+            return Err(Error::Shape(format!(
+                "ids {o} .. {at} are in two shards: every id of 0 .. {vocab} must be in one"
+            )));
+        }
+        at = o + w;
+    }
+    if at != vocab {
+        return Err(Error::Shape(format!(
+            "the shards cover 0 .. {at} of a vocabulary of {vocab}"
+        )));
+    }
+    let r1: Vec<Vec<Round1>> = shards
+        .iter()
+        .map(|s| round1(s, vocab, reqs))
+        .collect::<Result<_>>()?;
+    let plans = plan(&r1, vocab, reqs)?;
+    let r2: Vec<Vec<Round2>> = shards
+        .iter()
+        .map(|s| round2(s, vocab, reqs, &plans))
+        .collect::<Result<_>>()?;
+    let decisions = decide(&r2, &plans, reqs);
+    let r3: Vec<Vec<Round3>> = if reqs.iter().any(|q| q.params.logprobs.is_some()) {
+        shards
+            .iter()
+            .map(|s| round3(s, vocab, reqs, &plans, &decisions))
+            .collect::<Result<_>>()?
+    } else {
+        Vec::new()
+    };
+    let r3 = if r3.is_empty() {
+        vec![vec![0; reqs.len()]]
+    } else {
+        r3
+    };
+    Ok(finish(&r1, &r3, &plans, &decisions, reqs))
+}
