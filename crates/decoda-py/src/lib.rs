@@ -516,10 +516,12 @@ fn entropy_seed() -> PyResult<u64> {
 }
 
 mod generate;
+mod shard;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Sampler>()?;
+    m.add_class::<shard::ShardCall>()?;
     m.add_class::<Head>()?;
     m.add_class::<generate::Model>()?;
     m.add_class::<generate::Generation>()?;
