@@ -226,21 +226,31 @@ fn bad(v: &[f32]) -> u64 {
     crate::pipeline::count_non_finite(v)
 }
 
-/// The `n` largest `(global id, value)` pairs in the contract's rank order.
-fn top(values: &[f32], offset: usize, n: usize) -> Vec<(u32, f32)> {
+/// The `n` largest `(global id, value)` pairs in the contract's rank order, in one pass
+/// that keeps at most `4 n` candidates (a value below the n-th kept one cannot enter;
+/// ids ascend, so an equal value ranks after the kept ones).
+fn top(values: impl Iterator<Item = f32>, offset: usize, n: usize) -> Vec<(u32, f32)> {
     if n == 0 {
         return Vec::new();
     }
-    let mut all: Vec<(u32, f32)> = values
-        .iter()
-        .enumerate()
-        .map(|(j, &v)| ((offset + j) as u32, v))
-        .collect();
-    let n = n.min(all.len());
-    all.select_nth_unstable_by(n - 1, rank_order);
-    all.truncate(n);
-    all.sort_by(rank_order);
-    all
+    let mut buf: Vec<(u32, f32)> = Vec::with_capacity(4 * n + 1);
+    let mut floor = f32::NEG_INFINITY;
+    let mut full = false;
+    for (j, v) in values.enumerate() {
+        if full && v.total_cmp(&floor) != std::cmp::Ordering::Greater {
+            continue;
+        }
+        buf.push(((offset + j) as u32, v));
+        if buf.len() > 4 * n {
+            buf.select_nth_unstable_by(n - 1, rank_order);
+            buf.truncate(n);
+            floor = buf.iter().map(|c| c.1).fold(f32::INFINITY, f32::min);
+            full = true;
+        }
+    }
+    buf.sort_by(rank_order);
+    buf.truncate(n);
+    buf
 }
 
 fn lp_count(req: &Request) -> usize {
@@ -277,8 +287,11 @@ pub fn round1(shard: &ShardRows<'_>, vocab: usize, reqs: &[Request]) -> Result<V
             let top_y = if t < crate::params::GREEDY_TEMPERATURE {
                 Vec::new()
             } else {
-                let y: Vec<f32> = z.iter().map(|&v| v / t).collect();
-                top(&y, shard.offset, top_k_of(req, vocab).max(n))
+                top(
+                    z.iter().map(|&v| v / t),
+                    shard.offset,
+                    top_k_of(req, vocab).max(n),
+                )
             };
             let raw = req.params.logprobs_mode == LogprobsMode::Raw;
             Round1 {
@@ -290,10 +303,10 @@ pub fn round1(shard: &ShardRows<'_>, vocab: usize, reqs: &[Request]) -> Result<V
                 top_z: if raw {
                     Vec::new()
                 } else {
-                    top(&z, shard.offset, n)
+                    top(z.iter().copied(), shard.offset, n)
                 },
                 top_x: if raw {
-                    top(&masked, shard.offset, n)
+                    top(masked.iter().copied(), shard.offset, n)
                 } else {
                     Vec::new()
                 },
