@@ -11,7 +11,8 @@
 # PyTorch is the machine's own (torch_peers.py). Writes into $OUT (8 files at most come
 # back): log (this script's output), err.txt (every command's stderr), gen.jsonl (generate
 # and the 512-token prefill), profile.jsonl, moe.jsonl, moe-profile.jsonl, torch.jsonl,
-# sampler.jsonl; each decoda line carries "build": "new" or "old".
+# sampler.jsonl; each decoda line carries "build": "new" or "old" (the speculative runs of
+# step 8 are gen.jsonl lines with "--draft" in their args).
 # The steps run in the order of what matters most, each under its own time limit, and
 # the whole under BUDGET seconds (default 470): a step that would not fit is skipped and
 # says so, so a slow step costs the ones after it, never the call.
@@ -161,5 +162,22 @@ for b in "${builds[@]}"; do
     2>>"$ERR" | tag "$b" >> "$OUT/sampler.jsonl"
   echo "$(date -u +%T) $b sampler rc=${PIPESTATUS[0]}"
 done
+
+# 8. speculative decoding (issue 57), new build: a draft made by perturbing the
+#    checkpoint's weights (the same size: what verifying K + 1 positions costs against
+#    K + 1 steps, and the acceptance), K = 4, greedy and T 0.8, B = 1 and 32; each run
+#    also decodes plainly and reports both speeds ("speedup", "acceptance")
+step speculative
+if fits 60; then
+  MD=/tmp/q3shape-draft-$QUICK
+  # shellcheck disable=SC2086
+  [ -d "$MD" ] || timeout "$(lim 200)" "$D" tiny-model "$MD" $SHAPE --perturb 0.02 2>>"$ERR"
+  for p in "$one" "--prompts /tmp/p32.jsonl"; do
+    for t in 0 0.8; do
+      # shellcheck disable=SC2086
+      gen new $p --temperature $t --device wgpu --draft "$MD" --speculate 4
+    done
+  done
+fi
 grep -v "^ *[0-9]*: \|^ *at " "$ERR" | tail -5
 step "done ($SECONDS s)"
