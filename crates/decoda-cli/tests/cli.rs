@@ -1117,7 +1117,8 @@ fn generate_json_shape_and_reproducibility() {
 /// with the sort cutoff at the batch, so plain steps keep each row alone as verification
 /// does), with a draft made by perturbing the model's weights (acceptance above 0.3, and
 /// the run saying its tokens equal plain decoding's) and an unrelated smaller one (lower
-/// acceptance); on the device too (B = 32, the close draft), where a wgpu adapter is; a draft of another vocabulary and `--speculate 0` exit 2.
+/// acceptance); on the device too (B = 1 and 32, the close draft), where a wgpu adapter
+/// is; a draft of another vocabulary and `--speculate 0` exit 2.
 #[test]
 fn generate_draft_gives_plain_decodings_tokens() {
     let target = tiny("spec-target", &["--seed", "3"]);
@@ -1205,14 +1206,19 @@ fn generate_draft_gives_plain_decodings_tokens() {
     // the host, against the run's own plain decoding sampled by the device's head (short
     // runs: lavapipe takes tens of milliseconds a call)
     if have_wgpu() {
-        // (B = 1 on the device: the library's model tests; each run here is a process
-        // that builds the device's pipelines anew, seconds on lavapipe)
-        let mut args = vec!["--max-tokens", "4", "--n", "32", "--sort-cutoff", "32"];
-        args.extend_from_slice(&["--draft", close.to_str().unwrap(), "--speculate", "3"]);
-        let s = gen("wgpu", &args);
-        assert!(s["device"].as_str().unwrap().starts_with("wgpu"), "{s}");
-        assert_eq!(s["equal_to_plain"], true, "{s}");
-        assert!(s["acceptance"].as_f64().unwrap() > 0.0, "{s}");
+        // (each run here is a process that builds the device's pipelines anew, seconds
+        // on lavapipe: short runs)
+        for batch in [
+            &["--max-tokens", "8"][..],
+            &["--max-tokens", "4", "--n", "32", "--sort-cutoff", "32"][..],
+        ] {
+            let mut args = batch.to_vec();
+            args.extend_from_slice(&["--draft", close.to_str().unwrap(), "--speculate", "3"]);
+            let s = gen("wgpu", &args);
+            assert!(s["device"].as_str().unwrap().starts_with("wgpu"), "{s}");
+            assert_eq!(s["equal_to_plain"], true, "{s}");
+            assert!(s["drafted"].as_u64().unwrap() > 0, "{s}");
+        }
     }
     // per batch: the perturbed draft's acceptance above 0.3 and above the unrelated one's
     for pair in acceptance.chunks(2) {
