@@ -18,7 +18,7 @@ use crate::head::{Head, SlotRequest, SlotStep};
 use crate::logits::Logits;
 use crate::model::generate::Engine;
 use crate::model::ops::{Acc, Act, ModelWeights, MoeBlock, NormId, Ops, RopeTable, WeightId};
-use crate::model::speculate::Forward;
+use crate::model::speculate::{check_segments, Forward};
 use crate::moe::{route_with, Dispatch, ExpertWeights};
 
 /// Floats of weights one task of a product reads (so ranges are fixed by the shapes).
@@ -216,27 +216,11 @@ impl CpuModel {
         self.rows.clear();
         self.tokens.clear();
         self.out_rows.clear();
-        let mut seen = vec![false; self.caches.len()];
-        for (i, &(slot, toks)) in segments.iter().enumerate() {
-            let c = self
-                .caches
-                .get(slot)
-                .ok_or_else(|| Error::Model(format!("segment {i}: slot {slot}: no such slot")))?;
-            if std::mem::replace(&mut seen[slot], true) {
-                return Err(Error::Model(format!(
-                    "segment {i}: slot {slot} appears twice"
-                )));
-            }
-            if toks.is_empty() {
-                return Err(Error::Model(format!("segment {i}: no tokens")));
-            }
+        check_segments(segments, self.caches.len(), v)?;
+        for &(slot, toks) in segments {
+            let at = self.caches[slot].len;
             for (j, &t) in toks.iter().enumerate() {
-                if t as usize >= v {
-                    return Err(Error::Model(format!(
-                        "segment {i} (slot {slot}): token {j} = {t} is not below vocab_size {v}"
-                    )));
-                }
-                self.rows.push((slot, c.len + j));
+                self.rows.push((slot, at + j));
                 self.tokens.push(t);
                 if every {
                     self.out_rows.push(self.rows.len() - 1);
@@ -245,9 +229,6 @@ impl CpuModel {
             if !every {
                 self.out_rows.push(self.rows.len() - 1);
             }
-        }
-        if self.rows.is_empty() {
-            return Err(Error::Model("a call needs at least one segment".into()));
         }
         let need = self.rows.iter().map(|r| r.1 + 1).max().unwrap_or(0);
         if need > self.rope.positions() {

@@ -134,7 +134,7 @@ pub struct SequenceOutput {
 }
 
 /// A run's outputs and timings.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     /// One output per sequence, in order.
     pub outputs: Vec<SequenceOutput>,
@@ -324,16 +324,7 @@ pub fn generate_checked<E: Engine + ?Sized>(
         .collect();
     let mut report = Report {
         outputs: vec![SequenceOutput::default(); seqs.len()],
-        prefill_ms: 0.0,
-        prefill_tokens: 0,
-        decode_ms: 0.0,
-        decode_tokens: 0,
-        moe_prefill: None,
-        moe_decode: None,
-        decode_steps: 0,
-        host_us_per_step: 0.0,
-        step_dispatches: None,
-        forked: 0,
+        ..Report::default()
     };
     let mut host_s = 0.0f64;
     let t0 = Instant::now();

@@ -61,6 +61,38 @@ pub trait Forward {
     }
 }
 
+/// The door of a call of several positions of several slots ([`Forward::extend`],
+/// `crate::cpu::CpuModel::run`), the same for every backend: at least one segment, each
+/// slot below `slots` and at most once, each segment of at least one token, every token
+/// below `vocab`. Errors name the segment.
+pub fn check_segments(segments: &[(usize, &[u32])], slots: usize, vocab: usize) -> Result<()> {
+    if segments.is_empty() {
+        return Err(Error::Model("a call needs at least one segment".into()));
+    }
+    let mut seen = vec![false; slots];
+    for (i, &(slot, toks)) in segments.iter().enumerate() {
+        if slot >= slots {
+            return Err(Error::Model(format!(
+                "segment {i}: slot {slot}: the model has {slots} slots"
+            )));
+        }
+        if std::mem::replace(&mut seen[slot], true) {
+            return Err(Error::Model(format!(
+                "segment {i}: slot {slot} appears twice"
+            )));
+        }
+        if toks.is_empty() {
+            return Err(Error::Model(format!("segment {i}: no tokens")));
+        }
+        if let Some((j, t)) = toks.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+            return Err(Error::Model(format!(
+                "segment {i} (slot {slot}): token {j} = {t} is not below vocab_size {vocab}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A speculative run's outputs, timings and acceptance.
 #[derive(Debug, Clone, Serialize)]
 pub struct SpeculativeReport {
@@ -165,16 +197,7 @@ pub fn generate_speculative(
     let mut report = SpeculativeReport {
         report: Report {
             outputs: vec![SequenceOutput::default(); n],
-            prefill_ms: 0.0,
-            prefill_tokens: 0,
-            decode_ms: 0.0,
-            decode_tokens: 0,
-            moe_prefill: None,
-            moe_decode: None,
-            decode_steps: 0,
-            host_us_per_step: 0.0,
-            step_dispatches: None,
-            forked: 0,
+            ..Report::default()
         },
         drafted: 0,
         accepted: 0,
@@ -230,16 +253,11 @@ pub fn generate_speculative(
         let drafts: Vec<Vec<u32>> = drafted.iter().map(|d| d.tokens.clone()).collect();
 
         // 2. the target: its lagging token and the drafted ones, logits for each
-        let mut before = Vec::with_capacity(going.len());
+        let before: Vec<usize> = going.iter().map(|&i| target.positions(i)).collect();
         let runs: Vec<Vec<u32>> = going
             .iter()
             .zip(&drafts)
-            .map(|(&i, d)| {
-                before.push(target.positions(i));
-                let mut t = places[i].target_behind.clone();
-                t.extend_from_slice(d);
-                t
-            })
+            .map(|(&i, d)| [places[i].target_behind.as_slice(), d].concat())
             .collect();
         let segments: Vec<(usize, &[u32])> = going
             .iter()

@@ -7,7 +7,7 @@
 //! (`wgpu_positions_per_call_do_not_change_the_logits`).
 
 use crate::error::{Error, Result};
-use crate::model::speculate::Forward;
+use crate::model::speculate::{check_segments, Forward};
 
 use super::super::buffers::make_buffer;
 use super::super::profile::Passes;
@@ -128,28 +128,9 @@ impl Forward for WgpuModel {
 
     fn extend(&mut self, segments: &[(usize, &[u32])]) -> Result<Vec<f32>> {
         let v = self.model.config().vocab_size;
-        let mut seen = vec![false; self.slots];
+        check_segments(segments, self.slots, v)?;
         let mut rows = Vec::new();
-        for (i, &(slot, toks)) in segments.iter().enumerate() {
-            if slot >= self.slots {
-                return Err(Error::Model(format!(
-                    "segment {i}: slot {slot}: the model has {} slots",
-                    self.slots
-                )));
-            }
-            if std::mem::replace(&mut seen[slot], true) {
-                return Err(Error::Model(format!(
-                    "segment {i}: slot {slot} appears twice"
-                )));
-            }
-            if toks.is_empty() {
-                return Err(Error::Model(format!("segment {i}: no tokens")));
-            }
-            if let Some((j, t)) = toks.iter().enumerate().find(|(_, &t)| t as usize >= v) {
-                return Err(Error::Model(format!(
-                    "segment {i} (slot {slot}): token {j} = {t} is not below vocab_size {v}"
-                )));
-            }
+        for &(slot, toks) in segments {
             if self.positions[slot] + toks.len() > self.max_pos {
                 return Err(Error::Model(format!(
                     "slot {slot}: {} tokens exceed the {} positions the cache holds",
@@ -158,9 +139,6 @@ impl Forward for WgpuModel {
                 )));
             }
             rows.extend(toks.iter().map(|&t| (slot, t)));
-        }
-        if rows.is_empty() {
-            return Err(Error::Model("a call needs at least one segment".into()));
         }
         let mut out = Vec::with_capacity(rows.len() * v);
         for chunk in rows.chunks(self.extend_rows()) {
