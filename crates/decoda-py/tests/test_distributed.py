@@ -73,7 +73,9 @@ WORKER = textwrap.dedent(
         except ValueError as e:
             want_text = {"overlap": "two shards", "seeds": "digest", "top_p": "top_p"}[case]
             assert want_text in str(e), (case, str(e))
-    print(f"OK {rank}", flush=True)
+    # one file per rank: ranks' prints through mpirun can interleave within a line
+    import os, pathlib
+    (pathlib.Path(os.environ["DECODA_OK_DIR"]) / f"ok-{rank}").write_text("OK")
     """
 )
 
@@ -98,12 +100,12 @@ def test_mpi_sharded_sampling_matches_unsharded(ranks, tmp_path):
         [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(ranks), _python(),
          str(script), "mpi"],
         capture_output=True, text=True, timeout=240,
-        env=dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="1"),
+        env=dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="1",
+                 DECODA_OK_DIR=str(tmp_path)),
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert sorted(out.stdout.split()) == sorted(
-        sum([["OK", str(r)] for r in range(ranks)], [])
-    ), out.stdout
+    done = sorted(p.name for p in tmp_path.glob("ok-*"))
+    assert done == [f"ok-{r}" for r in range(ranks)], out.stdout + out.stderr
 
 
 def test_torch_gloo_sharded_sampling_matches_unsharded(tmp_path):
@@ -111,12 +113,14 @@ def test_torch_gloo_sharded_sampling_matches_unsharded(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     init = f"file://{tmp_path / 'rendezvous'}"
+    env = dict(os.environ, DECODA_OK_DIR=str(tmp_path))
     procs = [
-        subprocess.Popen([_python(), str(script), "torch", str(r), "3", init],
+        subprocess.Popen([_python(), str(script), "torch", str(r), "3", init], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for r in range(3)
     ]
-    for r, p in enumerate(procs):
-        out, err = p.communicate(timeout=240)
+    for p in procs:
+        _, err = p.communicate(timeout=240)
         assert p.returncode == 0, err
-        assert out.split() == ["OK", str(r)], out
+    done = sorted(p.name for p in tmp_path.glob("ok-*"))
+    assert done == [f"ok-{r}" for r in range(3)]
