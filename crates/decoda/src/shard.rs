@@ -63,9 +63,10 @@ pub struct Round1 {
     /// The largest raw (masked) logit.
     pub xmax: f32,
     /// The `max(k, n)` largest y in the contract's rank order (empty for greedy
-    /// temperatures).
+    /// temperatures). The lists hold values other than NaN and `-inf` only, so they may
+    /// be shorter than asked.
     pub top_y: Vec<(u32, f32)>,
-    /// The `n` largest z (processed log-probabilities of a greedy row).
+    /// The `n` largest z (processed log-probabilities).
     pub top_z: Vec<(u32, f32)>,
     /// The `n` largest raw logits (raw log-probabilities).
     pub top_x: Vec<(u32, f32)>,
@@ -123,7 +124,7 @@ pub struct Decision {
 pub type Round3 = u64;
 
 /// FNV-1a of the request as JSON and the vocabulary.
-fn digest(req: &Request, vocab: usize) -> u64 {
+pub(crate) fn digest(req: &Request, vocab: usize) -> u64 {
     let bytes = serde_json::to_vec(req).unwrap_or_default();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes.iter().chain(&(vocab as u64).to_le_bytes()) {
@@ -151,22 +152,18 @@ fn refused(req: &Request) -> Option<&'static str> {
     }
 }
 
-/// Checks the call: one request a row, each valid for V and run sharded, the shard
-/// within V and its logits `[rows, width]`.
-fn check(shard: &ShardRows<'_>, vocab: usize, reqs: &[Request]) -> Result<()> {
-    if shard.width == 0 || shard.offset + shard.width > vocab {
+/// Checks a shard's requests: one a row, each valid for V and run sharded, and the
+/// shard's ids `offset .. offset + width` within V (every backend's door).
+pub(crate) fn check_rows(
+    width: usize,
+    offset: usize,
+    vocab: usize,
+    reqs: &[Request],
+) -> Result<()> {
+    if width == 0 || offset + width > vocab {
         return Err(Error::Shape(format!(
-            "a shard of ids {} .. {} in a vocabulary of {vocab}",
-            shard.offset,
-            shard.offset + shard.width
-        )));
-    }
-    if shard.logits.len() != reqs.len() * shard.width {
-        return Err(Error::Shape(format!(
-            "{} logits for {} rows of {} ids",
-            shard.logits.len(),
-            reqs.len(),
-            shard.width
+            "a shard of ids {offset} .. {} in a vocabulary of {vocab}",
+            offset + width
         )));
     }
     for (row, r) in reqs.iter().enumerate() {
@@ -179,6 +176,20 @@ fn check(shard: &ShardRows<'_>, vocab: usize, reqs: &[Request]) -> Result<()> {
                 expected: "off in a sharded call (this stage is not sharded yet)",
             });
         }
+    }
+    Ok(())
+}
+
+/// Checks the call: [`check_rows`], and the logits `[rows, width]`.
+fn check(shard: &ShardRows<'_>, vocab: usize, reqs: &[Request]) -> Result<()> {
+    check_rows(shard.width, shard.offset, vocab, reqs)?;
+    if shard.logits.len() != reqs.len() * shard.width {
+        return Err(Error::Shape(format!(
+            "{} logits for {} rows of {} ids",
+            shard.logits.len(),
+            reqs.len(),
+            shard.width
+        )));
     }
     Ok(())
 }
@@ -226,9 +237,22 @@ fn bad(v: &[f32]) -> u64 {
     crate::pipeline::count_non_finite(v)
 }
 
-/// The `n` largest `(global id, value)` pairs in the contract's rank order, in one pass
-/// that keeps at most `4 n` candidates (a value below the n-th kept one cannot enter;
-/// ids ascend, so an equal value ranks after the kept ones).
+/// Whether a value enters the top lists: neither NaN (its row fails) nor `-inf` (it
+/// never counts: a list shorter than asked means the rest are `-inf`).
+pub(crate) fn listed(v: f32) -> bool {
+    !v.is_nan() && v != f32::NEG_INFINITY
+}
+
+/// The `n` first of `cands` in the contract's rank order.
+pub(crate) fn ranked(mut cands: Vec<(u32, f32)>, n: usize) -> Vec<(u32, f32)> {
+    cands.sort_by(rank_order);
+    cands.truncate(n);
+    cands
+}
+
+/// The `n` largest listed `(global id, value)` pairs in the contract's rank order, in one
+/// pass that keeps at most `4 n` candidates (a value below the n-th kept one cannot
+/// enter; ids ascend, so an equal value ranks after the kept ones).
 fn top(values: impl Iterator<Item = f32>, offset: usize, n: usize) -> Vec<(u32, f32)> {
     if n == 0 {
         return Vec::new();
@@ -237,7 +261,7 @@ fn top(values: impl Iterator<Item = f32>, offset: usize, n: usize) -> Vec<(u32, 
     let mut floor = f32::NEG_INFINITY;
     let mut full = false;
     for (j, v) in values.enumerate() {
-        if full && v.total_cmp(&floor) != std::cmp::Ordering::Greater {
+        if !listed(v) || (full && v.total_cmp(&floor) != std::cmp::Ordering::Greater) {
             continue;
         }
         buf.push(((offset + j) as u32, v));
@@ -248,9 +272,7 @@ fn top(values: impl Iterator<Item = f32>, offset: usize, n: usize) -> Vec<(u32, 
             full = true;
         }
     }
-    buf.sort_by(rank_order);
-    buf.truncate(n);
-    buf
+    ranked(buf, n)
 }
 
 fn lp_count(req: &Request) -> usize {
@@ -263,6 +285,21 @@ fn top_k_of(req: &Request, vocab: usize) -> usize {
         k
     } else {
         0
+    }
+}
+
+/// How many entries round 1 lists for a row: `(top_y, top_z, top_x)`.
+pub(crate) fn list_sizes(req: &Request, vocab: usize) -> (usize, usize, usize) {
+    let n = lp_count(req);
+    let m_y = if req.params.temperature < crate::params::GREEDY_TEMPERATURE {
+        0
+    } else {
+        top_k_of(req, vocab).max(n)
+    };
+    if req.params.logprobs_mode == LogprobsMode::Raw {
+        (m_y, 0, n)
+    } else {
+        (m_y, n, 0)
     }
 }
 
@@ -282,34 +319,16 @@ pub fn round1(shard: &ShardRows<'_>, vocab: usize, reqs: &[Request]) -> Result<V
                 }
             }
             let xmax = masked.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let n = lp_count(req);
+            let (m_y, n_z, n_x) = list_sizes(req, vocab);
             let t = req.params.temperature;
-            let top_y = if t < crate::params::GREEDY_TEMPERATURE {
-                Vec::new()
-            } else {
-                top(
-                    z.iter().map(|&v| v / t),
-                    shard.offset,
-                    top_k_of(req, vocab).max(n),
-                )
-            };
-            let raw = req.params.logprobs_mode == LogprobsMode::Raw;
             Round1 {
                 digest: digest(req, vocab),
                 bad: (bad(&masked), bad(&z)),
                 zmax,
                 xmax,
-                top_y,
-                top_z: if raw {
-                    Vec::new()
-                } else {
-                    top(z.iter().copied(), shard.offset, n)
-                },
-                top_x: if raw {
-                    top(masked.iter().copied(), shard.offset, n)
-                } else {
-                    Vec::new()
-                },
+                top_y: top(z.iter().map(|&v| v / t), shard.offset, m_y),
+                top_z: top(z.iter().copied(), shard.offset, n_z),
+                top_x: top(masked.iter().copied(), shard.offset, n_x),
             }
         })
         .collect())
