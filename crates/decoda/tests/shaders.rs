@@ -5,7 +5,7 @@
 #![cfg(feature = "wgpu")]
 
 /// The variants of the sampler's module (workgroup-memory and subgroup reductions, 64-bit
-/// Philox products), the model's ops, and the matrix products and the MoE dispatch (a module each
+/// Philox products), the sharded sampling's summaries, the model's ops, and the matrix products and the MoE dispatch (a module each
 /// per weight format).
 fn shaders() -> Vec<(String, String)> {
     let mut v: Vec<(String, String)> = [
@@ -21,6 +21,11 @@ fn shaders() -> Vec<(String, String)> {
         (
             "sample (subgroups, 64-bit Philox products)",
             decoda::wgpu::shader_source_with(true, true),
+        ),
+        ("shard summaries", decoda::wgpu::shard_shader_source(false)),
+        (
+            "shard summaries (64-bit Philox products)",
+            decoda::wgpu::shard_shader_source(true),
         ),
     ]
     .into_iter()

@@ -311,6 +311,30 @@ mod tests {
         );
     }
 
+    /// The sharded-sampling summaries' call block and row parameters against their WGSL.
+    #[test]
+    fn shard_params_match_the_wgsl() {
+        use super::super::shard::{shard_shader_source, ShardCallU, ShardRowU};
+        {
+            let src = shard_shader_source(false);
+            let m = parse(&src);
+            check(
+                &m,
+                "ShardCall",
+                std::mem::size_of::<ShardCallU>(),
+                &fields!(ShardCallU; rows, width, offset, stride, base, chunks, zero, dtype),
+            );
+            check(
+                &m,
+                "RowP",
+                std::mem::size_of::<ShardRowU>(),
+                &fields!(ShardRowU; flags, t, seed_lo, seed_hi, step_lo, step_hi, touch_off,
+                    touch_len, mask_off, rep, freq, pres, kind, token, floor, vmax, thr_z,
+                    thr_x, gz_off, gx_off),
+            );
+        }
+    }
+
     fn constant(m: &naga::Module, name: &str) -> u64 {
         for (_, c) in m.constants.iter() {
             if c.name.as_deref() == Some(name) {

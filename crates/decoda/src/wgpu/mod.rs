@@ -31,7 +31,8 @@
 //! call), `call` (a step's call block, which the sampler and the head
 //! both build), `head` (the sampling head: slots whose state lives on the device),
 //! `staging` (per-call parameters on their way to the device), `host` (the host API:
-//! upload, submit, read back), `moe` (the MoE layer), `model` (the model's ops) and
+//! upload, submit, read back), `shard` (a vocabulary shard's summaries for sharded
+//! sampling, [`WgpuShard`]), `moe` (the MoE layer), `model` (the model's ops) and
 //! `bench` (timing hooks for the CLI's benchmarks).
 //!
 //! ```no_run
@@ -61,6 +62,7 @@ mod profile;
 mod rows;
 mod sampler;
 mod shaders;
+mod shard;
 mod staging;
 mod views;
 
@@ -82,4 +84,5 @@ pub use shaders::{
     shader_source, shader_source_with, weight_format_source, REDUCE_SG, REDUCE_WG, SHADER_FMATH,
     SHADER_FMATH_INT64, SHADER_HALF, SHADER_MAIN, WEIGHT_FORMATS,
 };
+pub use shard::{shard_shader_source, WgpuShard};
 pub use views::{DeviceLogits, DeviceMasks, DeviceOutputs};
