@@ -270,14 +270,17 @@ mod wgpu {
     }
 
     /// The suite's position invariance (`testing::speculate`) on the device: five and
-    /// three positions of two slots in one call give the one-position calls' bits.
+    /// three positions of two slots in one call give the one-position calls' bits (f32;
+    /// bf16 and q4g64 in the full tier: the device's products are one order per output
+    /// whatever the format, which `wgpu_matches_mlx` checks at B = 1, 9 and 33).
     #[test]
     fn wgpu_verification_forward_is_position_invariant() {
         if !available() {
             return;
         }
         let t = tmp("wgpu-invariant");
-        decoda::testing::speculate::forward_is_position_invariant(&dev_forward, &t)
+        let every = decoda::testing::full_tier();
+        decoda::testing::speculate::forward_is_position_invariant(&dev_forward, &t, every)
             .unwrap_or_else(|e| panic!("{e}"));
         let _ = std::fs::remove_dir_all(t);
     }
@@ -995,7 +998,7 @@ fn cpu_forward(
 #[test]
 fn cpu_verification_forward_is_position_invariant() {
     let t = tmp("cpu-invariant");
-    decoda::testing::speculate::forward_is_position_invariant(&cpu_forward, &t)
+    decoda::testing::speculate::forward_is_position_invariant(&cpu_forward, &t, true)
         .unwrap_or_else(|e| panic!("{e}"));
     let _ = std::fs::remove_dir_all(t);
 }

@@ -37,9 +37,14 @@ fn bits(rows: &[f32]) -> Vec<u32> {
 
 /// Two slots run five and three tokens as one call each; every row equals, bit for bit,
 /// the row of one-token calls of both slots at that position; after dropping a slot's
-/// last three positions, running them again gives the same rows. For f32, bf16 and
-/// 4-bit (q4g64) checkpoints whose MoE layers sort every call of more than one token.
-pub fn forward_is_position_invariant(make: MakeForward<'_>, dir: &Path) -> Result<(), String> {
+/// last three positions, running them again gives the same rows. For an f32 checkpoint
+/// whose MoE layers sort every call of more than one token, and with `every_format` bf16
+/// and 4-bit (q4g64) ones too.
+pub fn forward_is_position_invariant(
+    make: MakeForward<'_>,
+    dir: &Path,
+    every_format: bool,
+) -> Result<(), String> {
     let specs = [
         ("f32", TinySpec::default()),
         (
@@ -59,7 +64,8 @@ pub fn forward_is_position_invariant(make: MakeForward<'_>, dir: &Path) -> Resul
             },
         ),
     ];
-    for (name, spec) in specs {
+    let formats = if every_format { specs.len() } else { 1 };
+    for (name, spec) in specs.into_iter().take(formats) {
         let v = spec.vocab as u32;
         let model = Arc::new(
             // a sort cutoff of 1: a call of more than one token would sort, unless the
