@@ -338,6 +338,13 @@ fn large_vocabulary_rows_on_the_device() {
             close(&got[r], &want[r]).unwrap_or_else(|e| panic!("{cuts:?} row {r}: {e}"));
         }
     }
+    // a greedy row alone (no lists: round 1 reads back no histograms)
+    let first = &x[..v];
+    let want = CpuSampler::new()
+        .sample(&Logits::f32(first, 1, v).unwrap(), &reqs[..1])
+        .unwrap();
+    let got = run_mixed(&s, first, 1, v, &spans(v, &[3]), &[true, true], &reqs[..1]).unwrap();
+    close(&got[0], &want[0]).unwrap();
     // B = 1, the row alone
     let one = &x[v..2 * v];
     let want = CpuSampler::new()

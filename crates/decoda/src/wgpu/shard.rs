@@ -447,7 +447,10 @@ impl WgpuShard {
             }
         }
         let chunks = v.call.chunks as usize;
-        let hist_words = v.rows * 2 * BINS;
+        // the histograms only when some row lists (a greedy or plain-temperature call
+        // without log-probabilities reads back its partials alone)
+        let lists = rows.iter().any(|r| r.flags & (RF_HIST_Z | RF_HIST_X) != 0);
+        let hist_words = if lists { v.rows * 2 * BINS } else { 0 };
         let [parts, hist, _, _] = self.run(
             &v,
             &rows,
@@ -456,7 +459,7 @@ impl WgpuShard {
             &[R1],
             hist_words,
             0,
-            [true, true, false, false],
+            [true, lists, false, false],
         )?;
         let mut out: Vec<Round1> = reqs
             .iter()
@@ -497,19 +500,17 @@ impl WgpuShard {
         // the lists: gather from the bin holding each list's last entry, lower while
         // a y list's last entry is not above every y a left-out z can give
         let hist_of = |r: usize, x: bool| &hist[(2 * r + usize::from(x)) * BINS..][..BINS];
-        let mut start: Vec<(usize, usize)> = sizes
-            .iter()
-            .enumerate()
-            .map(|(r, &(m_y, n_z, n_x))| {
-                (
-                    from_top(hist_of(r, false), m_y.max(n_z)),
-                    from_top(hist_of(r, true), n_x),
-                )
-            })
-            .collect();
         let mut todo: Vec<usize> = (0..reqs.len())
             .filter(|&r| sizes[r].0.max(sizes[r].1).max(sizes[r].2) > 0)
             .collect();
+        let mut start: Vec<(usize, usize)> = vec![(BINS, BINS); reqs.len()];
+        for &r in &todo {
+            let (m_y, n_z, n_x) = sizes[r];
+            start[r] = (
+                from_top(hist_of(r, false), m_y.max(n_z)),
+                from_top(hist_of(r, true), n_x),
+            );
+        }
         while !todo.is_empty() {
             let mut g = vec![Gather::default(); reqs.len()];
             let mut at = 0usize;
