@@ -19,9 +19,11 @@ __all__ = ["sample"]
 
 
 def _allgather(group: Any) -> Callable[[Any], List[Any]]:
-    """The group's all-gather of a picklable object: mpi4py's ``allgather``, or
-    ``torch.distributed.all_gather_object``."""
-    if hasattr(group, "allgather"):
+    """The group's all-gather of a picklable object: an mpi4py communicator's
+    ``allgather``, or ``torch.distributed.all_gather_object`` (a torch ``ProcessGroup``
+    has an ``allgather`` method too, of tensors: it is told apart by mpi4py's
+    ``Get_rank``)."""
+    if hasattr(group, "Get_rank") and hasattr(group, "allgather"):
         return group.allgather
     import torch.distributed as dist
 
