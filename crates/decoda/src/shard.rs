@@ -773,3 +773,53 @@ pub fn sample_sharded(
     };
     Ok(finish(&r1, &r3, &plans, &decisions, reqs))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The gated draw against drawing every kept token: random rows (ties, `-inf`, wide
+    /// and narrow spreads), temperatures, floors and offsets.
+    #[test]
+    fn gated_draw_is_drawing_every_kept_token() {
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for case in 0..400 {
+            let n = 1 + (next() % 3000) as usize;
+            let spread = [0.5f32, 6.0, 40.0][case % 3];
+            let z: Vec<f32> = (0..n)
+                .map(|i| match next() % 13 {
+                    0 => f32::NEG_INFINITY,
+                    1 => (i % 4) as f32, // ties
+                    _ => (next() % 1_000_000) as f32 / 1e6 * spread - spread / 2.0,
+                })
+                .collect();
+            let t = [0.3f32, 1.0, 1.7, 7.0][case % 4];
+            let floor = if case % 5 == 0 {
+                f32::NEG_INFINITY
+            } else {
+                ((next() % 1000) as f32 / 1000.0 - 0.5) * spread / t
+            };
+            let offset = (next() % 200_000) as usize;
+            let (seed, step) = (next(), next() % 1000);
+            let mut want: Option<(f32, u32, f32, f32)> = None;
+            for (j, &zj) in z.iter().enumerate() {
+                let y = zj / t;
+                if !(y > f32::NEG_INFINITY && y >= floor) {
+                    continue;
+                }
+                let id = (offset + j) as u32;
+                let s = y + crate::philox::gumbel(seed, step, id);
+                if want.is_none_or(|b| s > b.0) {
+                    want = Some((s, id, y, 0.0));
+                }
+            }
+            assert_eq!(draw(&z, t, floor, offset, seed, step), want, "case {case}");
+        }
+    }
+}

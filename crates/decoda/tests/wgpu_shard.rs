@@ -225,6 +225,7 @@ proptest! {
             4,
         ),
         crowd in any::<bool>(),
+        poison in any::<bool>(),
     ) {
         let Some(s) = shard_kernels() else { return Ok(()) };
         let mut x = decoda::testing::synthetic::uniform(rows * v, 6.0, seed);
@@ -249,6 +250,12 @@ proptest! {
             for (a, &id) in alphabet.iter().enumerate() {
                 x[r * v + id as usize] = 7.5 - a as f32 * 0.25;
             }
+        }
+        if poison {
+            // row 0: +inf where the rows' -inf bias lands (the CPU's z is NaN there);
+            // the last row: a NaN
+            x[((seed / 7) as usize) % v] = f32::INFINITY;
+            x[(rows - 1) * v + (seed as usize % v)] = f32::NAN;
         }
         let reqs: Vec<Request> = (0..rows)
             .map(|r| {
@@ -487,6 +494,20 @@ fn half_logits() {
         .unwrap();
         let dev = s.round1(&view, 1000, 4000, &reqs).unwrap();
         assert_eq!(dev, host, "{dtype}");
+        // rounds 2 and 3 over the same view (this shard alone merged)
+        let shard = ShardRows {
+            logits: &back,
+            width: v,
+            offset: 1000,
+        };
+        let plans = plan(&[host], 4000, &reqs).unwrap();
+        let h2 = round2(&shard, 4000, &reqs, &plans).unwrap();
+        let d2 = s.round2(&view, 1000, 4000, &reqs, &plans).unwrap();
+        same_round2(&d2, &h2).unwrap_or_else(|e| panic!("{dtype}: {e}"));
+        let dec = decide(&[h2], &plans, &reqs);
+        let h3 = round3(&shard, 4000, &reqs, &plans, &dec).unwrap();
+        let d3 = s.round3(&view, 1000, 4000, &reqs, &plans, &dec).unwrap();
+        assert_eq!(d3, h3, "{dtype}");
     }
 }
 

@@ -362,6 +362,23 @@ impl WgpuShard {
             2 * v.rows,
             gath_words,
         ];
+        let limits = device.limits();
+        let most = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        for (w, what) in
+            words
+                .iter()
+                .zip(["partials", "histograms", "gather counts", "gathered values"])
+        {
+            if 4 * *w as u64 > most {
+                return Err(Error::Shape(format!(
+                    "the call's {what} need {} bytes, past the adapter's {most}-byte \
+                     storage binding: fewer rows a call (or a smaller top_k)",
+                    4 * *w as u64
+                )));
+            }
+        }
         let rw = U::STORAGE | U::COPY_SRC | U::COPY_DST;
         let outs: Vec<wgpu::Buffer> = words
             .iter()

@@ -147,8 +147,7 @@ fn x_of(row: u32, rp: RowP, j: u32) -> f32 {
 // frequency and presence, DRY, in that order) when the row's sorted touch records
 // (id, flags: 1 bias 2 seen, bias bits, output count, DRY bits) hold it.
 fn z_of(rp: RowP, id: u32, x: f32) -> f32 {
-    // (a NaN or +inf logit gives a non-finite z on the CPU too: its row fails)
-    if ((rp.flags & RF_TOUCH) == 0u || is_bad(x)) {
+    if ((rp.flags & RF_TOUCH) == 0u || is_nan(x)) {
         return x;
     }
     var lo = 0u;
@@ -174,6 +173,14 @@ fn z_of(rp: RowP, id: u32, x: f32) -> f32 {
         return x;
     }
     let tf = touches[at + 1u];
+    if (bitcast<u32>(x) == 0x7f800000u) {
+        // +inf stays +inf through every step but a -inf bias, which makes NaN (as the
+        // CPU's arithmetic does; the row fails either way)
+        if ((tf & 1u) != 0u && is_neg_inf(bitcast<f32>(touches[at + 2u]))) {
+            return bitcast<f32>(0x7fc00000u);
+        }
+        return x;
+    }
     var z = x;
     if ((tf & 1u) != 0u) {
         let b = bitcast<f32>(touches[at + 2u]);
@@ -269,7 +276,9 @@ fn r1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li
         let z = z_of(rp, id, x);
         if (is_bad(x)) {
             bx = bx + 1u;
-        } else if (cmp_key(x) > cmp_key(xm)) {
+        }
+        // f32::max's: NaN left out, +inf kept
+        if (!is_nan(x) && cmp_key(x) > cmp_key(xm)) {
             xm = x;
         }
         if (is_bad(z)) {
@@ -345,6 +354,9 @@ fn r1_gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let end = end_of(chunk);
     let hz = (rp.flags & RF_HIST_Z) != 0u;
     let hx = (rp.flags & RF_HIST_X) != 0u;
+    if (!hz && !hx) {
+        return;
+    }
     for (var j = chunk * CHUNK + lid; j < end; j = j + WGS) {
         let x = x_of(row, rp, j);
         let id = call.offset + j;
