@@ -38,6 +38,7 @@ def main() -> None:
         shard = np.ascontiguousarray(x[:, lo:hi])
         seeds = list(range(b))
         for name, params in (("greedy", {"temperature": 0}),
+                             ("T 1.0", {"temperature": 1.0}),
                              ("top_k 50, T 0.8", {"temperature": 0.8, "top_k": 50})):
             def sharded():
                 return decoda.distributed.sample(shard, params, seeds=seeds, offset=lo,
