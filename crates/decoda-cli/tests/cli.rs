@@ -450,6 +450,17 @@ fn bench_device_json_fields() {
             assert!(stages
                 .values()
                 .all(|t| t.as_f64().is_some_and(|t| t >= 0.0)));
+            // the slowest profiled call's stages: the same names, a total at least the
+            // median call's
+            let slowest = l["stages_slowest_us"]
+                .as_object()
+                .expect("stages_slowest_us");
+            let names: Vec<&str> = slowest.keys().map(String::as_str).collect();
+            assert_eq!(names, want, "{l}");
+            let total = |m: &serde_json::Map<String, serde_json::Value>| {
+                m.values().map(|t| t.as_f64().unwrap()).sum::<f64>()
+            };
+            assert!(total(slowest) >= total(stages), "{l}");
         }
     }
 }
