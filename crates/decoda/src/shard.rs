@@ -104,7 +104,7 @@ pub enum Plan {
 }
 
 /// Round 2 of one row on one shard.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Round2 {
     /// The shard's best `(y + g, id, y, raw logit)` over its kept tokens (draws).
     pub best: Option<(f32, u32, f32, f32)>,
@@ -181,6 +181,24 @@ pub(crate) fn check_rows(
                 expected: "off in a sharded call (this stage is not sharded yet)",
             });
         }
+    }
+    Ok(())
+}
+
+/// Checks that the merged plans (and decisions) a later round takes are one a row
+/// (every backend's rounds 2 and 3).
+pub(crate) fn check_merged(
+    reqs: &[Request],
+    plans: &[Plan],
+    decisions: Option<&[Decision]>,
+) -> Result<()> {
+    let d = decisions.map_or(reqs.len(), <[Decision]>::len);
+    if plans.len() != reqs.len() || d != reqs.len() {
+        return Err(Error::Shape(format!(
+            "{} plans and {d} decisions for {} rows",
+            plans.len(),
+            reqs.len()
+        )));
     }
     Ok(())
 }
@@ -493,67 +511,55 @@ pub fn round2(
     plans: &[Plan],
 ) -> Result<Vec<Round2>> {
     check(shard, vocab, reqs)?;
-    if plans.len() != reqs.len() {
-        return Err(Error::Shape(format!(
-            "{} plans for {} rows",
-            plans.len(),
-            reqs.len()
-        )));
-    }
+    check_merged(reqs, plans, None)?;
     Ok(by_row(reqs.len(), |r| {
         let (req, plan) = (&reqs[r], &plans[r]);
-        {
-            let x = &shard.logits[r * shard.width..(r + 1) * shard.width];
-            let mut out = Round2 {
-                best: None,
-                greedy_x: None,
-                lse_part: 0.0,
-            };
-            if matches!(plan, Plan::Failed(_)) {
-                return out;
-            }
-            let (masked, z) = row_values(x, shard.offset, req);
-            let raw = req.params.logprobs_mode == LogprobsMode::Raw;
-            let wants_lp = req.params.logprobs.is_some();
-            match *plan {
-                Plan::Greedy { token, zmax, xmax } => {
-                    let t = token as usize;
-                    if t >= shard.offset && t < shard.offset + shard.width {
-                        out.greedy_x = Some(masked[t - shard.offset]);
-                    }
-                    if wants_lp {
-                        out.lse_part = if raw {
-                            masked.iter().map(|&v| f64::from(v - xmax).exp()).sum()
-                        } else {
-                            z.iter().map(|&v| f64::from(v - zmax).exp()).sum()
-                        };
-                    }
-                }
-                Plan::Draw { ymax, floor, xmax } => {
-                    let t = req.params.temperature;
-                    let kept = |y: f32| y > f32::NEG_INFINITY && y >= floor;
-                    out.best = draw(&z, t, floor, shard.offset, req.state.seed, req.state.step);
-                    if wants_lp {
-                        out.lse_part = if raw {
-                            masked.iter().map(|&v| f64::from(v - xmax).exp()).sum()
-                        } else {
-                            let zl = z_lower_bound(floor, t);
-                            z.iter()
-                                .filter(|&&zj| zj >= zl)
-                                .map(|&zj| zj / t)
-                                .filter(|&y| kept(y))
-                                .map(|y| f64::from(y - ymax).exp())
-                                .sum()
-                        };
-                    }
-                    if let Some(b) = out.best.as_mut() {
-                        b.3 = masked[b.1 as usize - shard.offset];
-                    }
-                }
-                Plan::Failed(_) => {}
-            }
-            out
+        let x = &shard.logits[r * shard.width..(r + 1) * shard.width];
+        let mut out = Round2::default();
+        if matches!(plan, Plan::Failed(_)) {
+            return out;
         }
+        let (masked, z) = row_values(x, shard.offset, req);
+        let raw = req.params.logprobs_mode == LogprobsMode::Raw;
+        let wants_lp = req.params.logprobs.is_some();
+        match *plan {
+            Plan::Greedy { token, zmax, xmax } => {
+                let t = token as usize;
+                if t >= shard.offset && t < shard.offset + shard.width {
+                    out.greedy_x = Some(masked[t - shard.offset]);
+                }
+                if wants_lp {
+                    out.lse_part = if raw {
+                        masked.iter().map(|&v| f64::from(v - xmax).exp()).sum()
+                    } else {
+                        z.iter().map(|&v| f64::from(v - zmax).exp()).sum()
+                    };
+                }
+            }
+            Plan::Draw { ymax, floor, xmax } => {
+                let t = req.params.temperature;
+                let kept = |y: f32| y > f32::NEG_INFINITY && y >= floor;
+                out.best = draw(&z, t, floor, shard.offset, req.state.seed, req.state.step);
+                if wants_lp {
+                    out.lse_part = if raw {
+                        masked.iter().map(|&v| f64::from(v - xmax).exp()).sum()
+                    } else {
+                        let zl = z_lower_bound(floor, t);
+                        z.iter()
+                            .filter(|&&zj| zj >= zl)
+                            .map(|&zj| zj / t)
+                            .filter(|&y| kept(y))
+                            .map(|y| f64::from(y - ymax).exp())
+                            .sum()
+                    };
+                }
+                if let Some(b) = out.best.as_mut() {
+                    b.3 = masked[b.1 as usize - shard.offset];
+                }
+            }
+            Plan::Failed(_) => {}
+        }
+        out
     }))
 }
 
@@ -617,45 +623,36 @@ pub fn round3(
     decisions: &[Decision],
 ) -> Result<Vec<Round3>> {
     check(shard, vocab, reqs)?;
-    if plans.len() != reqs.len() || decisions.len() != reqs.len() {
-        return Err(Error::Shape(format!(
-            "{} plans and {} decisions for {} rows",
-            plans.len(),
-            decisions.len(),
-            reqs.len()
-        )));
-    }
+    check_merged(reqs, plans, Some(decisions))?;
     Ok(by_row(reqs.len(), |r| {
         let (req, plan, d) = (&reqs[r], &plans[r], &decisions[r]);
-        {
-            let Ok(token) = d.token else { return 0 };
-            if req.params.logprobs.is_none() {
-                return 0;
+        let Ok(token) = d.token else { return 0 };
+        if req.params.logprobs.is_none() {
+            return 0;
+        }
+        let x = &shard.logits[r * shard.width..(r + 1) * shard.width];
+        let (masked, z) = row_values(x, shard.offset, req);
+        let chosen = (token, d.value);
+        let before = |v: &mut dyn Iterator<Item = (u32, f32)>| {
+            v.filter(|c| rank_order(c, &chosen) == std::cmp::Ordering::Less)
+                .count() as u64
+        };
+        let ids = |j: usize| (shard.offset + j) as u32;
+        match (req.params.logprobs_mode, plan) {
+            (LogprobsMode::Raw, _) => {
+                before(&mut masked.iter().enumerate().map(|(j, &v)| (ids(j), v)))
             }
-            let x = &shard.logits[r * shard.width..(r + 1) * shard.width];
-            let (masked, z) = row_values(x, shard.offset, req);
-            let chosen = (token, d.value);
-            let before = |v: &mut dyn Iterator<Item = (u32, f32)>| {
-                v.filter(|c| rank_order(c, &chosen) == std::cmp::Ordering::Less)
-                    .count() as u64
-            };
-            let ids = |j: usize| (shard.offset + j) as u32;
-            match (req.params.logprobs_mode, plan) {
-                (LogprobsMode::Raw, _) => {
-                    before(&mut masked.iter().enumerate().map(|(j, &v)| (ids(j), v)))
-                }
-                (LogprobsMode::Processed, Plan::Greedy { .. }) => {
-                    before(&mut z.iter().enumerate().map(|(j, &v)| (ids(j), v)))
-                }
-                (LogprobsMode::Processed, Plan::Draw { floor, .. }) => {
-                    let t = req.params.temperature;
-                    before(&mut z.iter().enumerate().filter_map(|(j, &v)| {
-                        let y = v / t;
-                        (y > f32::NEG_INFINITY && y >= *floor).then_some((ids(j), y))
-                    }))
-                }
-                (_, Plan::Failed(_)) => 0,
+            (LogprobsMode::Processed, Plan::Greedy { .. }) => {
+                before(&mut z.iter().enumerate().map(|(j, &v)| (ids(j), v)))
             }
+            (LogprobsMode::Processed, Plan::Draw { floor, .. }) => {
+                let t = req.params.temperature;
+                before(&mut z.iter().enumerate().filter_map(|(j, &v)| {
+                    let y = v / t;
+                    (y > f32::NEG_INFINITY && y >= *floor).then_some((ids(j), y))
+                }))
+            }
+            (_, Plan::Failed(_)) => 0,
         }
     }))
 }

@@ -4,14 +4,15 @@
 //! merged results of device and host shards mixed equal to the unsharded CPU sampler's.
 #![cfg(feature = "wgpu")]
 
-use std::collections::BTreeMap;
-
 use decoda::shard::{decide, finish, plan, round1, round2, round3, Round2, ShardRows};
 use decoda::wgpu::{DeviceLogits, WgpuShard};
 use decoda::{Backend, CpuSampler, DType, Logits, LogprobsMode, Request, RowResult};
 use decoda::{SamplingParams, SequenceState};
 use proptest::prelude::*;
 use wgpu::util::DeviceExt;
+
+mod shard_util;
+use shard_util::{close, request, spans};
 
 fn shard_kernels() -> Option<WgpuShard> {
     decoda::testing::gpu::device().map(|d| WgpuShard::new(d).expect("the shard kernels build"))
@@ -25,20 +26,6 @@ fn upload(s: &WgpuShard, words: &[u32]) -> wgpu::Buffer {
             contents: bytemuck::cast_slice(if words.is_empty() { &[0u32] } else { words }),
             usage: wgpu::BufferUsages::STORAGE,
         })
-}
-
-/// Cuts `0 .. v` at `cuts` (sorted, deduplicated, inside).
-fn spans(v: usize, cuts: &[usize]) -> Vec<(usize, usize)> {
-    let mut c: Vec<usize> = cuts.iter().map(|&x| x % v).filter(|&x| x > 0).collect();
-    c.sort_unstable();
-    c.dedup();
-    let mut out = Vec::new();
-    let mut at = 0;
-    for x in c.into_iter().chain([v]) {
-        out.push((at, x - at));
-        at = x;
-    }
-    out
 }
 
 fn columns(x: &[f32], rows: usize, v: usize, (o, w): (usize, usize)) -> Vec<f32> {
@@ -58,32 +45,6 @@ fn same_round2(dev: &[Round2], host: &[Round2]) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-fn close(a: &RowResult, b: &RowResult) -> Result<(), String> {
-    match (a, b) {
-        (Ok(a), Ok(b)) => {
-            if a.token != b.token {
-                return Err(format!("token {} vs {}", a.token, b.token));
-            }
-            match (&a.logprobs, &b.logprobs) {
-                (None, None) => Ok(()),
-                (Some(x), Some(y)) => {
-                    let near = |p: f32, q: f32| p == q || (p - q).abs() <= 1e-5 * p.abs().max(1.0);
-                    let ids = |l: &decoda::TokenLogprobs| {
-                        l.top.iter().map(|t| t.token).collect::<Vec<_>>()
-                    };
-                    if x.rank != y.rank || !near(x.logprob, y.logprob) || ids(x) != ids(y) {
-                        return Err(format!("logprobs {x:?} vs {y:?}"));
-                    }
-                    Ok(())
-                }
-                _ => Err("logprobs on one side only".into()),
-            }
-        }
-        (Err(a), Err(b)) if a == b => Ok(()),
-        _ => Err(format!("{a:?} vs {b:?}")),
-    }
 }
 
 /// Every round on every shard, shards `on_device[i]` by the device and the others by the
@@ -160,50 +121,6 @@ fn run_mixed(
         r3.push(if on_device[i] { d } else { h });
     }
     Ok(finish(&r1, &r3, &plans, &decisions, reqs))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn request(
-    seed: u64,
-    step: u64,
-    t: f32,
-    k: u32,
-    min_p: f32,
-    pen: (f32, f32, f32),
-    dry: f32,
-    lp: Option<u32>,
-    raw: bool,
-    history: Vec<u32>,
-    bias: Vec<(u32, f32)>,
-    mask: Option<Vec<u32>>,
-) -> Request {
-    Request {
-        params: SamplingParams {
-            temperature: t,
-            top_k: k,
-            min_p,
-            repetition_penalty: pen.0,
-            frequency_penalty: pen.1,
-            presence_penalty: pen.2,
-            dry_multiplier: dry,
-            dry_allowed_length: 1,
-            logprobs: lp,
-            logprobs_mode: if raw {
-                LogprobsMode::Raw
-            } else {
-                LogprobsMode::Processed
-            },
-            logit_bias: bias.into_iter().collect::<BTreeMap<_, _>>(),
-            ..Default::default()
-        },
-        state: SequenceState {
-            seed,
-            step,
-            prompt: history[..history.len() / 2].to_vec(),
-            output: history[history.len() / 2..].to_vec(),
-        },
-        allowed: mask,
-    }
 }
 
 proptest! {

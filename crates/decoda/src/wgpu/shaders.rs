@@ -3,9 +3,11 @@
 
 /// The WGSL of the sampler's kernels, without the shared arithmetic and the reductions:
 /// the files of `step/`, one per pass, in the order they are concatenated (`common`
-/// holds the layout, the bindings and the helpers every pass uses).
+/// holds the layout, the bindings and the helpers every pass uses; `keys.wgsl` the order
+/// keys it shares with `shard.wgsl`).
 pub const SHADER_MAIN: &str = concat!(
     include_str!("step/common.wgsl"),
+    include_str!("keys.wgsl"),
     include_str!("step/scatter.wgsl"),
     include_str!("step/dry.wgsl"),
     include_str!("step/probe.wgsl"),

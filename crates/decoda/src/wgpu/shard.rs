@@ -26,7 +26,8 @@ use crate::error::{Error, Result};
 use crate::params::{LogprobsMode, Request};
 use crate::pipeline::touches_into;
 use crate::shard::{
-    check_rows, digest, list_sizes, listed, ranked, Decision, Plan, Round1, Round2, Round3,
+    check_merged, check_rows, digest, list_sizes, listed, ranked, Decision, Plan, Round1, Round2,
+    Round3,
 };
 
 /// Ids a workgroup covers (`CHUNK` in `shard.wgsl`).
@@ -98,7 +99,11 @@ pub fn shard_shader_source(int64: bool) -> String {
     } else {
         SHADER_FMATH
     };
-    format!("{}\n{SHADER_HALF}\n{fmath}", include_str!("shard.wgsl"))
+    format!(
+        "{}\n{}\n{SHADER_HALF}\n{fmath}",
+        include_str!("shard.wgsl"),
+        include_str!("keys.wgsl")
+    )
 }
 
 /// The entry points, in `Pipelines` order.
@@ -172,15 +177,6 @@ struct View<'a> {
     buffer: &'a wgpu::Buffer,
     call: ShardCallU,
     rows: usize,
-}
-
-/// What round 1 gathers for one row: its rows' thresholds and where the pairs go.
-#[derive(Clone, Copy, Default)]
-struct Gather {
-    thr_z: u32,
-    thr_x: u32,
-    n_z: usize,
-    n_x: usize,
 }
 
 impl WgpuShard {
@@ -529,30 +525,31 @@ impl WgpuShard {
             );
         }
         while !todo.is_empty() {
-            let mut g = vec![Gather::default(); reqs.len()];
+            // each row's gather counts (z's, the raw logits'), known from the histograms
+            let mut want = vec![(0usize, 0usize); reqs.len()];
             let mut at = 0usize;
             for row in rows.iter_mut() {
                 row.flags &= !(RF_HIST_Z | RF_HIST_X);
             }
             for &r in &todo {
-                let (bz, bx) = start[r];
                 let (m_y, n_z, n_x) = sizes[r];
-                let gr = &mut g[r];
+                let row = &mut rows[r];
+                // a list's threshold (the key of its bin's first value), where its pairs
+                // go, and how many there are
+                let mut list = |x: bool, bin: usize, off: &mut u32, thr: &mut u32| {
+                    *thr = (bin as u32) << 21;
+                    *off = (2 * at) as u32;
+                    let n: usize = hist_of(r, x)[bin..].iter().map(|&c| c as usize).sum();
+                    at += n;
+                    n
+                };
                 if m_y.max(n_z) > 0 {
-                    gr.thr_z = (bz as u32) << 21;
-                    gr.n_z = hist_of(r, false)[bz..].iter().map(|&c| c as usize).sum();
-                    rows[r].flags |= RF_HIST_Z;
-                    rows[r].thr_z = gr.thr_z;
-                    rows[r].gz_off = (2 * at) as u32;
-                    at += gr.n_z;
+                    row.flags |= RF_HIST_Z;
+                    want[r].0 = list(false, start[r].0, &mut row.gz_off, &mut row.thr_z);
                 }
                 if n_x > 0 {
-                    gr.thr_x = (bx as u32) << 21;
-                    gr.n_x = hist_of(r, true)[bx..].iter().map(|&c| c as usize).sum();
-                    rows[r].flags |= RF_HIST_X;
-                    rows[r].thr_x = gr.thr_x;
-                    rows[r].gx_off = (2 * at) as u32;
-                    at += gr.n_x;
+                    row.flags |= RF_HIST_X;
+                    want[r].1 = list(true, start[r].1, &mut row.gx_off, &mut row.thr_x);
                 }
             }
             let [_, _, counts, gath] = self.run(
@@ -578,8 +575,8 @@ impl WgpuShard {
                 };
                 if n_x > 0 {
                     let got = counts[2 * r + 1];
-                    if got as usize != g[r].n_x {
-                        return Err(gathered_wrong(r, got, g[r].n_x));
+                    if got as usize != want[r].1 {
+                        return Err(gathered_wrong(r, got, want[r].1));
                     }
                     out[r].top_x = ranked(pairs(rows[r].gx_off, got), n_x);
                 }
@@ -587,8 +584,8 @@ impl WgpuShard {
                     continue;
                 }
                 let got = counts[2 * r];
-                if got as usize != g[r].n_z {
-                    return Err(gathered_wrong(r, got, g[r].n_z));
+                if got as usize != want[r].0 {
+                    return Err(gathered_wrong(r, got, want[r].0));
                 }
                 let zs = pairs(rows[r].gz_off, got);
                 out[r].top_z = ranked(zs.clone(), n_z);
@@ -633,13 +630,7 @@ impl WgpuShard {
         plans: &[Plan],
     ) -> Result<Vec<Round2>> {
         let v = self.view(logits, first_id, vocab, reqs)?;
-        if plans.len() != reqs.len() {
-            return Err(Error::Shape(format!(
-                "{} plans for {} rows",
-                plans.len(),
-                reqs.len()
-            )));
-        }
+        check_merged(reqs, plans, None)?;
         let (mut rows, touches, masks) = self.rows(&v, reqs);
         for ((row, req), plan) in rows.iter_mut().zip(reqs).zip(plans) {
             let raw = req.params.logprobs_mode == LogprobsMode::Raw;
@@ -677,11 +668,7 @@ impl WgpuShard {
             .iter()
             .enumerate()
             .map(|(r, plan)| {
-                let mut out = Round2 {
-                    best: None,
-                    greedy_x: None,
-                    lse_part: 0.0,
-                };
+                let mut out = Round2::default();
                 if matches!(plan, Plan::Failed(_)) {
                     return out;
                 }
@@ -722,14 +709,7 @@ impl WgpuShard {
         decisions: &[Decision],
     ) -> Result<Vec<Round3>> {
         let v = self.view(logits, first_id, vocab, reqs)?;
-        if plans.len() != reqs.len() || decisions.len() != reqs.len() {
-            return Err(Error::Shape(format!(
-                "{} plans and {} decisions for {} rows",
-                plans.len(),
-                decisions.len(),
-                reqs.len()
-            )));
-        }
+        check_merged(reqs, plans, Some(decisions))?;
         let (mut rows, touches, masks) = self.rows(&v, reqs);
         for (row, (req, (plan, d))) in rows
             .iter_mut()

@@ -88,33 +88,13 @@ fn opaque_zero() -> u32 {
     return call.zero;
 }
 
-fn key_of(v: f32) -> u32 {
-    let b = bitcast<u32>(v);
-    if ((b & 0x80000000u) != 0u) {
-        return ~b;
-    }
-    return b | 0x80000000u;
-}
 
-fn cmp_key(v: f32) -> u32 {
-    if (bitcast<u32>(v) == 0x80000000u) {
-        return 0x80000000u;
-    }
-    return key_of(v);
-}
 
 fn is_nan(v: f32) -> bool {
     return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u;
 }
 
-// NaN or +inf: what the contract counts as a non-finite logit.
-fn is_bad(v: f32) -> bool {
-    return is_nan(v) || bitcast<u32>(v) == 0x7f800000u;
-}
 
-fn is_neg_inf(v: f32) -> bool {
-    return bitcast<u32>(v) == NEG_INF_BITS;
-}
 
 // A value that enters the top lists and histograms: neither NaN nor -inf.
 fn listed(v: f32) -> bool {
