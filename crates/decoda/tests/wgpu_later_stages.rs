@@ -604,9 +604,12 @@ fn sigma_threshold(x: &[f32], p: &SamplingParams) -> (f64, f64, Vec<f64>) {
 /// the f64 one: the kept set's size (`kept = 0`) counts every y above the f64 threshold
 /// plus that margin and none below it less the margin, on Gaussian, Zipf-like and
 /// peaked rows at V = 32,000 and 151,936, one row with a token pushed 1e30 down (a
-/// range of 2^100). Half the rows carry 400 values spaced `1e-6 (|ymax| + n σ)` apart
-/// across their own threshold (placed by a fixed-point iteration), so a threshold off
-/// by more than about the margin changes the count.
+/// range of 2^100) inside the probe's sample. The scan sums every row's terms but two
+/// (`sigma_walked_rows`): one with a token pushed 1e30 down off the sample and one with
+/// a token far above it are walked by settle, and meet the bound too. Half the rows
+/// carry 400 values spaced `1e-6 (|ymax| + n σ)` apart across their own threshold
+/// (placed by a fixed-point iteration), so a threshold off by more than about the
+/// margin changes the count.
 #[test]
 fn top_n_sigma_threshold_within_its_bound() {
     let Some(b) = sampler() else { return };
@@ -621,8 +624,22 @@ fn top_n_sigma_threshold_within_its_bound() {
                 kept: Some(0),
                 ..SamplingParams::default()
             };
-            if r == 7 {
-                p.logit_bias.insert(3, -1e30);
+            match r {
+                // in the probe's sample (runs of 16 every 256): the scan's sums hold it
+                7 => {
+                    p.logit_bias.insert(3, -1e30);
+                }
+                // off the sample, far below it or above the sums' reference: settle walks
+                9 => {
+                    p.logit_bias.insert(100, -1e30);
+                }
+                11 => {
+                    let (lo, hi) = x
+                        .iter()
+                        .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+                    x[100] = hi + 4.0 * (hi - lo);
+                }
+                _ => {}
             }
             if r % 2 == 0 {
                 let at: Vec<usize> = (0..400).map(|j| 7 + j * (v / 401)).collect();
@@ -637,7 +654,12 @@ fn top_n_sigma_threshold_within_its_bound() {
             data.extend(x);
             reqs.push(Request::new(p, r as u64));
         }
-        let got = device_api(b, &Logits::f32(&data, reqs.len(), v).unwrap(), &reqs);
+        let logits = Logits::f32(&data, reqs.len(), v).unwrap();
+        // every row's sums come from the scan but those two rows'
+        let walked = b.sigma_walked_rows(&logits, &reqs).unwrap();
+        let want: Vec<bool> = (0..16).map(|r| r == 9 || r == 11).collect();
+        assert_eq!(walked, want, "V {v}: rows whose sums settle walked");
+        let got = device_api(b, &logits, &reqs);
         for (r, (g, req)) in got.iter().zip(&reqs).enumerate() {
             let (tau, margin, y) = sigma_threshold(&data[r * v..(r + 1) * v], &req.params);
             let surely = y.iter().filter(|&&v| v >= tau + margin).count() as u32;

@@ -291,7 +291,36 @@ impl WgpuSampler {
         logits: &crate::logits::Logits<'_>,
         requests: &[Request],
     ) -> Result<Vec<bool>> {
-        use super::layout::{P_FULL, STATE_WORDS, S_PATH};
+        use super::layout::{P_FULL, S_PATH};
+        let words = self.row_states(logits, requests, S_PATH)?;
+        Ok(words.into_iter().map(|w| w == P_FULL).collect())
+    }
+
+    /// Which top-n-σ rows of one call on these rows had their sums walked by settle,
+    /// the scan's being out of their range (the others' came from the scan): a test's
+    /// view, as [`Self::full_row_rows`]; false for rows without top-n-σ.
+    #[doc(hidden)]
+    pub fn sigma_walked_rows(
+        &self,
+        logits: &crate::logits::Logits<'_>,
+        requests: &[Request],
+    ) -> Result<Vec<bool>> {
+        let words = self.row_states(logits, requests, super::layout::S_SD_WALK)?;
+        Ok(words
+            .into_iter()
+            .zip(requests)
+            .map(|(w, q)| w == 1 && q.params.top_n_sigma > 0.0)
+            .collect())
+    }
+
+    /// State word `word` of each row after one call on these rows.
+    fn row_states(
+        &self,
+        logits: &crate::logits::Logits<'_>,
+        requests: &[Request],
+        word: usize,
+    ) -> Result<Vec<u32>> {
+        use super::layout::STATE_WORDS;
         let buf = self.upload_logits(logits);
         let out = self.outputs_kept(requests.len())?;
         let view = DeviceLogits::packed(&buf, logits);
@@ -333,7 +362,7 @@ impl WgpuSampler {
         self.ctx.queue().submit([enc.finish()]);
         let words: Vec<u32> = self.ctx.read_back(&read, bytes)?;
         Ok((0..requests.len())
-            .map(|r| words[r * STATE_WORDS + S_PATH] == P_FULL)
+            .map(|r| words[r * STATE_WORDS + word])
             .collect())
     }
 

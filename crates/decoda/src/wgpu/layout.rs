@@ -26,6 +26,9 @@ pub(crate) const S_PATH: usize = 10;
 /// `S_PATH` of a row drawn over the whole row (`P_FULL`): its candidate list did not
 /// settle it.
 pub(crate) const P_FULL: u32 = 1;
+/// The state word saying whether settle walked a top-n-σ row for its sums (`S_SD_WALK`:
+/// 1), the scan's being out of range.
+pub(crate) const S_SD_WALK: usize = 42;
 /// Slot-state words per slot (`SSW`): step (2), tokens generated (2), finished, history
 /// length (`SS_HIST`).
 pub(crate) const SLOT_STATE_WORDS: usize = 8;
@@ -360,6 +363,7 @@ mod tests {
             ("ST", STATE_WORDS as u64),
             ("S_PATH", S_PATH as u64),
             ("P_FULL", u64::from(P_FULL)),
+            ("S_SD_WALK", S_SD_WALK as u64),
             ("PW", PART_WORDS as u64),
             ("LPW", LP_WORDS as u64),
             ("RESW", RES_WORDS as u64),

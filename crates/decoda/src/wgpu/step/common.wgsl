@@ -103,11 +103,15 @@ const S_T_ABOVE_LO: u32 = 36u;
 const S_T_ABOVE_HI: u32 = 37u;
 const S_KHI: u32 = 38u;      // list path: the kept set is the candidates with keys in
 const S_KLO: u32 = 39u;      //   S_KLO ..= S_KHI
+const S_SD_R: u32 = 40u;     // top-n-σ's sums in the scan (N_SD): the reference R
+const S_SD_E: u32 = 41u;     //   and the scale's exponent e (an i32: q in 2^(e-34) units)
+const S_SD_WALK: u32 = 42u;  // 1: settle walked the row for them (a test's view)
 
 // S_NEED flags
 const N_LIST: u32 = 1u;
 const N_SIGMA: u32 = 2u;     // the scan sums Σ exp(y - R) (top-p's mass; typical-p's Σ w)
 const N_TYP: u32 = 4u;       // and Σ exp(y - R) (m0 - y) (typical-p's centre: K is every y)
+const N_SD: u32 = 8u;        // the scan sums top-n-σ's Σ q and Σ q^2 (step/sigma.wgsl)
 
 // S_PATH values
 const P_DONE: u32 = 0u;      // token known after settle (greedy, unfiltered, list path)

@@ -53,6 +53,7 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         && (((sp.flags & F_TOP_P) != 0u && (sp.flags & F_TOP_K) == 0u) || typ || alone);
     var kappa = 0u;
     var m0k = 0u;
+    var lowk = 0u;
     if (wg_flag(lid, filt)) {
         for (var b = lid; b < BINS; b = b + WG) {
             atomicStore(&hk[b], 0u);
@@ -60,6 +61,7 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         workgroupBarrier();
         let ns = ((call.vocab + 255u) / 256u) * 16u;
         var mk = 0u;
+        var lk = 0xffffffffu;
         var cnt = 0u;
         for (var u = lid; u < ns; u = u + WG) {
             let i = sample_index(u);
@@ -69,6 +71,7 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
             let k = sample_key(row, slot, sp, i);
             if (k != 0u) {
                 mk = max(mk, k);
+                lk = min(lk, k);
                 cnt = cnt + 1u;
                 atomicAdd(&hk[k >> 21u], 1u);
             }
@@ -76,6 +79,10 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         workgroupBarrier();
         let mx = wg_sum_max(lid, cnt, mk);
         m0k = mx.y;
+        // top-n-σ: the sample's least y, for the scale of the scan's sums
+        if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
+            lowk = ~wg_sum_max(lid, 0u, ~lk).y;
+        }
         var goal_n = LIST_TARGET;
         if ((sp.flags & F_TOP_K) != 0u) {
             goal_n = max(goal_n, 2u * min(sp.top_k, call.cap));
@@ -139,6 +146,20 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
             }
             if (typ) {
                 need = need | N_TYP;
+            }
+            // top-n-σ's sums in the scan: R = m0 + D and 2^e > 4 D (D the sample's
+            // range) hold every y in [m0 - 3 D, m0 + D]; a row with a y outside is
+            // walked by settle (rare: the sample is a sixteenth of the row)
+            if (filt && (sp.flags & F_TOP_N_SIGMA) != 0u && lowk != 0u) {
+                let d = fp(m0 - from_key(lowk));
+                let d4 = fp(4.0 * d);
+                let ex = i32((bitcast<u32>(d4) >> 23u) & 0xffu) - 127;
+                let r = fp(m0 + d);
+                if (d > 0.0 && !not_finite(d4) && !not_finite(r) && ex >= -90 && ex <= 125) {
+                    need = need | N_SD;
+                    ssetf(row, S_SD_R, r);
+                    sset(row, S_SD_E, bitcast<u32>(ex + 1));
+                }
             }
             if ((sp.flags & F_MIN_P) != 0u) {
                 gthr = m0 + sp.ln_min_p;

@@ -67,7 +67,7 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
     // filtered rows without a top-p mass to sum need y only where it may reach a
     // candidate threshold: below zlo (a cmp_key of z) the division is skipped
     var zlo = 0u;
-    if ((need & N_LIST) != 0u && (need & N_SIGMA) == 0u && !isc) {
+    if ((need & N_LIST) != 0u && (need & (N_SIGMA | N_SD)) == 0u && !isc) {
         var thr = kappa;
         if (minp) {
             thr = min(thr, gkey);
@@ -96,6 +96,12 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
     let typ = (need & N_TYP) != 0u;
     let m0 = sgetf(row, S_M0);
     var tsum = vec3<u32>(0u, 0u, 0u);
+    // top-n-σ rows: Σ q and Σ q^2 of every finite y (step/sigma.wgsl), and whether a y
+    // fell outside their range
+    let sd = sd_of(row, need);
+    var sd1 = vec3<u32>(0u, 0u, 0u);
+    var sd2 = vec3<u32>(0u, 0u, 0u);
+    var sd_out = 0u;
     // rows summing their mass: how many y are finite (the kept set's size, `settle_whole`)
     var n_y = 0u;
     let start = split * call.chunk;
@@ -199,6 +205,12 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
                     }
                 }
             }
+            if (sd.on) {
+                let q = sd_q(sd, y);
+                sd_out = sd_out | q.z;
+                sd1 = add96(sd1, vec3<u32>(q.xy, 0u));
+                sd2 = add96(sd2, square37(q.xy));
+            }
             if (unf) {
                 // tokens that cannot beat this invocation's best skip the logarithms
                 let w = words[j];
@@ -234,6 +246,21 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
         }
         if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
             fm = wg_sum_max(lid, n_fin, ~kz_min);
+        }
+        if (wg_flag(lid, sd.on)) {
+            let a = wg_sum96(lid, sd2);
+            let b = wg_sum96(lid, sd1);
+            let o = wg_sum_u32(lid, sd_out);
+            if (lid == 0u) {
+                let pb = part(row, split);
+                work[pb + 17u] = a.x;
+                work[pb + 18u] = a.y;
+                work[pb + 19u] = a.z;
+                work[pb + 20u] = b.x;
+                work[pb + 21u] = b.y;
+                work[pb + 22u] = b.z;
+                work[pb + 23u] = o;
+            }
         }
     }
     if (lid == 0u) {

@@ -426,6 +426,7 @@ fn settle_head(lid: u32, row: u32, slot: u32, sp: SlotP, filt: bool) -> Head {
         sset(row, S_LP_DONE, 0u);
         sset(row, S_PATH, P_NONE);
         sset(row, S_TOKEN, 0u);
+        sset(row, S_SD_WALK, 0u);
         if (status == 1u) {
             sset(row, S_TOKEN, zm.y);
             sset(row, S_PATH, P_DONE);
@@ -464,6 +465,14 @@ fn settle_row(lid: u32, row: u32) {
         var kz_not_min = 0u;
         var tsum = vec3<u32>(0u, 0u, 0u);
         var n_y = 0u;
+        // without a probe (M_LIGHT: no row of the call asked for one) no list was built,
+        // whatever an earlier call left in the row's state
+        let need = select(sget(row, S_NEED), 0u, (call.mode & M_LIGHT) != 0u);
+        // top-n-σ's sums (words 17-23, N_SD)
+        let sd = (need & N_SD) != 0u;
+        var sd1 = vec3<u32>(0u, 0u, 0u);
+        var sd2 = vec3<u32>(0u, 0u, 0u);
+        var sd_out = 0u;
         for (var s = lid; s < call.splits; s = s + WG) {
             let pb = part(row, s);
             sig = add96(sig, vec3<u32>(work[pb + 7u], work[pb + 8u], work[pb + 9u]));
@@ -472,6 +481,11 @@ fn settle_row(lid: u32, row: u32) {
             kz_not_min = max(kz_not_min, work[pb + 12u]);
             tsum = add96(tsum, vec3<u32>(work[pb + 13u], work[pb + 14u], work[pb + 15u]));
             n_y = n_y + work[pb + 16u];
+            if (sd) {
+                sd2 = add96(sd2, vec3<u32>(work[pb + 17u], work[pb + 18u], work[pb + 19u]));
+                sd1 = add96(sd1, vec3<u32>(work[pb + 20u], work[pb + 21u], work[pb + 22u]));
+                sd_out = sd_out | work[pb + 23u];
+            }
         }
         let s96 = wg_sum96(lid, sig);
         let ovt = wg_sum_u32(lid, ov);
@@ -480,17 +494,28 @@ fn settle_row(lid: u32, row: u32) {
             // (settle_list) or the whole row (`member`), from the finite count and the
             // smallest z of the row (words 11-12 are written for its rows only)
             let fm = wg_sum_max(lid, n_fin, kz_not_min);
-            let ymin = div_rn_cold(from_key(~fm.y), t);
-            let tau_s = sigma_threshold(lid, row, slot, sp, ymax, fm.x, ymin);
+            var tau_s = ymax;
+            var walk = true;
+            if (wg_flag(lid, sd)) {
+                // the scan's sums, when every finite y was in their range
+                let a = wg_sum96(lid, sd2);
+                let b = wg_sum96(lid, sd1);
+                walk = wg_sum_u32(lid, sd_out) != 0u;
+                if (!walk && fm.x > 1u) {
+                    tau_s = sd_threshold(sp, ymax, fm.x, a, b, bitcast<i32>(sget(row, S_SD_E)) - 36);
+                }
+            }
+            if (wg_flag(lid, walk)) {
+                let ymin = div_rn_cold(from_key(~fm.y), t);
+                tau_s = sigma_threshold(lid, row, slot, sp, ymax, fm.x, ymin);
+            }
             if (lid == 0u) {
                 ssetf(row, S_TAU_K, tau_s);
+                sset(row, S_SD_WALK, select(0u, 1u, walk));
             }
             storageBarrier();
         }
         let n_all = wg_uniform(lid, atomicLoad(&ctr[2u * row]));
-        // without a probe (M_LIGHT: no row of the call asked for one) no list was built,
-        // whatever an earlier call left in the row's state
-        let need = select(sget(row, S_NEED), 0u, (call.mode & M_LIGHT) != 0u);
         // typical-p's centre and mass from the scan's sums, when it made them
         var typ = Typ(false, 0.0, 0.0);
         if (wg_flag(lid, (need & N_TYP) != 0u)) {

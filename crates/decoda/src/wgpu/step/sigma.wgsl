@@ -1,11 +1,16 @@
 // ---------------------------------------------------------------------------------
-// Stage 5a, top-n-σ, on the device: the threshold `ymax - n σ` over a row's finite y,
-// by the full-row path's workgroup in one read of the row (after the scan's count and
-// minimum). The sums are integers (fixed point scaled to the row's range), so they are
-// the same in any order, for any split of the row and either reduction, and the
-// variance's numerator n Σ q^2 - (Σ q)^2 is exact in 128-bit integers; the f32 steps
-// after it leave the threshold within about 3e-7 (|ymax| + n σ) of the contract's f64
-// one (its tie band: 1e-6).
+// Stage 5a, top-n-σ, on the device: the threshold `ymax - n σ` over a row's finite y.
+// The sums are integers (fixed point), so they are the same in any order, for any split
+// of the row and either reduction, and the variance's numerator n Σ q^2 - (Σ q)^2 is
+// exact in 128-bit integers; the f32 steps after it leave the threshold within about
+// 3e-7 (|ymax| + n σ) of the contract's f64 one (its tie band: 1e-6).
+//
+// The scan sums them (`N_SD`, issue 56: no walk of the row by one workgroup): against a
+// reference R and a scale 2^e the probe takes from its sample (R = m0 + D, 2^e > 4 D,
+// D the sample's range), q = floor(R 2^(36-e)) - floor(y 2^(36-e)) (below 2^37), exact
+// for every y in [R - 2^e, R]. A row with a y outside (above R, or far below the sample's least)
+// is walked after the scan by the settling workgroup, with q against ymax and the
+// row's own range (`sigma_threshold`).
 
 // 2^e for -126 <= e <= 127.
 fn pow2(e: i32) -> f32 {
@@ -40,8 +45,8 @@ fn val128(a: vec4<u32>) -> f32 {
     return fp(fp(hi + fp(f32(a.y) * 4294967296.0)) + f32(a.x));
 }
 
-// q^2 for q < 2^35 (two words), below 2^70: three words.
-fn square35(q: vec2<u32>) -> vec3<u32> {
+// q^2 for q < 2^37 (two words), below 2^74: three words.
+fn square37(q: vec2<u32>) -> vec3<u32> {
     let l = mul_wide(q.x, q.x);
     let m = mul_wide(q.x, 2u * q.y);
     return add96(vec3<u32>(l, 0u), vec3<u32>(0u, m.x, m.y + q.y * q.y));
@@ -72,11 +77,15 @@ fn sigma_threshold(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n: u32,
         }
         let q = fixed_at(fp(ymax - div_rn_cold(z, t)), 34 - e);
         s1 = add96(s1, q);
-        s2 = add96(s2, square35(q.xy));
+        s2 = add96(s2, square37(q.xy));
     }
-    let a = wg_sum96(lid, s2);
-    let b = wg_sum96(lid, s1);
-    // n Σ q^2 and (Σ q)^2 (Σ q below 2^54: two words), each below 2^108
+    return sd_threshold(sp, ymax, n, wg_sum96(lid, s2), wg_sum96(lid, s1), e - 34);
+}
+
+// `ymax - n σ` from a row's sums (`n` finite y, at most 2^22; `a` = Σ q^2, `b` = Σ q,
+// with q ≈ (ref - y) 2^-unit below 2^37): σ = sqrt(n a - b^2) / n 2^unit.
+fn sd_threshold(sp: SlotP, ymax: f32, n: u32, a: vec3<u32>, b: vec3<u32>, unit: i32) -> f32 {
+    // n Σ q^2 and (Σ q)^2 (Σ q below 2^59: two words), each below 2^118
     let na = add128(
         add128(vec4<u32>(mul_wide(a.x, n), 0u, 0u), vec4<u32>(0u, mul_wide(a.y, n), 0u)),
         vec4<u32>(0u, 0u, mul_wide(a.z, n)),
@@ -86,6 +95,81 @@ fn sigma_threshold(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n: u32,
         add128(vec4<u32>(mul_wide(b.x, b.x), 0u, 0u), add128(cross, cross)),
         vec4<u32>(0u, 0u, mul_wide(b.y, b.y)),
     );
-    let sigma = fp(fp(sqrt(val128(sub128(na, bb))) / f32(n)) * pow2(e - 34));
+    let sigma = fp(fp(sqrt(val128(sub128(na, bb))) / f32(n)) * pow2(unit));
     return fp(ymax - fp(sp.top_n_sigma * sigma));
+}
+
+// floor(v 2^s) modulo 2^64 (two's complement, low word first) for a finite v: the
+// difference of two such values is exact whenever the true one lies in [0, 2^64).
+fn floor_fixed64(v: f32, s: i32) -> vec2<u32> {
+    let b = bitcast<u32>(v);
+    let ex = (b >> 23u) & 0xffu;
+    var m = b & 0x7fffffu;
+    var e2 = i32(ex) - 150;
+    if (ex == 0u) {
+        e2 = -149;
+    } else {
+        m = m | 0x800000u;
+    }
+    // |v| 2^s = m 2^sh: its floor (r) and whether anything was cut (cut)
+    let sh = e2 + s;
+    var r = vec2<u32>(0u, 0u);
+    var cut = false;
+    if (sh >= 64) {
+        r = vec2<u32>(0u, 0u);
+    } else if (sh >= 32) {
+        r = vec2<u32>(0u, m << u32(sh - 32));
+    } else if (sh > 0) {
+        r = vec2<u32>(m << u32(sh), m >> u32(32 - sh));
+    } else if (sh == 0) {
+        r = vec2<u32>(m, 0u);
+    } else if (sh > -32) {
+        r = vec2<u32>(m >> u32(-sh), 0u);
+        cut = (m & ((1u << u32(-sh)) - 1u)) != 0u;
+    } else {
+        cut = m != 0u;
+    }
+    if ((b & 0x80000000u) == 0u) {
+        return r;
+    }
+    // floor(-x) = -ceil(x)
+    if (cut) {
+        r = add64(r, vec2<u32>(1u, 0u));
+    }
+    return sub64(vec2<u32>(0u, 0u), r);
+}
+
+// The scan's top-n-σ reference and scale for a row that sums them (`N_SD`).
+struct Sd {
+    on: bool,
+    r: f32,
+    e: i32,
+    // floor(r 2^(36-e)) mod 2^64
+    rq: vec2<u32>,
+    // 2^e: y with r - y above it are outside the sums
+    span: f32,
+}
+
+fn sd_of(row: u32, need: u32) -> Sd {
+    var d: Sd;
+    d.on = (need & N_SD) != 0u;
+    d.r = sgetf(row, S_SD_R);
+    d.e = bitcast<i32>(sget(row, S_SD_E));
+    d.rq = vec2<u32>(0u, 0u);
+    d.span = 0.0;
+    if (d.on) {
+        d.rq = floor_fixed64(d.r, 36 - d.e);
+        d.span = pow2(d.e);
+    }
+    return d;
+}
+
+// A token's term of the scan's top-n-σ sums and whether it lies outside them: (q, out),
+// q below 2^37 (r - y at most 2^e (1 + 2^-24)).
+fn sd_q(d: Sd, y: f32) -> vec3<u32> {
+    if (cmp_key(y) > cmp_key(d.r) || !(fp(d.r - y) <= d.span)) {
+        return vec3<u32>(0u, 0u, 1u);
+    }
+    let q = sub64(d.rq, floor_fixed64(y, 36 - d.e));
+    return vec3<u32>(q, 0u);
 }
