@@ -651,8 +651,9 @@ fn recorded_calls_keep_their_parameters() {
 
 /// The passes a call records follow its parameters: greedy and temperature rows take
 /// two dispatches, filtered rows (top-k, top-p, min-p, top-n-σ, typical-p, XTC, the kept
-/// distribution; or per-call penalties, whose history the probe scatters) three,
-/// log-probabilities five; each reads the row once on its common path. (One more for
+/// distribution; or per-call penalties, whose history the probe scatters) five (the
+/// last two, lp and finish, for a row on the full-row path: the others leave them at
+/// once), log-probabilities five; each reads the row once on its common path. (One more for
 /// the first two where the device does not fuse `settle_finish`: lavapipe, so this
 /// test checks the fused plan on a device of its own, which it never runs.)
 #[test]
@@ -704,8 +705,11 @@ fn calls_record_the_passes_their_rows_need() {
         |p| p.kept = Some(8),
     ] {
         let s = with(&f);
-        assert_eq!(s.stages, ["probe", "scan", "settle_finish"]);
+        assert_eq!(s.stages, ["probe", "scan", "settle_finish", "lp", "finish"]);
         assert_eq!(s.row_reads, 1.125);
+        // lp draws a full-row-path row over the scan's pieces
+        let w = &s.workgroups;
+        assert_eq!((w[0], w[2], w[3], w[4]), (1, 1, w[1], 1), "{s:?}");
     }
     // a penalty over a history: the probe scatters it; over none, nothing to do
     let mut q = Request::new(
@@ -717,7 +721,7 @@ fn calls_record_the_passes_their_rows_need() {
     );
     assert_eq!(b.call_structure(v, &[q.clone()]).unwrap().dispatches, 2);
     q.state.output = vec![7, 9];
-    assert_eq!(b.call_structure(v, &[q]).unwrap().dispatches, 3);
+    assert_eq!(b.call_structure(v, &[q]).unwrap().dispatches, 5);
     let lp = with(&|p| {
         p.top_k = 50;
         p.logprobs = Some(2);
@@ -764,7 +768,10 @@ fn calls_record_the_passes_their_rows_need() {
     assert_eq!(s.stages, ["scan", "settle", "draw_finish"]);
     assert_eq!(s.row_reads, 1.0);
     let s = split.call_structure(v, &topk).unwrap();
-    assert_eq!(s.stages, ["probe", "scan", "settle", "draw_finish"]);
+    assert_eq!(
+        s.stages,
+        ["probe", "scan", "settle", "draw_finish", "lp", "finish"]
+    );
     assert_eq!(split.call_structure(v, &lp_req()).unwrap().dispatches, 5);
 }
 
@@ -875,9 +882,9 @@ fn fused_settle_finish_gives_the_unfused_bits() {
     eprintln!("head on the other device: {t:?}");
 }
 
-/// Rows whose candidates cannot settle them take the full-row path. Without
-/// log-probabilities their draw runs in `settle_finish`'s single workgroup; with them,
-/// in lp's split pass. Both draw the CPU's token, alone (B = 1) and in a batch, at every
+/// Rows whose candidates cannot settle them take the full-row path. With or without
+/// log-probabilities their draw runs in lp's split pass (without: after
+/// `settle_finish` finished the call's other rows). Both draw the CPU's token, alone (B = 1) and in a batch, at every
 /// step tried.
 #[test]
 fn full_row_path_draws_the_cpu_token_in_every_plan() {

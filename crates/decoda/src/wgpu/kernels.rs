@@ -131,6 +131,8 @@ impl Kernels {
         let fused = !full && self.fused;
         // a light call runs the light entry points: the same results from far less code
         let light = shape.plan == Plan::Light;
+        // a lean call's full-row-path rows are drawn by lp's workgroups and finished after
+        let wide = shape.plan != Plan::Light;
         let pick = |e: Entry, l: Entry| if light { l } else { e };
         [
             (!light).then_some((Entry::Probe, b, 1)),
@@ -141,10 +143,10 @@ impl Kernels {
                 shape.draw_groups as u32,
                 b,
             )),
-            full.then_some((Entry::Lp, w, b)),
-            full.then_some((Entry::Finish, b, 1)),
             fused.then_some((pick(Entry::SettleFinish, Entry::SettleFinishLight), b, 1)),
             (!full && !fused).then_some((pick(Entry::DrawFinish, Entry::DrawFinishLight), b, 1)),
+            wide.then_some((Entry::Lp, w, b)),
+            wide.then_some((Entry::Finish, b, 1)),
         ]
     }
 
@@ -261,9 +263,11 @@ pub enum Plan {
     /// sums, then the status, the scan's winner and the results, without the filters'
     /// code.
     Light,
-    /// No row wants log-probabilities or draws: `probe`, `scan`, `settle_finish` (3,
-    /// or 4 unfused); a row on the full-row path is drawn by its `settle_finish`
-    /// workgroup.
+    /// No row wants log-probabilities or draws: `probe`, `scan`, `settle_finish`, `lp`,
+    /// `finish` (5, or 6 unfused: `settle`, `draw_finish`). `settle_finish` finishes
+    /// every row its candidates settle; a row on the full-row path is drawn by `lp`'s
+    /// workgroups (a row's splits, as the scan's) and finished by `finish`, whose
+    /// workgroups leave every other row alone (`M_LEAN`).
     Lean,
     /// `probe`, `scan`, `settle`, [`draw_many`], `lp`, `finish` (5, or 6 with draws).
     Full,
@@ -321,8 +325,8 @@ impl Plan {
         match (self, draws) {
             (Plan::Light, _) if fused => &["scan", "settle_finish"],
             (Plan::Light, _) => &["scan", "settle", "draw_finish"],
-            (Plan::Lean, _) if fused => &["probe", "scan", "settle_finish"],
-            (Plan::Lean, _) => &["probe", "scan", "settle", "draw_finish"],
+            (Plan::Lean, _) if fused => &["probe", "scan", "settle_finish", "lp", "finish"],
+            (Plan::Lean, _) => &["probe", "scan", "settle", "draw_finish", "lp", "finish"],
             (Plan::Full, false) => &["probe", "scan", "settle", "lp", "finish"],
             (Plan::Full, true) => &["probe", "scan", "settle", "draw_many", "lp", "finish"],
         }
@@ -330,10 +334,10 @@ impl Plan {
 
     /// `Call.mode` bits of the plan.
     pub fn mode(self) -> u32 {
-        if self == Plan::Light {
-            M_LIGHT
-        } else {
-            0
+        match self {
+            Plan::Light => M_LIGHT,
+            Plan::Lean => M_LEAN,
+            Plan::Full => 0,
         }
     }
 

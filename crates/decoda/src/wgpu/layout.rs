@@ -83,6 +83,10 @@ pub(crate) const M_HEAD: u32 = 1;
 pub(crate) const M_SCATTER: u32 = 2;
 /// `Call.mode`: no probe ran (no row of the call has filters); `scan` reads no row state.
 pub(crate) const M_LIGHT: u32 = 4;
+/// `Call.mode`: the lean plan ([`super::kernels::Plan::Lean`]): `settle_finish` (or
+/// `draw_finish`) leaves rows on the full-row path to `lp` and `finish`, and `finish`
+/// every other row alone.
+pub(crate) const M_LEAN: u32 = 32;
 /// `Call.mode`: a token mask is bound (`masks`, `Call.mask_base`, `Call.mask_stride`):
 /// a token whose bit is clear reads as `-inf`.
 pub(crate) const M_MASK: u32 = 8;
@@ -387,6 +391,7 @@ mod tests {
             ("M_HEAD", u64::from(M_HEAD)),
             ("M_SCATTER", u64::from(M_SCATTER)),
             ("M_LIGHT", u64::from(M_LIGHT)),
+            ("M_LEAN", u64::from(M_LEAN)),
             ("M_MASK", u64::from(M_MASK)),
             ("M_SLOT_MASK", u64::from(M_SLOT_MASK)),
             ("OUT_NON_FINITE", u64::from(STATUS_NON_FINITE)),

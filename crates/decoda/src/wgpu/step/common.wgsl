@@ -139,6 +139,7 @@ const M_SCATTER: u32 = 2u;   // per-call rows: scatter the history in probe, cle
 const M_LIGHT: u32 = 4u;     // no probe ran: no row has filters, so scan needs no row state
 const M_MASK: u32 = 8u;      // a token mask is bound: a clear bit reads as -inf
 const M_SLOT_MASK: u32 = 16u; // with M_MASK: masks by the row's slot (a head's fixed masks)
+const M_LEAN: u32 = 32u;     // lean plan: full-row-path rows are drawn in lp and finished in finish
 
 struct Call {
     rows: u32,

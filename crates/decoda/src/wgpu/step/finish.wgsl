@@ -5,6 +5,10 @@
 fn finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
     lanes_init(lanes);
+    // a lean call finished every other row in settle_finish (or draw_finish)
+    if ((call.mode & M_LEAN) != 0u && !wg_flag(lid, sget(wid.x, S_PATH) == P_FULL)) {
+        return;
+    }
     kept_row(lid, wid.x);
     finish_row(lid, wid.x);
 }

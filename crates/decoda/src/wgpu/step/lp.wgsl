@@ -171,7 +171,8 @@ fn lp(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let total_before = wg_sum_u32(lid, before);
     let pb = part(row, split);
     var h = 0u;
-    for (var r = 0u; r < NTOP; r = r + 1u) {
+    // (a row drawn here without log-probabilities lists nothing: finish reads no list)
+    for (var r = 0u; r < select(0u, NTOP, wg_flag(lid, want_lp)); r = r + 1u) {
         var k = 0u;
         var idx = 0xffffffffu;
         if (h < cnt) {

@@ -281,8 +281,9 @@ fn settle(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     settle_row(lid, wid.x);
 }
 
-// A call without log-probabilities or draws: settle, the draw of a full-row-path row by
-// this workgroup, and finish, in one dispatch (no lp pass; see `Plan` in kernels.rs).
+// A call without log-probabilities or draws (`Plan::Lean` in kernels.rs): settle, and
+// for a row its candidates settle the kept distribution and finish, in one dispatch; a
+// row on the full-row path is drawn by lp's workgroups and finished by finish.
 @compute @workgroup_size(256)
 fn settle_finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
@@ -302,39 +303,15 @@ fn draw_finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     draw_finish_row(lid, wid.x);
 }
 
-// The draw of a full-row-path row, the kept distribution and finish, after settle_row.
+// The kept distribution and finish of a row its candidates settled, after settle_row
+// (a lean call: `M_LEAN`). A row on the full-row path is left to lp, whose workgroups
+// draw it over the row's splits, and to finish.
 fn draw_finish_row(lid: u32, row: u32) {
     if (wg_flag(lid, sget(row, S_PATH) == P_FULL)) {
-        full_draw(lid, row);
+        return;
     }
-    storageBarrier();
     kept_row(lid, row);
     finish_row(lid, row);
-}
-
-// The draw of a full-row-path row over the whole row by one workgroup: the same winner
-// as lp's per-split draws (the largest key, then the smallest id, over the same noise).
-// Leaves the token (or status 4 when nothing is drawn) for finish, and no lp pass.
-fn full_draw(lid: u32, row: u32) {
-    let slot = rmap[row];
-    let sp = sparams[slot];
-    let stp = step_of(slot);
-    var best = vec2<u32>(0u, NO_TOKEN);
-    let g1 = (call.vocab + 3u) / 4u;
-    for (var g = lid; g < g1; g = g + WG) {
-        best = draw_group(row, slot, sp, g, call.vocab, stp, best);
-    }
-    let dr = wg_argmax(lid, best.x, best.y);
-    if (lid == 0u) {
-        if (dr.y == NO_TOKEN) {
-            // the kept set is never empty, so this is a defect: a row error
-            sset(row, S_STATUS, 4u);
-            sset(row, S_TOKEN, 0u);
-        } else {
-            sset(row, S_TOKEN, dr.y);
-        }
-        sset(row, S_LP, 0u);
-    }
 }
 
 // What every row's settle starts with, from the scan's partials (words 0-6): the
