@@ -423,18 +423,19 @@ impl WgpuHead {
             plan,
         };
         match stamps {
-            Stamping::None => self
-                .kernels
-                .record_step(encoder, group, shape, StepStamps::None),
+            Stamping::None => {
+                self.kernels
+                    .record_step(encoder, group, &self.bufs, shape, StepStamps::None)
+            }
             Stamping::Step(q) => {
                 self.kernels
-                    .record_step(encoder, group, shape, StepStamps::Step(q))
+                    .record_step(encoder, group, &self.bufs, shape, StepStamps::Step(q))
             }
             Stamping::Dispatches(prof) => {
                 let row_bytes = (logits.vocab * logits.dtype.size()) as u64;
                 let mut passes = Passes::new(encoder, Some(prof));
                 self.kernels
-                    .record_step_in(&mut passes, group, shape, row_bytes);
+                    .record_step_in(&mut passes, group, &self.bufs, shape, row_bytes);
             }
         }
         // the step's results into a readback buffer, mapped when the submission has run

@@ -114,7 +114,7 @@ impl Kernels {
             draw_groups: 0,
             plan,
         };
-        for (e, _, _) in self.stages(shape).into_iter().flatten() {
+        for (e, ..) in self.stages(shape).into_iter().flatten() {
             self.pipe(e);
         }
     }
@@ -124,38 +124,53 @@ impl Kernels {
         self.pipes.get(e as usize)
     }
 
-    /// The dispatches of a step of `shape`, in order: (entry point, grid x, grid y).
-    fn stages(&self, shape: StepShape) -> [Option<(Entry, u32, u32)>; 8] {
+    /// The dispatches of a step of `shape`, in order: (entry point, grid x, grid y, and
+    /// for a dispatch whose grid the step computes, the byte offset of its grid in
+    /// [`StepBuffers::ind`]: `x` and `y` are then the most it can be).
+    fn stages(&self, shape: StepShape) -> [Option<Stage>; 8] {
         let (b, w) = (shape.rows as u32, shape.splits as u32);
         let full = shape.plan == Plan::Full;
         let fused = !full && self.fused;
         // a light call runs the light entry points: the same results from far less code
         let light = shape.plan == Plan::Light;
-        // a lean call's full-row-path rows are drawn by lp's workgroups and finished after
-        let wide = shape.plan != Plan::Light;
+        // a lean call's rows on the full-row path are drawn by lp's workgroups and
+        // finished after, over grids settle counts (none when no row took the path)
+        let lean = shape.plan == Plan::Lean;
         let pick = |e: Entry, l: Entry| if light { l } else { e };
         [
-            (!light).then_some((Entry::Probe, b, 1)),
-            Some((pick(Entry::Scan, Entry::ScanLight), w, b)),
-            (!fused).then_some((pick(Entry::Settle, Entry::SettleLight), b, 1)),
+            (!light).then_some((Entry::Probe, b, 1, None)),
+            Some((pick(Entry::Scan, Entry::ScanLight), w, b, None)),
+            (!fused).then_some((pick(Entry::Settle, Entry::SettleLight), b, 1, None)),
             (full && shape.draw_groups > 0).then_some((
                 Entry::DrawMany,
                 shape.draw_groups as u32,
                 b,
+                None,
             )),
-            fused.then_some((pick(Entry::SettleFinish, Entry::SettleFinishLight), b, 1)),
-            (!full && !fused).then_some((pick(Entry::DrawFinish, Entry::DrawFinishLight), b, 1)),
-            wide.then_some((Entry::Lp, w, b)),
-            wide.then_some((Entry::Finish, b, 1)),
+            fused.then_some((
+                pick(Entry::SettleFinish, Entry::SettleFinishLight),
+                b,
+                1,
+                None,
+            )),
+            (!full && !fused).then_some((
+                pick(Entry::DrawFinish, Entry::DrawFinishLight),
+                b,
+                1,
+                None,
+            )),
+            (full || lean).then_some((Entry::Lp, w, b, lean.then_some(0))),
+            (full || lean).then_some((Entry::Finish, b, 1, lean.then_some(12))),
         ]
     }
 
-    /// The dispatches of a step of `shape`, in order: (entry point's name, workgroups).
+    /// The dispatches of a step of `shape`, in order: (entry point's name, workgroups; at
+    /// most that many for the grids the step computes).
     pub fn grid(&self, shape: StepShape) -> Vec<(&'static str, u64)> {
         self.stages(shape)
             .into_iter()
             .flatten()
-            .map(|(e, x, y)| (stage_name(e), u64::from(x) * u64::from(y)))
+            .map(|(e, x, y, _)| (stage_name(e), u64::from(x) * u64::from(y)))
             .collect()
     }
 
@@ -167,12 +182,14 @@ impl Kernels {
         &self,
         passes: &mut super::profile::Passes<'_>,
         group: &wgpu::BindGroup,
+        bufs: &StepBuffers,
         shape: StepShape,
         row_bytes: u64,
     ) {
         let rows = shape.rows as u64;
-        for (e, x, y) in self.stages(shape).into_iter().flatten() {
-            passes.dispatch(self.pipe(e), group, (x, y), || {
+        let mut copied = false;
+        for (e, x, y, ind) in self.stages(shape).into_iter().flatten() {
+            let plan = || {
                 let walks = matches!(e, Entry::Probe | Entry::Scan | Entry::Lp);
                 crate::profile::Launch {
                     kernel: format!("sample.{}", stage_name(e)),
@@ -180,7 +197,17 @@ impl Kernels {
                     bytes_read: 256 * rows + if walks { rows * row_bytes } else { 0 },
                     bytes_written: 256 * rows,
                 }
-            });
+            };
+            match ind {
+                None => passes.dispatch(self.pipe(e), group, (x, y), plan),
+                Some(at) => {
+                    if !copied {
+                        bufs.copy_grids(passes.encoder());
+                        copied = true;
+                    }
+                    passes.dispatch_indirect(self.pipe(e), group, &bufs.ind, at, plan);
+                }
+            }
         }
     }
 
@@ -191,50 +218,84 @@ impl Kernels {
         &self,
         encoder: &mut wgpu::CommandEncoder,
         group: &wgpu::BindGroup,
+        bufs: &StepBuffers,
         shape: StepShape,
         stamps: StepStamps<'_>,
     ) {
         let stages = self.stages(shape);
         // the pipelines before the passes borrow the encoder (built at their first use)
-        let stages = stages.map(|s| s.map(|(e, x, y)| (self.pipe(e), x, y)));
-        let stages = stages.into_iter().flatten();
-        fn pass_with<'e>(
-            encoder: &'e mut wgpu::CommandEncoder,
-            q: Option<(&wgpu::QuerySet, u32)>,
-        ) -> wgpu::ComputePass<'e> {
-            encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("decoda step"),
-                timestamp_writes: q.map(|(q, i)| wgpu::ComputePassTimestampWrites {
-                    query_set: q,
-                    beginning_of_pass_write_index: Some(i),
-                    end_of_pass_write_index: Some(i + 1),
-                }),
-            })
-        }
+        let stages: Vec<_> = stages
+            .into_iter()
+            .flatten()
+            .map(|(e, x, y, ind)| (self.pipe(e), x, y, ind))
+            .collect();
+        // the stages whose grids the step computes run after a copy of them, in a pass
+        // of their own
+        let tail = stages
+            .iter()
+            .position(|s| s.3.is_some())
+            .unwrap_or(stages.len());
+        // timestamps: (query set, index before, index after) of each pass
+        let pass_with =
+            |encoder: &mut wgpu::CommandEncoder,
+             q: Option<(&wgpu::QuerySet, Option<u32>, Option<u32>)>| {
+                encoder
+                    .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("decoda step"),
+                        timestamp_writes: q.map(|(q, a, b)| wgpu::ComputePassTimestampWrites {
+                            query_set: q,
+                            beginning_of_pass_write_index: a,
+                            end_of_pass_write_index: b,
+                        }),
+                    })
+                    .forget_lifetime()
+            };
+        let dispatch = |pass: &mut wgpu::ComputePass<'_>, s: &(_, u32, u32, Option<u64>)| {
+            let (pipe, x, y, ind) = *s;
+            pass.set_bind_group(0, group, &[]);
+            pass.set_pipeline(pipe);
+            match ind {
+                Some(at) => pass.dispatch_workgroups_indirect(&bufs.ind, at),
+                None => pass.dispatch_workgroups(x, y, 1),
+            }
+        };
         match stamps {
             StepStamps::Stages(q) => {
-                for (i, (pipe, x, y)) in stages.enumerate() {
-                    let mut pass = pass_with(encoder, Some((q, 2 * i as u32)));
-                    pass.set_bind_group(0, group, &[]);
-                    pass.set_pipeline(pipe);
-                    pass.dispatch_workgroups(x, y, 1);
+                for (i, s) in stages.iter().enumerate() {
+                    if i == tail {
+                        bufs.copy_grids(encoder);
+                    }
+                    let i = 2 * i as u32;
+                    let mut pass = pass_with(encoder, Some((q, Some(i), Some(i + 1))));
+                    dispatch(&mut pass, s);
                 }
             }
             StepStamps::None | StepStamps::Step(_) => {
                 let q = match stamps {
-                    StepStamps::Step(q) => Some((q, 0)),
+                    StepStamps::Step(q) => Some(q),
                     _ => None,
                 };
-                let mut pass = pass_with(encoder, q);
-                pass.set_bind_group(0, group, &[]);
-                for (pipe, x, y) in stages {
-                    pass.set_pipeline(pipe);
-                    pass.dispatch_workgroups(x, y, 1);
+                let two = tail < stages.len();
+                let mut pass = pass_with(encoder, q.map(|q| (q, Some(0), (!two).then_some(1))));
+                for s in &stages[..tail] {
+                    dispatch(&mut pass, s);
+                }
+                drop(pass);
+                if two {
+                    bufs.copy_grids(encoder);
+                    let mut pass = pass_with(encoder, q.map(|q| (q, None, Some(1))));
+                    for s in &stages[tail..] {
+                        dispatch(&mut pass, s);
+                    }
                 }
             }
         }
     }
 }
+
+/// One dispatch of a step: entry point, grid x, grid y, and for a dispatch whose grid
+/// the step computes, its grid's byte offset in [`StepBuffers::ind`].
+type Stage = (Entry, u32, u32, Option<u64>);
 
 /// Where a step writes timestamps.
 #[derive(Clone, Copy)]
@@ -399,6 +460,9 @@ pub(crate) struct StepBuffers {
     pub lists: Grow,
     pub work: Grow,
     pub ctr: Grow,
+    /// The grids of the dispatches whose size the step computes (a lean call's tail),
+    /// copied from `ctr` before they run ([`IND_ARGS`] words).
+    pub ind: wgpu::Buffer,
     /// Bumped whenever a buffer is replaced (bind groups made before are then stale).
     pub generation: u64,
 }
@@ -421,9 +485,22 @@ impl StepBuffers {
             lists: Grow::new(device, "decoda lists", st | U::COPY_SRC),
             // (COPY_SRC: `WgpuSampler::full_row_rows` reads the rows' paths)
             work: Grow::new(device, "decoda work", st | U::COPY_SRC),
-            ctr: Grow::new(device, "decoda counters", st),
+            // (COPY_SRC: the grids the step computes, copied to `ind`)
+            ctr: Grow::new(device, "decoda counters", st | U::COPY_SRC),
+            ind: make_buffer(
+                device,
+                "decoda step grids",
+                (IND_ARGS * 4) as u64,
+                U::INDIRECT | U::COPY_DST,
+            ),
             generation: 0,
         }
+    }
+
+    /// Records the copy of the grids a step computed (`ctr`'s first words) into
+    /// [`Self::ind`], between the passes that write and read them.
+    pub fn copy_grids(&self, encoder: &mut wgpu::CommandEncoder) {
+        encoder.copy_buffer_to_buffer(&self.ctr.buf, 0, &self.ind, 0, (IND_ARGS * 4) as u64);
     }
 
     /// Makes every per-row buffer big enough for `rows` rows cut in `splits`, `slots`
@@ -443,9 +520,10 @@ impl StepBuffers {
         grown |= self.pen.ensure(device, words(need.pen_words));
         grown |= self.lists.ensure(device, words(need.list_words));
         grown |= self.work.ensure(device, words(need.work_words()));
-        grown |= self
-            .ctr
-            .ensure(device, words(2 * need.rows + need.rows * HIST_WORDS));
+        grown |= self.ctr.ensure(
+            device,
+            words(IND_ARGS + 2 * need.rows + need.rows * HIST_WORDS),
+        );
         if grown {
             self.generation += 1;
         }

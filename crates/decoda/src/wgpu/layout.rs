@@ -8,6 +8,11 @@
 pub(crate) const WG: usize = 256;
 /// Radix histogram words per row of the full-row path (`HW` in the shader).
 pub(crate) const HIST_WORDS: usize = 6144;
+/// The first words of `ctr` (`IND_WORDS`), before the rows' counters and histograms:
+/// the indirect grids of a lean call's tail, `lp`'s (`splits`, the rows on the full-row
+/// path, one) then `finish`'s (those rows, one, one), two words unused; copied to the
+/// grid buffer before the tail (`Kernels::record_step`).
+pub(crate) const IND_ARGS: usize = 8;
 /// State words per row (`ST`).
 pub(crate) const STATE_WORDS: usize = 64;
 /// Partial-result words per (row, split) (`PW`).
@@ -364,6 +369,7 @@ mod tests {
         for (name, v) in [
             ("WG", WG as u64),
             ("HW", HIST_WORDS as u64),
+            ("IND_WORDS", IND_ARGS as u64),
             ("ST", STATE_WORDS as u64),
             ("S_PATH", S_PATH as u64),
             ("P_FULL", u64::from(P_FULL)),

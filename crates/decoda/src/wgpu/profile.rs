@@ -128,6 +128,20 @@ impl<'e> Passes<'e> {
         grid: (u32, u32),
         plan: impl FnOnce() -> Launch,
     ) {
+        self.dispatch_with(pipe, group, plan, |pass| {
+            pass.dispatch_workgroups(grid.0, grid.1, 1)
+        });
+    }
+
+    /// One dispatch of `pipe` with `group` bound, recorded by `go` into the open pass
+    /// (or one of its own when profiling).
+    fn dispatch_with(
+        &mut self,
+        pipe: &wgpu::ComputePipeline,
+        group: &wgpu::BindGroup,
+        plan: impl FnOnce() -> Launch,
+        go: impl FnOnce(&mut wgpu::ComputePass<'static>),
+    ) {
         let stamp = match self.prof.as_deref_mut() {
             Some(p) => {
                 let i = p.launches.len() as u32;
@@ -157,11 +171,28 @@ impl<'e> Passes<'e> {
         let pass = self.pass.as_mut().expect("opened above");
         pass.set_pipeline(pipe);
         pass.set_bind_group(0, group, &[]);
-        pass.dispatch_workgroups(grid.0, grid.1, 1);
+        go(pass);
         if stamp.is_some() {
             // the dispatch's own pass ends here
             self.pass = None;
         }
+    }
+}
+
+impl Passes<'_> {
+    /// Records one dispatch of `pipe` whose grid the step computed, read from `grids`
+    /// at byte `at`; `plan` gives its [`Launch`] (its workgroups the most there can be).
+    pub fn dispatch_indirect(
+        &mut self,
+        pipe: &wgpu::ComputePipeline,
+        group: &wgpu::BindGroup,
+        grids: &wgpu::Buffer,
+        at: u64,
+        plan: impl FnOnce() -> Launch,
+    ) {
+        self.dispatch_with(pipe, group, plan, |pass| {
+            pass.dispatch_workgroups_indirect(grids, at)
+        });
     }
 }
 

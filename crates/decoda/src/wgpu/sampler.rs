@@ -590,6 +590,7 @@ impl WgpuSampler {
         self.kernels.record_step(
             encoder,
             group,
+            &sc.bufs,
             StepShape {
                 rows: b,
                 splits,

@@ -41,6 +41,7 @@ const WG: u32 = 256u;
 const DRAW_WG: u32 = 256u;  // invocations of a draw_many workgroup
 const BINS: u32 = 2048u;
 const HW: u32 = 6144u;      // radix histogram words per row (full-row path)
+const IND_WORDS: u32 = 8u;  // ctr words of a lean call's tail grids, before the rows' counters
 const ST: u32 = 64u;        // state words per row
 const PW: u32 = 64u;        // partial words per (row, split)
 const NTOP: u32 = 20u;      // most top log-probabilities a row may ask for
@@ -106,6 +107,7 @@ const S_KLO: u32 = 39u;      //   S_KLO ..= S_KHI
 const S_SD_R: u32 = 40u;     // top-n-σ's sums in the scan (N_SD): the reference R
 const S_SD_E: u32 = 41u;     //   and the scale's exponent e (an i32: q in 2^(e-34) units)
 const S_SD_WALK: u32 = 42u;  // 1: settle walked the row for them (a test's view)
+const S_TAIL: u32 = 43u;     // lean call: row j's word holds the j-th row on the full-row path
 
 // S_NEED flags
 const N_LIST: u32 = 1u;
@@ -399,7 +401,24 @@ fn cand(row: u32) -> u32 {
 
 // Radix histogram words of a row (full-row path), in `ctr` after the counters.
 fn hbase(row: u32) -> u32 {
-    return 2u * call.rows + row * HW;
+    return IND_WORDS + 2u * call.rows + row * HW;
+}
+
+// A row's two counters in ctr (the candidates listed, then a spare one), after the grids
+// of a lean call's tail: ctr[0..3] lp's (splits, rows on the full-row path, 1), ctr[3..6]
+// finish's (those rows, 1, 1), set by the probe and counted by settle. (Where the
+// counters and histograms lie follows the call's rows; the grids never move.)
+fn cbase(row: u32) -> u32 {
+    return IND_WORDS + 2u * row;
+}
+
+// The row a workgroup of a lean call's tail works on: the `j`-th settle listed
+// (`M_LEAN`: in row j's state word S_TAIL), or row `j` itself.
+fn tail_row(j: u32) -> u32 {
+    if ((call.mode & M_LEAN) != 0u) {
+        return sget(j, S_TAIL);
+    }
+    return j;
 }
 
 fn add64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {

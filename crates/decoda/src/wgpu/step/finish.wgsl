@@ -5,12 +5,11 @@
 fn finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
     lanes_init(lanes);
-    // a lean call finished every other row in settle_finish (or draw_finish)
-    if ((call.mode & M_LEAN) != 0u && !wg_flag(lid, sget(wid.x, S_PATH) == P_FULL)) {
-        return;
-    }
-    kept_row(lid, wid.x);
-    finish_row(lid, wid.x);
+    // (a lean call's rows on the full-row path: settle_finish, or draw_finish, finished
+    // every other row)
+    let row = tail_row(wid.x);
+    kept_row(lid, row);
+    finish_row(lid, row);
 }
 
 // finish of one row by this workgroup.

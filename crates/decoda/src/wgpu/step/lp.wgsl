@@ -99,7 +99,7 @@ fn lp(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
     lanes_init(lanes);
     let split = wid.x;
-    let row = wid.y;
+    let row = tail_row(wid.y);
     if (!wg_flag(lid, sget(row, S_LP) != 0u)) {
         return;
     }

@@ -35,8 +35,17 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         storageBarrier();
     }
     if (lid == 0u) {
-        atomicStore(&ctr[2u * row], 0u);
-        atomicStore(&ctr[2u * row + 1u], 0u);
+        atomicStore(&ctr[cbase(row)], 0u);
+        atomicStore(&ctr[cbase(row) + 1u], 0u);
+        if (row == 0u) {
+            // the grids of a lean call's tail: no row on the full-row path yet
+            atomicStore(&ctr[0], call.splits);
+            atomicStore(&ctr[1], 0u);
+            atomicStore(&ctr[2], 1u);
+            atomicStore(&ctr[3], 0u);
+            atomicStore(&ctr[4], 1u);
+            atomicStore(&ctr[5], 1u);
+        }
     }
     // every filtered row gets a list (top-n-σ's set, every y above its threshold, is
     // settled on it when it holds the set); rows with no filter but XTC (its coin

@@ -188,7 +188,7 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
             let y = div_rn(zs[j], t);
             let yk = cmp_key(y);
             if ((need & N_LIST) != 0u && (yk >= kappa || (minp && yk >= gkey))) {
-                let at = atomicAdd(&ctr[2u * row], 1u);
+                let at = atomicAdd(&ctr[cbase(row)], 1u);
                 if (at < call.cap) {
                     work[lst + 2u * at] = i;
                     work[lst + 2u * at + 1u] = bitcast<u32>(y);

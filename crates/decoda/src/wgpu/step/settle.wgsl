@@ -492,7 +492,7 @@ fn settle_row(lid: u32, row: u32) {
             }
             storageBarrier();
         }
-        let n_all = wg_uniform(lid, atomicLoad(&ctr[2u * row]));
+        let n_all = wg_uniform(lid, atomicLoad(&ctr[cbase(row)]));
         // typical-p's centre and mass from the scan's sums, when it made them
         var typ = Typ(false, 0.0, 0.0);
         if (wg_flag(lid, (need & N_TYP) != 0u)) {
@@ -525,6 +525,12 @@ fn settle_row(lid: u32, row: u32) {
         }
         if (lid == 0u && !done) {
             sset(row, S_PATH, P_FULL);
+            if ((call.mode & M_LEAN) != 0u) {
+                // into the tail's grids and list (lp draws the row, finish ends it)
+                let at = atomicAdd(&ctr[1], 1u);
+                atomicAdd(&ctr[3], 1u);
+                sset(at, S_TAIL, row);
+            }
         }
     }
     storageBarrier();
