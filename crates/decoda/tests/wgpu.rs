@@ -651,9 +651,10 @@ fn recorded_calls_keep_their_parameters() {
 
 /// The passes a call records follow its parameters: greedy and temperature rows take
 /// two dispatches, filtered rows (top-k, top-p, min-p, top-n-σ, typical-p, XTC, the kept
-/// distribution; or per-call penalties, whose history the probe scatters) five (the
-/// last two, lp and finish, for a row on the full-row path: the others leave them at
-/// once), log-probabilities five; each reads the row once on its common path. (One more for
+/// distribution; or per-call penalties, whose history the probe scatters) five, and
+/// two more for each phase of the full-row path their stages have (lp, finish and the
+/// phases run only for a row on that path: over grids settle counts),
+/// log-probabilities five; each reads the row once on its common path. (One more for
 /// the first two where the device does not fuse `settle_finish`: lavapipe, so this
 /// test checks the fused plan on a device of its own, which it never runs.)
 #[test]
@@ -691,26 +692,74 @@ fn calls_record_the_passes_their_rows_need() {
         .dispatches,
         2
     );
-    for f in [
-        (|p: &mut SamplingParams| p.top_k = 50) as fn(&mut SamplingParams),
-        |p| p.top_p = 0.9,
-        |p| p.min_p = 0.1,
-        |p| {
-            p.logit_bias.insert(3, 1.0);
-        },
+    // (each with the full-row path's phases for its stage: walk over the row's pieces,
+    // then decide, for a row its candidates cannot settle)
+    for (f, phases) in [
+        (
+            (|p: &mut SamplingParams| p.top_k = 50) as fn(&mut SamplingParams),
+            3,
+        ),
+        (|p| p.top_p = 0.9, 3),
+        (|p| p.min_p = 0.1, 0),
+        (
+            |p| {
+                p.logit_bias.insert(3, 1.0);
+            },
+            0,
+        ),
         // the later stages: the probe builds their list too (XTC's when its coin fires)
-        |p| p.top_n_sigma = 1.0,
-        |p| p.typical_p = 0.9,
-        |p| p.xtc_probability = 0.5,
-        |p| p.kept = Some(8),
+        (|p| p.top_n_sigma = 1.0, 0),
+        (|p| p.typical_p = 0.9, 1),
+        (|p| p.xtc_probability = 0.5, 2),
+        (|p| p.kept = Some(8), 0),
+        (
+            |p| {
+                p.top_k = 50;
+                p.typical_p = 0.9;
+                p.top_p = 0.9;
+                p.xtc_probability = 0.5;
+            },
+            9,
+        ),
     ] {
         let s = with(&f);
-        assert_eq!(s.stages, ["probe", "scan", "settle_finish", "lp", "finish"]);
+        let mut want = vec!["probe", "scan", "settle_finish"];
+        for _ in 0..phases {
+            want.extend(["walk", "decide"]);
+        }
+        want.extend(["lp", "finish"]);
+        assert_eq!(s.stages, want);
         assert_eq!(s.row_reads, 1.125);
-        // lp draws a full-row-path row over the scan's pieces
+        // the phases and lp work on a full-row-path row over the scan's pieces
         let w = &s.workgroups;
-        assert_eq!((w[0], w[2], w[3], w[4]), (1, 1, w[1], 1), "{s:?}");
+        assert_eq!((w[0], w[2]), (1, 1), "{s:?}");
+        for (k, n) in w[3..].iter().enumerate() {
+            assert_eq!(*n, if k % 2 == 0 { w[1] } else { 1 }, "{s:?}");
+        }
     }
+    // a call records the most phases one of its rows runs
+    let two = b
+        .call_structure(
+            v,
+            &[
+                Request::new(
+                    SamplingParams {
+                        top_k: 50,
+                        ..Default::default()
+                    },
+                    1,
+                ),
+                Request::new(
+                    SamplingParams {
+                        xtc_probability: 0.5,
+                        ..Default::default()
+                    },
+                    2,
+                ),
+            ],
+        )
+        .unwrap();
+    assert_eq!(two.dispatches, 5 + 2 * 3);
     // a penalty over a history: the probe scatters it; over none, nothing to do
     let mut q = Request::new(
         SamplingParams {
@@ -723,7 +772,7 @@ fn calls_record_the_passes_their_rows_need() {
     q.state.output = vec![7, 9];
     assert_eq!(b.call_structure(v, &[q]).unwrap().dispatches, 5);
     let lp = with(&|p| {
-        p.top_k = 50;
+        p.min_p = 0.05;
         p.logprobs = Some(2);
     });
     assert_eq!(lp.stages, ["probe", "scan", "settle", "lp", "finish"]);
@@ -731,6 +780,18 @@ fn calls_record_the_passes_their_rows_need() {
     // lp walks the row in the scan's pieces
     let w = &lp.workgroups;
     assert_eq!((w[0], w[2], w[3], w[4]), (1, 1, w[1], 1), "{lp:?}");
+    // with top-k, its phases come after settle
+    let lpk = with(&|p| {
+        p.top_k = 50;
+        p.logprobs = Some(2);
+    });
+    assert_eq!(
+        lpk.stages,
+        [
+            "probe", "scan", "settle", "walk", "decide", "walk", "decide", "walk", "decide", "lp",
+            "finish"
+        ]
+    );
     // one row with log-probabilities takes the whole call through the five passes
     let mixed = b
         .call_structure(
@@ -768,10 +829,12 @@ fn calls_record_the_passes_their_rows_need() {
     assert_eq!(s.stages, ["scan", "settle", "draw_finish"]);
     assert_eq!(s.row_reads, 1.0);
     let s = split.call_structure(v, &topk).unwrap();
-    assert_eq!(
-        s.stages,
-        ["probe", "scan", "settle", "draw_finish", "lp", "finish"]
-    );
+    let mut want = vec!["probe", "scan", "settle", "draw_finish"];
+    for _ in 0..3 {
+        want.extend(["walk", "decide"]);
+    }
+    want.extend(["lp", "finish"]);
+    assert_eq!(s.stages, want);
     assert_eq!(split.call_structure(v, &lp_req()).unwrap().dispatches, 5);
 }
 

@@ -18,9 +18,21 @@ pub struct AdapterSummary {
 
 /// An instance with the backends that run compute shaders (Vulkan, Metal, DX12) and no
 /// display connection: the sampler presents nothing.
+///
+/// wgpu's check of indirect dispatch grids (`InstanceFlags::VALIDATION_INDIRECT_CALL`)
+/// is off unless `WGPU_VALIDATION_INDIRECT_CALL` asks for it: the only grids decoda's
+/// kernels compute are the step's after settle (at most `MAX_SPLITS` by the call's rows,
+/// by construction), and the check, a dispatch of wgpu's own before each of them, cost
+/// lavapipe about 15 ms a dispatch (a filtered call at V = 1,000, B = 8: 197 ms with it,
+/// 21 ms without). A device made by the caller ([`super::WgpuDevice::from_device`])
+/// keeps the caller's flags.
 fn instance() -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
     desc.backends &= wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
+    if std::env::var_os("WGPU_VALIDATION_INDIRECT_CALL").is_none() {
+        desc.flags
+            .remove(wgpu::InstanceFlags::VALIDATION_INDIRECT_CALL);
+    }
     wgpu::Instance::new(desc)
 }
 

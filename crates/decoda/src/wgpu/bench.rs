@@ -47,17 +47,18 @@ struct Stamps {
 }
 
 impl Stamps {
-    /// `count` queries (at most 32).
+    /// `count` queries.
     fn new(device: &wgpu::Device, count: u32) -> Self {
         use wgpu::BufferUsages as U;
+        let bytes = (8 * u64::from(count)).next_multiple_of(256).max(256);
         Self {
             qs: device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("decoda timing"),
                 ty: wgpu::QueryType::Timestamp,
                 count,
             }),
-            resolve: make_buffer(device, "decoda ts", 256, U::QUERY_RESOLVE | U::COPY_SRC),
-            read: make_buffer(device, "decoda ts read", 256, U::MAP_READ | U::COPY_DST),
+            resolve: make_buffer(device, "decoda ts", bytes, U::QUERY_RESOLVE | U::COPY_SRC),
+            read: make_buffer(device, "decoda ts read", bytes, U::MAP_READ | U::COPY_DST),
             count,
         }
     }
@@ -216,8 +217,10 @@ impl WgpuSampler {
     /// A profile of one call: each stage of the step in a compute pass of its own, with
     /// timestamps around each; the stages' names and device times in microseconds, in
     /// order (the call's plan: `scan, settle_finish` for rows without filters or
-    /// log-probabilities, `probe` before them for filtered rows, `probe, scan, settle, lp,
-    /// finish` with log-probabilities). The passes' boundaries add little to a
+    /// log-probabilities, `probe` before them for filtered rows and `lp, finish` after,
+    /// with the full-row path's `walk, decide` between for the stages that have phases,
+    /// `probe, scan, settle, lp, finish` with log-probabilities; a stage recorded many
+    /// times gives its sum). The passes' boundaries add little to a
     /// call's time, since the stages are dependent dispatches anyway.
     /// [`Error::Device`] when the adapter has no timestamps.
     #[doc(hidden)]
@@ -230,7 +233,7 @@ impl WgpuSampler {
         self.need_timestamps()?;
         let (rows, mbuf) = self.bench_call(logits, requests)?;
         let masks = masks_view(&mbuf, logits.vocab);
-        let names = WgpuSampler::plan_for(&rows, logits.vocab, 0).stages(false, self.kernels.fused);
+        let names = self.stage_names(&rows, logits.vocab);
         let st = Stamps::new(self.ctx.device(), 2 * names.len() as u32);
         let mut enc = self.encoder();
         let stamps = StepStamps::Stages(&st.qs);
@@ -239,17 +242,38 @@ impl WgpuSampler {
         self.ctx.queue().submit([enc.finish()]);
         let t = st.ticks(self.ctx.device())?;
         let period = f64::from(self.ctx.queue().get_timestamp_period());
-        Ok(names
-            .iter()
-            .copied()
-            .enumerate()
-            .map(|(i, n)| {
-                (
-                    n,
-                    t[2 * i + 1].saturating_sub(t[2 * i]) as f64 * period / 1000.0,
-                )
-            })
-            .collect())
+        // a stage recorded many times (the full-row path's phases) is their sum
+        let mut out: Vec<(&'static str, f64)> = Vec::new();
+        for (i, n) in names.iter().copied().enumerate() {
+            let us = t[2 * i + 1].saturating_sub(t[2 * i]) as f64 * period / 1000.0;
+            match out.iter_mut().find(|(m, _)| *m == n) {
+                Some((_, total)) => *total += us,
+                None => out.push((n, us)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The dispatches a call of these rows records: (name, workgroups; at most that
+    /// many for the grids the call computes), in order.
+    fn grid_of(&self, rows: &[pl::Row<'_>], vocab: usize) -> Vec<(&'static str, u64)> {
+        let (plan, phases) = WgpuSampler::plan_for(rows, vocab, 0);
+        let (splits, _) = self.shape(vocab, rows.len());
+        self.kernels.grid(super::kernels::StepShape {
+            rows: rows.len(),
+            splits,
+            draw_groups: 0,
+            plan,
+            phases,
+        })
+    }
+
+    /// The names of the dispatches a call of these rows records, in order.
+    fn stage_names(&self, rows: &[pl::Row<'_>], vocab: usize) -> Vec<&'static str> {
+        self.grid_of(rows, vocab)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect()
     }
 
     /// The structure of a call of these requests on rows of `vocab` logits: the
@@ -259,20 +283,10 @@ impl WgpuSampler {
     #[doc(hidden)]
     pub fn call_structure(&self, vocab: usize, requests: &[Request]) -> Result<CallStructure> {
         let rows = pl::validated_rows(requests.len(), vocab, requests)?;
-        let plan = WgpuSampler::plan_for(&rows, vocab, 0);
         let logprobs = requests.iter().any(|r| r.params.logprobs.is_some());
-        let (splits, _) = self.shape(vocab, rows.len());
+        let plan = WgpuSampler::plan_for(&rows, vocab, 0).0;
         // the dispatches as the call records them
-        let (stages, workgroups): (Vec<_>, Vec<_>) = self
-            .kernels
-            .grid(super::kernels::StepShape {
-                rows: rows.len(),
-                splits,
-                draw_groups: 0,
-                plan,
-            })
-            .into_iter()
-            .unzip();
+        let (stages, workgroups): (Vec<_>, Vec<_>) = self.grid_of(&rows, vocab).into_iter().unzip();
         Ok(CallStructure {
             dispatches: workgroups.len(),
             stages,

@@ -350,13 +350,12 @@ impl WgpuHead {
         let (splits, chunk) = kernels::split(v, b, self.ctx.target_wg(), self.ctx.min_chunk());
         // the passes, from the rows' parameters (the head keeps the penalty areas up to
         // date itself, so nothing is scattered)
-        let plan = Plan::of(
-            rows.iter()
-                .filter_map(|&s| self.host[s].as_ref())
-                .map(|h| RowNeeds::of(row_flags(&h.params, v), h.params.temperature)),
-            false,
-            false,
-        );
+        let needs = rows
+            .iter()
+            .filter_map(|&s| self.host[s].as_ref())
+            .map(|h| RowNeeds::of(row_flags(&h.params, v), h.params.temperature));
+        let plan = Plan::of(needs.clone(), false, false);
+        let phases = kernels::phases(needs);
         // the buffers were sized for every slot at construction (one row has the most
         // splits), so a step never reallocates the slots' state
         let sizes = Sizes {
@@ -415,13 +414,14 @@ impl WgpuHead {
             self.bind = Some((logits.buffer.clone(), mask_buf, self.bufs.generation, group));
         }
         let group = &self.bind.as_ref().expect("set above").3;
-        self.last_dispatches = plan.stages(false, self.kernels.fused).len();
         let shape = StepShape {
             rows: b,
             splits,
             draw_groups: 0,
             plan,
+            phases,
         };
+        self.last_dispatches = self.kernels.grid(shape).len();
         match stamps {
             Stamping::None => {
                 self.kernels

@@ -8,7 +8,7 @@ use super::device::{lazy_pipelines, Pipelines, WgpuDevice};
 use super::layout::*;
 
 /// The step kernels' entry points, in the order of [`Kernels::pipes`].
-const ENTRIES: [&str; 14] = [
+const ENTRIES: [&str; 16] = [
     "join",
     "wipe",
     "probe",
@@ -23,9 +23,11 @@ const ENTRIES: [&str; 14] = [
     "draw_finish_light",
     "settle_finish_light",
     "scan_light",
+    "walk",
+    "decide",
 ];
 
-/// The stage entry point `e` runs as ([`Plan::stages`]' names): a light call's
+/// The stage entry point `e` runs as (the names `Kernels::grid` gives): a light call's
 /// `settle_light` is its `settle`, and so on.
 fn stage_name(e: Entry) -> &'static str {
     ENTRIES[e as usize].trim_end_matches("_light")
@@ -48,11 +50,13 @@ pub(crate) enum Entry {
     DrawFinishLight,
     SettleFinishLight,
     ScanLight,
+    Walk,
+    Decide,
 }
 
 /// The compute pipelines, one per entry point of `step/`, each built at its first use.
 pub(crate) struct Kernels {
-    pub pipes: Pipelines<14>,
+    pub pipes: Pipelines<16>,
     /// `settle_finish` as one dispatch ([`super::WgpuDevice::fuses_settle`]).
     pub fused: bool,
     /// The bind group layout of every step kernel.
@@ -113,8 +117,9 @@ impl Kernels {
             splits: 1,
             draw_groups: 0,
             plan,
+            phases: 0,
         };
-        for (e, ..) in self.stages(shape).into_iter().flatten() {
+        for (e, ..) in self.stages(shape) {
             self.pipe(e);
         }
     }
@@ -127,7 +132,7 @@ impl Kernels {
     /// The dispatches of a step of `shape`, in order: (entry point, grid x, grid y, and
     /// for a dispatch whose grid the step computes, the byte offset of its grid in
     /// [`StepBuffers::ind`]: `x` and `y` are then the most it can be).
-    fn stages(&self, shape: StepShape) -> [Option<Stage>; 8] {
+    fn stages(&self, shape: StepShape) -> Vec<Stage> {
         let (b, w) = (shape.rows as u32, shape.splits as u32);
         let full = shape.plan == Plan::Full;
         let fused = !full && self.fused;
@@ -137,7 +142,15 @@ impl Kernels {
         // finished after, over grids settle counts (none when no row took the path)
         let lean = shape.plan == Plan::Lean;
         let pick = |e: Entry, l: Entry| if light { l } else { e };
-        [
+        // the full-row path's phases (step/walk.wgsl) after settle, over the rows settle
+        // sent down it: a piece of each such row, then each such row
+        let phases = (0..shape.phases).flat_map(|_| {
+            [
+                (Entry::Walk, w, b, Some(0)),
+                (Entry::Decide, b, 1, Some(12)),
+            ]
+        });
+        let mut stages: Vec<Stage> = [
             (!light).then_some((Entry::Probe, b, 1, None)),
             Some((pick(Entry::Scan, Entry::ScanLight), w, b, None)),
             (!fused).then_some((pick(Entry::Settle, Entry::SettleLight), b, 1, None)),
@@ -162,6 +175,16 @@ impl Kernels {
             (full || lean).then_some((Entry::Lp, w, b, lean.then_some(0))),
             (full || lean).then_some((Entry::Finish, b, 1, lean.then_some(12))),
         ]
+        .into_iter()
+        .flatten()
+        .collect();
+        // (after settle, or settle_finish or draw_finish in a lean call)
+        let at = stages
+            .iter()
+            .position(|s| matches!(s.0, Entry::DrawMany | Entry::Lp))
+            .unwrap_or(stages.len());
+        stages.splice(at..at, phases);
+        stages
     }
 
     /// The dispatches of a step of `shape`, in order: (entry point's name, workgroups; at
@@ -169,7 +192,6 @@ impl Kernels {
     pub fn grid(&self, shape: StepShape) -> Vec<(&'static str, u64)> {
         self.stages(shape)
             .into_iter()
-            .flatten()
             .map(|(e, x, y, _)| (stage_name(e), u64::from(x) * u64::from(y)))
             .collect()
     }
@@ -188,7 +210,7 @@ impl Kernels {
     ) {
         let rows = shape.rows as u64;
         let mut copied = false;
-        for (e, x, y, ind) in self.stages(shape).into_iter().flatten() {
+        for (e, x, y, ind) in self.stages(shape) {
             let plan = || {
                 let walks = matches!(e, Entry::Probe | Entry::Scan | Entry::Lp);
                 crate::profile::Launch {
@@ -211,7 +233,7 @@ impl Kernels {
         }
     }
 
-    /// Records one step, the passes of `shape.plan` ([`Plan::stages`]) in one compute
+    /// Records one step, the passes of `shape` ([`Kernels::grid`]) in one compute
     /// pass, with timestamps around it ([`StepStamps::Step`]); or, to profile it, each
     /// stage in a pass of its own with timestamps around each ([`StepStamps::Stages`]).
     pub fn record_step(
@@ -226,7 +248,6 @@ impl Kernels {
         // the pipelines before the passes borrow the encoder (built at their first use)
         let stages: Vec<_> = stages
             .into_iter()
-            .flatten()
             .map(|(e, x, y, ind)| (self.pipe(e), x, y, ind))
             .collect();
         // the stages whose grids the step computes run after a copy of them, in a pass
@@ -305,7 +326,7 @@ pub(crate) enum StepStamps<'a> {
     /// Before and after the step's compute pass: queries 0 and 1 of the set.
     Step(&'a wgpu::QuerySet),
     /// Before and after each stage, recorded in a pass of its own: queries `2i` and
-    /// `2i + 1` for the `i`-th stage of the call's [`Plan::stages`].
+    /// `2i + 1` for the `i`-th stage of the call's [`Kernels::grid`].
     Stages(&'a wgpu::QuerySet),
 }
 
@@ -345,13 +366,26 @@ pub(crate) struct RowNeeds {
     pub logprobs: bool,
     /// DRY (stage 3a), which the probe computes.
     pub dry: bool,
+    /// The full-row path's phases the row runs when its candidates cannot settle it
+    /// (step/walk.wgsl): three for top-k, one for typical-p, three for top-p, two for
+    /// XTC.
+    pub phases: usize,
+}
+
+/// The full-row path's phases a call records: its rows' most ([`RowNeeds::phases`]), as
+/// each row moves on by one phase a phase. With no row on the path they run no
+/// workgroup.
+pub(crate) fn phases(rows: impl IntoIterator<Item = RowNeeds>) -> usize {
+    rows.into_iter().map(|r| r.phases).max().unwrap_or(0)
 }
 
 impl RowNeeds {
     /// From a row's flags and temperature (a row below the greedy cut-off is greedy
     /// whatever its filters, as the kernels' `cold` says).
     pub fn of(flags: u32, temperature: f32) -> Self {
+        let on = |f: u32| usize::from(flags & f != 0 && temperature >= 1e-5);
         Self {
+            phases: 3 * on(F_TOP_K) + on(F_TYPICAL) + 3 * on(F_TOP_P) + 2 * on(F_XTC),
             filtered: flags
                 & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA | F_TYPICAL | F_XTC | F_KEPT)
                 != 0
@@ -377,19 +411,6 @@ impl Plan {
             Plan::Lean
         } else {
             Plan::Light
-        }
-    }
-
-    /// The names of the stages it records, in order (`draw_many` with `draws`;
-    /// `settle_finish` as `settle, draw_finish` unless `fused`).
-    pub fn stages(self, draws: bool, fused: bool) -> &'static [&'static str] {
-        match (self, draws) {
-            (Plan::Light, _) if fused => &["scan", "settle_finish"],
-            (Plan::Light, _) => &["scan", "settle", "draw_finish"],
-            (Plan::Lean, _) if fused => &["probe", "scan", "settle_finish", "lp", "finish"],
-            (Plan::Lean, _) => &["probe", "scan", "settle", "draw_finish", "lp", "finish"],
-            (Plan::Full, false) => &["probe", "scan", "settle", "lp", "finish"],
-            (Plan::Full, true) => &["probe", "scan", "settle", "draw_many", "lp", "finish"],
         }
     }
 
@@ -425,6 +446,8 @@ pub(crate) struct StepShape {
     pub draw_groups: usize,
     /// The passes recorded.
     pub plan: Plan,
+    /// The full-row path's phases recorded after settle ([`phases`]).
+    pub phases: usize,
 }
 
 /// How a row of `v` logits is cut among workgroups for a batch of `b` rows: enough

@@ -371,19 +371,20 @@ impl WgpuSampler {
         )
     }
 
-    /// The passes a call of these rows records (`draws`: many draws per row).
-    pub(crate) fn plan_for(rows: &[Row<'_>], vocab: usize, draws: usize) -> Plan {
+    /// The passes a call of these rows records (`draws`: many draws per row), and the
+    /// full-row path's phases among them ([`kernels::phases`]).
+    pub(crate) fn plan_for(rows: &[Row<'_>], vocab: usize, draws: usize) -> (Plan, usize) {
         let scatter = rows.iter().any(|r| {
             let q = r.request();
             q.params.modifies_logits(&q.state)
         });
-        Plan::of(
-            rows.iter().map(|r| {
-                let p = &r.request().params;
-                RowNeeds::of(row_flags(p, vocab), p.temperature)
-            }),
-            scatter,
-            draws > 0,
+        let needs = rows.iter().map(|r| {
+            let p = &r.request().params;
+            RowNeeds::of(row_flags(p, vocab), p.temperature)
+        });
+        (
+            Plan::of(needs.clone(), scatter, draws > 0),
+            kernels::phases(needs),
         )
     }
 
@@ -505,7 +506,7 @@ impl WgpuSampler {
             host.rmap.push(r as u32);
         }
         let (splits, chunk) = self.shape(v, b);
-        let plan = Self::plan_for(rows, v, draws);
+        let (plan, phases) = Self::plan_for(rows, v, draws);
         let sizes = Sizes {
             rows: b,
             splits,
@@ -596,6 +597,7 @@ impl WgpuSampler {
                 splits,
                 draw_groups: if draws > 0 { draw_groups } else { 0 },
                 plan,
+                phases,
             },
             stamps,
         );

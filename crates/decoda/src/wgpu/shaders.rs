@@ -14,6 +14,7 @@ pub const SHADER_MAIN: &str = concat!(
     include_str!("step/scan.wgsl"),
     include_str!("step/settle_list.wgsl"),
     include_str!("step/settle.wgsl"),
+    include_str!("step/walk.wgsl"),
     include_str!("step/sigma.wgsl"),
     include_str!("step/typical.wgsl"),
     include_str!("step/lp.wgsl"),

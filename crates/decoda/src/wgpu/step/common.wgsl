@@ -107,7 +107,12 @@ const S_KLO: u32 = 39u;      //   S_KLO ..= S_KHI
 const S_SD_R: u32 = 40u;     // top-n-σ's sums in the scan (N_SD): the reference R
 const S_SD_E: u32 = 41u;     //   and the scale's exponent e (an i32: q in 2^(e-34) units)
 const S_SD_WALK: u32 = 42u;  // 1: settle walked the row for them (a test's view)
-const S_TAIL: u32 = 43u;     // lean call: row j's word holds the j-th row on the full-row path
+const S_TAIL: u32 = 43u;     // row j's word holds the j-th row on the full-row path (the tail's list)
+const S_PHASE: u32 = 44u;    // full-row path: the row's next phase (step/walk.wgsl)
+const S_XF: u32 = 45u;       //   1: XTC acts at this step
+const S_TYP_PRE: u32 = 46u;  //   typical-p's centre (S_TYP_C) and mass from the scan: 1
+const S_TYP_T: u32 = 47u;    //   that mass
+const S_XBAR: u32 = 48u;     //   XTC's bar on w: threshold Σ w
 
 // S_NEED flags
 const N_LIST: u32 = 1u;
@@ -412,10 +417,10 @@ fn cbase(row: u32) -> u32 {
     return IND_WORDS + 2u * row;
 }
 
-// The row a workgroup of a lean call's tail works on: the `j`-th settle listed
-// (`M_LEAN`: in row j's state word S_TAIL), or row `j` itself.
-fn tail_row(j: u32) -> u32 {
-    if ((call.mode & M_LEAN) != 0u) {
+// The row a workgroup after settle works on: the `j`-th on the full-row path (`listed`:
+// settle lists them in row j's state word S_TAIL), or row `j` itself.
+fn tail_row(j: u32, listed: bool) -> u32 {
+    if (listed) {
         return sget(j, S_TAIL);
     }
     return j;

@@ -99,7 +99,7 @@ fn lp(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
     lanes_init(lanes);
     let split = wid.x;
-    let row = tail_row(wid.y);
+    let row = tail_row(wid.y, (call.mode & M_LEAN) != 0u);
     if (!wg_flag(lid, sget(row, S_LP) != 0u)) {
         return;
     }

@@ -1,278 +1,9 @@
 // ---------------------------------------------------------------------------------
-// The full-row path: exact radix selects over the whole row, by one workgroup (the old
-// multi-pass algorithm: top-k's k-th value by counts, then top-p's cut by masses in
-// 2^-40 units against ymax, three 11/11/10-bit levels each), above top-n-σ's threshold
-// (step/sigma.wgsl, computed by settle_row first for rows that use it: the list path
-// takes it too), and typical-p's band after top-k (step/typical.wgsl: rows whose band
-// the list does not hold); then XTC's upper bound when its coin fired (`xtc_full`). The
-// draw then runs in lp with `member`.
-
-fn digit_shift(level: u32) -> u32 {
-    if (level == 0u) {
-        return 21u;
-    }
-    if (level == 1u) {
-        return 10u;
-    }
-    return 0u;
-}
-
-fn digit_mask(level: u32) -> u32 {
-    if (level == 2u) {
-        return 0x3ffu;
-    }
-    return 0x7ffu;
-}
-
-fn digit_width(level: u32) -> u32 {
-    if (level == 2u) {
-        return 10u;
-    }
-    return 11u;
-}
-
-// Whether a key lies in the bin chosen by the previous levels.
-fn in_prefix(key: u32, level: u32, prefix: u32) -> bool {
-    if (level == 0u) {
-        return true;
-    }
-    if (level == 1u) {
-        return (key >> 21u) == prefix;
-    }
-    return (key >> 10u) == prefix;
-}
-
-// Reads (and clears) a level's counts in the row's radix histogram and finds the bin
-// holding the rem-th largest key (rem at most their total): (bin, rem's rank inside the
-// bin, the bin's count), uniform. Top-k's walk and the kept distribution's use it.
-fn count_bin(lid: u32, row: u32, rem: u32) -> vec3<u32> {
-    let hb = hbase(row);
-    var cnts: array<u32, 8>;
-    var mine = 0u;
-    for (var j = 0u; j < 8u; j = j + 1u) {
-        let b = BINS - 1u - (lid * 8u + j);
-        let c = atomicLoad(&ctr[hb + b]);
-        cnts[j] = c;
-        mine = mine + c;
-        if (c != 0u) {
-            atomicStore(&ctr[hb + b], 0u);
-        }
-    }
-    let incl = wg_scan64(lid, vec2<u32>(mine, 0u)).x;
-    let before = incl - mine;
-    if (lid == 0u) {
-        wsum = vec3<u32>(0u, 0u, 0u);
-    }
-    workgroupBarrier();
-    if (before < rem && rem <= incl) {
-        var cum = before;
-        for (var j = 0u; j < 8u; j = j + 1u) {
-            if (rem <= cum + cnts[j]) {
-                wsum = vec3<u32>(BINS - 1u - (lid * 8u + j), rem - cum, cnts[j]);
-                break;
-            }
-            cum = cum + cnts[j];
-        }
-    }
-    workgroupBarrier();
-    let r = wsum;
-    workgroupBarrier();
-    return vec3<u32>(wg_uniform(lid, r.x), wg_uniform(lid, r.y), wg_uniform(lid, r.z));
-}
-
-// Adds a token's mass `fx` (64-bit fixed point) to digit `d`'s bin of the row's mass
-// histogram (low words at hb + BINS, high words at hb + 2 BINS, carried by hand).
-fn add_mass(hb: u32, d: u32, fx: vec2<u32>) {
-    let old = atomicAdd(&ctr[hb + BINS + d], fx.x);
-    var add_hi = fx.y;
-    if (old + fx.x < old) {
-        add_hi = add_hi + 1u;
-    }
-    if (add_hi != 0u) {
-        atomicAdd(&ctr[hb + 2u * BINS + d], add_hi);
-    }
-}
-
-// An invocation's eight bins of the mass histogram, largest digit first, and their sum.
-struct Masses {
-    m: array<vec2<u32>, 8>,
-    mine: vec2<u32>,
-}
-
-// Reads (and clears, for their next use) this invocation's eight bins of the row's mass
-// histogram: bins BINS - 1 - (8 lid + j).
-fn take_masses(lid: u32, hb: u32) -> Masses {
-    var r: Masses;
-    r.mine = vec2<u32>(0u, 0u);
-    for (var j = 0u; j < 8u; j = j + 1u) {
-        let b = BINS - 1u - (lid * 8u + j);
-        let lo = atomicLoad(&ctr[hb + BINS + b]);
-        let hi = atomicLoad(&ctr[hb + 2u * BINS + b]);
-        r.m[j] = vec2<u32>(lo, hi);
-        r.mine = add64(r.mine, r.m[j]);
-        if ((lo | hi) != 0u) {
-            atomicStore(&ctr[hb + BINS + b], 0u);
-            atomicStore(&ctr[hb + 2u * BINS + b], 0u);
-        }
-    }
-    return r;
-}
-
-// (A top-n-σ row's threshold is in S_TAU_K already: settle_row computes it first.)
-// `xf`: XTC acts at this step.
-fn full_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, xf: bool, typ: Typ) {
-    let t = sp.temperature;
-    let hb = hbase(row);
-    if (lid == 0u) {
-        sset(row, S_K_PREFIX, 0u);
-        sset(row, S_K_REM, sp.top_k);
-        sset(row, S_P_PREFIX, 0u);
-        sset(row, S_P_LEVEL, 1u);
-        sset(row, S_ABOVE_LO, 0u);
-        sset(row, S_ABOVE_HI, 0u);
-    }
-    storageBarrier();
-    if (wg_flag(lid, (sp.flags & F_TOP_K) != 0u)) {
-        for (var level = 0u; level < 3u; level = level + 1u) {
-            let prefix = sget(row, S_K_PREFIX);
-            let sh = digit_shift(level);
-            let mask = digit_mask(level);
-            for (var i = lid; i < call.vocab; i = i + WG) {
-                let key = key_of(z_of(slot, sp, i, load_x(row, i)));
-                if (in_prefix(key, level, prefix)) {
-                    atomicAdd(&ctr[hb + ((key >> sh) & mask)], 1u);
-                }
-            }
-            storageBarrier();
-            let bin = count_bin(lid, row, sget(row, S_K_REM));
-            if (lid == 0u) {
-                let np = (prefix << digit_width(level)) | bin.x;
-                sset(row, S_K_PREFIX, np);
-                sset(row, S_K_REM, bin.y);
-                if (level == 2u) {
-                    // the k-th largest y of the row, or top-n-σ's bound when higher
-                    // (both keep every y above a value: the set is their intersection)
-                    let tau_k = div_rn_cold(from_key(np), t);
-                    let tau_s = sgetf(row, S_TAU_K);
-                    ssetf(row, S_TAU_K, select(tau_k, tau_s, cmp_key(tau_s) > cmp_key(tau_k)));
-                }
-            }
-            storageBarrier();
-        }
-    }
-    // stage 6a: typical-p's band, and the largest y left (the ymax from here on)
-    var ym = ymax;
-    if (wg_flag(lid, (sp.flags & F_TYPICAL) != 0u)) {
-        ym = typical_row(lid, row, slot, sp, ymax, NO_TOKEN, 0u, typ);
-    }
-    if (wg_flag(lid, (sp.flags & F_TOP_P) != 0u)) {
-        let tau_k = sgetf(row, S_TAU_K);
-        var sum_f = 0.0;
-        var goal = 0.0;
-        for (var level = 0u; level < 3u; level = level + 1u) {
-            if (!wg_flag(lid, sget(row, S_P_LEVEL) != 0u)) {
-                break;
-            }
-            let prefix = sget(row, S_P_PREFIX);
-            let sh = digit_shift(level);
-            let mask = digit_mask(level);
-            for (var i = lid; i < call.vocab; i = i + WG) {
-                let z = z_of(slot, sp, i, load_x(row, i));
-                if (is_neg_inf(z)) {
-                    continue;
-                }
-                let key = key_of(z);
-                if (!in_prefix(key, level, prefix)) {
-                    continue;
-                }
-                let y = div_rn_cold(z, t);
-                if (cmp_key(y) < cmp_key(tau_k) || !typ_in(row, y)) {
-                    continue;
-                }
-                let fx = fixed40(exp_f32(y - ym));
-                if ((fx.x | fx.y) == 0u) {
-                    continue;
-                }
-                add_mass(hb, (key >> sh) & mask, fx);
-            }
-            storageBarrier();
-            let mb = take_masses(lid, hb);
-            var m = mb.m;
-            let mine = mb.mine;
-            let incl = wg_scan64(lid, mine);
-            let total = wtot;
-            if (level == 0u) {
-                sum_f = val64(total);
-                goal = sp.top_p * sum_f;
-            }
-            let above = vec2<u32>(sget(row, S_ABOVE_LO), sget(row, S_ABOVE_HI));
-            let before = sub64(incl, mine);
-            let reach_incl = val64(add64(above, incl)) >= goal;
-            let reach_before = val64(add64(above, before)) >= goal;
-            if (reach_incl && !reach_before) {
-                var cum = add64(above, before);
-                var bin = 0u;
-                for (var j = 0u; j < 8u; j = j + 1u) {
-                    let nxt = add64(cum, m[j]);
-                    if (val64(nxt) >= goal) {
-                        bin = BINS - 1u - (lid * 8u + j);
-                        break;
-                    }
-                    cum = nxt;
-                }
-                let np = (prefix << digit_width(level)) | bin;
-                sset(row, S_P_PREFIX, np);
-                sset(row, S_ABOVE_LO, cum.x);
-                sset(row, S_ABOVE_HI, cum.y);
-                if (level == 2u) {
-                    let theta = from_key(np);
-                    let e = exp_f32(div_rn_cold(theta, t) - ym);
-                    ssetf(row, S_SUM, sum_f);
-                    ssetf(row, S_TAU_Q, div_rn_cold(e, sum_f * TWO_M40));
-                    sset(row, S_P_CUT, 1u);
-                }
-            }
-            if (lid == WG - 1u && !reach_incl) {
-                // the sum never reaches p (rounding): every token of K stays
-                sset(row, S_P_LEVEL, 0u);
-            }
-            storageBarrier();
-        }
-    }
-    if (wg_flag(lid, xf)) {
-        xtc_full(lid, row, slot, sp, ym);
-    }
-}
-
-// Stage 8a on the full-row path (its coin fired), over the kept set so far (`member`),
-// in two reads of the row: the set's mass Σ w (w = exp(y - ymax), in 2^-40 units), then
-// its top choices (w >= threshold Σ w): with two or more, the smallest y among them
-// bounds the set from above (S_VMAX; its ties stay).
-fn xtc_full(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32) {
-    let t = sp.temperature;
-    var acc = vec2<u32>(0u, 0u);
-    for (var i = lid; i < call.vocab; i = i + WG) {
-        let mb = member(row, z_of(slot, sp, i, load_x(row, i)), t);
-        if (mb.inside) {
-            acc = add64(acc, fixed40(exp_f32(mb.y - ymax)));
-        }
-    }
-    let bar = sp.xtc_thr * (val64(wg_sum64(lid, acc)) * TWO_M40);
-    var c = 0u;
-    var low = 0u;
-    for (var i = lid; i < call.vocab; i = i + WG) {
-        let mb = member(row, z_of(slot, sp, i, load_x(row, i)), t);
-        if (mb.inside && exp_f32(mb.y - ymax) >= bar) {
-            c = c + 1u;
-            low = max(low, ~cmp_key(mb.y));
-        }
-    }
-    let top = wg_sum_max(lid, c, low);
-    if (lid == 0u && top.x >= 2u) {
-        ssetf(row, S_VMAX, from_key(~top.y));
-    }
-    storageBarrier();
-}
+// settle: one workgroup per row after the scan. The row's status and ymax from the
+// scan's partials (`settle_head`), top-n-σ's threshold (step/sigma.wgsl), then the
+// candidate list's decisions (`settle_list`, `settle_whole`), or, for a row its
+// candidates cannot settle, the start of the full-row path (step/walk.wgsl), whose
+// phases run after it over many workgroups; the draw then runs in lp with `member`.
 
 @compute @workgroup_size(256)
 fn settle(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
@@ -404,6 +135,7 @@ fn settle_head(lid: u32, row: u32, slot: u32, sp: SlotP, filt: bool) -> Head {
         sset(row, S_PATH, P_NONE);
         sset(row, S_TOKEN, 0u);
         sset(row, S_SD_WALK, 0u);
+        sset(row, S_PHASE, PH_DONE);
         if (status == 1u) {
             sset(row, S_TOKEN, zm.y);
             sset(row, S_PATH, P_DONE);
@@ -521,16 +253,15 @@ fn settle_row(lid: u32, row: u32) {
         list_out(lid, row);
         // (W_DRAW: only the draw over the row below XTC's bound, S_VMAX, is left)
         if (!wg_flag(lid, done || whole == W_DRAW)) {
-            full_row(lid, row, slot, sp, ymax, xf, typ);
+            full_setup(lid, row, sp, xf, typ);
         }
         if (lid == 0u && !done) {
             sset(row, S_PATH, P_FULL);
-            if ((call.mode & M_LEAN) != 0u) {
-                // into the tail's grids and list (lp draws the row, finish ends it)
-                let at = atomicAdd(&ctr[1], 1u);
-                atomicAdd(&ctr[3], 1u);
-                sset(at, S_TAIL, row);
-            }
+            // into the grids and list of what follows settle: the full-row path's
+            // phases (step/walk.wgsl), and in a lean call lp's draw and finish
+            let at = atomicAdd(&ctr[1], 1u);
+            atomicAdd(&ctr[3], 1u);
+            sset(at, S_TAIL, row);
         }
     }
     storageBarrier();

@@ -1,0 +1,385 @@
+// ---------------------------------------------------------------------------------
+// The full-row path over many workgroups (issue 56): the radix selects of a row its
+// candidates cannot settle, in phases. Each phase is a wide `walk` over the row's pieces
+// (as the scan cuts it: a workgroup per piece), which adds the piece's tokens into the
+// row's histogram (integers: the same sums in any order and any split), then a `decide`
+// by one workgroup per row over the histogram alone (O(bins)), which picks the bin and
+// moves the row to its next phase. The phases, in the contract's order, each only for
+// rows that use the stage: top-k's three levels of counts (K0-K2), typical-p's band (TY:
+// still one workgroup's walk of the row, in its decide), top-p's three levels of masses
+// (P0-P2; they stop early when the row's sum never reaches p) and XTC's two reads (X0:
+// the kept set's mass, X1: its top choices). The host records as many phases as the
+// call's rows could use (`Kernels::stages`); both dispatches take the grids settle
+// counted (the rows on the full-row path, listed in S_TAIL), so a call with no such row
+// runs them with no workgroup, and a row past its last phase leaves at once.
+
+// The radix selects' digits: three levels of 11, 11 and 10 bits of an order key.
+fn digit_shift(level: u32) -> u32 {
+    if (level == 0u) {
+        return 21u;
+    }
+    if (level == 1u) {
+        return 10u;
+    }
+    return 0u;
+}
+
+fn digit_mask(level: u32) -> u32 {
+    if (level == 2u) {
+        return 0x3ffu;
+    }
+    return 0x7ffu;
+}
+
+fn digit_width(level: u32) -> u32 {
+    if (level == 2u) {
+        return 10u;
+    }
+    return 11u;
+}
+
+// Whether a key lies in the bin chosen by the previous levels.
+fn in_prefix(key: u32, level: u32, prefix: u32) -> bool {
+    if (level == 0u) {
+        return true;
+    }
+    if (level == 1u) {
+        return (key >> 21u) == prefix;
+    }
+    return (key >> 10u) == prefix;
+}
+
+// Reads (and clears) a level's counts in the row's radix histogram and finds the bin
+// holding the rem-th largest key (rem at most their total): (bin, rem's rank inside the
+// bin, the bin's count), uniform. Top-k's walk and the kept distribution's use it.
+fn count_bin(lid: u32, row: u32, rem: u32) -> vec3<u32> {
+    let hb = hbase(row);
+    var cnts: array<u32, 8>;
+    var mine = 0u;
+    for (var j = 0u; j < 8u; j = j + 1u) {
+        let b = BINS - 1u - (lid * 8u + j);
+        let c = atomicLoad(&ctr[hb + b]);
+        cnts[j] = c;
+        mine = mine + c;
+        if (c != 0u) {
+            atomicStore(&ctr[hb + b], 0u);
+        }
+    }
+    let incl = wg_scan64(lid, vec2<u32>(mine, 0u)).x;
+    let before = incl - mine;
+    if (lid == 0u) {
+        wsum = vec3<u32>(0u, 0u, 0u);
+    }
+    workgroupBarrier();
+    if (before < rem && rem <= incl) {
+        var cum = before;
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            if (rem <= cum + cnts[j]) {
+                wsum = vec3<u32>(BINS - 1u - (lid * 8u + j), rem - cum, cnts[j]);
+                break;
+            }
+            cum = cum + cnts[j];
+        }
+    }
+    workgroupBarrier();
+    let r = wsum;
+    workgroupBarrier();
+    return vec3<u32>(wg_uniform(lid, r.x), wg_uniform(lid, r.y), wg_uniform(lid, r.z));
+}
+
+// Adds a token's mass `fx` (64-bit fixed point) to digit `d`'s bin of the row's mass
+// histogram (low words at hb + BINS, high words at hb + 2 BINS, carried by hand).
+fn add_mass(hb: u32, d: u32, fx: vec2<u32>) {
+    let old = atomicAdd(&ctr[hb + BINS + d], fx.x);
+    var add_hi = fx.y;
+    if (old + fx.x < old) {
+        add_hi = add_hi + 1u;
+    }
+    if (add_hi != 0u) {
+        atomicAdd(&ctr[hb + 2u * BINS + d], add_hi);
+    }
+}
+
+// An invocation's eight bins of the mass histogram, largest digit first, and their sum.
+struct Masses {
+    m: array<vec2<u32>, 8>,
+    mine: vec2<u32>,
+}
+
+// Reads (and clears, for their next use) this invocation's eight bins of the row's mass
+// histogram: bins BINS - 1 - (8 lid + j).
+fn take_masses(lid: u32, hb: u32) -> Masses {
+    var r: Masses;
+    r.mine = vec2<u32>(0u, 0u);
+    for (var j = 0u; j < 8u; j = j + 1u) {
+        let b = BINS - 1u - (lid * 8u + j);
+        let lo = atomicLoad(&ctr[hb + BINS + b]);
+        let hi = atomicLoad(&ctr[hb + 2u * BINS + b]);
+        r.m[j] = vec2<u32>(lo, hi);
+        r.mine = add64(r.mine, r.m[j]);
+        if ((lo | hi) != 0u) {
+            atomicStore(&ctr[hb + BINS + b], 0u);
+            atomicStore(&ctr[hb + 2u * BINS + b], 0u);
+        }
+    }
+    return r;
+}
+
+const PH_K0: u32 = 0u;
+const PH_TY: u32 = 3u;
+const PH_P0: u32 = 4u;
+const PH_X0: u32 = 7u;
+const PH_X1: u32 = 8u;
+const PH_DONE: u32 = 9u;
+
+// The first phase at or after `first` that the row's stages use.
+fn next_phase(row: u32, sp: SlotP, first: u32) -> u32 {
+    var ph = first;
+    if (ph < PH_TY && (sp.flags & F_TOP_K) == 0u) {
+        ph = PH_TY;
+    }
+    if (ph == PH_TY && (sp.flags & F_TYPICAL) == 0u) {
+        ph = PH_P0;
+    }
+    if (ph >= PH_P0 && ph < PH_X0 && ((sp.flags & F_TOP_P) == 0u || sget(row, S_P_LEVEL) == 0u)) {
+        ph = PH_X0;
+    }
+    if (ph >= PH_X0 && ph < PH_DONE && sget(row, S_XF) == 0u) {
+        ph = PH_DONE;
+    }
+    return ph;
+}
+
+// What settle leaves a row on the full-row path (after top-n-σ's threshold, in S_TAU_K
+// already): the selects' starting state and its first phase. `xf`: XTC acts at this
+// step; `typ`: typical-p's centre and mass from the scan, when it made them.
+fn full_setup(lid: u32, row: u32, sp: SlotP, xf: bool, typ: Typ) {
+    if (lid == 0u) {
+        sset(row, S_K_PREFIX, 0u);
+        sset(row, S_K_REM, sp.top_k);
+        sset(row, S_P_PREFIX, 0u);
+        sset(row, S_P_LEVEL, 1u);
+        sset(row, S_ABOVE_LO, 0u);
+        sset(row, S_ABOVE_HI, 0u);
+        sset(row, S_XF, select(0u, 1u, xf));
+        sset(row, S_TYP_PRE, select(0u, 1u, typ.pre));
+        ssetf(row, S_TYP_C, typ.c);
+        ssetf(row, S_TYP_T, typ.total);
+        sset(row, S_PHASE, next_phase(row, sp, PH_K0));
+    }
+}
+
+// One piece of one listed row's walk in its current phase.
+@compute @workgroup_size(256)
+fn walk(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    let row = tail_row(wid.y, true);
+    let ph = wg_uniform(lid, sget(row, S_PHASE));
+    if (ph == PH_DONE || ph == PH_TY) {
+        return;
+    }
+    let slot = rmap[row];
+    let sp = sparams[slot];
+    let t = sp.temperature;
+    let hb = hbase(row);
+    let start = wid.x * call.chunk;
+    let end = min(call.vocab, start + call.chunk);
+    if (ph < PH_TY) {
+        // top-k's counts of z's keys under the prefix, in workgroup memory first
+        let level = ph;
+        let prefix = sget(row, S_K_PREFIX);
+        let sh = digit_shift(level);
+        let mask = digit_mask(level);
+        for (var b = lid; b < BINS; b = b + WG) {
+            atomicStore(&hk[b], 0u);
+        }
+        workgroupBarrier();
+        for (var i = start + lid; i < end; i = i + WG) {
+            let key = key_of(z_of(slot, sp, i, load_x(row, i)));
+            if (in_prefix(key, level, prefix)) {
+                atomicAdd(&hk[(key >> sh) & mask], 1u);
+            }
+        }
+        workgroupBarrier();
+        for (var b = lid; b < BINS; b = b + WG) {
+            let c = atomicLoad(&hk[b]);
+            if (c != 0u) {
+                atomicAdd(&ctr[hb + b], c);
+            }
+        }
+        return;
+    }
+    let ym = sgetf(row, S_YMAX);
+    if (ph < PH_X0) {
+        // top-p's masses against ymax, by digit of the key, over K (and typical-p's band)
+        let level = ph - PH_P0;
+        let prefix = sget(row, S_P_PREFIX);
+        let sh = digit_shift(level);
+        let mask = digit_mask(level);
+        let tau_k = sgetf(row, S_TAU_K);
+        for (var i = start + lid; i < end; i = i + WG) {
+            let z = z_of(slot, sp, i, load_x(row, i));
+            if (is_neg_inf(z)) {
+                continue;
+            }
+            let key = key_of(z);
+            if (!in_prefix(key, level, prefix)) {
+                continue;
+            }
+            let y = div_rn_cold(z, t);
+            if (cmp_key(y) < cmp_key(tau_k) || !typ_in(row, y)) {
+                continue;
+            }
+            let fx = fixed40(exp_f32(y - ym));
+            if ((fx.x | fx.y) == 0u) {
+                continue;
+            }
+            add_mass(hb, (key >> sh) & mask, fx);
+        }
+        return;
+    }
+    if (ph == PH_X0) {
+        // the kept set's mass Σ w (2^-40 units), into count bins 0 and 1
+        var acc = vec2<u32>(0u, 0u);
+        for (var i = start + lid; i < end; i = i + WG) {
+            let mb = member(row, z_of(slot, sp, i, load_x(row, i)), t);
+            if (mb.inside) {
+                acc = add64(acc, fixed40(exp_f32(mb.y - ym)));
+            }
+        }
+        let s = wg_sum64(lid, acc);
+        if (lid == 0u && (s.x | s.y) != 0u) {
+            add_mass(hb, 0u, s);
+        }
+        return;
+    }
+    // X1: the top choices (w at least the bar): their count and the smallest y's key,
+    // into count bins 0 and 1
+    let bar = sgetf(row, S_XBAR);
+    var c = 0u;
+    var low = 0u;
+    for (var i = start + lid; i < end; i = i + WG) {
+        let mb = member(row, z_of(slot, sp, i, load_x(row, i)), t);
+        if (mb.inside && exp_f32(mb.y - ym) >= bar) {
+            c = c + 1u;
+            low = max(low, ~cmp_key(mb.y));
+        }
+    }
+    let top = wg_sum_max(lid, c, low);
+    if (lid == 0u && top.x != 0u) {
+        atomicAdd(&ctr[hb], top.x);
+        atomicMax(&ctr[hb + 1u], top.y);
+    }
+}
+
+// One listed row's decision after its walk: the bin, and the row's next phase.
+@compute @workgroup_size(256)
+fn decide(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    let row = tail_row(wid.x, true);
+    let ph = wg_uniform(lid, sget(row, S_PHASE));
+    if (ph == PH_DONE) {
+        return;
+    }
+    let slot = rmap[row];
+    let sp = sparams[slot];
+    let t = sp.temperature;
+    let hb = hbase(row);
+    if (ph < PH_TY) {
+        let level = ph;
+        let prefix = sget(row, S_K_PREFIX);
+        let bin = count_bin(lid, row, sget(row, S_K_REM));
+        if (lid == 0u) {
+            let np = (prefix << digit_width(level)) | bin.x;
+            sset(row, S_K_PREFIX, np);
+            sset(row, S_K_REM, bin.y);
+            if (level == 2u) {
+                // the k-th largest y of the row, or top-n-σ's bound when higher (both
+                // keep every y above a value: the set is their intersection)
+                let tau_k = div_rn_cold(from_key(np), t);
+                let tau_s = sgetf(row, S_TAU_K);
+                ssetf(row, S_TAU_K, select(tau_k, tau_s, cmp_key(tau_s) > cmp_key(tau_k)));
+            }
+        }
+    } else if (ph == PH_TY) {
+        // stage 6a: typical-p's band, and the largest y left (the ymax from here on)
+        let typ = Typ(sget(row, S_TYP_PRE) != 0u, sgetf(row, S_TYP_C), sgetf(row, S_TYP_T));
+        typical_row(lid, row, slot, sp, sgetf(row, S_YMAX), NO_TOKEN, 0u, typ);
+    } else if (ph < PH_X0) {
+        p_decide(lid, row, sp, ph - PH_P0);
+    } else if (ph == PH_X0) {
+        let m = take_masses(lid, hb);
+        // (the mass sits in bin 0: the invocation holding bins BINS - 8 .. BINS - 1)
+        let acc = wg_sum64(lid, m.mine);
+        if (lid == 0u) {
+            ssetf(row, S_XBAR, sp.xtc_thr * (val64(acc) * TWO_M40));
+        }
+    } else {
+        if (lid == 0u) {
+            let c = atomicLoad(&ctr[hb]);
+            let low = atomicLoad(&ctr[hb + 1u]);
+            atomicStore(&ctr[hb], 0u);
+            atomicStore(&ctr[hb + 1u], 0u);
+            if (c >= 2u) {
+                ssetf(row, S_VMAX, from_key(~low));
+            }
+        }
+    }
+    storageBarrier();
+    if (lid == 0u) {
+        sset(row, S_PHASE, next_phase(row, sp, ph + 1u));
+    }
+}
+
+// Top-p's decision at `level` from the row's mass histogram: the bin where the sum from
+// the top first reaches p Σ (Σ the whole set's, kept in S_SUM from level 0), and at the
+// last level the cut's q; a row whose sum never reaches p (rounding) keeps all of K.
+fn p_decide(lid: u32, row: u32, sp: SlotP, level: u32) {
+    let hb = hbase(row);
+    let prefix = sget(row, S_P_PREFIX);
+    let mb = take_masses(lid, hb);
+    var m = mb.m;
+    let mine = mb.mine;
+    let incl = wg_scan64(lid, mine);
+    let total = wtot;
+    var sum_f = sgetf(row, S_SUM);
+    if (level == 0u) {
+        sum_f = val64(total);
+    }
+    let goal = sp.top_p * sum_f;
+    let above = vec2<u32>(sget(row, S_ABOVE_LO), sget(row, S_ABOVE_HI));
+    let before = sub64(incl, mine);
+    let reach_incl = val64(add64(above, incl)) >= goal;
+    let reach_before = val64(add64(above, before)) >= goal;
+    if (lid == 0u) {
+        ssetf(row, S_SUM, sum_f);
+    }
+    if (reach_incl && !reach_before) {
+        var cum = add64(above, before);
+        var bin = 0u;
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            let nxt = add64(cum, m[j]);
+            if (val64(nxt) >= goal) {
+                bin = BINS - 1u - (lid * 8u + j);
+                break;
+            }
+            cum = nxt;
+        }
+        let np = (prefix << digit_width(level)) | bin;
+        sset(row, S_P_PREFIX, np);
+        sset(row, S_ABOVE_LO, cum.x);
+        sset(row, S_ABOVE_HI, cum.y);
+        if (level == 2u) {
+            let theta = from_key(np);
+            let e = exp_f32(div_rn_cold(theta, sp.temperature) - sgetf(row, S_YMAX));
+            ssetf(row, S_TAU_Q, div_rn_cold(e, sum_f * TWO_M40));
+            sset(row, S_P_CUT, 1u);
+        }
+    }
+    if (lid == WG - 1u && !reach_incl) {
+        // the sum never reaches p (rounding): every token of K stays
+        sset(row, S_P_LEVEL, 0u);
+    }
+}
