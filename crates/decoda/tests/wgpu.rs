@@ -709,7 +709,7 @@ fn calls_record_the_passes_their_rows_need() {
         ),
         // the later stages: the probe builds their list too (XTC's when its coin fires)
         (|p| p.top_n_sigma = 1.0, 0),
-        (|p| p.typical_p = 0.9, 1),
+        (|p| p.typical_p = 0.9, 4),
         (|p| p.xtc_probability = 0.5, 2),
         (|p| p.kept = Some(8), 0),
         (
@@ -719,7 +719,7 @@ fn calls_record_the_passes_their_rows_need() {
                 p.top_p = 0.9;
                 p.xtc_probability = 0.5;
             },
-            9,
+            12,
         ),
     ] {
         let s = with(&f);

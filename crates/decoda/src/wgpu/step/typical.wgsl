@@ -10,8 +10,10 @@
 // the set (`typ_in`: |y - c| <= s*, ties kept); the last level also finds the largest y
 // left, the ymax of every later stage.
 //
-// The walk runs over the row (the full-row path) or over the candidate list (the list
-// path, in `settle_list`): there it holds when the list holds K, or when the cut it finds
+// The walk runs over the row, in the full-row path's phases (step/walk.wgsl: a wide
+// `typ_walk` per level into the row's histogram, then `typ_decide`), or over the
+// candidate list (the list path, in `settle_list`: `typical_row` by the settling
+// workgroup): there it holds when the list holds K, or when the cut it finds
 // lies below every score a token off the list can have (those have y under the list's
 // threshold, so a score above c - that threshold): then the band is on the list too.
 
@@ -174,55 +176,9 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n_list: u32,
             add_mass(hb, (key >> sh) & mask, fx);
         }
         storageBarrier();
-        let mb = take_masses(lid, hb);
-        var m = mb.m;
-        let mine = mb.mine;
-        let incl = wg_scan64(lid, mine);
-        let above = vec2<u32>(sget(row, S_T_ABOVE_LO), sget(row, S_T_ABOVE_HI));
-        let before = sub64(incl, mine);
-        // the walk stops at the first token whose sum exceeds the goal (strictly)
-        let pass_incl = val64(add64(above, incl)) > goal;
-        let pass_before = val64(add64(above, before)) > goal;
-        if (pass_incl && !pass_before) {
-            var cum = add64(above, before);
-            var bin = 0u;
-            for (var j = 0u; j < 8u; j = j + 1u) {
-                let nxt = add64(cum, m[j]);
-                if (val64(nxt) > goal) {
-                    bin = BINS - 1u - (lid * 8u + j);
-                    break;
-                }
-                cum = nxt;
-            }
-            let np = (prefix << digit_width(level)) | bin;
-            sset(row, S_T_PREFIX, np);
-            sset(row, S_T_ABOVE_LO, cum.x);
-            sset(row, S_T_ABOVE_HI, cum.y);
-            if (level == 2u) {
-                ssetf(row, S_TYP_D, from_key(~np));
-            }
-        }
-        if (lid == WG - 1u && !pass_incl) {
-            // the sum never exceeds p: every token of K stays
-            sset(row, S_T_LEVEL, 0u);
-        }
-        storageBarrier();
+        let k = typ_level(lid, row, level, prefix, goal, below);
         if (level == 2u) {
-            // the largest y left: below the cut's bin, or in a digit at or above the
-            // cut's (smaller scores); the bins are cleared for their next use
-            let cut_digit = sget(row, S_T_PREFIX) & 0x3ffu;
-            var mk = below;
-            for (var b = lid; b < 1024u; b = b + WG) {
-                let v = atomicLoad(&ctr[hb + b]);
-                if (v != 0u) {
-                    if (b >= cut_digit) {
-                        mk = max(mk, v);
-                    }
-                    atomicStore(&ctr[hb + b], 0u);
-                }
-            }
-            ymk = wg_sum_max(lid, 0u, mk).y;
-            storageBarrier();
+            ymk = k;
         }
     }
     if (wg_flag(lid, bitcast<u32>(sgetf(row, S_TYP_D)) == 0x7f800000u)) {
@@ -238,4 +194,182 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n_list: u32,
     }
     storageBarrier();
     return ym;
+}
+
+// One level of typical-p's walk, decided from the row's mass histogram (by score key,
+// smaller scores first; cleared as read) against `goal`: the bin where the sum first
+// exceeds it (strictly), or no cut (S_T_LEVEL 0) when it never does; at the last level
+// the cut s* (S_TYP_D) and the largest y left, as a cmp_key: the largest of `below` (y
+// scoring below the cut's bin) and of the per-digit maxima in top-k's count bins at or
+// above the cut's digit (cleared too). Call from uniform control flow.
+fn typ_level(lid: u32, row: u32, level: u32, prefix: u32, goal: f32, below: u32) -> u32 {
+    let hb = hbase(row);
+    let mb = take_masses(lid, hb);
+    var m = mb.m;
+    let mine = mb.mine;
+    let incl = wg_scan64(lid, mine);
+    let above = vec2<u32>(sget(row, S_T_ABOVE_LO), sget(row, S_T_ABOVE_HI));
+    let before = sub64(incl, mine);
+    // the walk stops at the first token whose sum exceeds the goal (strictly)
+    let pass_incl = val64(add64(above, incl)) > goal;
+    let pass_before = val64(add64(above, before)) > goal;
+    if (pass_incl && !pass_before) {
+        var cum = add64(above, before);
+        var bin = 0u;
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            let nxt = add64(cum, m[j]);
+            if (val64(nxt) > goal) {
+                bin = BINS - 1u - (lid * 8u + j);
+                break;
+            }
+            cum = nxt;
+        }
+        let np = (prefix << digit_width(level)) | bin;
+        sset(row, S_T_PREFIX, np);
+        sset(row, S_T_ABOVE_LO, cum.x);
+        sset(row, S_T_ABOVE_HI, cum.y);
+        if (level == 2u) {
+            ssetf(row, S_TYP_D, from_key(~np));
+        }
+    }
+    if (lid == WG - 1u && !pass_incl) {
+        // the sum never exceeds p: every token of K stays
+        sset(row, S_T_LEVEL, 0u);
+    }
+    storageBarrier();
+    var ymk = 0u;
+    if (level == 2u) {
+        // the largest y left: below the cut's bin, or in a digit at or above the
+        // cut's (smaller scores); the bins are cleared for their next use
+        let cut_digit = sget(row, S_T_PREFIX) & 0x3ffu;
+        var mk = below;
+        for (var b = lid; b < 1024u; b = b + WG) {
+            let v = atomicLoad(&ctr[hb + b]);
+            if (v != 0u) {
+                if (b >= cut_digit) {
+                    mk = max(mk, v);
+                }
+                atomicStore(&ctr[hb + b], 0u);
+            }
+        }
+        ymk = wg_sum_max(lid, 0u, mk).y;
+        storageBarrier();
+    }
+    return ymk;
+}
+
+// Stage 6a's start on the full-row path (`full_setup`): the centre and mass from the
+// scan when it made them (else the TS phase sums them), the walk's state.
+fn typ_setup(row: u32, ymax: f32, typ: Typ) {
+    ssetf(row, S_TYP_C, typ.c);
+    ssetf(row, S_TYP_T, typ.total);
+    sset(row, S_TYP_PRE, select(0u, 1u, typ.pre));
+    ssetf(row, S_TYP_M, ymax);
+    ssetf(row, S_TYP_D, bitcast<f32>(0x7f800000u));
+    sset(row, S_T_PREFIX, 0u);
+    sset(row, S_T_LEVEL, 1u);
+    sset(row, S_T_ABOVE_LO, 0u);
+    sset(row, S_T_ABOVE_HI, 0u);
+}
+
+// A piece of the TS phase (K's Σ w and Σ w d, 2^-40 units, into mass bins 0 and 1), or
+// of level `level` of the walk (masses by score key under the prefix; at the last level
+// the per-digit maxima of y and the largest y scoring below the bin, into count bin
+// 1024), over tokens start .. end of the row.
+fn typ_walk(lid: u32, row: u32, slot: u32, sp: SlotP, start: u32, end: u32, level: u32) {
+    let hb = hbase(row);
+    let kk = cmp_key(sgetf(row, S_TAU_K));
+    let ymax = sgetf(row, S_TYP_M);
+    if (level == 3u) {
+        var sw = vec2<u32>(0u, 0u);
+        var swd = vec2<u32>(0u, 0u);
+        for (var i = start + lid; i < end; i = i + WG) {
+            let y = y_in_k(row, slot, sp, i, kk);
+            if (is_neg_inf(y)) {
+                continue;
+            }
+            let w = exp_f32(y - ymax);
+            sw = add64(sw, fixed40(w));
+            swd = add64(swd, fixed40(w * (ymax - y)));
+        }
+        let a = wg_sum64(lid, sw);
+        let b = wg_sum64(lid, swd);
+        if (lid == 0u) {
+            add_mass(hb, 0u, a);
+            add_mass(hb, 1u, b);
+        }
+        return;
+    }
+    let c = sgetf(row, S_TYP_C);
+    let prefix = sget(row, S_T_PREFIX);
+    let sh = digit_shift(level);
+    let mask = digit_mask(level);
+    var below = 0u;
+    for (var i = start + lid; i < end; i = i + WG) {
+        let y = y_in_k(row, slot, sp, i, kk);
+        if (is_neg_inf(y)) {
+            continue;
+        }
+        // smaller scores first: the complement of the score's key
+        let key = ~key_of(typ_score(y, ymax, c));
+        if (level == 2u && (key >> 10u) > prefix) {
+            below = max(below, cmp_key(y));
+        }
+        if (!in_prefix(key, level, prefix)) {
+            continue;
+        }
+        if (level == 2u) {
+            atomicMax(&ctr[hb + (key & 0x3ffu)], cmp_key(y));
+        }
+        let fx = fixed40(exp_f32(y - ymax));
+        if ((fx.x | fx.y) == 0u) {
+            continue;
+        }
+        add_mass(hb, (key >> sh) & mask, fx);
+    }
+    if (level == 2u) {
+        let bl = wg_sum_max(lid, 0u, below).y;
+        if (lid == 0u && bl != 0u) {
+            atomicMax(&ctr[hb + 1024u], bl);
+        }
+    }
+}
+
+// The decision after a piece-wise TS phase (`level` 3: the centre and mass) or walk
+// level; at the last level with a cut, the ymax of every later stage (S_YMAX, min-p's
+// threshold).
+fn typ_decide(lid: u32, row: u32, sp: SlotP, level: u32) {
+    let hb = hbase(row);
+    let ymax = sgetf(row, S_TYP_M);
+    if (level == 3u) {
+        let mb = take_masses(lid, hb);
+        // (bins 0 and 1 are the last invocation's last two)
+        let last = lid == WG - 1u;
+        let sw = wg_sum64(lid, select(vec2<u32>(0u, 0u), mb.m[7], last));
+        let swd = wg_sum64(lid, select(vec2<u32>(0u, 0u), mb.m[6], last));
+        let total = val64(sw);
+        if (lid == 0u) {
+            ssetf(row, S_TYP_T, total);
+            ssetf(row, S_TYP_C, ymax - div_rn_cold(val64(swd), total));
+        }
+        return;
+    }
+    let goal = sp.typical_p * sgetf(row, S_TYP_T);
+    var below = 0u;
+    if (level == 2u) {
+        below = wg_uniform(lid, atomicLoad(&ctr[hb + 1024u]));
+        storageBarrier();
+        if (lid == 0u) {
+            atomicStore(&ctr[hb + 1024u], 0u);
+        }
+    }
+    let ymk = typ_level(lid, row, level, sget(row, S_T_PREFIX), goal, below);
+    if (level == 2u && lid == 0u && bitcast<u32>(sgetf(row, S_TYP_D)) != 0x7f800000u) {
+        // the ymax of top-p, min-p, XTC and the log-probabilities from here on
+        let ym = from_key(ymk);
+        ssetf(row, S_YMAX, ym);
+        if ((sp.flags & F_MIN_P) != 0u) {
+            ssetf(row, S_TAU_MIN, ym + sp.ln_min_p);
+        }
+    }
 }

@@ -5,8 +5,9 @@
 // row's histogram (integers: the same sums in any order and any split), then a `decide`
 // by one workgroup per row over the histogram alone (O(bins)), which picks the bin and
 // moves the row to its next phase. The phases, in the contract's order, each only for
-// rows that use the stage: top-k's three levels of counts (K0-K2), typical-p's band (TY:
-// still one workgroup's walk of the row, in its decide), top-p's three levels of masses
+// rows that use the stage: top-k's three levels of counts (K0-K2), typical-p's sums of
+// K's weights when the scan did not make them (TS) and its band's three levels of masses
+// by score (T0-T2; they stop early when the sum never exceeds p), top-p's three levels of masses
 // (P0-P2; they stop early when the row's sum never reaches p) and XTC's two reads (X0:
 // the kept set's mass, X1: its top choices). The host records as many phases as the
 // call's rows could use (`Kernels::stages`); both dispatches take the grids settle
@@ -126,19 +127,24 @@ fn take_masses(lid: u32, hb: u32) -> Masses {
 }
 
 const PH_K0: u32 = 0u;
-const PH_TY: u32 = 3u;
-const PH_P0: u32 = 4u;
-const PH_X0: u32 = 7u;
-const PH_X1: u32 = 8u;
-const PH_DONE: u32 = 9u;
+const PH_TS: u32 = 3u;   // typical-p's sums (rows whose scan did not make them)
+const PH_T0: u32 = 4u;   // typical-p's walk, three levels
+const PH_P0: u32 = 7u;
+const PH_X0: u32 = 10u;
+const PH_X1: u32 = 11u;
+const PH_DONE: u32 = 12u;
 
 // The first phase at or after `first` that the row's stages use.
 fn next_phase(row: u32, sp: SlotP, first: u32) -> u32 {
     var ph = first;
-    if (ph < PH_TY && (sp.flags & F_TOP_K) == 0u) {
-        ph = PH_TY;
+    if (ph < PH_TS && (sp.flags & F_TOP_K) == 0u) {
+        ph = PH_TS;
     }
-    if (ph == PH_TY && (sp.flags & F_TYPICAL) == 0u) {
+    if (ph == PH_TS && sget(row, S_TYP_PRE) != 0u) {
+        ph = PH_T0;
+    }
+    if (ph >= PH_TS && ph < PH_P0
+        && ((sp.flags & F_TYPICAL) == 0u || sget(row, S_T_LEVEL) == 0u)) {
         ph = PH_P0;
     }
     if (ph >= PH_P0 && ph < PH_X0 && ((sp.flags & F_TOP_P) == 0u || sget(row, S_P_LEVEL) == 0u)) {
@@ -162,9 +168,7 @@ fn full_setup(lid: u32, row: u32, sp: SlotP, xf: bool, typ: Typ) {
         sset(row, S_ABOVE_LO, 0u);
         sset(row, S_ABOVE_HI, 0u);
         sset(row, S_XF, select(0u, 1u, xf));
-        sset(row, S_TYP_PRE, select(0u, 1u, typ.pre));
-        ssetf(row, S_TYP_C, typ.c);
-        ssetf(row, S_TYP_T, typ.total);
+        typ_setup(row, sgetf(row, S_YMAX), typ);
         sset(row, S_PHASE, next_phase(row, sp, PH_K0));
     }
 }
@@ -176,7 +180,7 @@ fn walk(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     lanes_init(lanes);
     let row = tail_row(wid.y, true);
     let ph = wg_uniform(lid, sget(row, S_PHASE));
-    if (ph == PH_DONE || ph == PH_TY) {
+    if (ph == PH_DONE) {
         return;
     }
     let slot = rmap[row];
@@ -185,7 +189,12 @@ fn walk(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let hb = hbase(row);
     let start = wid.x * call.chunk;
     let end = min(call.vocab, start + call.chunk);
-    if (ph < PH_TY) {
+    if (ph >= PH_TS && ph < PH_P0) {
+        // typical-p: its sums (TS), or a level of its walk
+        typ_walk(lid, row, slot, sp, start, end, select(ph - PH_T0, 3u, ph == PH_TS));
+        return;
+    }
+    if (ph < PH_TS) {
         // top-k's counts of z's keys under the prefix, in workgroup memory first
         let level = ph;
         let prefix = sget(row, S_K_PREFIX);
@@ -287,7 +296,7 @@ fn decide(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let sp = sparams[slot];
     let t = sp.temperature;
     let hb = hbase(row);
-    if (ph < PH_TY) {
+    if (ph < PH_TS) {
         let level = ph;
         let prefix = sget(row, S_K_PREFIX);
         let bin = count_bin(lid, row, sget(row, S_K_REM));
@@ -303,10 +312,10 @@ fn decide(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
                 ssetf(row, S_TAU_K, select(tau_k, tau_s, cmp_key(tau_s) > cmp_key(tau_k)));
             }
         }
-    } else if (ph == PH_TY) {
-        // stage 6a: typical-p's band, and the largest y left (the ymax from here on)
-        let typ = Typ(sget(row, S_TYP_PRE) != 0u, sgetf(row, S_TYP_C), sgetf(row, S_TYP_T));
-        typical_row(lid, row, slot, sp, sgetf(row, S_YMAX), NO_TOKEN, 0u, typ);
+    } else if (ph < PH_P0) {
+        // stage 6a: typical-p's sums or a level of its band (at the last, the largest
+        // y left: the ymax from here on)
+        typ_decide(lid, row, sp, select(ph - PH_T0, 3u, ph == PH_TS));
     } else if (ph < PH_X0) {
         p_decide(lid, row, sp, ph - PH_P0);
     } else if (ph == PH_X0) {
