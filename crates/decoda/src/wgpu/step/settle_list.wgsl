@@ -417,7 +417,7 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
         if (whole) {
             pre.pre = false;
         }
-        ym = typical_row(lid, row, slot, sp, ymax, n, lo, pre);
+        ym = typical_row(lid, row, sp, ymax, n, lo, pre);
         let cut = sgetf(row, S_TYP_D);
         if (!whole) {
             // a token off the list has y <= yb (under every gathering threshold), so a

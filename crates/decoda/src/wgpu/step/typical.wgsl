@@ -90,36 +90,28 @@ fn y_in_k(row: u32, slot: u32, sp: SlotP, i: u32, kk: u32) -> f32 {
     return y;
 }
 
-// Token (or candidate, `listed`) i's y when it is in K (its key at least kk), else
-// -inf. The candidates walked are K's own or, with the scan's sums, any finite y.
-fn typ_y(row: u32, slot: u32, sp: SlotP, i: u32, kk: u32, listed: bool) -> f32 {
-    if (listed) {
-        let y = bitcast<f32>(entry(row, i).y);
-        if (cmp_key(y) < kk) {
-            return neg_inf();
-        }
-        return y;
+// Candidate i's y when it is in K (its key at least kk), else -inf. The candidates
+// walked are K's own or, with the scan's sums, any finite y.
+fn typ_y(row: u32, i: u32, kk: u32) -> f32 {
+    let y = bitcast<f32>(entry(row, i).y);
+    if (cmp_key(y) < kk) {
+        return neg_inf();
     }
-    return y_in_k(row, slot, sp, i, kk);
+    return y;
 }
 
-// Typical-p's cut over K for a sampling row (ymax finite), walking the row
-// (`n_list` = NO_TOKEN; K is y at or above S_TAU_K) or the n_list candidates (K is
-// those with keys at least `lk`); returns the largest y left. Only the row's walk sets
-// S_YMAX (and min-p's threshold from it).
-fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n_list: u32, lk: u32,
-               pre: Typ) -> f32 {
+// Typical-p's cut over K for a sampling row (ymax finite) on the list path, walking
+// its `n` candidates (K is those with keys at least `kk`) by the settling workgroup;
+// returns the largest y left.
+fn typical_row(lid: u32, row: u32, sp: SlotP, ymax: f32, n: u32, kk: u32, pre: Typ) -> f32 {
     let hb = hbase(row);
-    let listed = n_list != NO_TOKEN;
-    let kk = select(cmp_key(sgetf(row, S_TAU_K)), lk, listed);
-    let n = select(call.vocab, n_list, listed);
     var c = pre.c;
     var total = pre.total;
     if (!pre.pre) {
         var sw = vec2<u32>(0u, 0u);
         var swd = vec2<u32>(0u, 0u);
         for (var i = lid; i < n; i = i + WG) {
-            let y = typ_y(row, slot, sp, i, kk, listed);
+            let y = typ_y(row, i, kk);
             if (is_neg_inf(y)) {
                 continue;
             }
@@ -153,7 +145,7 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n_list: u32,
         // last level: the largest y scoring below the bin (kept whatever its digit)
         var below = 0u;
         for (var i = lid; i < n; i = i + WG) {
-            let y = typ_y(row, slot, sp, i, kk, listed);
+            let y = typ_y(row, i, kk);
             if (is_neg_inf(y)) {
                 continue;
             }
@@ -185,15 +177,7 @@ fn typical_row(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n_list: u32,
         return ymax;
     }
     // the ymax of top-p, min-p, XTC and the log-probabilities from here on
-    let ym = from_key(ymk);
-    if (lid == 0u && !listed) {
-        ssetf(row, S_YMAX, ym);
-        if ((sp.flags & F_MIN_P) != 0u) {
-            ssetf(row, S_TAU_MIN, ym + sp.ln_min_p);
-        }
-    }
-    storageBarrier();
-    return ym;
+    return from_key(ymk);
 }
 
 // One level of typical-p's walk, decided from the row's mass histogram (by score key,
