@@ -68,7 +68,12 @@ def main():
                         print(f"| {name} | " + " | ".join(cells) + " |")
                 print()
     print("**decoda's stages, device µs (each stage in a pass of its own), f32**\n")
-    stages = ["probe", "scan", "settle", "lp", "finish"]
+    # every stage any row reports, in the step's order (walk and decide: the full-row
+    # path's phases, summed)
+    order = ["probe", "scan", "settle", "settle_finish", "draw_finish", "walk", "decide",
+             "draw_many", "lp", "finish"]
+    seen = {k for r in dec if r.get("stages_us") for k in r["stages_us"]}
+    stages = [s for s in order if s in seen] + sorted(seen - set(order))
     print("| config | B | " + " | ".join(stages) + " | sum | one pass |")
     print("|---|---|" + "---|" * (len(stages) + 2))
     for r in dec:
