@@ -168,7 +168,7 @@ fn variants_give_the_same_bits() {
 
 /// A device builds a step kernel's pipeline only when a call first needs it: none at
 /// construction, 2 for a greedy call (scan, settle_finish; 3 where the device does not
-/// fuse settle_finish: scan, settle, draw_finish), 6 in all after a call with
+/// fuse settle_finish: scan, settle, draw_finish), 9 in all after a call with
 /// log-probabilities, and a second sampler on the same device builds none again.
 #[test]
 fn pipelines_are_built_when_first_needed() {
@@ -193,11 +193,11 @@ fn pipelines_are_built_when_first_needed() {
     // (the greedy call ran the light plan's scan_light and settle_finish_light, or
     // settle_light and draw_finish_light where they are not fused; this one the full
     // plan's own)
-    let both = if d.fuses_settle() { 7 } else { 8 };
+    let both = if d.fuses_settle() { 9 } else { 10 };
     assert_eq!(
         s.pipelines_built(),
         both,
-        "probe, scan, settle, lp and finish too"
+        "probe, sample, pick, scan, settle, lp and finish too"
     );
     let again = WgpuSampler::on(&d).unwrap();
     assert_eq!(
@@ -723,18 +723,21 @@ fn calls_record_the_passes_their_rows_need() {
         ),
     ] {
         let s = with(&f);
-        let mut want = vec!["probe", "scan", "settle_finish"];
+        let mut want = PROBE.to_vec();
+        want.extend(["scan", "settle_finish"]);
         for _ in 0..phases {
             want.extend(["walk", "decide"]);
         }
         want.extend(["lp", "finish"]);
         assert_eq!(s.stages, want);
         assert_eq!(s.row_reads, 1.125);
-        // the phases and lp work on a full-row-path row over the scan's pieces
+        // the probe's sample passes over the row's sample pieces, its picks a workgroup
+        // a row; the phases and lp work on a full-row-path row over the scan's pieces
         let w = &s.workgroups;
-        assert_eq!((w[0], w[2]), (1, 1), "{s:?}");
-        for (k, n) in w[3..].iter().enumerate() {
-            assert_eq!(*n, if k % 2 == 0 { w[1] } else { 1 }, "{s:?}");
+        assert_eq!((w[0], w[2], w[3], w[4]), (1, 1, w[1], 1), "{s:?}");
+        assert_eq!(w[6], 1, "{s:?}");
+        for (k, n) in w[7..].iter().enumerate() {
+            assert_eq!(*n, if k % 2 == 0 { w[5] } else { 1 }, "{s:?}");
         }
     }
     // a call records the most phases one of its rows runs
@@ -759,7 +762,7 @@ fn calls_record_the_passes_their_rows_need() {
             ],
         )
         .unwrap();
-    assert_eq!(two.dispatches, 5 + 2 * 3);
+    assert_eq!(two.dispatches, 9 + 2 * 3);
     // a penalty over a history: the probe scatters it; over none, nothing to do
     let mut q = Request::new(
         SamplingParams {
@@ -770,29 +773,30 @@ fn calls_record_the_passes_their_rows_need() {
     );
     assert_eq!(b.call_structure(v, &[q.clone()]).unwrap().dispatches, 2);
     q.state.output = vec![7, 9];
-    assert_eq!(b.call_structure(v, &[q]).unwrap().dispatches, 5);
+    assert_eq!(b.call_structure(v, &[q]).unwrap().dispatches, 9);
     let lp = with(&|p| {
         p.min_p = 0.05;
         p.logprobs = Some(2);
     });
-    assert_eq!(lp.stages, ["probe", "scan", "settle", "lp", "finish"]);
+    let mut want = PROBE.to_vec();
+    want.extend(["scan", "settle", "lp", "finish"]);
+    assert_eq!(lp.stages, want);
     assert_eq!(lp.row_reads, 2.125);
     // lp walks the row in the scan's pieces
     let w = &lp.workgroups;
-    assert_eq!((w[0], w[2], w[3], w[4]), (1, 1, w[1], 1), "{lp:?}");
+    assert_eq!((w[6], w[7], w[8]), (1, w[5], 1), "{lp:?}");
     // with top-k, its phases come after settle
     let lpk = with(&|p| {
         p.top_k = 50;
         p.logprobs = Some(2);
     });
-    assert_eq!(
-        lpk.stages,
-        [
-            "probe", "scan", "settle", "walk", "decide", "walk", "decide", "walk", "decide", "lp",
-            "finish"
-        ]
-    );
-    // one row with log-probabilities takes the whole call through the five passes
+    let mut want = PROBE.to_vec();
+    want.extend([
+        "scan", "settle", "walk", "decide", "walk", "decide", "walk", "decide",
+    ]);
+    want.extend(["lp", "finish"]);
+    assert_eq!(lpk.stages, want);
+    // one row with log-probabilities takes the whole call through the nine dispatches
     let mixed = b
         .call_structure(
             v,
@@ -808,7 +812,7 @@ fn calls_record_the_passes_their_rows_need() {
             ],
         )
         .unwrap();
-    assert_eq!(mixed.dispatches, 5);
+    assert_eq!(mixed.dispatches, 9);
     // unfused, settle_finish is settle then draw_finish
     let Some(d) = decoda::testing::gpu::own_device(WgpuOptions {
         fused_settle: Some(false),
@@ -829,14 +833,91 @@ fn calls_record_the_passes_their_rows_need() {
     assert_eq!(s.stages, ["scan", "settle", "draw_finish"]);
     assert_eq!(s.row_reads, 1.0);
     let s = split.call_structure(v, &topk).unwrap();
-    let mut want = vec!["probe", "scan", "settle", "draw_finish"];
+    let mut want = PROBE.to_vec();
+    want.extend(["scan", "settle", "draw_finish"]);
     for _ in 0..3 {
         want.extend(["walk", "decide"]);
     }
     want.extend(["lp", "finish"]);
     assert_eq!(s.stages, want);
-    assert_eq!(split.call_structure(v, &lp_req()).unwrap().dispatches, 5);
+    assert_eq!(split.call_structure(v, &lp_req()).unwrap().dispatches, 9);
 }
+
+/// The probe's sample passes in pieces (a hardware adapter's default; forced here on
+/// any adapter) and in one piece a row (a software adapter's) give the same bits: what
+/// the probe leaves each row, and the tokens, kept sets and log-probabilities of rows
+/// with every stage (top-n-σ's sums take
+/// the sample's range too), in calls of one to three rows, at V = 32,001 and 151,936
+/// (32,001 is no multiple of 256: the last piece is short).
+#[test]
+fn probe_in_pieces_gives_the_whole_row_bits() {
+    let (Some(whole), Some(pieces)) = (
+        decoda::testing::gpu::own_device(WgpuOptions {
+            sample_pieces: Some(false),
+            ..Default::default()
+        }),
+        decoda::testing::gpu::own_device(WgpuOptions {
+            sample_pieces: Some(true),
+            ..Default::default()
+        }),
+    ) else {
+        return;
+    };
+    assert!(pieces.samples_in_pieces() && !whole.samples_in_pieces());
+    let (a, b) = (
+        WgpuSampler::on(&whole).unwrap(),
+        WgpuSampler::on(&pieces).unwrap(),
+    );
+    for v in [32_001usize, 151_936] {
+        let mut rng = Rng::new(v as u64 ^ 0x9e11);
+        let (mut data, mut reqs) = (Vec::new(), Vec::new());
+        for r in 0..12u64 {
+            let (x, mut q) = if r % 2 == 0 {
+                decoda::testing::stages::random_staged_case(&mut rng, v)
+            } else {
+                let x = decoda::testing::zipf_logits(&mut rng, v, 1.1);
+                let mut p = SamplingParams::default();
+                match r % 6 {
+                    1 => p.top_k = 40,
+                    3 => p.top_p = 0.9,
+                    _ => {
+                        p.top_n_sigma = 1.5;
+                        p.min_p = 0.02;
+                    }
+                }
+                (x, Request::new(p, 0x51 + r))
+            };
+            q.state.step = r * 3;
+            data.extend(x);
+            reqs.push(q);
+        }
+        // calls of one to three rows: the scan cuts their rows in pieces (a big batch's
+        // are whole), and so does the probe's sample
+        for (k, n) in [1usize, 2, 3, 3, 1, 2].into_iter().enumerate() {
+            let at = [0, 1, 3, 6, 9, 10][k];
+            let q = &reqs[at..at + n];
+            let st = b.call_structure(v, q).unwrap();
+            assert_eq!(st.stages[1], "sample");
+            assert!(st.workgroups[1] > n as u64, "{st:?}");
+            let logits = Logits::f32(&data[at * v..(at + n) * v], n, v).unwrap();
+            // what the probe leaves (results never depend on it: a wrong threshold only
+            // sends rows down the full-row path)
+            assert_eq!(
+                a.probe_states(&logits, q).unwrap(),
+                b.probe_states(&logits, q).unwrap(),
+                "V {v} rows {at}.."
+            );
+            let (ga, gb) = (a.sample(&logits, q).unwrap(), b.sample(&logits, q).unwrap());
+            for (r, (x, y)) in ga.iter().zip(&gb).enumerate() {
+                assert_eq!(format!("{x:?}"), format!("{y:?}"), "V {v} row {}", at + r);
+            }
+        }
+    }
+}
+
+/// The probe's dispatches: what each row needs first, then the row's sample counted and
+/// picked from twice.
+const PROBE: [&str; 5] = ["probe", "sample", "pick", "sample", "pick"];
 
 fn lp_req() -> [Request; 1] {
     [Request::new(

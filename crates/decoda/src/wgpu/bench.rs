@@ -258,13 +258,14 @@ impl WgpuSampler {
     /// many for the grids the call computes), in order.
     fn grid_of(&self, rows: &[pl::Row<'_>], vocab: usize) -> Vec<(&'static str, u64)> {
         let (plan, phases) = WgpuSampler::plan_for(rows, vocab, 0);
-        let (splits, _) = self.shape(vocab, rows.len());
+        let (splits, chunk) = self.shape(vocab, rows.len());
         self.kernels.grid(super::kernels::StepShape {
             rows: rows.len(),
             splits,
             draw_groups: 0,
             plan,
             phases,
+            sample_parts: self.kernels.sample_split(vocab, chunk).0,
         })
     }
 
@@ -325,6 +326,29 @@ impl WgpuSampler {
             .zip(requests)
             .map(|(w, q)| w == 1 && q.params.top_n_sigma > 0.0)
             .collect())
+    }
+
+    /// What the probe left each row of one call on these rows: its words named in
+    /// `PROBE_WORDS` (candidate threshold, gathering threshold, top-p reference, needs,
+    /// sample maximum, top-n-σ's reference and scale), as bits: a test's view (results
+    /// never depend on them, so comparing results cannot check them).
+    #[doc(hidden)]
+    pub fn probe_states(
+        &self,
+        logits: &crate::logits::Logits<'_>,
+        requests: &[Request],
+    ) -> Result<Vec<[u32; 7]>> {
+        let mut out = vec![[0u32; 7]; requests.len()];
+        for (k, (_, w)) in super::layout::PROBE_WORDS.iter().enumerate() {
+            for (r, v) in self
+                .row_states(logits, requests, *w)?
+                .into_iter()
+                .enumerate()
+            {
+                out[r][k] = v;
+            }
+        }
+        Ok(out)
     }
 
     /// State word `word` of each row after one call on these rows.

@@ -23,6 +23,8 @@ pub(crate) struct CallShape<'a> {
     /// Workgroups per row and logits per workgroup ([`super::kernels::split`]).
     pub splits: usize,
     pub chunk: usize,
+    /// Logits per piece of the probe's sample pass ([`Kernels::sample_split`]).
+    pub sample_chunk: usize,
     /// The working buffers' sizes (where the partials and candidates start).
     pub sizes: &'a Sizes,
     /// The passes the rows need.
@@ -61,6 +63,7 @@ pub(crate) fn call_block(
         mask_base: masks.map_or(0, |m| m.offset as u32),
         mask_stride: masks.map_or(0, |m| m.row_stride as u32),
         kept_base: (shape.rows * (RES_WORDS + shape.draws)) as u32,
+        sample_chunk: shape.sample_chunk as u32,
         ..CallU::default()
     }
 }

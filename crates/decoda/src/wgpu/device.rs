@@ -55,6 +55,8 @@ struct Context {
     min_chunk: usize,
     /// Calls settle and finish in one dispatch ([`WgpuOptions::fused_settle`]).
     fused: bool,
+    /// The probe samples a row in pieces ([`WgpuOptions::sample_pieces`]).
+    sample_pieces: bool,
     /// Staging buffers for per-call parameters, shared by everything on the device.
     stages: StagePool,
     pipelines: PipelineCache,
@@ -100,7 +102,7 @@ impl WgpuDevice {
             queue,
             info,
         } = adapter::open(options)?;
-        Ok(Self::build(device, queue, info, options.fused_settle))
+        Ok(Self::build(device, queue, info, options))
     }
 
     /// The context of an application's device and queue (for example the one its model
@@ -108,21 +110,23 @@ impl WgpuDevice {
     /// was created with `Features::SUBGROUP`, 64-bit integers with `SHADER_INT64`.
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Self {
         let info = device.adapter_info();
-        Self::build(device, queue, info, None)
+        Self::build(device, queue, info, WgpuOptions::default())
     }
 
     fn build(
         device: wgpu::Device,
         queue: wgpu::Queue,
         info: wgpu::AdapterInfo,
-        fused: Option<bool>,
+        options: WgpuOptions,
     ) -> Self {
         let target_wg = adapter::target_workgroups(&info);
+        let software = adapter::is_software(&info);
         Self {
             inner: Arc::new(Context {
                 target_wg,
-                min_chunk: adapter::min_chunk(adapter::is_software(&info)),
-                fused: adapter::fused_settle(fused, &info),
+                min_chunk: adapter::min_chunk(software),
+                fused: adapter::fused_settle(options.fused_settle, &info),
+                sample_pieces: options.sample_pieces.unwrap_or(!software),
                 stages: StagePool::new(),
                 pipelines: Mutex::new(HashMap::new()),
                 device,
@@ -154,6 +158,12 @@ impl WgpuDevice {
     /// [`WgpuOptions::fused_settle`]. The same bits either way.
     pub fn fuses_settle(&self) -> bool {
         self.inner.fused
+    }
+
+    /// Whether the probe samples a row in pieces, the scan's: see
+    /// [`WgpuOptions::sample_pieces`]. The same bits either way.
+    pub fn samples_in_pieces(&self) -> bool {
+        self.inner.sample_pieces
     }
 
     /// The staging buffers for per-call parameters.

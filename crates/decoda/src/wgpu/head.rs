@@ -365,6 +365,7 @@ impl WgpuHead {
             pen_words: self.slots * kernels::pen_words(v),
             list_words: self.bufs_list_words(),
         };
+        let (sample_parts, sample_chunk) = self.kernels.sample_split(v, chunk);
         let call = call_block(
             logits,
             masks,
@@ -372,6 +373,7 @@ impl WgpuHead {
                 rows: b,
                 splits,
                 chunk,
+                sample_chunk,
                 sizes: &sizes,
                 plan,
                 mode: M_HEAD | if by_slot { M_SLOT_MASK } else { 0 },
@@ -420,6 +422,7 @@ impl WgpuHead {
             draw_groups: 0,
             plan,
             phases,
+            sample_parts,
         };
         self.last_dispatches = self.kernels.grid(shape).len();
         match stamps {

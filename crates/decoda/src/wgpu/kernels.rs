@@ -8,7 +8,7 @@ use super::device::{lazy_pipelines, Pipelines, WgpuDevice};
 use super::layout::*;
 
 /// The step kernels' entry points, in the order of [`Kernels::pipes`].
-const ENTRIES: [&str; 16] = [
+const ENTRIES: [&str; 18] = [
     "join",
     "wipe",
     "probe",
@@ -25,6 +25,8 @@ const ENTRIES: [&str; 16] = [
     "scan_light",
     "walk",
     "decide",
+    "sample",
+    "pick",
 ];
 
 /// The stage entry point `e` runs as (the names `Kernels::grid` gives): a light call's
@@ -52,11 +54,15 @@ pub(crate) enum Entry {
     ScanLight,
     Walk,
     Decide,
+    Sample,
+    Pick,
 }
 
 /// The compute pipelines, one per entry point of `step/`, each built at its first use.
 pub(crate) struct Kernels {
-    pub pipes: Pipelines<16>,
+    pub pipes: Pipelines<18>,
+    /// The probe samples a row in pieces ([`super::WgpuDevice::samples_in_pieces`]).
+    pub pieces: bool,
     /// `settle_finish` as one dispatch ([`super::WgpuDevice::fuses_settle`]).
     pub fused: bool,
     /// The bind group layout of every step kernel.
@@ -70,7 +76,12 @@ impl Kernels {
     /// and Philox's products in 64-bit integers when it has `SHADER_INT64`); its
     /// pipelines are built as calls first need them. A shader error is
     /// [`Error::Device`].
-    fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo, fused: bool) -> Result<Self> {
+    fn build(
+        device: &wgpu::Device,
+        info: &wgpu::AdapterInfo,
+        fused: bool,
+        pieces: bool,
+    ) -> Result<Self> {
         use super::device::Bind::*;
         let subgroups = device.features().contains(wgpu::Features::SUBGROUP);
         let int64 = device.features().contains(wgpu::Features::SHADER_INT64);
@@ -91,6 +102,7 @@ impl Kernels {
         Ok(Self {
             layout: pipes.binds.clone(),
             pipes,
+            pieces,
             fused,
             no_mask,
         })
@@ -101,7 +113,12 @@ impl Kernels {
     pub fn of(ctx: &WgpuDevice) -> Result<std::sync::Arc<Self>> {
         super::adapter::check_limits(ctx.device(), ctx.info())?;
         ctx.pipelines("sampler", || {
-            Self::build(ctx.device(), ctx.info(), ctx.fuses_settle())
+            Self::build(
+                ctx.device(),
+                ctx.info(),
+                ctx.fuses_settle(),
+                ctx.samples_in_pieces(),
+            )
         })
     }
 
@@ -118,10 +135,26 @@ impl Kernels {
             draw_groups: 0,
             plan,
             phases: 0,
+            sample_parts: 1,
         };
         for (e, ..) in self.stages(shape) {
             self.pipe(e);
         }
+    }
+
+    /// How the probe's sample passes cut a row of `v` logits whose scan pieces are
+    /// `chunk` logits: (pieces, logits a piece, a multiple of 256). In pieces
+    /// ([`super::WgpuDevice::samples_in_pieces`], hardware adapters by default) the
+    /// scan's, at least 4,096 logits (a piece's 256 sampled tokens against its 2,048
+    /// bins); else the whole row (one workgroup: lavapipe pays per workgroup, not per
+    /// token). The results do not depend on it.
+    pub fn sample_split(&self, v: usize, chunk: usize) -> (usize, usize) {
+        let c = if self.pieces {
+            chunk.max(4096).next_multiple_of(256)
+        } else {
+            v.next_multiple_of(256)
+        };
+        (v.div_ceil(c).max(1), c)
     }
 
     /// Entry point `e`'s pipeline (built at its first use).
@@ -150,8 +183,13 @@ impl Kernels {
                 (Entry::Decide, b, 1, Some(12)),
             ]
         });
+        let sp = shape.sample_parts as u32;
         let mut stages: Vec<Stage> = [
             (!light).then_some((Entry::Probe, b, 1, None)),
+            (!light).then_some((Entry::Sample, sp, b, None)),
+            (!light).then_some((Entry::Pick, b, 1, None)),
+            (!light).then_some((Entry::Sample, sp, b, None)),
+            (!light).then_some((Entry::Pick, b, 1, None)),
             Some((pick(Entry::Scan, Entry::ScanLight), w, b, None)),
             (!fused).then_some((pick(Entry::Settle, Entry::SettleLight), b, 1, None)),
             (full && shape.draw_groups > 0).then_some((
@@ -212,11 +250,16 @@ impl Kernels {
         let mut copied = false;
         for (e, x, y, ind) in self.stages(shape) {
             let plan = || {
-                let walks = matches!(e, Entry::Probe | Entry::Scan | Entry::Lp);
+                // the scan and lp read the rows, a sample pass a sixteenth of them
+                let walked = match e {
+                    Entry::Scan | Entry::Lp => rows * row_bytes,
+                    Entry::Sample => rows * row_bytes / 16,
+                    _ => 0,
+                };
                 crate::profile::Launch {
                     kernel: format!("sample.{}", stage_name(e)),
                     workgroups: u64::from(x) * u64::from(y),
-                    bytes_read: 256 * rows + if walks { rows * row_bytes } else { 0 },
+                    bytes_read: 256 * rows + walked,
                     bytes_written: 256 * rows,
                 }
             };
@@ -448,6 +491,8 @@ pub(crate) struct StepShape {
     pub plan: Plan,
     /// The full-row path's phases recorded after settle ([`phases`]).
     pub phases: usize,
+    /// Workgroups of a row in the probe's sample passes ([`Kernels::sample_split`]).
+    pub sample_parts: usize,
 }
 
 /// How a row of `v` logits is cut among workgroups for a batch of `b` rows: enough

@@ -31,6 +31,17 @@ pub(crate) const S_PATH: usize = 10;
 /// `S_PATH` of a row drawn over the whole row (`P_FULL`): its candidate list did not
 /// settle it.
 pub(crate) const P_FULL: u32 = 1;
+/// The state words the probe leaves a row (`S_KAPPA`, `S_GTHR`, `S_R`, `S_NEED`, `S_M0`,
+/// `S_SD_R`, `S_SD_E`): what the scan keeps and sums.
+pub(crate) const PROBE_WORDS: [(&str, usize); 7] = [
+    ("S_KAPPA", 5),
+    ("S_GTHR", 6),
+    ("S_R", 7),
+    ("S_NEED", 8),
+    ("S_M0", 30),
+    ("S_SD_R", 40),
+    ("S_SD_E", 41),
+];
 /// The state word saying whether settle walked a top-n-σ row for its sums (`S_SD_WALK`:
 /// 1), the scan's being out of range.
 pub(crate) const S_SD_WALK: usize = 42;
@@ -138,7 +149,7 @@ pub(crate) struct CallU {
     /// Word offset in the results of row 0's kept area (rows with `F_KEPT`), rows
     /// `KEPT_WORDS` apart.
     pub kept_base: u32,
-    pub pad1: u32,
+    pub sample_chunk: u32,
     pub pad2: u32,
 }
 
@@ -262,7 +273,7 @@ mod tests {
                 std::mem::size_of::<CallU>(),
                 &fields!(CallU; rows, vocab, stride, dtype, base, splits, chunk, bm_words,
                     cap, mode, draws, draw_lanes, part_base, cand_base, zero, mask_base,
-                    mask_stride, kept_base, pad1, pad2),
+                    mask_stride, kept_base, sample_chunk, pad2),
             );
             check(
                 &m,
@@ -374,6 +385,13 @@ mod tests {
             ("S_PATH", S_PATH as u64),
             ("P_FULL", u64::from(P_FULL)),
             ("S_SD_WALK", S_SD_WALK as u64),
+            ("S_KAPPA", PROBE_WORDS[0].1 as u64),
+            ("S_GTHR", PROBE_WORDS[1].1 as u64),
+            ("S_R", PROBE_WORDS[2].1 as u64),
+            ("S_NEED", PROBE_WORDS[3].1 as u64),
+            ("S_M0", PROBE_WORDS[4].1 as u64),
+            ("S_SD_R", PROBE_WORDS[5].1 as u64),
+            ("S_SD_E", PROBE_WORDS[6].1 as u64),
             ("PW", PART_WORDS as u64),
             ("LPW", LP_WORDS as u64),
             ("RESW", RES_WORDS as u64),

@@ -24,6 +24,12 @@ pub struct WgpuOptions {
     /// never. Results are the same bits either way. `DECODA_WGPU_FUSED=0` or `=1`
     /// overrides `None`.
     pub fused_settle: Option<bool>,
+    /// The probe samples a row in pieces, the scan's (at least 4,096 logits each): `None`
+    /// (default) on hardware adapters, so a decode row's sample spreads over many
+    /// workgroups, and not on software ones, which pay per workgroup (the whole row's
+    /// sample by one); `Some(true)` always, `Some(false)` never. Results are the same
+    /// bits either way.
+    pub sample_pieces: Option<bool>,
 }
 
 /// Environment variable: a substring of the adapter name to use (`llvmpipe`, `H100`, ...).

@@ -523,6 +523,7 @@ impl WgpuSampler {
                  {max_binding} bytes this adapter binds at once; split the batch"
             )));
         }
+        let (sample_parts, sample_chunk) = self.kernels.sample_split(v, chunk);
         let call = call_block(
             logits,
             masks,
@@ -530,6 +531,7 @@ impl WgpuSampler {
                 rows: b,
                 splits,
                 chunk,
+                sample_chunk,
                 sizes: &sizes,
                 plan,
                 mode: if pens > 0 { M_SCATTER } else { 0 },
@@ -598,6 +600,7 @@ impl WgpuSampler {
                 draw_groups: if draws > 0 { draw_groups } else { 0 },
                 plan,
                 phases,
+                sample_parts,
             },
             stamps,
         );

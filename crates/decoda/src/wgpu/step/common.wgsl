@@ -113,6 +113,11 @@ const S_XF: u32 = 45u;       //   1: XTC acts at this step
 const S_TYP_PRE: u32 = 46u;  //   typical-p's centre (S_TYP_C) and mass from the scan: 1
 const S_TYP_T: u32 = 47u;    //   that mass
 const S_XBAR: u32 = 48u;     //   XTC's bar on w: threshold Σ w
+const S_PB_LEVEL: u32 = 49u; // probe: the sample's pass (0, 1; PB_DONE: the row's state set)
+const S_PB_B0: u32 = 50u;    //   level 0's bin
+const S_PB_LEFT: u32 = 51u;  //   the keys still wanted inside it
+const S_PB_MAX: u32 = 52u;   //   the sample's largest key (0: none)
+const S_PB_MIN: u32 = 53u;   //   and least
 
 // S_NEED flags
 const N_LIST: u32 = 1u;
@@ -167,7 +172,7 @@ struct Call {
     mask_base: u32,   // word offset of row 0's mask in masks (M_MASK)
     mask_stride: u32, // words between rows' masks
     kept_base: u32,   // out_res word offset of row 0's kept area (F_KEPT rows)
-    pad1: u32,
+    sample_chunk: u32, // logits per piece of the probe's `sample` (a multiple of 256)
     pad2: u32,
 }
 
