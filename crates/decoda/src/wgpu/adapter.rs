@@ -175,6 +175,17 @@ pub(crate) fn fused_settle(option: Option<bool>, info: &wgpu::AdapterInfo) -> bo
     })
 }
 
+/// Whether the probe samples a row in pieces ([`super::WgpuOptions::sample_pieces`]).
+pub(crate) fn sample_pieces(option: Option<bool>, software: bool) -> bool {
+    option.unwrap_or_else(
+        || match std::env::var(super::options::SAMPLE_PIECES_ENV).as_deref() {
+            Ok("0") => false,
+            Ok("1") => true,
+            _ => !software,
+        },
+    )
+}
+
 /// The fewest logits a workgroup of the scan handles by default: 1,024 on a hardware
 /// adapter, so a decode row (B = 1, V >= 32,000) spreads over at least 32 workgroups
 /// (issue 56: a pass over a row's tokens uses the device, not a few of its units), and

@@ -126,7 +126,7 @@ impl WgpuDevice {
                 target_wg,
                 min_chunk: adapter::min_chunk(software),
                 fused: adapter::fused_settle(options.fused_settle, &info),
-                sample_pieces: options.sample_pieces.unwrap_or(!software),
+                sample_pieces: adapter::sample_pieces(options.sample_pieces, software),
                 stages: StagePool::new(),
                 pipelines: Mutex::new(HashMap::new()),
                 device,

@@ -78,7 +78,9 @@ pub use moe::{
     moe_shader_source, moe_shader_source_for, moe_shader_source_with, MoeRouting, WgpuMoe,
     SHADER_MOE,
 };
-pub use options::{WgpuOptions, ADAPTER_ENV, FUSED_ENV, SUBGROUPS_ENV, WORKGROUPS_ENV};
+pub use options::{
+    WgpuOptions, ADAPTER_ENV, FUSED_ENV, SAMPLE_PIECES_ENV, SUBGROUPS_ENV, WORKGROUPS_ENV,
+};
 pub use sampler::WgpuSampler;
 pub use shaders::{
     shader_source, shader_source_with, weight_format_source, REDUCE_SG, REDUCE_WG, SHADER_FMATH,

@@ -28,7 +28,8 @@ pub struct WgpuOptions {
     /// (default) on hardware adapters, so a decode row's sample spreads over many
     /// workgroups, and not on software ones, which pay per workgroup (the whole row's
     /// sample by one); `Some(true)` always, `Some(false)` never. Results are the same
-    /// bits either way.
+    /// bits either way. `DECODA_WGPU_SAMPLE_PIECES=0` or `=1` overrides `None` (a
+    /// hardware adapter's probe on lavapipe, for a stress run).
     pub sample_pieces: Option<bool>,
 }
 
@@ -41,6 +42,10 @@ pub const SUBGROUPS_ENV: &str = "DECODA_WGPU_SUBGROUPS";
 /// Environment variable: `0` or `1` turns the one-dispatch `settle_finish` off or on
 /// where [`WgpuOptions::fused_settle`] is `None`.
 pub const FUSED_ENV: &str = "DECODA_WGPU_FUSED";
+
+/// Environment variable: `0` or `1` turns the probe's sample in pieces off or on where
+/// [`WgpuOptions::sample_pieces`] is `None`.
+pub const SAMPLE_PIECES_ENV: &str = "DECODA_WGPU_SAMPLE_PIECES";
 
 /// Environment variable: how many workgroups a step aims to keep busy (rows times
 /// splits); the row split follows from it and the batch.
