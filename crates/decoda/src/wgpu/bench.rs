@@ -307,8 +307,8 @@ impl WgpuSampler {
         requests: &[Request],
     ) -> Result<Vec<bool>> {
         use super::layout::{P_FULL, S_PATH};
-        let words = self.row_states(logits, requests, S_PATH)?;
-        Ok(words.into_iter().map(|w| w == P_FULL).collect())
+        let st = self.row_states(logits, requests)?;
+        Ok(st.iter().map(|w| w[S_PATH] == P_FULL).collect())
     }
 
     /// Which top-n-σ rows of one call on these rows had their sums walked by settle,
@@ -320,11 +320,11 @@ impl WgpuSampler {
         logits: &crate::logits::Logits<'_>,
         requests: &[Request],
     ) -> Result<Vec<bool>> {
-        let words = self.row_states(logits, requests, super::layout::S_SD_WALK)?;
-        Ok(words
-            .into_iter()
+        let st = self.row_states(logits, requests)?;
+        Ok(st
+            .iter()
             .zip(requests)
-            .map(|(w, q)| w == 1 && q.params.top_n_sigma > 0.0)
+            .map(|(w, q)| w[super::layout::S_SD_WALK] == 1 && q.params.top_n_sigma > 0.0)
             .collect())
     }
 
@@ -338,26 +338,19 @@ impl WgpuSampler {
         logits: &crate::logits::Logits<'_>,
         requests: &[Request],
     ) -> Result<Vec<[u32; 7]>> {
-        let mut out = vec![[0u32; 7]; requests.len()];
-        for (k, (_, w)) in super::layout::PROBE_WORDS.iter().enumerate() {
-            for (r, v) in self
-                .row_states(logits, requests, *w)?
-                .into_iter()
-                .enumerate()
-            {
-                out[r][k] = v;
-            }
-        }
-        Ok(out)
+        let st = self.row_states(logits, requests)?;
+        Ok(st
+            .iter()
+            .map(|w| super::layout::PROBE_WORDS.map(|(_, k)| w[k]))
+            .collect())
     }
 
-    /// State word `word` of each row after one call on these rows.
+    /// The state words of each row after one call on these rows.
     fn row_states(
         &self,
         logits: &crate::logits::Logits<'_>,
         requests: &[Request],
-        word: usize,
-    ) -> Result<Vec<u32>> {
+    ) -> Result<Vec<Vec<u32>>> {
         use super::layout::STATE_WORDS;
         let buf = self.upload_logits(logits);
         let out = self.outputs_kept(requests.len())?;
@@ -399,9 +392,7 @@ impl WgpuSampler {
         };
         self.ctx.queue().submit([enc.finish()]);
         let words: Vec<u32> = self.ctx.read_back(&read, bytes)?;
-        Ok((0..requests.len())
-            .map(|r| words[r * STATE_WORDS + word])
-            .collect())
+        Ok(words.chunks(STATE_WORDS).map(<[u32]>::to_vec).collect())
     }
 
     /// Calls issued back to back, as a serving loop issues them: `n` calls, call `i` on

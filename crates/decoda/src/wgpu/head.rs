@@ -424,7 +424,7 @@ impl WgpuHead {
             phases,
             sample_parts,
         };
-        self.last_dispatches = self.kernels.grid(shape).len();
+        self.last_dispatches = self.kernels.dispatches(shape);
         match stamps {
             Stamping::None => {
                 self.kernels

@@ -165,7 +165,8 @@ impl Kernels {
     /// The dispatches of a step of `shape`, in order: (entry point, grid x, grid y, and
     /// for a dispatch whose grid the step computes, the byte offset of its grid in
     /// [`StepBuffers::ind`]: `x` and `y` are then the most it can be).
-    fn stages(&self, shape: StepShape) -> Vec<Stage> {
+    /// (No allocation: a sampling call records these.)
+    fn stages(&self, shape: StepShape) -> impl Iterator<Item = Stage> + Clone {
         let (b, w) = (shape.rows as u32, shape.splits as u32);
         let full = shape.plan == Plan::Full;
         let fused = !full && self.fused;
@@ -175,16 +176,9 @@ impl Kernels {
         // finished after, over grids settle counts (none when no row took the path)
         let lean = shape.plan == Plan::Lean;
         let pick = |e: Entry, l: Entry| if light { l } else { e };
-        // the full-row path's phases (step/walk.wgsl) after settle, over the rows settle
-        // sent down it: a piece of each such row, then each such row
-        let phases = (0..shape.phases).flat_map(|_| {
-            [
-                (Entry::Walk, w, b, Some(0)),
-                (Entry::Decide, b, 1, Some(12)),
-            ]
-        });
         let sp = shape.sample_parts as u32;
-        let mut stages: Vec<Stage> = [
+        // up to settle, or settle_finish or draw_finish in a lean call
+        let head = [
             (!light).then_some((Entry::Probe, b, 1, None)),
             (!light).then_some((Entry::Sample, sp, b, None)),
             (!light).then_some((Entry::Pick, b, 1, None)),
@@ -192,12 +186,6 @@ impl Kernels {
             (!light).then_some((Entry::Pick, b, 1, None)),
             Some((pick(Entry::Scan, Entry::ScanLight), w, b, None)),
             (!fused).then_some((pick(Entry::Settle, Entry::SettleLight), b, 1, None)),
-            (full && shape.draw_groups > 0).then_some((
-                Entry::DrawMany,
-                shape.draw_groups as u32,
-                b,
-                None,
-            )),
             fused.then_some((
                 pick(Entry::SettleFinish, Entry::SettleFinishLight),
                 b,
@@ -210,26 +198,40 @@ impl Kernels {
                 1,
                 None,
             )),
+        ];
+        // the full-row path's phases (step/walk.wgsl), over the rows settle sent down it:
+        // a piece of each such row, then each such row
+        let phases = (0..shape.phases).flat_map(move |_| {
+            [
+                (Entry::Walk, w, b, Some(0)),
+                (Entry::Decide, b, 1, Some(12)),
+            ]
+        });
+        let tail = [
+            (full && shape.draw_groups > 0).then_some((
+                Entry::DrawMany,
+                shape.draw_groups as u32,
+                b,
+                None,
+            )),
             (full || lean).then_some((Entry::Lp, w, b, lean.then_some(0))),
             (full || lean).then_some((Entry::Finish, b, 1, lean.then_some(12))),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        // (after settle, or settle_finish or draw_finish in a lean call)
-        let at = stages
-            .iter()
-            .position(|s| matches!(s.0, Entry::DrawMany | Entry::Lp))
-            .unwrap_or(stages.len());
-        stages.splice(at..at, phases);
-        stages
+        ];
+        head.into_iter()
+            .flatten()
+            .chain(phases)
+            .chain(tail.into_iter().flatten())
+    }
+
+    /// How many dispatches a step of `shape` records.
+    pub fn dispatches(&self, shape: StepShape) -> usize {
+        self.stages(shape).count()
     }
 
     /// The dispatches of a step of `shape`, in order: (entry point's name, workgroups; at
     /// most that many for the grids the step computes).
     pub fn grid(&self, shape: StepShape) -> Vec<(&'static str, u64)> {
         self.stages(shape)
-            .into_iter()
             .map(|(e, x, y, _)| (stage_name(e), u64::from(x) * u64::from(y)))
             .collect()
     }
@@ -288,17 +290,9 @@ impl Kernels {
         stamps: StepStamps<'_>,
     ) {
         let stages = self.stages(shape);
-        // the pipelines before the passes borrow the encoder (built at their first use)
-        let stages: Vec<_> = stages
-            .into_iter()
-            .map(|(e, x, y, ind)| (self.pipe(e), x, y, ind))
-            .collect();
         // the stages whose grids the step computes run after a copy of them, in a pass
         // of their own
-        let tail = stages
-            .iter()
-            .position(|s| s.3.is_some())
-            .unwrap_or(stages.len());
+        let two = stages.clone().any(|s| s.3.is_some());
         // timestamps: (query set, index before, index after) of each pass
         let pass_with =
             |encoder: &mut wgpu::CommandEncoder,
@@ -314,20 +308,21 @@ impl Kernels {
                     })
                     .forget_lifetime()
             };
-        let dispatch = |pass: &mut wgpu::ComputePass<'_>, s: &(_, u32, u32, Option<u64>)| {
-            let (pipe, x, y, ind) = *s;
+        let dispatch = |pass: &mut wgpu::ComputePass<'_>, (e, x, y, ind): Stage| {
             pass.set_bind_group(0, group, &[]);
-            pass.set_pipeline(pipe);
+            pass.set_pipeline(self.pipe(e));
             match ind {
                 Some(at) => pass.dispatch_workgroups_indirect(&bufs.ind, at),
                 None => pass.dispatch_workgroups(x, y, 1),
             }
         };
+        let mut copied = false;
         match stamps {
             StepStamps::Stages(q) => {
-                for (i, s) in stages.iter().enumerate() {
-                    if i == tail {
+                for (i, s) in stages.enumerate() {
+                    if s.3.is_some() && !copied {
                         bufs.copy_grids(encoder);
+                        copied = true;
                     }
                     let i = 2 * i as u32;
                     let mut pass = pass_with(encoder, Some((q, Some(i), Some(i + 1))));
@@ -339,18 +334,16 @@ impl Kernels {
                     StepStamps::Step(q) => Some(q),
                     _ => None,
                 };
-                let two = tail < stages.len();
                 let mut pass = pass_with(encoder, q.map(|q| (q, Some(0), (!two).then_some(1))));
-                for s in &stages[..tail] {
-                    dispatch(&mut pass, s);
-                }
-                drop(pass);
-                if two {
-                    bufs.copy_grids(encoder);
-                    let mut pass = pass_with(encoder, q.map(|q| (q, None, Some(1))));
-                    for s in &stages[tail..] {
-                        dispatch(&mut pass, s);
+                for s in stages {
+                    if s.3.is_some() && !copied {
+                        // the first pass ends before the copy
+                        drop(pass);
+                        bufs.copy_grids(encoder);
+                        copied = true;
+                        pass = pass_with(encoder, q.map(|q| (q, None, Some(1))));
                     }
+                    dispatch(&mut pass, s);
                 }
             }
         }

@@ -137,10 +137,7 @@ fn sample(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let sp = sparams[slot];
     let hb = hbase(row);
     let b0 = sget(row, S_PB_B0);
-    for (var b = lid; b < BINS; b = b + WG) {
-        atomicStore(&hk[b], 0u);
-    }
-    workgroupBarrier();
+    hk_zero(lid);
     let start = wid.x * call.sample_chunk;
     let end = min(call.vocab, start + call.sample_chunk);
     // the runs of 16 that start in the piece (sample_chunk is a multiple of 256)
@@ -166,13 +163,7 @@ fn sample(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
             atomicAdd(&hk[(k >> 10u) & 0x7ffu], 1u);
         }
     }
-    workgroupBarrier();
-    for (var b = lid; b < BINS; b = b + WG) {
-        let c = atomicLoad(&hk[b]);
-        if (c != 0u) {
-            atomicAdd(&ctr[hb + b], c);
-        }
-    }
+    hk_flush(lid, hb);
     if (level == 0u) {
         let mx = wg_sum_max(lid, cnt, mk);
         let mn = wg_sum_max(lid, 0u, ~lk).y;

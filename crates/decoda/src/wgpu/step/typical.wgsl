@@ -115,12 +115,12 @@ fn typical_row(lid: u32, row: u32, sp: SlotP, ymax: f32, n: u32, kk: u32, pre: T
             if (is_neg_inf(y)) {
                 continue;
             }
-            let w = exp_f32(y - ymax);
-            sw = add64(sw, fixed40(w));
-            swd = add64(swd, fixed40(w * (ymax - y)));
+            let tw = typ_terms(y, ymax);
+            sw = add64(sw, tw.xy);
+            swd = add64(swd, tw.zw);
         }
         total = val64(wg_sum64(lid, sw));
-        c = ymax - div_rn_cold(val64(wg_sum64(lid, swd)), total);
+        c = typ_centre(ymax, total, wg_sum64(lid, swd));
     }
     let goal = sp.typical_p * total;
     if (lid == 0u) {
@@ -140,32 +140,13 @@ fn typical_row(lid: u32, row: u32, sp: SlotP, ymax: f32, n: u32, kk: u32, pre: T
             break;
         }
         let prefix = sget(row, S_T_PREFIX);
-        let sh = digit_shift(level);
-        let mask = digit_mask(level);
         // last level: the largest y scoring below the bin (kept whatever its digit)
         var below = 0u;
         for (var i = lid; i < n; i = i + WG) {
             let y = typ_y(row, i, kk);
-            if (is_neg_inf(y)) {
-                continue;
+            if (!is_neg_inf(y)) {
+                below = max(below, typ_add(hb, y, ymax, c, level, prefix));
             }
-            // smaller scores first: the complement of the score's key
-            let key = ~key_of(typ_score(y, ymax, c));
-            if (level == 2u && (key >> 10u) > prefix) {
-                below = max(below, cmp_key(y));
-            }
-            if (!in_prefix(key, level, prefix)) {
-                continue;
-            }
-            if (level == 2u) {
-                // and per digit, in top-k's count bins (zero between uses)
-                atomicMax(&ctr[hb + (key & 0x3ffu)], cmp_key(y));
-            }
-            let fx = fixed40(exp_f32(y - ymax));
-            if ((fx.x | fx.y) == 0u) {
-                continue;
-            }
-            add_mass(hb, (key >> sh) & mask, fx);
         }
         storageBarrier();
         let k = typ_level(lid, row, level, prefix, goal, below);
@@ -180,6 +161,43 @@ fn typical_row(lid: u32, row: u32, sp: SlotP, ymax: f32, n: u32, kk: u32, pre: T
     return from_key(ymk);
 }
 
+// A y of K into level `level` of typical-p's walk (the row's histogram at `hb`): its
+// mass by score key (smaller scores first: the complement of the score's key) under
+// the prefix, and at the last level its key's maximum per digit in top-k's count bins
+// (zero between uses). Returns the y's cmp_key when it scores below the last level's
+// bin (kept whatever its digit), else 0.
+fn typ_add(hb: u32, y: f32, ymax: f32, c: f32, level: u32, prefix: u32) -> u32 {
+    let key = ~key_of(typ_score(y, ymax, c));
+    var below = 0u;
+    if (level == 2u && (key >> 10u) > prefix) {
+        below = cmp_key(y);
+    }
+    if (!in_prefix(key, level, prefix)) {
+        return below;
+    }
+    if (level == 2u) {
+        atomicMax(&ctr[hb + (key & 0x3ffu)], cmp_key(y));
+    }
+    let fx = fixed40(exp_f32(y - ymax));
+    if ((fx.x | fx.y) != 0u) {
+        add_mass(hb, (key >> digit_shift(level)) & digit_mask(level), fx);
+    }
+    return below;
+}
+
+// A y of K's terms of the sums over K (2^-40 units): w = exp(y - ymax), and w d with
+// d = ymax - y.
+fn typ_terms(y: f32, ymax: f32) -> vec4<u32> {
+    let w = exp_f32(y - ymax);
+    return vec4<u32>(fixed40(w), fixed40(w * (ymax - y)));
+}
+
+// The scores' centre c = ymax - Σ w d / Σ w from K's mass `total` (Σ w, as f32) and
+// Σ w d.
+fn typ_centre(ymax: f32, total: f32, swd: vec2<u32>) -> f32 {
+    return ymax - div_rn_cold(val64(swd), total);
+}
+
 // One level of typical-p's walk, decided from the row's mass histogram (by score key,
 // smaller scores first; cleared as read) against `goal`: the bin where the sum first
 // exceeds it (strictly), or no cut (S_T_LEVEL 0) when it never does; at the last level
@@ -189,34 +207,20 @@ fn typical_row(lid: u32, row: u32, sp: SlotP, ymax: f32, n: u32, kk: u32, pre: T
 fn typ_level(lid: u32, row: u32, level: u32, prefix: u32, goal: f32, below: u32) -> u32 {
     let hb = hbase(row);
     let mb = take_masses(lid, hb);
-    var m = mb.m;
-    let mine = mb.mine;
-    let incl = wg_scan64(lid, mine);
+    let incl = wg_scan64(lid, mb.mine);
     let above = vec2<u32>(sget(row, S_T_ABOVE_LO), sget(row, S_T_ABOVE_HI));
-    let before = sub64(incl, mine);
     // the walk stops at the first token whose sum exceeds the goal (strictly)
-    let pass_incl = val64(add64(above, incl)) > goal;
-    let pass_before = val64(add64(above, before)) > goal;
-    if (pass_incl && !pass_before) {
-        var cum = add64(above, before);
-        var bin = 0u;
-        for (var j = 0u; j < 8u; j = j + 1u) {
-            let nxt = add64(cum, m[j]);
-            if (val64(nxt) > goal) {
-                bin = BINS - 1u - (lid * 8u + j);
-                break;
-            }
-            cum = nxt;
-        }
-        let np = (prefix << digit_width(level)) | bin;
+    let cut = mass_cut(lid, mb, incl, above, goal, true);
+    if (cut.here) {
+        let np = (prefix << digit_width(level)) | cut.bin;
         sset(row, S_T_PREFIX, np);
-        sset(row, S_T_ABOVE_LO, cum.x);
-        sset(row, S_T_ABOVE_HI, cum.y);
+        sset(row, S_T_ABOVE_LO, cut.cum.x);
+        sset(row, S_T_ABOVE_HI, cut.cum.y);
         if (level == 2u) {
             ssetf(row, S_TYP_D, from_key(~np));
         }
     }
-    if (lid == WG - 1u && !pass_incl) {
+    if (lid == WG - 1u && !cut.reached) {
         // the sum never exceeds p: every token of K stays
         sset(row, S_T_LEVEL, 0u);
     }
@@ -272,9 +276,9 @@ fn typ_walk(lid: u32, row: u32, slot: u32, sp: SlotP, start: u32, end: u32, leve
             if (is_neg_inf(y)) {
                 continue;
             }
-            let w = exp_f32(y - ymax);
-            sw = add64(sw, fixed40(w));
-            swd = add64(swd, fixed40(w * (ymax - y)));
+            let tw = typ_terms(y, ymax);
+            sw = add64(sw, tw.xy);
+            swd = add64(swd, tw.zw);
         }
         let a = wg_sum64(lid, sw);
         let b = wg_sum64(lid, swd);
@@ -286,30 +290,12 @@ fn typ_walk(lid: u32, row: u32, slot: u32, sp: SlotP, start: u32, end: u32, leve
     }
     let c = sgetf(row, S_TYP_C);
     let prefix = sget(row, S_T_PREFIX);
-    let sh = digit_shift(level);
-    let mask = digit_mask(level);
     var below = 0u;
     for (var i = start + lid; i < end; i = i + WG) {
         let y = y_in_k(row, slot, sp, i, kk);
-        if (is_neg_inf(y)) {
-            continue;
+        if (!is_neg_inf(y)) {
+            below = max(below, typ_add(hb, y, ymax, c, level, prefix));
         }
-        // smaller scores first: the complement of the score's key
-        let key = ~key_of(typ_score(y, ymax, c));
-        if (level == 2u && (key >> 10u) > prefix) {
-            below = max(below, cmp_key(y));
-        }
-        if (!in_prefix(key, level, prefix)) {
-            continue;
-        }
-        if (level == 2u) {
-            atomicMax(&ctr[hb + (key & 0x3ffu)], cmp_key(y));
-        }
-        let fx = fixed40(exp_f32(y - ymax));
-        if ((fx.x | fx.y) == 0u) {
-            continue;
-        }
-        add_mass(hb, (key >> sh) & mask, fx);
     }
     if (level == 2u) {
         let bl = wg_sum_max(lid, 0u, below).y;
@@ -334,7 +320,7 @@ fn typ_decide(lid: u32, row: u32, sp: SlotP, level: u32) {
         let total = val64(sw);
         if (lid == 0u) {
             ssetf(row, S_TYP_T, total);
-            ssetf(row, S_TYP_C, ymax - div_rn_cold(val64(swd), total));
+            ssetf(row, S_TYP_C, typ_centre(ymax, total, swd));
         }
         return;
     }

@@ -39,6 +39,26 @@ fn digit_width(level: u32) -> u32 {
     return 11u;
 }
 
+// A workgroup's counts by digit, in workgroup memory first (`hk`): zeroed, then (after
+// the workgroup's adds) the bins that got any added into the row's histogram at `hb`.
+// Call both from uniform control flow.
+fn hk_zero(lid: u32) {
+    for (var b = lid; b < BINS; b = b + WG) {
+        atomicStore(&hk[b], 0u);
+    }
+    workgroupBarrier();
+}
+
+fn hk_flush(lid: u32, hb: u32) {
+    workgroupBarrier();
+    for (var b = lid; b < BINS; b = b + WG) {
+        let c = atomicLoad(&hk[b]);
+        if (c != 0u) {
+            atomicAdd(&ctr[hb + b], c);
+        }
+    }
+}
+
 // Whether a key lies in the bin chosen by the previous levels.
 fn in_prefix(key: u32, level: u32, prefix: u32) -> bool {
     if (level == 0u) {
@@ -200,23 +220,14 @@ fn walk(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         let prefix = sget(row, S_K_PREFIX);
         let sh = digit_shift(level);
         let mask = digit_mask(level);
-        for (var b = lid; b < BINS; b = b + WG) {
-            atomicStore(&hk[b], 0u);
-        }
-        workgroupBarrier();
+        hk_zero(lid);
         for (var i = start + lid; i < end; i = i + WG) {
             let key = key_of(z_of(slot, sp, i, load_x(row, i)));
             if (in_prefix(key, level, prefix)) {
                 atomicAdd(&hk[(key >> sh) & mask], 1u);
             }
         }
-        workgroupBarrier();
-        for (var b = lid; b < BINS; b = b + WG) {
-            let c = atomicLoad(&hk[b]);
-            if (c != 0u) {
-                atomicAdd(&ctr[hb + b], c);
-            }
-        }
+        hk_flush(lid, hb);
         return;
     }
     let ym = sgetf(row, S_YMAX);
@@ -349,9 +360,7 @@ fn p_decide(lid: u32, row: u32, sp: SlotP, level: u32) {
     let hb = hbase(row);
     let prefix = sget(row, S_P_PREFIX);
     let mb = take_masses(lid, hb);
-    var m = mb.m;
-    let mine = mb.mine;
-    let incl = wg_scan64(lid, mine);
+    let incl = wg_scan64(lid, mb.mine);
     let total = wtot;
     var sum_f = sgetf(row, S_SUM);
     if (level == 0u) {
@@ -359,27 +368,15 @@ fn p_decide(lid: u32, row: u32, sp: SlotP, level: u32) {
     }
     let goal = sp.top_p * sum_f;
     let above = vec2<u32>(sget(row, S_ABOVE_LO), sget(row, S_ABOVE_HI));
-    let before = sub64(incl, mine);
-    let reach_incl = val64(add64(above, incl)) >= goal;
-    let reach_before = val64(add64(above, before)) >= goal;
+    let cut = mass_cut(lid, mb, incl, above, goal, false);
     if (lid == 0u) {
         ssetf(row, S_SUM, sum_f);
     }
-    if (reach_incl && !reach_before) {
-        var cum = add64(above, before);
-        var bin = 0u;
-        for (var j = 0u; j < 8u; j = j + 1u) {
-            let nxt = add64(cum, m[j]);
-            if (val64(nxt) >= goal) {
-                bin = BINS - 1u - (lid * 8u + j);
-                break;
-            }
-            cum = nxt;
-        }
-        let np = (prefix << digit_width(level)) | bin;
+    if (cut.here) {
+        let np = (prefix << digit_width(level)) | cut.bin;
         sset(row, S_P_PREFIX, np);
-        sset(row, S_ABOVE_LO, cum.x);
-        sset(row, S_ABOVE_HI, cum.y);
+        sset(row, S_ABOVE_LO, cut.cum.x);
+        sset(row, S_ABOVE_HI, cut.cum.y);
         if (level == 2u) {
             let theta = from_key(np);
             let e = exp_f32(div_rn_cold(theta, sp.temperature) - sgetf(row, S_YMAX));
@@ -387,8 +384,43 @@ fn p_decide(lid: u32, row: u32, sp: SlotP, level: u32) {
             sset(row, S_P_CUT, 1u);
         }
     }
-    if (lid == WG - 1u && !reach_incl) {
+    if (lid == WG - 1u && !cut.reached) {
         // the sum never reaches p (rounding): every token of K stays
         sset(row, S_P_LEVEL, 0u);
     }
+}
+
+// Where a radix level's masses (an invocation's eight bins `mb`, their inclusive scan
+// `incl` from the top, `above` the mass of the bins before the level's) first reach
+// `goal` (`strict`: exceed it): `here` for the invocation holding that bin, with the
+// bin and the mass above it; `reached`: whether the level's whole mass does.
+struct MassCut {
+    here: bool,
+    bin: u32,
+    cum: vec2<u32>,
+    reached: bool,
+}
+
+fn reaches(v: vec2<u32>, goal: f32, strict: bool) -> bool {
+    return select(val64(v) >= goal, val64(v) > goal, strict);
+}
+
+fn mass_cut(lid: u32, mb: Masses, incl: vec2<u32>, above: vec2<u32>, goal: f32,
+            strict: bool) -> MassCut {
+    var r: MassCut;
+    r.cum = add64(above, sub64(incl, mb.mine));
+    r.reached = reaches(add64(above, incl), goal, strict);
+    r.here = r.reached && !reaches(r.cum, goal, strict);
+    r.bin = 0u;
+    if (r.here) {
+        for (var j = 0u; j < 8u; j = j + 1u) {
+            let nxt = add64(r.cum, mb.m[j]);
+            if (reaches(nxt, goal, strict)) {
+                r.bin = BINS - 1u - (lid * 8u + j);
+                break;
+            }
+            r.cum = nxt;
+        }
+    }
+    return r;
 }
