@@ -151,6 +151,25 @@ mod tests {
         assert!(exp(-87.0) >= f32::MIN_POSITIVE);
     }
 
+    /// Every `x <= -51` has `exp(x) < 2^-72`: a top-p weight `exp(y - R)` there truncates
+    /// to 0 in the device's fixed point (units of 2^-72), which lets its scan skip such
+    /// tokens (`mass_floor` in `wgpu/step/scan.wgsl`). Checked for every f32 in
+    /// `[-88, -51]` (below -87.34 the result is 0 by construction).
+    #[test]
+    fn exp_adds_no_fixed_point_mass_past_51() {
+        let unit = (-72f32).exp2();
+        let mut x = -51.0f32;
+        let mut n = 0u64;
+        while x >= -88.0 {
+            let v = exp(x);
+            assert!(v < unit, "exp({x}) = {v:e} reaches 2^-72");
+            x = x.next_down();
+            n += 1;
+        }
+        assert!(n > 6_000_000, "{n}");
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+    }
+
     #[test]
     fn exp_is_monotone_near_zero() {
         let mut x = 0.0f32;

@@ -1082,6 +1082,76 @@ fn full_row_path_draws_the_cpu_token_in_every_plan() {
     );
 }
 
+/// Top-p alone skips the division for tokens that add nothing to its mass (issue 56:
+/// the scan's bound `mass_floor`): those whose `exp(y - R)` truncates to 0 in 2^-72
+/// units. Tokens just above that bound still count. A row whose nucleus is decided by
+/// its far tail: token 0 alone holds a share of the mass just under `p` only because
+/// 80% of 131,070 tokens lie about 25.5 under the max (each 2^-36.8 of it; the rest lie
+/// 40 under, where nothing counts). The CPU sampler then keeps token 1 as well; a bound
+/// that dropped the near tail would keep token 0 alone. The gap is about six ulps of
+/// `p`, far wider than the sums' rounding (fixed point: 2^-72 a token).
+#[test]
+fn top_p_mass_counts_the_far_tail() {
+    let Some(b) = sampler() else { return };
+    let v = 131_072usize;
+    let mut rng = Rng::new(0x7a11);
+    let mut x = vec![0f32; v];
+    x[1] = -0.5;
+    for (i, e) in x.iter_mut().enumerate().skip(2) {
+        let far = if i % 5 == 0 { -14.5 } else { 0.0 };
+        *e = -25.7 + far + 0.4 * rng.unit();
+    }
+    // token 0's share of the mass with and without the near tail; p between them
+    let m: Vec<f64> = x.iter().map(|&e| (e as f64).exp()).collect();
+    let near: f64 = m[2..].iter().filter(|&&w| w > 1e-15).sum();
+    let with = m[0] / (m[0] + m[1] + near);
+    let without = m[0] / (m[0] + m[1]);
+    let p = ((with + without) / 2.0) as f32;
+    let ulp = f32::EPSILON as f64 * 0.5;
+    assert!(
+        (p as f64) - with > 2.0 * ulp && without - (p as f64) > 2.0 * ulp,
+        "the row leaves p no room: {with} {without} {p}"
+    );
+    let cpu = CpuSampler::new();
+    for t in [1.0f32, 0.8] {
+        // (at T = 0.8 the values scale; p is set from T = 1, so only agreement counts)
+        let reqs: Vec<Request> = (0..16u64)
+            .map(|seed| {
+                Request::new(
+                    SamplingParams {
+                        top_p: p,
+                        temperature: t,
+                        ..Default::default()
+                    },
+                    seed,
+                )
+            })
+            .collect();
+        let data: Vec<f32> = (0..reqs.len()).flat_map(|_| x.iter().copied()).collect();
+        let l = Logits::f32(&data, reqs.len(), v).unwrap();
+        let want: Vec<u32> = cpu
+            .sample(&l, &reqs)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.unwrap().token)
+            .collect();
+        let got: Vec<u32> = b
+            .sample(&l, &reqs)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.unwrap().token)
+            .collect();
+        assert_eq!(got, want, "T = {t}");
+        if t == 1.0 {
+            assert!(
+                want.contains(&1),
+                "the near tail must put token 1 in the nucleus: {want:?}"
+            );
+            assert!(want.iter().all(|&k| k < 2), "{want:?}");
+        }
+    }
+}
+
 /// Rows using the later stages (DRY, top-n-σ, typical-p, XTC, the kept distribution) in a
 /// batch with plain rows, at a real vocabulary: the host API draws them on the device,
 /// each row the reference's; the device API gives the same results with outputs made

@@ -24,6 +24,19 @@ fn z_floor(thr: u32, t: f32) -> u32 {
     return 0u;
 }
 
+// A key under which a y adds nothing to the top-p mass Σ fixed72(exp_f32(y - R)): for
+// y < c, fp(y - R) <= fp(c - R) <= -51 (rounding is monotone), where exp_f32's scale
+// 2^n has n <= -74 and its polynomial stays under 1.42, so the value lies under 2^-72
+// and fixed72 truncates it to 0. 0 (no token skips) when R is not finite or c - R
+// does not reach -51.
+fn mass_floor(r: f32) -> u32 {
+    let c = fp(r - 52.0);
+    if (!(fp(c - r) <= -51.0)) {
+        return 0u;
+    }
+    return cmp_key(c);
+}
+
 @compute @workgroup_size(256)
 fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
@@ -64,13 +77,23 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
     let stp = step_of(slot);
     let seed = vec2<u32>(sp.seed_lo, sp.seed_hi);
     let lst = cand(row);
-    // filtered rows without a top-p mass to sum need y only where it may reach a
-    // candidate threshold: below zlo (a cmp_key of z) the division is skipped
+    // filtered rows need y only where it may reach a candidate threshold or add to the
+    // top-p mass: below zlo (a cmp_key of z) the division is skipped (issue 56: top-p
+    // alone divided every token). Rows whose sums need every y (typical-p's centre,
+    // top-n-σ's) and rows that draw here (no set filter: their count of finite y and
+    // their noise) skip nothing.
     var zlo = 0u;
-    if ((need & N_LIST) != 0u && (need & (N_SIGMA | N_SD)) == 0u && !isc) {
-        var thr = kappa;
-        if (minp) {
-            thr = min(thr, gkey);
+    let sums = (need & N_SIGMA) != 0u;
+    if (((need & N_LIST) != 0u || sums) && (need & (N_TYP | N_SD)) == 0u && !isc && !unf) {
+        var thr = 0xffffffffu;
+        if ((need & N_LIST) != 0u) {
+            thr = kappa;
+            if (minp) {
+                thr = min(thr, gkey);
+            }
+        }
+        if (sums) {
+            thr = min(thr, mass_floor(r_ref));
         }
         zlo = z_floor(thr, t);
     }
