@@ -1514,12 +1514,12 @@ fn generate_on_wgpu_matches_the_cpu() {
         "--typical-p",
         "0.7",
     ];
-    // (35, and two for each phase of the full-row path the row's stages have: XTC's
-    // two, typical-p's four)
-    let mut runs = vec![(together, 47)];
+    // (35, and two for each phase of the full-row path the row's stages have:
+    // top-n-σ's one, XTC's two, typical-p's four)
+    let mut runs = vec![(together, 49)];
     if decoda::testing::full_tier() {
         runs.extend([
-            (&together[..2], 35),
+            (&together[..2], 37),
             (&together[2..6], 39),
             (&together[6..], 43),
         ]);

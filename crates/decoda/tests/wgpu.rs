@@ -708,10 +708,10 @@ fn calls_record_the_passes_their_rows_need() {
             0,
         ),
         // the later stages: the probe builds their list too (XTC's when its coin fires)
-        (|p| p.top_n_sigma = 1.0, 0),
+        (|p| p.top_n_sigma = 1.0, 1),
         (|p| p.typical_p = 0.9, 4),
         (|p| p.xtc_probability = 0.5, 2),
-        (|p| p.kept = Some(8), 0),
+        (|p| p.kept = Some(8), 5),
         (
             |p| {
                 p.top_k = 50;

@@ -629,7 +629,7 @@ fn top_n_sigma_threshold_within_its_bound() {
                 7 => {
                     p.logit_bias.insert(3, -1e30);
                 }
-                // off the sample, far below it or above the sums' reference: settle walks
+                // off the sample, far below it or above the sums' reference: the full-row path sums them
                 9 => {
                     p.logit_bias.insert(100, -1e30);
                 }
@@ -658,7 +658,15 @@ fn top_n_sigma_threshold_within_its_bound() {
         // every row's sums come from the scan but those two rows'
         let walked = b.sigma_walked_rows(&logits, &reqs).unwrap();
         let want: Vec<bool> = (0..16).map(|r| r == 9 || r == 11).collect();
-        assert_eq!(walked, want, "V {v}: rows whose sums settle walked");
+        assert_eq!(
+            walked, want,
+            "V {v}: rows whose sums the full-row path made"
+        );
+        let full = b.full_row_rows(&logits, &reqs).unwrap();
+        assert!(
+            full[9] && full[11],
+            "V {v}: those rows take the full-row path: {full:?}"
+        );
         let got = device_api(b, &logits, &reqs);
         for (r, (g, req)) in got.iter().zip(&reqs).enumerate() {
             let (tau, margin, y) = sigma_threshold(&data[r * v..(r + 1) * v], &req.params);

@@ -311,8 +311,9 @@ impl WgpuSampler {
         Ok(st.iter().map(|w| w[S_PATH] == P_FULL).collect())
     }
 
-    /// Which top-n-σ rows of one call on these rows had their sums walked by settle,
-    /// the scan's being out of their range (the others' came from the scan): a test's
+    /// Which top-n-σ rows of one call on these rows had their sums made by the full-row
+    /// path's first phase over the row's pieces, the scan's being out of their range
+    /// (the others' came from the scan): a test's
     /// view, as [`Self::full_row_rows`]; false for rows without top-n-σ.
     #[doc(hidden)]
     pub fn sigma_walked_rows(

@@ -403,8 +403,10 @@ pub(crate) struct RowNeeds {
     /// DRY (stage 3a), which the probe computes.
     pub dry: bool,
     /// The full-row path's phases the row runs when its candidates cannot settle it
-    /// (step/walk.wgsl): three for top-k, four for typical-p (its sums, when the scan
-    /// did not make them, and three levels), three for top-p, two for XTC.
+    /// (step/walk.wgsl): one for top-n-σ (its sums, when the scan could not make
+    /// them), three for top-k, four for typical-p (its sums, when the scan did not make
+    /// them, and three levels), three for top-p, two for XTC, five for the kept
+    /// distribution (three levels, the ties by piece, the gather).
     pub phases: usize,
 }
 
@@ -421,7 +423,12 @@ impl RowNeeds {
     pub fn of(flags: u32, temperature: f32) -> Self {
         let on = |f: u32| usize::from(flags & f != 0 && temperature >= 1e-5);
         Self {
-            phases: 3 * on(F_TOP_K) + 4 * on(F_TYPICAL) + 3 * on(F_TOP_P) + 2 * on(F_XTC),
+            phases: on(F_TOP_N_SIGMA)
+                + 3 * on(F_TOP_K)
+                + 4 * on(F_TYPICAL)
+                + 3 * on(F_TOP_P)
+                + 2 * on(F_XTC)
+                + 5 * on(F_KEPT),
             filtered: flags
                 & (F_TOP_K | F_TOP_P | F_MIN_P | F_TOP_N_SIGMA | F_TYPICAL | F_XTC | F_KEPT)
                 != 0

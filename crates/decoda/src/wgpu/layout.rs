@@ -42,8 +42,8 @@ pub(crate) const PROBE_WORDS: [(&str, usize); 7] = [
     ("S_SD_R", 40),
     ("S_SD_E", 41),
 ];
-/// The state word saying whether settle walked a top-n-σ row for its sums (`S_SD_WALK`:
-/// 1), the scan's being out of range.
+/// The state word saying whether a top-n-σ row's sums were made after settle, by the
+/// full-row path's first phase (`S_SD_WALK`: 1), the scan's being out of range.
 pub(crate) const S_SD_WALK: usize = 42;
 /// Slot-state words per slot (`SSW`): step (2), tokens generated (2), finished, history
 /// length (`SS_HIST`).

@@ -106,7 +106,7 @@ const S_KHI: u32 = 38u;      // list path: the kept set is the candidates with k
 const S_KLO: u32 = 39u;      //   S_KLO ..= S_KHI
 const S_SD_R: u32 = 40u;     // top-n-σ's sums in the scan (N_SD): the reference R
 const S_SD_E: u32 = 41u;     //   and the scale's exponent e (an i32: q in 2^(e-34) units)
-const S_SD_WALK: u32 = 42u;  // 1: settle walked the row for them (a test's view)
+const S_SD_WALK: u32 = 42u;  // 1: a value lay outside them (the SD phase sums; a test's view)
 const S_TAIL: u32 = 43u;     // row j's word holds the j-th row on the full-row path (the tail's list)
 const S_PHASE: u32 = 44u;    // full-row path: the row's next phase (step/walk.wgsl)
 const S_XF: u32 = 45u;       //   1: XTC acts at this step
@@ -118,6 +118,15 @@ const S_PB_B0: u32 = 50u;    //   level 0's bin
 const S_PB_LEFT: u32 = 51u;  //   the keys still wanted inside it
 const S_PB_MAX: u32 = 52u;   //   the sample's largest key (0: none)
 const S_PB_MIN: u32 = 53u;   //   and least
+const S_SD_N: u32 = 54u;     // top-n-σ's sums in the full-row path's SD phase: the finite
+const S_SD_EW: u32 = 55u;    //   count (0: no such phase) and the range's exponent e (an i32)
+const S_KP_SIZE: u32 = 56u;  // the kept phases (step/kept.wgsl): the set's size,
+const S_KP_MLO: u32 = 57u;   //   its mass (2^-40 units against its top),
+const S_KP_MHI: u32 = 58u;
+const S_KP_M: u32 = 59u;     //   how many it lists,
+const S_KP_PREFIX: u32 = 60u; //  the n-th largest key's digits so far,
+const S_KP_REM: u32 = 61u;   //   its rank in the bin (then: its ties listed)
+const S_KP_TIES: u32 = 62u;  //   and the bin's count (then: its ties)
 
 // S_NEED flags
 const N_LIST: u32 = 1u;

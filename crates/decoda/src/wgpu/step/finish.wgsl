@@ -8,7 +8,7 @@ fn finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     // (a lean call's rows on the full-row path: settle_finish, or draw_finish, finished
     // every other row)
     let row = tail_row(wid.x, (call.mode & M_LEAN) != 0u);
-    kept_row(lid, row);
+    kept_greedy(lid, row);
     finish_row(lid, row);
 }
 

@@ -4,49 +4,20 @@
 // the row's kept area of out_res (size, listed, then (id, p bits) pairs). A list-path
 // row writes it in settle (`list_out`: the set is the candidates in a range of keys,
 // its top found by selections and sorted alone in workgroup memory: `list_top`);
-// a greedy row's set is its token at 1; a full-row-path row's is found here, by the
-// row's workgroup after the draw and before finish moves the slot on (`kept_row`): one
-// read for the set's size and mass (fixed point, 2^-40 units) and a first radix level
-// of counts; when the set holds more than n, two more levels find the n-th largest y;
-// one read gathers the tokens above it (and its ties when all of them are listed, or
-// one ordered walk of the row for the ties with the smallest ids) into workgroup memory,
-// and a bitonic sort of those at most 1,024 entries there orders them (`sort_top`).
+// a greedy row's set is its token at 1; a full-row-path row's is found by that path's
+// last phases, over the row's pieces (issue 56: it was one workgroup's walk of the row,
+// in finish): one read for the set's size and mass (fixed point, 2^-40 units) and a
+// first radix level of counts; when the set holds more than n, two more levels find the
+// n-th largest y (and when only some of its ties are listed, one read counts each
+// piece's); one read gathers the tokens above it and the ties listed (those with the
+// smallest ids) into the row's kept area, and the row's workgroup sorts those at most
+// 1,024 entries in workgroup memory (`sort_top`) and writes their probabilities.
 
 const KEPTN: u32 = 1024u;   // most tokens a kept distribution lists
 const KEPTW: u32 = 2050u;   // kept words per row: size, listed, then KEPTN (id, p) pairs
 
 fn kept_area(row: u32) -> u32 {
     return call.kept_base + row * KEPTW;
-}
-
-// Counts of the kept set's keys (cmp_key of y) in digit `level`'s bins, for keys under
-// `prefix`, in the row's radix histogram; returns (size, mass lo, mass hi) at level 0.
-fn kept_counts(lid: u32, row: u32, slot: u32, sp: SlotP, level: u32, prefix: u32,
-               vmax: f32) -> vec3<u32> {
-    let hb = hbase(row);
-    let sh = digit_shift(level);
-    let mask = digit_mask(level);
-    var cnt = 0u;
-    var acc = vec2<u32>(0u, 0u);
-    for (var i = lid; i < call.vocab; i = i + WG) {
-        let y = kept_y(row, slot, sp, i);
-        if (is_neg_inf(y)) {
-            continue;
-        }
-        let key = cmp_key(y);
-        if (!in_prefix(key, level, prefix)) {
-            continue;
-        }
-        if (level == 0u) {
-            cnt = cnt + 1u;
-            acc = add64(acc, fixed40(exp_f32(y - vmax)));
-        }
-        atomicAdd(&ctr[hb + ((key >> sh) & mask)], 1u);
-    }
-    let s = wg_sum64(lid, acc);
-    let c = wg_sum_u32(lid, cnt);
-    storageBarrier();
-    return vec3<u32>(wg_uniform(lid, c), s);
 }
 
 // Token i's y when it is in the kept set, else -inf.
@@ -69,108 +40,213 @@ fn kept_single(row: u32, sp: SlotP) {
     out_res[kb + 3u] = bitcast<u32>(1.0);
 }
 
-fn kept_row(lid: u32, row: u32) {
-    let slot = rmap[row];
-    let sp = sparams[slot];
-    if (!wg_flag(lid, (sp.flags & F_KEPT) != 0u)) {
-        return;
+// A greedy row's kept distribution (status 1), at finish: every other row's is written
+// by settle (the list path) or by the full-row path's phases (`kept_walk`, `kept_decide`).
+fn kept_greedy(lid: u32, row: u32) {
+    let sp = sparams[rmap[row]];
+    if (lid == 0u && (sp.flags & F_KEPT) != 0u && sget(row, S_STATUS) == 1u) {
+        kept_single(row, sp);
     }
-    let status = sget(row, S_STATUS);
-    let kb = kept_area(row);
-    if (!wg_flag(lid, status == 0u && sget(row, S_PATH) == P_FULL)) {
-        // list-path rows have theirs (settle); a row error has none
-        if (lid == 0u && status == 1u) {
-            kept_single(row, sp);
-        }
-        return;
-    }
+}
+
+// A piece of a kept phase of the full-row path (after XTC's: the set is final).
+// C0-C2: the set's keys (cmp_key of y) counted by digit under the prefix, in workgroup
+// memory first, and at C0 the set's size and mass against its top (2^-40 units) into
+// the mass histogram's bins 1 (low word) and 0; CT: the piece's ties at the n-th key,
+// into its partial word 24; CG: the tokens above that key (and its ties when every one
+// is listed) into the row's kept area at a counter (count bin 0), and, when only some
+// ties are listed, the piece's ties in id order after the pieces' before it, each
+// invocation over its own stretch after a scan of their counts.
+fn kept_walk(lid: u32, row: u32, slot: u32, sp: SlotP, piece: u32, start: u32, end: u32,
+             ph: u32) {
     let hb = hbase(row);
-    let vmax = set_top(row);
-    // read 1: the set's size and mass; level 0's counts
-    let sm = kept_counts(lid, row, slot, sp, 0u, 0u, vmax);
-    let size = sm.x;
-    let total = val64(sm.yz);
-    let m = min(wg_uniform(lid, sp.n_kept), size);
-    // the m-th largest key (0: every member is listed), and how many of its ties go
-    var kk = 0u;
-    var left = 0u;
-    var ties = 0u;
-    if (m < size && m > 0u) {
-        var prefix = 0u;
-        var rem = m;
-        for (var level = 0u; level < 3u; level = level + 1u) {
-            if (level > 0u) {
-                kept_counts(lid, row, slot, sp, level, prefix, vmax);
-            }
-            let b = count_bin(lid, row, rem);
-            prefix = (prefix << digit_width(level)) | b.x;
-            rem = b.y;
-            ties = b.z;
-        }
-        kk = prefix;
-        left = rem;
-    }
-    if (m == 0u) {
-        // nothing listed: the level-0 counts are cleared unread
-        for (var b = lid; b < BINS; b = b + WG) {
-            atomicStore(&ctr[hb + b], 0u);
-        }
-    } else if (m == size) {
-        count_bin(lid, row, 1u);
-    }
-    storageBarrier();
-    // the tokens above kk, and kk's ties when every one of them is listed, in any order
-    let all_ties = left == ties;
-    if (m > 0u) {
-        if (lid == 0u) {
-            atomicStore(&wcnt, 0u);
-        }
-        workgroupBarrier();
-        for (var i = lid; i < call.vocab; i = i + WG) {
+    if (ph <= PH_C2) {
+        let level = ph - PH_C0;
+        let prefix = sget(row, S_KP_PREFIX);
+        let sh = digit_shift(level);
+        let mask = digit_mask(level);
+        let vmax = set_top(row);
+        var cnt = 0u;
+        var acc = vec2<u32>(0u, 0u);
+        hk_zero(lid);
+        for (var i = start + lid; i < end; i = i + WG) {
             let y = kept_y(row, slot, sp, i);
             if (is_neg_inf(y)) {
                 continue;
             }
             let key = cmp_key(y);
-            if (key > kk || (key == kk && all_ties)) {
-                top_put(atomicAdd(&wcnt, 1u), vec2<u32>(i, bitcast<u32>(y)));
+            if (!in_prefix(key, level, prefix)) {
+                continue;
+            }
+            if (level == 0u) {
+                cnt = cnt + 1u;
+                acc = add64(acc, fixed40(exp_f32(y - vmax)));
+            }
+            atomicAdd(&hk[(key >> sh) & mask], 1u);
+        }
+        hk_flush(lid, hb);
+        if (level == 0u) {
+            let s = wg_sum64(lid, acc);
+            let c = wg_sum_u32(lid, cnt);
+            if (lid == 0u && c != 0u) {
+                atomicAdd(&ctr[hb + BINS + 1u], c);
+                add_mass(hb, 0u, s);
             }
         }
-        let above = workgroupUniformLoad(&wcnt);
-        if (!all_ties) {
-            // the `left` ties with the smallest ids: each invocation walks its own
-            // stretch of the row, after the ties of the stretches before it
-            let per = (call.vocab + WG - 1u) / WG;
-            let i0 = min(call.vocab, lid * per);
-            let i1 = min(call.vocab, i0 + per);
-            var c = 0u;
-            for (var i = i0; i < i1; i = i + 1u) {
-                let y = kept_y(row, slot, sp, i);
-                if (!is_neg_inf(y) && cmp_key(y) == kk) {
-                    c = c + 1u;
-                }
+        return;
+    }
+    let kk = sget(row, S_KP_PREFIX);
+    let left = wg_uniform(lid, sget(row, S_KP_REM));
+    let all_ties = wg_flag(lid, left == sget(row, S_KP_TIES));
+    if (ph == PH_CT) {
+        var c = 0u;
+        for (var i = start + lid; i < end; i = i + WG) {
+            let y = kept_y(row, slot, sp, i);
+            if (!is_neg_inf(y) && cmp_key(y) == kk) {
+                c = c + 1u;
             }
-            var at = wg_scan64(lid, vec2<u32>(c, 0u)).x - c;
-            for (var i = i0; i < i1 && at < left; i = i + 1u) {
-                let y = kept_y(row, slot, sp, i);
-                if (!is_neg_inf(y) && cmp_key(y) == kk) {
-                    top_put(above + at, vec2<u32>(i, bitcast<u32>(y)));
-                    at = at + 1u;
-                }
+        }
+        let n = wg_sum_u32(lid, c);
+        if (lid == 0u) {
+            work[part(row, piece) + 24u] = n;
+        }
+        return;
+    }
+    let kb = kept_area(row);
+    for (var i = start + lid; i < end; i = i + WG) {
+        let y = kept_y(row, slot, sp, i);
+        if (is_neg_inf(y)) {
+            continue;
+        }
+        let key = cmp_key(y);
+        if (key > kk || (key == kk && all_ties)) {
+            let at = atomicAdd(&ctr[hb], 1u);
+            out_res[kb + 2u + 2u * at] = i;
+            out_res[kb + 3u + 2u * at] = bitcast<u32>(y);
+        }
+    }
+    if (all_ties) {
+        return;
+    }
+    // the `left` ties with the smallest ids go after the m - left tokens above kk
+    var before = 0u;
+    for (var s = lid; s < piece; s = s + WG) {
+        before = before + work[part(row, s) + 24u];
+    }
+    let b0 = wg_sum_u32(lid, before);
+    if (!wg_flag(lid, b0 < left)) {
+        return;
+    }
+    let m = sget(row, S_KP_M);
+    let per = (end - start + WG - 1u) / WG;
+    let i0 = min(end, start + lid * per);
+    let i1 = min(end, i0 + per);
+    var c = 0u;
+    for (var i = i0; i < i1; i = i + 1u) {
+        let y = kept_y(row, slot, sp, i);
+        if (!is_neg_inf(y) && cmp_key(y) == kk) {
+            c = c + 1u;
+        }
+    }
+    var at = b0 + wg_scan64(lid, vec2<u32>(c, 0u)).x - c;
+    for (var i = i0; i < i1 && at < left; i = i + 1u) {
+        let y = kept_y(row, slot, sp, i);
+        if (!is_neg_inf(y) && cmp_key(y) == kk) {
+            let j = m - left + at;
+            out_res[kb + 2u + 2u * j] = i;
+            out_res[kb + 3u + 2u * j] = bitcast<u32>(y);
+            at = at + 1u;
+        }
+    }
+}
+
+// A kept phase's decision, and the row's next phase (set here: the kept phases skip by
+// what they find). C0: the set's size and mass, how many it lists (m, at most n), and
+// when it lists fewer than it holds the bin of the m-th largest key; C1, C2: the next
+// levels' bins (then CT when only some of the key's ties are listed, else CG); CG: the
+// gathered m tokens sorted in workgroup memory (larger y first, then the smaller id)
+// and written with their probabilities.
+fn kept_decide(lid: u32, row: u32, sp: SlotP, ph: u32) {
+    let hb = hbase(row);
+    let kb = kept_area(row);
+    var next = PH_DONE;
+    if (ph == PH_C0) {
+        let size = wg_uniform(lid, atomicLoad(&ctr[hb + BINS + 1u]));
+        let lo = wg_uniform(lid, atomicLoad(&ctr[hb + BINS]));
+        let hi = wg_uniform(lid, atomicLoad(&ctr[hb + 2u * BINS]));
+        let m = min(wg_uniform(lid, sp.n_kept), size);
+        if (lid == 0u) {
+            atomicStore(&ctr[hb + BINS + 1u], 0u);
+            atomicStore(&ctr[hb + BINS], 0u);
+            atomicStore(&ctr[hb + 2u * BINS], 0u);
+            sset(row, S_KP_SIZE, size);
+            sset(row, S_KP_MLO, lo);
+            sset(row, S_KP_MHI, hi);
+            sset(row, S_KP_M, m);
+            sset(row, S_KP_PREFIX, 0u);
+            sset(row, S_KP_REM, 0u);
+            sset(row, S_KP_TIES, 0u);
+        }
+        if (m == 0u || m == size) {
+            // every member listed (key 0 and up, all its ties), or none: the level-0
+            // counts are cleared unread
+            for (var b = lid; b < BINS; b = b + WG) {
+                atomicStore(&ctr[hb + b], 0u);
             }
+            if (m == 0u) {
+                if (lid == 0u) {
+                    out_res[kb] = size;
+                    out_res[kb + 1u] = 0u;
+                }
+            } else {
+                next = PH_CG;
+            }
+        } else {
+            let b = count_bin(lid, row, m);
+            if (lid == 0u) {
+                sset(row, S_KP_PREFIX, b.x);
+                sset(row, S_KP_REM, b.y);
+                sset(row, S_KP_TIES, b.z);
+            }
+            next = PH_C1;
+        }
+    } else if (ph <= PH_C2) {
+        let level = ph - PH_C0;
+        let b = count_bin(lid, row, sget(row, S_KP_REM));
+        if (lid == 0u) {
+            sset(row, S_KP_PREFIX, (sget(row, S_KP_PREFIX) << digit_width(level)) | b.x);
+            sset(row, S_KP_REM, b.y);
+            sset(row, S_KP_TIES, b.z);
+        }
+        next = ph + 1u;
+        if (ph == PH_C2) {
+            next = select(PH_CT, PH_CG, b.y == b.z);
+        }
+    } else if (ph == PH_CT) {
+        next = PH_CG;
+    } else {
+        let m = wg_uniform(lid, sget(row, S_KP_M));
+        for (var j = lid; j < m; j = j + WG) {
+            top_put(j, vec2<u32>(out_res[kb + 2u + 2u * j], out_res[kb + 3u + 2u * j]));
         }
         workgroupBarrier();
         sort_top(lid, m);
+        let total = val64(vec2<u32>(sget(row, S_KP_MLO), sget(row, S_KP_MHI)));
+        let vmax = set_top(row);
         for (var j = lid; j < m; j = j + WG) {
             let en = top_at(j);
             out_res[kb + 2u + 2u * j] = en.x;
             let w = exp_f32(bitcast<f32>(en.y) - vmax);
             out_res[kb + 3u + 2u * j] = bitcast<u32>(div_rn_cold(w, total * TWO_M40));
         }
-    }
-    if (lid == 0u) {
-        out_res[kb] = size;
-        out_res[kb + 1u] = m;
+        if (lid == 0u) {
+            out_res[kb] = sget(row, S_KP_SIZE);
+            out_res[kb + 1u] = m;
+            atomicStore(&ctr[hb], 0u);
+        }
     }
     storageBarrier();
+    if (lid == 0u) {
+        sset(row, S_PHASE, next);
+    }
 }

@@ -41,7 +41,7 @@ fn draw_finish_row(lid: u32, row: u32) {
     if (wg_flag(lid, sget(row, S_PATH) == P_FULL)) {
         return;
     }
-    kept_row(lid, row);
+    kept_greedy(lid, row);
     finish_row(lid, row);
 }
 
@@ -159,7 +159,7 @@ fn settle_row(lid: u32, row: u32) {
     // stage 8a acts at this step: the row is filtered even with no other filter
     let xf = xtc_fires(slot, sp);
     // (a row asking for its kept distribution is filtered too: with no other filter
-    // `settle_whole` takes it from the list, else the full-row path's `kept_row`)
+    // `settle_whole` takes it from the list, else the full-row path's kept phases)
     let filt = (sp.flags & (F_SET_FILTERS | F_KEPT)) != 0u || xf;
     let h = settle_head(lid, row, slot, sp, filt);
     let st = h.st;
@@ -198,6 +198,8 @@ fn settle_row(lid: u32, row: u32) {
         }
         let s96 = wg_sum96(lid, sig);
         let ovt = wg_sum_u32(lid, ov);
+        // top-n-σ's threshold left to the full-row path
+        var sd_later = false;
         if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
             // stage 5a: a lower bound on y for every stage after it, on the list
             // (settle_list) or the whole row (`member`), from the finite count and the
@@ -214,13 +216,24 @@ fn settle_row(lid: u32, row: u32) {
                     tau_s = sd_threshold(sp, ymax, fm.x, a, b, bitcast<i32>(sget(row, S_SD_E)) - 36);
                 }
             }
-            if (wg_flag(lid, walk)) {
+            // a y outside the scan's sums: the full-row path sums the row over its
+            // pieces first (phase SD, step/walk.wgsl), with q against ymax and the row's
+            // own range; a single finite y or a range under 2^-90 leaves σ = 0
+            var sd_n = 0u;
+            var sd_e = 0;
+            if (walk) {
                 let ymin = div_rn_cold(from_key(~fm.y), t);
-                tau_s = sigma_threshold(lid, row, slot, sp, ymax, fm.x, ymin);
+                sd_e = i32((bitcast<u32>(fp(ymax - ymin)) >> 23u) & 0xffu) - 127;
+                if (fm.x > 1u && sd_e >= -90) {
+                    sd_n = fm.x;
+                }
             }
+            sd_later = sd_n != 0u;
             if (lid == 0u) {
                 ssetf(row, S_TAU_K, tau_s);
                 sset(row, S_SD_WALK, select(0u, 1u, walk));
+                sset(row, S_SD_N, sd_n);
+                sset(row, S_SD_EW, bitcast<u32>(sd_e));
             }
             storageBarrier();
         }
@@ -234,7 +247,7 @@ fn settle_row(lid: u32, row: u32) {
         let ok_list = wg_flag(
             lid,
             (need & N_LIST) != 0u && n_all <= call.cap && ovt == 0u
-                && !(p_alone && (need & N_SIGMA) == 0u)
+                && !(p_alone && (need & N_SIGMA) == 0u) && !sd_later
         );
         // no filter but XTC (its coin fired) or the kept distribution: the set is every
         // finite y (less XTC's top choices), so the scan's mass and winner and the

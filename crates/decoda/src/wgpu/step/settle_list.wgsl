@@ -663,7 +663,7 @@ fn settle_whole(lid: u32, row: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>
                 // the least likely top choice: the smallest key among them
                 ssetf(row, S_VMAX, from_key(~top.y));
             }
-            // (with the kept distribution too: the full-row path's `kept_row`)
+            // (with the kept distribution too: the full-row path's kept phases)
             return select(W_DRAW, W_NONE, (sp.flags & F_KEPT) != 0u);
         }
     }

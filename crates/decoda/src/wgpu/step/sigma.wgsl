@@ -9,8 +9,8 @@
 // reference R and a scale 2^e the probe takes from its sample (R = m0 + D, 2^e > 4 D,
 // D the sample's range), q = floor(R 2^(36-e)) - floor(y 2^(36-e)) (below 2^37), exact
 // for every y in [R - 2^e, R]. A row with a y outside (above R, or far below the sample's least)
-// is walked after the scan by the settling workgroup, with q against ymax and the
-// row's own range (`sigma_threshold`).
+// has its sums made after settle by the full-row path's SD phase over the row's pieces,
+// with q against ymax and the row's own range (`sd_walk`, `sd_decide`).
 
 // 2^e for -126 <= e <= 127.
 fn pow2(e: i32) -> f32 {
@@ -52,25 +52,18 @@ fn square37(q: vec2<u32>) -> vec3<u32> {
     return add96(vec3<u32>(l, 0u), vec3<u32>(0u, m.x, m.y + q.y * q.y));
 }
 
-// The top-n-σ threshold of a sampling row (ymax finite): `ymax - n σ`, σ the population
-// standard deviation of the row's `n` finite y, the smallest `ymin` (from the scan: y
-// never decreases as z grows, so it is `RN(min z / T)`). With `d = ymax - y` (f32,
-// 0 <= d <= D = ymax - ymin < 2^(e+1)) and `q = floor(d 2^(34-e))` (below 2^35), one
-// read sums Σ q (below 2^54) and Σ q^2 (below 2^89); then
-// σ = sqrt(n Σ q^2 - (Σ q)^2) / n 2^(e-34) (the scaling is exact, so no f32 overflows
-// or underflows for any range). A range below 2^-90 counts as σ = 0. Every invocation
-// gets the threshold; call from uniform control flow.
-fn sigma_threshold(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n: u32,
-                   ymin: f32) -> f32 {
+// The sums of a row with a y outside the scan's (after settle: the full-row path's SD
+// phase, over the row's pieces): with `d = ymax - y` (f32, 0 <= d <= D = ymax - ymin <
+// 2^(e+1), ymin the smallest y: y never decreases as z grows, so it is `RN(min z / T)`)
+// and `q = floor(d 2^(34-e))` (below 2^35), a piece's Σ q (below 2^54) and Σ q^2 (below
+// 2^89), into the piece's partial words 17-22 (the scan's, which settle has read).
+fn sd_walk(lid: u32, row: u32, slot: u32, sp: SlotP, piece: u32, start: u32, end: u32) {
     let t = sp.temperature;
-    let range = fp(ymax - ymin);
-    let e = i32((bitcast<u32>(range) >> 23u) & 0xffu) - 127;
-    if (n <= 1u || e < -90) {
-        return ymax;
-    }
+    let ymax = sgetf(row, S_YMAX);
+    let e = bitcast<i32>(sget(row, S_SD_EW));
     var s1 = vec3<u32>(0u, 0u, 0u);
     var s2 = vec3<u32>(0u, 0u, 0u);
-    for (var i = lid; i < call.vocab; i = i + WG) {
+    for (var i = start + lid; i < end; i = i + WG) {
         let z = z_of(slot, sp, i, load_x(row, i));
         if (is_neg_inf(z)) {
             continue;
@@ -79,7 +72,36 @@ fn sigma_threshold(lid: u32, row: u32, slot: u32, sp: SlotP, ymax: f32, n: u32,
         s1 = add96(s1, q);
         s2 = add96(s2, square37(q.xy));
     }
-    return sd_threshold(sp, ymax, n, wg_sum96(lid, s2), wg_sum96(lid, s1), e - 34);
+    let a = wg_sum96(lid, s2);
+    let b = wg_sum96(lid, s1);
+    if (lid == 0u) {
+        let pb = part(row, piece);
+        work[pb + 17u] = a.x;
+        work[pb + 18u] = a.y;
+        work[pb + 19u] = a.z;
+        work[pb + 20u] = b.x;
+        work[pb + 21u] = b.y;
+        work[pb + 22u] = b.z;
+    }
+}
+
+// The SD phase's decision: `ymax - n σ` from the pieces' sums, σ = sqrt(n Σ q^2 -
+// (Σ q)^2) / n 2^(e-34) (the scaling is exact, so no f32 overflows or underflows for any
+// range), as the row's lower bound for the stages after it.
+fn sd_decide(lid: u32, row: u32, sp: SlotP) {
+    var s1 = vec3<u32>(0u, 0u, 0u);
+    var s2 = vec3<u32>(0u, 0u, 0u);
+    for (var s = lid; s < call.splits; s = s + WG) {
+        let pb = part(row, s);
+        s2 = add96(s2, vec3<u32>(work[pb + 17u], work[pb + 18u], work[pb + 19u]));
+        s1 = add96(s1, vec3<u32>(work[pb + 20u], work[pb + 21u], work[pb + 22u]));
+    }
+    let a = wg_sum96(lid, s2);
+    let b = wg_sum96(lid, s1);
+    if (lid == 0u) {
+        let e = bitcast<i32>(sget(row, S_SD_EW));
+        ssetf(row, S_TAU_K, sd_threshold(sp, sgetf(row, S_YMAX), sget(row, S_SD_N), a, b, e - 34));
+    }
 }
 
 // `ymax - n σ` from a row's sums (`n` finite y, at most 2^22; `a` = Σ q^2, `b` = Σ q,

@@ -5,11 +5,13 @@
 // row's histogram (integers: the same sums in any order and any split), then a `decide`
 // by one workgroup per row over the histogram alone (O(bins)), which picks the bin and
 // moves the row to its next phase. The phases, in the contract's order, each only for
-// rows that use the stage: top-k's three levels of counts (K0-K2), typical-p's sums of
+// rows that use the stage: top-n-σ's sums when the scan could not make them (SD: a value
+// of the row lay outside the probe's range), top-k's three levels of counts (K0-K2), typical-p's sums of
 // K's weights when the scan did not make them (TS) and its band's three levels of masses
 // by score (T0-T2; they stop early when the sum never exceeds p), top-p's three levels of masses
-// (P0-P2; they stop early when the row's sum never reaches p) and XTC's two reads (X0:
-// the kept set's mass, X1: its top choices). The host records as many phases as the
+// (P0-P2; they stop early when the row's sum never reaches p), XTC's two reads (X0:
+// the kept set's mass, X1: its top choices) and the kept distribution's (C0-C2, CT, CG:
+// step/kept.wgsl). The host records as many phases as the
 // call's rows could use (`Kernels::stages`); both dispatches take the grids settle
 // counted (the rows on the full-row path, listed in S_TAIL), so a call with no such row
 // runs them with no workgroup, and a row past its last phase leaves at once.
@@ -146,18 +148,27 @@ fn take_masses(lid: u32, hb: u32) -> Masses {
     return r;
 }
 
-const PH_K0: u32 = 0u;
-const PH_TS: u32 = 3u;   // typical-p's sums (rows whose scan did not make them)
-const PH_T0: u32 = 4u;   // typical-p's walk, three levels
-const PH_P0: u32 = 7u;
-const PH_X0: u32 = 10u;
-const PH_X1: u32 = 11u;
-const PH_DONE: u32 = 12u;
+const PH_SD: u32 = 0u;   // top-n-σ's sums (rows whose values lay outside the scan's)
+const PH_K0: u32 = 1u;
+const PH_TS: u32 = 4u;   // typical-p's sums (rows whose scan did not make them)
+const PH_T0: u32 = 5u;   // typical-p's walk, three levels
+const PH_P0: u32 = 8u;
+const PH_X0: u32 = 11u;
+const PH_X1: u32 = 12u;
+const PH_C0: u32 = 13u;  // the kept distribution (step/kept.wgsl): three levels of counts,
+const PH_C1: u32 = 14u;
+const PH_C2: u32 = 15u;
+const PH_CT: u32 = 16u;  //   the n-th key's ties by piece when only some are listed,
+const PH_CG: u32 = 17u;  //   and the gather
+const PH_DONE: u32 = 18u;
 
 // The first phase at or after `first` that the row's stages use.
 fn next_phase(row: u32, sp: SlotP, first: u32) -> u32 {
     var ph = first;
-    if (ph < PH_TS && (sp.flags & F_TOP_K) == 0u) {
+    if (ph == PH_SD && ((sp.flags & F_TOP_N_SIGMA) == 0u || sget(row, S_SD_N) == 0u)) {
+        ph = PH_K0;
+    }
+    if (ph >= PH_K0 && ph < PH_TS && (sp.flags & F_TOP_K) == 0u) {
         ph = PH_TS;
     }
     if (ph == PH_TS && sget(row, S_TYP_PRE) != 0u) {
@@ -170,7 +181,10 @@ fn next_phase(row: u32, sp: SlotP, first: u32) -> u32 {
     if (ph >= PH_P0 && ph < PH_X0 && ((sp.flags & F_TOP_P) == 0u || sget(row, S_P_LEVEL) == 0u)) {
         ph = PH_X0;
     }
-    if (ph >= PH_X0 && ph < PH_DONE && sget(row, S_XF) == 0u) {
+    if (ph >= PH_X0 && ph < PH_C0 && sget(row, S_XF) == 0u) {
+        ph = PH_C0;
+    }
+    if (ph >= PH_C0 && ph < PH_DONE && (sp.flags & F_KEPT) == 0u) {
         ph = PH_DONE;
     }
     return ph;
@@ -189,7 +203,7 @@ fn full_setup(lid: u32, row: u32, sp: SlotP, xf: bool, typ: Typ) {
         sset(row, S_ABOVE_HI, 0u);
         sset(row, S_XF, select(0u, 1u, xf));
         typ_setup(row, sgetf(row, S_YMAX), typ);
-        sset(row, S_PHASE, next_phase(row, sp, PH_K0));
+        sset(row, S_PHASE, next_phase(row, sp, PH_SD));
     }
 }
 
@@ -209,6 +223,16 @@ fn walk(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let hb = hbase(row);
     let start = wid.x * call.chunk;
     let end = min(call.vocab, start + call.chunk);
+    if (ph == PH_SD) {
+        // top-n-σ's sums over the piece (step/sigma.wgsl)
+        sd_walk(lid, row, slot, sp, wid.x, start, end);
+        return;
+    }
+    if (ph >= PH_C0) {
+        // the kept distribution (step/kept.wgsl)
+        kept_walk(lid, row, slot, sp, wid.x, start, end, ph);
+        return;
+    }
     if (ph >= PH_TS && ph < PH_P0) {
         // typical-p: its sums (TS), or a level of its walk
         typ_walk(lid, row, slot, sp, start, end, select(ph - PH_T0, 3u, ph == PH_TS));
@@ -216,7 +240,7 @@ fn walk(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     }
     if (ph < PH_TS) {
         // top-k's counts of z's keys under the prefix, in workgroup memory first
-        let level = ph;
+        let level = ph - PH_K0;
         let prefix = sget(row, S_K_PREFIX);
         let sh = digit_shift(level);
         let mask = digit_mask(level);
@@ -307,8 +331,16 @@ fn decide(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let sp = sparams[slot];
     let t = sp.temperature;
     let hb = hbase(row);
-    if (ph < PH_TS) {
-        let level = ph;
+    if (ph >= PH_C0) {
+        // (sets the row's next phase itself)
+        kept_decide(lid, row, sp, ph);
+        return;
+    }
+    if (ph == PH_SD) {
+        // stage 5a's threshold from the pieces' sums
+        sd_decide(lid, row, sp);
+    } else if (ph < PH_TS) {
+        let level = ph - PH_K0;
         let prefix = sget(row, S_K_PREFIX);
         let bin = count_bin(lid, row, sget(row, S_K_REM));
         if (lid == 0u) {
