@@ -305,6 +305,30 @@ pub fn verify_by_steps<H: Head + ?Sized>(
     rows: &[usize],
     drafts: &[Vec<u32>],
 ) -> Result<Vec<SlotVerify>> {
+    let start = verify_door(head.vocab(), logits, rows, drafts)?;
+    let mut v = Verifying::new(rows, drafts);
+    for i in 0..=v.most() {
+        let idx = v.going_at(i);
+        if idx.is_empty() {
+            break;
+        }
+        let picked = crate::logits::Gathered::new(logits, idx.iter().map(|&r| start[r] + i));
+        let slots: Vec<usize> = idx.iter().map(|&r| rows[r]).collect();
+        let steps = head.step(&picked.view()?, &slots)?;
+        v.take(i, &idx, steps);
+    }
+    Ok(v.out)
+}
+
+/// The door of [`Head::verify`], the same for every head: one draft a row, drafted ids
+/// inside the vocabulary, and one row of logits for each position (a row's drafted
+/// tokens plus one, rows back to back). Returns where each row's positions start.
+pub fn verify_door(
+    vocab: usize,
+    logits: &Logits<'_>,
+    rows: &[usize],
+    drafts: &[Vec<u32>],
+) -> Result<Vec<usize>> {
     if drafts.len() != rows.len() {
         return Err(Error::Shape(format!(
             "{} drafts for {} rows: give one draft a row",
@@ -312,7 +336,6 @@ pub fn verify_by_steps<H: Head + ?Sized>(
             rows.len()
         )));
     }
-    let vocab = head.vocab();
     for (r, d) in drafts.iter().enumerate() {
         crate::verify::check_tokens(r, d, vocab)?;
     }
@@ -329,40 +352,72 @@ pub fn verify_by_steps<H: Head + ?Sized>(
             logits.rows()
         )));
     }
-    let mut out: Vec<SlotVerify> = rows
-        .iter()
-        .map(|&slot| SlotVerify {
-            slot,
-            accepted: 0,
-            results: Vec::new(),
-            finished: None,
-        })
-        .collect();
-    let mut going = vec![true; rows.len()];
-    let most = drafts.iter().map(Vec::len).max().unwrap_or(0);
-    for i in 0..=most {
-        let idx: Vec<usize> = (0..rows.len())
-            .filter(|&r| going[r] && i <= drafts[r].len())
-            .collect();
-        if idx.is_empty() {
-            break;
+    Ok(start)
+}
+
+/// A verification's bookkeeping, position by position, the same for every head: which
+/// rows are still going and what each emitted. A head that runs every position of its
+/// rows at once (the device head) hands it each position's results for the rows still
+/// going; the positions of a row after it stopped are not its results.
+#[derive(Debug)]
+pub struct Verifying<'a> {
+    drafts: &'a [Vec<u32>],
+    going: Vec<bool>,
+    /// What each row emitted so far.
+    pub out: Vec<SlotVerify>,
+}
+
+impl<'a> Verifying<'a> {
+    /// Every row going, nothing emitted.
+    pub fn new(rows: &[usize], drafts: &'a [Vec<u32>]) -> Self {
+        Self {
+            drafts,
+            going: vec![true; rows.len()],
+            out: rows
+                .iter()
+                .map(|&slot| SlotVerify {
+                    slot,
+                    accepted: 0,
+                    results: Vec::new(),
+                    finished: None,
+                })
+                .collect(),
         }
-        let picked = crate::logits::Gathered::new(logits, idx.iter().map(|&r| start[r] + i));
-        let slots: Vec<usize> = idx.iter().map(|&r| rows[r]).collect();
-        let steps = head.step(&picked.view()?, &slots)?;
+    }
+
+    /// The last position any row has (its K).
+    pub fn most(&self) -> usize {
+        self.drafts.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    /// The rows with a position `i` (`i <= K`), going or not.
+    pub fn rows_at(&self, i: usize) -> Vec<usize> {
+        (0..self.drafts.len())
+            .filter(|&r| i <= self.drafts[r].len())
+            .collect()
+    }
+
+    /// The rows still going at position `i`.
+    pub fn going_at(&self, i: usize) -> Vec<usize> {
+        (0..self.drafts.len())
+            .filter(|&r| self.going[r] && i <= self.drafts[r].len())
+            .collect()
+    }
+
+    /// Position `i`'s results for rows `idx` (all going): a row goes on while its draw
+    /// is its drafted token and it has not finished.
+    pub fn take(&mut self, i: usize, idx: &[usize], steps: Vec<SlotStep>) {
         for (&r, st) in idx.iter().zip(steps) {
-            let v = &mut out[r];
+            let v = &mut self.out[r];
             v.finished = st.finished;
-            let agrees =
-                matches!(&st.result, Ok(s) if i < drafts[r].len() && s.token == drafts[r][i]);
+            let agrees = matches!(&st.result, Ok(s) if i < self.drafts[r].len() && s.token == self.drafts[r][i]);
             if agrees {
                 v.accepted += 1;
             }
-            going[r] = agrees && st.finished.is_none();
+            self.going[r] = agrees && st.finished.is_none();
             v.results.push(st.result);
         }
     }
-    Ok(out)
 }
 
 /// The door of [`Head::join`], the same for every head: `slot` exists and is free

@@ -24,7 +24,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::head::{self, FinishReason, Head, SlotRequest, SlotStep, MAX_SLOT_BIAS, MAX_SLOT_STOP};
+use crate::head::{
+    self, FinishReason, Head, SlotRequest, SlotStep, SlotVerify, Verifying, MAX_SLOT_BIAS,
+    MAX_SLOT_STOP,
+};
 use crate::logits::Logits;
 use crate::params::{SamplingParams, MAX_BREAKERS, MAX_BREAKER_LEN};
 
@@ -117,6 +120,9 @@ pub struct WgpuHead {
     host: Vec<Option<HostSlot>>,
     bytes_written: u64,
     upload: Grow,
+    /// While a verify records its positions: the lists offset of the position's drafted
+    /// tokens, and whether slots halted at an earlier position stay put.
+    verifying: Option<(u32, bool)>,
     /// Compute dispatches of the last recorded step.
     last_dispatches: usize,
 }
@@ -221,6 +227,7 @@ impl WgpuHead {
             host: vec![None; slots],
             bytes_written: 0,
             upload,
+            verifying: None,
             last_dispatches: 0,
         })
     }
@@ -366,7 +373,7 @@ impl WgpuHead {
             list_words: self.bufs_list_words(),
         };
         let (sample_parts, sample_chunk) = self.kernels.sample_split(v, chunk);
-        let call = call_block(
+        let mut call = call_block(
             logits,
             masks,
             CallShape {
@@ -381,6 +388,10 @@ impl WgpuHead {
                 draw_lanes: 1,
             },
         );
+        if let Some((at, halts)) = self.verifying {
+            call.verify = at;
+            call.mode |= M_VERIFY | if halts { M_HALTS } else { 0 };
+        }
         let rmap: Vec<u32> = rows.iter().map(|&s| s as u32).collect();
         let changed = !matches!(&self.current, Some((c, m)) if *c == call && *m == rmap);
         if changed {
@@ -802,6 +813,119 @@ impl Head for WgpuHead {
 
     fn step(&mut self, logits: &Logits<'_>, rows: &[usize]) -> Result<Vec<SlotStep>> {
         self.step_masked(logits, rows, &[])
+    }
+
+    /// Every position in one submission: the logits go up once (position by position),
+    /// the drafted tokens into the lists' scratch area, and each position is a step of
+    /// the rows that have it, recorded back to back. On the device a slot whose draw at
+    /// a position is not its drafted token (or that fails or finishes there) halts, so
+    /// the later positions leave it as it is (`M_VERIFY`, `M_HALTS`); the results are
+    /// read back once, and the host keeps each row's positions up to its stop, as
+    /// [`head::verify_by_steps`] does step by step.
+    fn verify(
+        &mut self,
+        logits: &Logits<'_>,
+        rows: &[usize],
+        drafts: &[Vec<u32>],
+    ) -> Result<Vec<SlotVerify>> {
+        let start = head::verify_door(self.vocab, logits, rows, drafts)?;
+        let mut v = Verifying::new(rows, drafts);
+        let positions: Vec<Vec<usize>> = (0..=v.most()).map(|i| v.rows_at(i)).collect();
+        // the logits position by position (a position's rows back to back) and the
+        // drafted tokens the same way (NO_TOKEN at a row's last position)
+        let row_bytes = logits.vocab() * logits.dtype().size();
+        let all = logits_bytes(logits);
+        let mut bytes = Vec::with_capacity(all.len());
+        let mut words = Vec::with_capacity(logits.rows());
+        for (i, idx) in positions.iter().enumerate() {
+            for &r in idx {
+                let at = (start[r] + i) * row_bytes;
+                bytes.extend_from_slice(&all[at..at + row_bytes]);
+                words.push(drafts[r].get(i).copied().unwrap_or(NO_TOKEN));
+            }
+        }
+        let size = (bytes.len() as u64).next_multiple_of(4).max(4);
+        bytes.resize(size as usize, 0);
+        self.upload.ensure(self.ctx.device(), size);
+        let buf = self.upload.buf.clone();
+        self.ctx.queue().write_buffer(&buf, 0, &bytes);
+        let base = self.slots * SLOT_LIST_WORDS;
+        self.grow_lists(base + words.len());
+        self.ctx.queue().write_buffer(
+            &self.bufs.lists.buf,
+            (base * 4) as u64,
+            bytemuck::cast_slice(&words),
+        );
+        let mut enc = self
+            .ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        let scope = self
+            .ctx
+            .device()
+            .push_error_scope(wgpu::ErrorFilter::Validation);
+        let first = self.next_step;
+        let mut done = 0;
+        let mut recorded = Ok(());
+        for (i, idx) in positions.iter().enumerate() {
+            let view = DeviceLogits {
+                buffer: &buf,
+                dtype: logits.dtype(),
+                rows: idx.len(),
+                vocab: logits.vocab(),
+                row_stride: logits.vocab(),
+                offset: done * logits.vocab(),
+            };
+            self.verifying = Some(((base + done) as u32, i > 0));
+            let slots: Vec<usize> = idx.iter().map(|&r| rows[r]).collect();
+            recorded = self
+                .record_step_with(&mut enc, &view, None, &slots, Stamping::None)
+                .map(|_| ());
+            if recorded.is_err() {
+                break;
+            }
+            done += idx.len();
+        }
+        self.verifying = None;
+        if let Err(e) = recorded {
+            // nothing was submitted: the readbacks the recorded positions took are free
+            // again, and the next step writes its call block anew
+            for r in &mut self.ring {
+                if r.step.as_ref().is_some_and(|s| s.0 >= first) {
+                    r.step = None;
+                }
+            }
+            self.current = None;
+            self.next_step = first;
+            drop(pollster::block_on(scope.pop()));
+            return Err(e);
+        }
+        self.ctx.queue().submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Device(format!("{}: {e}", self.ctx.adapter_name())));
+        }
+        let mut results: BTreeMap<StepId, Vec<SlotStep>> = self
+            .wait()?
+            .into_iter()
+            .filter(|s| s.id >= first)
+            .map(|s| (s.id, s.rows))
+            .collect();
+        for (i, idx) in positions.iter().enumerate() {
+            let steps = results.remove(&(first + i as StepId)).ok_or_else(|| {
+                Error::Device("a verify position's results never came back".into())
+            })?;
+            // the rows still going take this position's results; the others halted
+            // before it (their rows report a finished slot, which is not theirs)
+            let going = v.going_at(i);
+            let (keep, steps): (Vec<usize>, Vec<SlotStep>) = idx
+                .iter()
+                .zip(steps)
+                .filter(|(r, _)| going.contains(r))
+                .map(|(&r, st)| (r, st))
+                .unzip();
+            v.take(i, &keep, steps);
+        }
+        Ok(v.out)
     }
 
     /// Host masks are uploaded with the logits and applied on the device

@@ -46,10 +46,15 @@ pub(crate) const PROBE_WORDS: [(&str, usize); 7] = [
 /// full-row path's first phase (`S_SD_WALK`: 1), the scan's being out of range.
 pub(crate) const S_SD_WALK: usize = 42;
 /// Slot-state words per slot (`SSW`): step (2), tokens generated (2), finished, history
-/// length (`SS_HIST`).
+/// length (`SS_HIST`), halted in the current verify (`SS_HALT`).
 pub(crate) const SLOT_STATE_WORDS: usize = 8;
 /// The slot-state word holding the history's length (a head's DRY ring).
 pub(crate) const SS_HIST: usize = 5;
+/// The slot-state word saying the slot stopped inside the head's current verify (its
+/// draw differed from its drafted token, it failed or it finished): the verify's later
+/// positions do not step it. (The host never reads it: the layout test checks it.)
+#[cfg(test)]
+pub(crate) const SS_HALT: usize = 6;
 /// Tokens of a DRY window the kernels hold (`DRY_CAP`): a head slot's ring, a row's
 /// repeat lengths and penalised tokens.
 pub(crate) const DRY_CAP: usize = crate::params::MAX_DEVICE_DRY_WINDOW;
@@ -109,6 +114,12 @@ pub(crate) const M_MASK: u32 = 8;
 /// `Call.mode` (with `M_MASK`): masks are indexed by the row's slot (`rmap[row]`), a
 /// head's fixed per-slot masks, instead of by the row.
 pub(crate) const M_SLOT_MASK: u32 = 16;
+/// `Call.mode`: a head's verify position: `finish` halts the slot of a row whose result
+/// is not its drafted token (`Call.verify`), has failed or has finished.
+pub(crate) const M_VERIFY: u32 = 64;
+/// `Call.mode` (with `M_VERIFY`): a position after the first: a halted slot does not
+/// step (its row reports a finished slot, which the verify drops).
+pub(crate) const M_HALTS: u32 = 128;
 
 /// Status codes the kernels write per row (first result word).
 pub(crate) const STATUS_OK: u32 = 0;
@@ -150,7 +161,9 @@ pub(crate) struct CallU {
     /// `KEPT_WORDS` apart.
     pub kept_base: u32,
     pub sample_chunk: u32,
-    pub pad2: u32,
+    /// A head's verify position (`M_VERIFY`): word offset in `lists` of row 0's drafted
+    /// token (`NO_TOKEN` at a row's last position).
+    pub verify: u32,
 }
 
 /// One slot's parameters (`struct SlotP`).
@@ -273,7 +286,7 @@ mod tests {
                 std::mem::size_of::<CallU>(),
                 &fields!(CallU; rows, vocab, stride, dtype, base, splits, chunk, bm_words,
                     cap, mode, draws, draw_lanes, part_base, cand_base, zero, mask_base,
-                    mask_stride, kept_base, sample_chunk, pad2),
+                    mask_stride, kept_base, sample_chunk, verify),
             );
             check(
                 &m,
@@ -397,6 +410,7 @@ mod tests {
             ("RESW", RES_WORDS as u64),
             ("SSW", SLOT_STATE_WORDS as u64),
             ("SS_HIST", SS_HIST as u64),
+            ("SS_HALT", SS_HALT as u64),
             ("DRY_CAP", DRY_CAP as u64),
             ("F_DRY", u64::from(F_DRY)),
             ("F_TOP_N_SIGMA", u64::from(F_TOP_N_SIGMA)),
@@ -418,6 +432,8 @@ mod tests {
             ("M_LEAN", u64::from(M_LEAN)),
             ("M_MASK", u64::from(M_MASK)),
             ("M_SLOT_MASK", u64::from(M_SLOT_MASK)),
+            ("M_VERIFY", u64::from(M_VERIFY)),
+            ("M_HALTS", u64::from(M_HALTS)),
             ("OUT_NON_FINITE", u64::from(STATUS_NON_FINITE)),
             ("OUT_NO_CANDIDATE", u64::from(STATUS_NO_CANDIDATE)),
             ("OUT_NO_WINNER", u64::from(STATUS_NO_WINNER)),

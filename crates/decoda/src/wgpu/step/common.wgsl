@@ -161,6 +161,10 @@ const M_LIGHT: u32 = 4u;     // no probe ran: no row has filters, so scan needs 
 const M_MASK: u32 = 8u;      // a token mask is bound: a clear bit reads as -inf
 const M_SLOT_MASK: u32 = 16u; // with M_MASK: masks by the row's slot (a head's fixed masks)
 const M_LEAN: u32 = 32u;     // lean plan: full-row-path rows are drawn in lp and finished in finish
+const M_VERIFY: u32 = 64u;   // a head's verify position: a row whose result is not its drafted
+                             // token (lists[verify + row]) halts its slot for the verify
+const M_HALTS: u32 = 128u;   // a verify position after the first: halted slots do not step
+const SS_HALT: u32 = 6u;     // slot-state word: halted in the current verify (M_VERIFY)
 
 struct Call {
     rows: u32,
@@ -182,7 +186,7 @@ struct Call {
     mask_stride: u32, // words between rows' masks
     kept_base: u32,   // out_res word offset of row 0's kept area (F_KEPT rows)
     sample_chunk: u32, // logits per piece of the probe's `sample` (a multiple of 256)
-    pad2: u32,
+    verify: u32,      // M_VERIFY: word offset in lists of row 0's drafted token
 }
 
 struct SlotP {

@@ -160,6 +160,13 @@ fn finish_out(lid: u32, row: u32, slot: u32, status: u32, tok: u32) {
             sstate[sb + 4u] = reason;
             word = reason;
         }
+        if ((call.mode & (M_HEAD | M_VERIFY)) == (M_HEAD | M_VERIFY)) {
+            // a verify position: the slot goes on to the next only when it drew its
+            // drafted token, failed nothing and has not finished (the bonus position's
+            // drafted token is NO_TOKEN: nothing follows it)
+            let agrees = code == 0u && word == 0u && token == lists[call.verify + row];
+            sstate[slot * SSW + SS_HALT] = select(1u, 0u, agrees);
+        }
         out_res[row * RESW] = code;
         out_res[row * RESW + 1u] = word;
     }

@@ -87,7 +87,9 @@ fn settle_head(lid: u32, row: u32, slot: u32, sp: SlotP, filt: bool) -> Head {
     let bz = wg_sum_u32(lid, bad_z);
     let zm = wg_argmax(lid, zk, zi);
     let dr = wg_argmax(lid, bk, bi);
-    let fin = (call.mode & M_HEAD) != 0u && sstate[slot * SSW + 4u] != 0u;
+    // (a slot halted earlier in a verify does not step either: M_HALTS)
+    let halted = (call.mode & M_HALTS) != 0u && sstate[slot * SSW + SS_HALT] != 0u;
+    let fin = (call.mode & M_HEAD) != 0u && (sstate[slot * SSW + 4u] != 0u || halted);
     let zmax = from_key(zm.x);
     var status = 0u;
     var count = 0u;
