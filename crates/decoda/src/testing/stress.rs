@@ -1,6 +1,7 @@
 //! The stress run: many calls of random shapes, element types, entry points and
-//! parameter mixes (the suite's [`MIXES`]: every stage of the contract but token masks
-//! and the kept distribution, rows of every [`Style`]) against the reference, counting
+//! parameter mixes (the suite's [`MIXES`]: every stage of the contract but token masks,
+//! with the kept distribution on a row in four, rows of every [`Style`]) against the
+//! reference, counting
 //! what differs instead of stopping at the first difference. A scheme that merges
 //! across workgroups (the candidate list's atomics, a last-workgroup completion) can be
 //! right in a thousand calls and wrong in the next: `decoda selftest --stress N` runs
@@ -98,7 +99,14 @@ pub fn stress(
     for n in 0..calls {
         let (v, b, dt, entry) = draw_call(&mut rng);
         let salt = rng.below(1 << 20) as usize;
-        let batch = Batch::new(decode_batch(&mut rng, v, b, salt), DTYPES[dt]);
+        let mut batch = Batch::new(decode_batch(&mut rng, v, b, salt), DTYPES[dt]);
+        // a row in four asks for its kept distribution too (the device finds it from
+        // the candidates, or over the row's pieces with atomics: a merge to stress)
+        for req in &mut batch.requests {
+            if rng.below(4) == 0 {
+                req.params.kept = Some([1, 5, 64, 1024][rng.below(4) as usize]);
+            }
+        }
         let want = batch.expected(entry);
         let fresh;
         let backend: &dyn Backend = if n % 64 == 63 {
