@@ -2,7 +2,8 @@
 //! of inputs: the correctly rounded division `div_rn` against Rust's IEEE `/` (the
 //! contract's `z / T`), and the shader copies of `ln`, `exp` and the Gumbel noise against
 //! `decoda::fmath` and `decoda::philox`, each in both forms the kernels use (`div_rn` and
-//! `div_rn_cold`, `philox` and `philox_cold`), and the scan's reach test (its constants in
+//! `div_rn_cold`, `philox` and `philox_cold`; `div_rn` also with its floating-point
+//! estimate skewed, as a GPU's inexact division may leave it), and the scan's reach test (its constants in
 //! f32) on the grid of the CPU's. Runs on any adapter (CI: lavapipe).
 #![cfg(feature = "wgpu")]
 
@@ -33,6 +34,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
         case 1u: { y = ln_f32(x); }
         case 2u: { y = exp_f32(x); }
         case 4u: { y = div_rn_cold(x, bitcast<f32>(b[i])); }
+        case 9u: { y = div_rn_skewed(x, bitcast<f32>(b[i]), i32(i % 13u) - 6); }
         case 5u, 6u: {
             let c = vec4<u32>(a[i], b[i], a[i] ^ b[i], 1u);
             let k = vec2<u32>(b[i], a[i] + 1u);
@@ -238,6 +240,10 @@ fn division_is_correctly_rounded() {
     // the digits-at-a-time division of the one-workgroup passes: the same bits
     let got = run(&s, 4, &a, &b);
     compare("div_rn_cold", &a, &b, &got, ieee);
+    // div_rn's estimate off by -6 to 6 (a GPU's division is within 2.5 ulp; lavapipe's
+    // is exact): its exact corrections give the same bits
+    let got = run(&s, 9, &a, &b);
+    compare("div_rn with its estimate skewed", &a, &b, &got, ieee);
 }
 
 /// Philox4x32-10, unrolled (`philox`) and as a loop (`philox_cold`), is the CPU's, word

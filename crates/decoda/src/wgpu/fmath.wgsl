@@ -23,23 +23,31 @@ fn fp(x: f32) -> f32 {
 // (zero and subnormals included) or -inf (returned as is). Overflow gives +-inf,
 // results below the normal range are rounded into the subnormals as IEEE 754 does.
 fn div_rn(a: f32, b: f32) -> f32 {
-    return div_rn_by(a, b, false);
+    return div_rn_by(a, b, false, 0);
+}
+
+// div_rn with its floating-point estimate moved by `skew`: the same bits for any estimate
+// near the quotient, which a test checks on any adapter (lavapipe's own division is
+// exact, so it never exercises the corrections a GPU's approximate one needs).
+fn div_rn_skewed(a: f32, b: f32, skew: i32) -> f32 {
+    return div_rn_by(a, b, false, skew);
 }
 
 // div_rn, the same bits, with the quotient's bits found eight at a time (three digits
-// estimated in floating point and corrected exactly) instead of 25 compare-and-subtract
-// steps: a fraction of the code, for kernels that divide in many places but few times
-// (settle, a row's later stages). A driver compiles every inlined copy, and lavapipe
+// estimated in floating point and corrected exactly): a fraction of the code of the
+// 25 compare-and-subtract steps div_rn once took, for kernels that divide in many places
+// but few times (settle, a row's later stages). A driver compiles every inlined copy, and lavapipe
 // does it again in every process: the unrolled steps cost `settle` about a third of its
 // build. (The 25 steps as a loop whose count the compiler cannot see were smaller
 // still, but on lavapipe they changed tokens in the settle passes, for reasons not
 // found; the fmath test alone passed.)
 fn div_rn_cold(a: f32, b: f32) -> f32 {
-    return div_rn_by(a, b, true);
+    return div_rn_by(a, b, true, 0);
 }
 
-// div_rn with the quotient's bits found eight at a time (`chunks`) or one at a time.
-fn div_rn_by(a: f32, b: f32, chunks: bool) -> f32 {
+// div_rn with the quotient's bits found eight at a time (`chunks`) or all at once (the
+// estimate moved by `skew`: 0 but in a test).
+fn div_rn_by(a: f32, b: f32, chunks: bool, skew: i32) -> f32 {
     let ab = bitcast<u32>(a);
     let sign = ab & 0x80000000u;
     let mag = ab & 0x7fffffffu;
@@ -77,14 +85,24 @@ fn div_rn_by(a: f32, b: f32, chunks: bool) -> f32 {
         }
         rem = rem << 1u;
     } else {
-        for (var i = 0u; i < 25u; i = i + 1u) {
-            q = q << 1u;
-            if (rem >= mb) {
-                rem = rem - mb;
-                q = q | 1u;
-            }
-            rem = rem << 1u;
+        // the 25 bits at once: an estimate in floating point (ma and mb are exact f32s
+        // and WGSL's division is within 2.5 ulp, so it lies within 6 of the true
+        // floor(ma 2^24 / mb)), then corrected in exact integers. The remainder
+        // ma 2^24 - q mb is then small (|r| < 7 mb < 2^27), so its low word, computed
+        // modulo 2^32, is all of it. (It was 25 compare-and-subtract steps: about 125
+        // operations a division against about 20; issue 56, the review's #7.)
+        q = u32(i32(fp(fp(f32(ma) / f32(mb)) * 16777216.0)) + skew);
+        var r = bitcast<i32>((ma << 24u) - q * mb);
+        let m = i32(mb);
+        for (var i = 0u; i < 64u && r < 0; i = i + 1u) {
+            q = q - 1u;
+            r = r + m;
         }
+        for (var i = 0u; i < 64u && r >= m; i = i + 1u) {
+            q = q + 1u;
+            r = r - m;
+        }
+        rem = u32(r);
     }
     // q: 25 bits (bit 24 set); x = q << 1 | sticky: 26 bits, two below the last kept one
     var x = (q << 1u) | select(0u, 1u, rem != 0u);
