@@ -830,6 +830,10 @@ impl Head for WgpuHead {
     ) -> Result<Vec<SlotVerify>> {
         let start = head::verify_door(self.vocab, logits, rows, drafts)?;
         let mut v = Verifying::new(rows, drafts);
+        if rows.is_empty() {
+            // (as `verify_by_steps`: nothing to verify, nothing moves)
+            return Ok(v.out);
+        }
         let positions: Vec<Vec<usize>> = (0..=v.most()).map(|i| v.rows_at(i)).collect();
         // the logits position by position (a position's rows back to back) and the
         // drafted tokens the same way (NO_TOKEN at a row's last position)

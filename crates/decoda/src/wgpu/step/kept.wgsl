@@ -29,8 +29,6 @@ fn kept_y(row: u32, slot: u32, sp: SlotP, i: u32) -> f32 {
     return mb.y;
 }
 
-// The kept distribution of a row at the end of its step (before finish), for rows the
-// list path did not settle.
 // The kept distribution of a row settled greedily (status 1): its token alone.
 fn kept_single(row: u32, sp: SlotP) {
     let kb = kept_area(row);

@@ -263,8 +263,8 @@ fn probe_out(row: u32, slot: u32, sp: SlotP, w: Wants, kappa: u32, m0k: u32, low
             need = need | N_TYP;
         }
         // top-n-σ's sums in the scan: R = m0 + D and 2^e > 4 D (D the sample's range)
-        // hold every y in [m0 - 3 D, m0 + D]; a row with a y outside is walked by
-        // settle (rare: the sample is a sixteenth of the row)
+        // hold every y in [m0 - 3 D, m0 + D]; a row with a y outside (rare: the sample
+        // is a sixteenth of the row) takes the full-row path, whose first phase sums it
         if (w.filt && (sp.flags & F_TOP_N_SIGMA) != 0u && lowk != 0u) {
             let d = fp(m0 - from_key(lowk));
             let d4 = fp(4.0 * d);
