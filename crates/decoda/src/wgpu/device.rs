@@ -278,6 +278,27 @@ impl WgpuDevice {
     ) -> Result<Vec<T>> {
         read_back(&self.inner.device, buf, bytes)
     }
+
+    /// Records commands with `record` into a new encoder and submits them, inside a
+    /// validation error scope: the one way a call's work goes to the device. An error of
+    /// `record` submits nothing; a validation error of the commands is [`Error::Device`]
+    /// naming the adapter.
+    pub(crate) fn submit_checked<T>(
+        &self,
+        record: impl FnOnce(&mut wgpu::CommandEncoder) -> Result<T>,
+    ) -> Result<T> {
+        let device = &self.inner.device;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc =
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
+        // (on an error the scope is popped as it drops, and the encoder is dropped unused)
+        let out = record(&mut enc)?;
+        self.inner.queue.submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Device(format!("{}: {e}", self.adapter_name())));
+        }
+        Ok(out)
+    }
 }
 
 /// How a kernel binds one buffer.

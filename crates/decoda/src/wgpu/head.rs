@@ -848,11 +848,7 @@ impl Head for WgpuHead {
                 words.push(drafts[r].get(i).copied().unwrap_or(NO_TOKEN));
             }
         }
-        let size = (bytes.len() as u64).next_multiple_of(4).max(4);
-        bytes.resize(size as usize, 0);
-        self.upload.ensure(self.ctx.device(), size);
-        let buf = self.upload.buf.clone();
-        self.ctx.queue().write_buffer(&buf, 0, &bytes);
+        let buf = self.upload_host(bytes);
         let base = self.slots * SLOT_LIST_WORDS;
         self.grow_lists(base + words.len());
         self.ctx.queue().write_buffer(
@@ -860,40 +856,34 @@ impl Head for WgpuHead {
             (base * 4) as u64,
             bytemuck::cast_slice(&words),
         );
-        let mut enc = self
-            .ctx
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        let scope = self
-            .ctx
-            .device()
-            .push_error_scope(wgpu::ErrorFilter::Validation);
         let first = self.next_step;
-        let mut done = 0;
-        let mut recorded = Ok(());
-        for (i, idx) in positions.iter().enumerate() {
-            let view = DeviceLogits {
-                buffer: &buf,
-                dtype: logits.dtype(),
-                rows: idx.len(),
-                vocab: logits.vocab(),
-                row_stride: logits.vocab(),
-                offset: done * logits.vocab(),
-            };
-            self.verifying = Some(((base + done) as u32, i > 0));
-            let slots: Vec<usize> = idx.iter().map(|&r| rows[r]).collect();
-            recorded = self
-                .record_step_with(&mut enc, &view, None, &slots, Stamping::None)
-                .map(|_| ());
-            if recorded.is_err() {
-                break;
+        let ctx = self.ctx.clone();
+        let mut refused = false;
+        let submitted = ctx.submit_checked(|enc| {
+            let mut done = 0;
+            for (i, idx) in positions.iter().enumerate() {
+                let view = DeviceLogits {
+                    buffer: &buf,
+                    dtype: logits.dtype(),
+                    rows: idx.len(),
+                    vocab: logits.vocab(),
+                    row_stride: logits.vocab(),
+                    offset: done * logits.vocab(),
+                };
+                self.verifying = Some(((base + done) as u32, i > 0));
+                let slots: Vec<usize> = idx.iter().map(|&r| rows[r]).collect();
+                let recorded = self.record_step_with(enc, &view, None, &slots, Stamping::None);
+                self.verifying = None;
+                refused = recorded.is_err();
+                recorded?;
+                done += idx.len();
             }
-            done += idx.len();
-        }
-        self.verifying = None;
-        if let Err(e) = recorded {
-            // nothing was submitted: the readbacks the recorded positions took are free
-            // again, and the next step writes its call block anew
+            Ok(())
+        });
+        if refused {
+            // a position was refused and nothing was submitted: the readbacks the
+            // recorded positions took are free again, and the next step writes its call
+            // block anew
             for r in &mut self.ring {
                 if r.step.as_ref().is_some_and(|s| s.0 >= first) {
                     r.step = None;
@@ -901,13 +891,8 @@ impl Head for WgpuHead {
             }
             self.current = None;
             self.next_step = first;
-            drop(pollster::block_on(scope.pop()));
-            return Err(e);
         }
-        self.ctx.queue().submit([enc.finish()]);
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Device(format!("{}: {e}", self.ctx.adapter_name())));
-        }
+        submitted?;
         let mut results: BTreeMap<StepId, Vec<SlotStep>> = self
             .wait()?
             .into_iter()
@@ -963,34 +948,18 @@ impl Head for WgpuHead {
                 .write_buffer(&self.mask_upload.buf, 0, bytemuck::cast_slice(&words));
         }
         // host logits: uploaded into the head's buffer, then a device step
-        let bytes = logits_bytes(logits);
-        let size = (bytes.len() as u64).next_multiple_of(4).max(4);
-        self.upload.ensure(self.ctx.device(), size);
-        let buf = self.upload.buf.clone();
-        let mut padded = bytes;
-        padded.resize(size as usize, 0);
-        self.ctx.queue().write_buffer(&buf, 0, &padded);
+        let buf = self.upload_host(logits_bytes(logits).to_vec());
         let view = DeviceLogits::packed(&buf, logits);
-        let mut enc = self
-            .ctx
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        let scope = self
-            .ctx
-            .device()
-            .push_error_scope(wgpu::ErrorFilter::Validation);
         let mask_buf = self.mask_upload.buf.clone();
         let mask_view = masked.then_some(DeviceMasks {
             buffer: &mask_buf,
             offset: 0,
             row_stride: w,
         });
-        let id =
-            self.record_step_with(&mut enc, &view, mask_view.as_ref(), rows, Stamping::None)?;
-        self.ctx.queue().submit([enc.finish()]);
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Device(format!("{}: {e}", self.ctx.adapter_name())));
-        }
+        let ctx = self.ctx.clone();
+        let id = ctx.submit_checked(|enc| {
+            self.record_step_with(enc, &view, mask_view.as_ref(), rows, Stamping::None)
+        })?;
         let done = self.wait()?;
         done.into_iter()
             .find(|s| s.id == id)
@@ -1024,6 +993,16 @@ impl WgpuHead {
         self.ctx
             .queue()
             .write_buffer(&self.bufs.pen.buf, at as u64, bytemuck::cast_slice(&ring));
+    }
+
+    /// Host bytes (logits) into the head's upload buffer, padded to whole words.
+    fn upload_host(&mut self, mut bytes: Vec<u8>) -> wgpu::Buffer {
+        let size = (bytes.len() as u64).next_multiple_of(4).max(4);
+        bytes.resize(size as usize, 0);
+        self.upload.ensure(self.ctx.device(), size);
+        let buf = self.upload.buf.clone();
+        self.ctx.queue().write_buffer(&buf, 0, &bytes);
+        buf
     }
 
     /// Makes the lists buffer hold `words` words, keeping what the slots' regions hold.
@@ -1068,12 +1047,12 @@ impl WgpuHead {
     }
 }
 
-fn logits_bytes(logits: &Logits<'_>) -> Vec<u8> {
+fn logits_bytes<'a>(logits: &Logits<'a>) -> &'a [u8] {
     use crate::logits::LogitsData;
     use half::slice::HalfFloatSliceExt;
     match logits.data() {
-        LogitsData::F32(d) => bytemuck::cast_slice(d).to_vec(),
-        LogitsData::F16(d) => bytemuck::cast_slice(d.reinterpret_cast()).to_vec(),
-        LogitsData::Bf16(d) => bytemuck::cast_slice(d.reinterpret_cast()).to_vec(),
+        LogitsData::F32(d) => bytemuck::cast_slice(d),
+        LogitsData::F16(d) => bytemuck::cast_slice(d.reinterpret_cast()),
+        LogitsData::Bf16(d) => bytemuck::cast_slice(d.reinterpret_cast()),
     }
 }

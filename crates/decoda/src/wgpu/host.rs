@@ -85,23 +85,13 @@ impl WgpuSampler {
             (sc.host_logits.buf.clone(), out)
         };
         let view = DeviceLogits::packed(&buf, logits);
-        let result = (|| {
-            let mut enc = self
-                .ctx
-                .device()
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-            let scope = self
-                .ctx
-                .device()
-                .push_error_scope(wgpu::ErrorFilter::Validation);
-            self.record_inner(&mut enc, &view, rows, &out, StepStamps::None, draws)?;
-            let bytes = copy_results(&mut enc, &out, b, res_words);
-            self.ctx.queue().submit([enc.finish()]);
-            if let Some(e) = pollster::block_on(scope.pop()) {
-                return Err(Error::Device(format!("{}: {e}", self.ctx.info().name)));
-            }
-            self.ctx.read_back(&out.readback, bytes)
-        })();
+        let result = self
+            .ctx
+            .submit_checked(|enc| {
+                self.record_inner(enc, &view, rows, &out, StepStamps::None, draws)?;
+                Ok(copy_results(enc, &out, b, res_words))
+            })
+            .and_then(|bytes| self.ctx.read_back(&out.readback, bytes));
         self.scratch.lock().map_err(|_| poisoned())?.host_out = Some(out);
         result
     }

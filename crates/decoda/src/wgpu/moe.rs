@@ -800,25 +800,16 @@ impl WgpuMoe {
         self.ctx
             .queue()
             .write_buffer(&xb, 0, bytemuck::cast_slice(x));
-        let mut enc = self
-            .ctx
-            .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-        let scope = self
-            .ctx
-            .device()
-            .push_error_scope(wgpu::ErrorFilter::Validation);
-        let taken = match routing {
-            HostRouting::Logits {
-                logits,
-                top_k,
-                router,
-            } => {
-                self.ctx
-                    .queue()
-                    .write_buffer(&lb, 0, bytemuck::cast_slice(logits));
-                self.record(
-                    &mut enc,
+        if let HostRouting::Logits { logits, .. } = routing {
+            self.ctx
+                .queue()
+                .write_buffer(&lb, 0, bytemuck::cast_slice(logits));
+        }
+        let rows = n * k;
+        let (taken, read, total) = self.ctx.submit_checked(|enc| {
+            let taken = match routing {
+                HostRouting::Logits { top_k, router, .. } => self.record(
+                    enc,
                     &xb,
                     n,
                     MoeRouting::Logits {
@@ -828,41 +819,37 @@ impl WgpuMoe {
                     },
                     &yb,
                     dispatch,
-                )?
+                )?,
+                HostRouting::Given(r) => {
+                    self.record(enc, &xb, n, MoeRouting::Given(r), &yb, dispatch)?
+                }
+            };
+            let p = self.params(n, k, taken, 0);
+            // read back y, the routing and the plan
+            let parts = [
+                (yb.clone(), 0u64, (n * d * 4) as u64),
+                (self.work_buf()?, 0, (5 * rows * 4) as u64),
+                (
+                    self.work_buf()?,
+                    (p.w_off as u64) * 4,
+                    ((self.experts + 1) * 4) as u64,
+                ),
+            ];
+            let total: u64 = parts.iter().map(|p| p.2).sum();
+            let read = {
+                let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
+                sc.read.ensure(self.ctx.device(), total.max(4));
+                sc.read.buf.clone()
+            };
+            let mut at = 0;
+            for (buf, off, len) in &parts {
+                if *len > 0 {
+                    enc.copy_buffer_to_buffer(buf, *off, &read, at, *len);
+                }
+                at += len;
             }
-            HostRouting::Given(r) => {
-                self.record(&mut enc, &xb, n, MoeRouting::Given(r), &yb, dispatch)?
-            }
-        };
-        let rows = n * k;
-        let p = self.params(n, k, taken, 0);
-        // read back y, the routing and the plan
-        let parts = [
-            (yb.clone(), 0u64, (n * d * 4) as u64),
-            (self.work_buf()?, 0, (5 * rows * 4) as u64),
-            (
-                self.work_buf()?,
-                (p.w_off as u64) * 4,
-                ((self.experts + 1) * 4) as u64,
-            ),
-        ];
-        let total: u64 = parts.iter().map(|p| p.2).sum();
-        let read = {
-            let mut sc = self.scratch.lock().map_err(|_| poisoned())?;
-            sc.read.ensure(self.ctx.device(), total.max(4));
-            sc.read.buf.clone()
-        };
-        let mut at = 0;
-        for (buf, off, len) in &parts {
-            if *len > 0 {
-                enc.copy_buffer_to_buffer(buf, *off, &read, at, *len);
-            }
-            at += len;
-        }
-        self.ctx.queue().submit([enc.finish()]);
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::Device(format!("{}: {e}", self.ctx.adapter_name())));
-        }
+            Ok((taken, read, total))
+        })?;
         let words: Vec<u32> = self.ctx.read_back(&read, total)?;
         let y: Vec<f32> = words[..n * d].iter().map(|&w| f32::from_bits(w)).collect();
         let w = &words[n * d..];

@@ -276,12 +276,7 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
             let o = wg_sum_u32(lid, sd_out);
             if (lid == 0u) {
                 let pb = part(row, split);
-                work[pb + 17u] = a.x;
-                work[pb + 18u] = a.y;
-                work[pb + 19u] = a.z;
-                work[pb + 20u] = b.x;
-                work[pb + 21u] = b.y;
-                work[pb + 22u] = b.z;
+                sd_put(pb, a, b);
                 work[pb + 23u] = o;
             }
         }

@@ -193,8 +193,8 @@ fn settle_row(lid: u32, row: u32) {
             tsum = add96(tsum, vec3<u32>(work[pb + 13u], work[pb + 14u], work[pb + 15u]));
             n_y = n_y + work[pb + 16u];
             if (sd) {
-                sd2 = add96(sd2, vec3<u32>(work[pb + 17u], work[pb + 18u], work[pb + 19u]));
-                sd1 = add96(sd1, vec3<u32>(work[pb + 20u], work[pb + 21u], work[pb + 22u]));
+                sd2 = add96(sd2, sd_q2_at(pb));
+                sd1 = add96(sd1, sd_q1_at(pb));
                 sd_out = sd_out | work[pb + 23u];
             }
         }

@@ -75,14 +75,27 @@ fn sd_walk(lid: u32, row: u32, slot: u32, sp: SlotP, piece: u32, start: u32, end
     let a = wg_sum96(lid, s2);
     let b = wg_sum96(lid, s1);
     if (lid == 0u) {
-        let pb = part(row, piece);
-        work[pb + 17u] = a.x;
-        work[pb + 18u] = a.y;
-        work[pb + 19u] = a.z;
-        work[pb + 20u] = b.x;
-        work[pb + 21u] = b.y;
-        work[pb + 22u] = b.z;
+        sd_put(part(row, piece), a, b);
     }
+}
+
+// A piece's top-n-σ sums in its partial words 17-22 (Σ q^2, then Σ q): the scan's, or
+// the SD phase's.
+fn sd_put(pb: u32, q2: vec3<u32>, q1: vec3<u32>) {
+    work[pb + 17u] = q2.x;
+    work[pb + 18u] = q2.y;
+    work[pb + 19u] = q2.z;
+    work[pb + 20u] = q1.x;
+    work[pb + 21u] = q1.y;
+    work[pb + 22u] = q1.z;
+}
+
+fn sd_q2_at(pb: u32) -> vec3<u32> {
+    return vec3<u32>(work[pb + 17u], work[pb + 18u], work[pb + 19u]);
+}
+
+fn sd_q1_at(pb: u32) -> vec3<u32> {
+    return vec3<u32>(work[pb + 20u], work[pb + 21u], work[pb + 22u]);
 }
 
 // The SD phase's decision: `ymax - n σ` from the pieces' sums, σ = sqrt(n Σ q^2 -
@@ -93,8 +106,8 @@ fn sd_decide(lid: u32, row: u32, sp: SlotP) {
     var s2 = vec3<u32>(0u, 0u, 0u);
     for (var s = lid; s < call.splits; s = s + WG) {
         let pb = part(row, s);
-        s2 = add96(s2, vec3<u32>(work[pb + 17u], work[pb + 18u], work[pb + 19u]));
-        s1 = add96(s1, vec3<u32>(work[pb + 20u], work[pb + 21u], work[pb + 22u]));
+        s2 = add96(s2, sd_q2_at(pb));
+        s1 = add96(s1, sd_q1_at(pb));
     }
     let a = wg_sum96(lid, s2);
     let b = wg_sum96(lid, s1);

@@ -124,13 +124,7 @@ fn typical_row(lid: u32, row: u32, sp: SlotP, ymax: f32, n: u32, kk: u32, pre: T
     }
     let goal = sp.typical_p * total;
     if (lid == 0u) {
-        ssetf(row, S_TYP_C, c);
-        ssetf(row, S_TYP_M, ymax);
-        ssetf(row, S_TYP_D, bitcast<f32>(0x7f800000u));
-        sset(row, S_T_PREFIX, 0u);
-        sset(row, S_T_LEVEL, 1u);
-        sset(row, S_T_ABOVE_LO, 0u);
-        sset(row, S_T_ABOVE_HI, 0u);
+        typ_walk_start(row, c, ymax);
     }
     storageBarrier();
     // the largest y left, as a cmp_key: found in the last level's pass
@@ -249,9 +243,15 @@ fn typ_level(lid: u32, row: u32, level: u32, prefix: u32, goal: f32, below: u32)
 // Stage 6a's start on the full-row path (`full_setup`): the centre and mass from the
 // scan when it made them (else the TS phase sums them), the walk's state.
 fn typ_setup(row: u32, ymax: f32, typ: Typ) {
-    ssetf(row, S_TYP_C, typ.c);
     ssetf(row, S_TYP_T, typ.total);
     sset(row, S_TYP_PRE, select(0u, 1u, typ.pre));
+    typ_walk_start(row, typ.c, ymax);
+}
+
+// The state a walk of the scores starts from, on either path: the centre `c`, the ymax
+// its weights are taken against, no cut yet, the radix walk at its first level.
+fn typ_walk_start(row: u32, c: f32, ymax: f32) {
+    ssetf(row, S_TYP_C, c);
     ssetf(row, S_TYP_M, ymax);
     ssetf(row, S_TYP_D, bitcast<f32>(0x7f800000u));
     sset(row, S_T_PREFIX, 0u);
