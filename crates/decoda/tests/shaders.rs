@@ -31,22 +31,22 @@ fn shaders() -> Vec<(String, String)> {
     .into_iter()
     .map(|(name, src)| (name.to_string(), src))
     .collect();
-    for (name, dtype, bits) in decoda::wgpu::WEIGHT_FORMATS {
+    for (name, dtype, bits, group) in decoda::wgpu::WEIGHT_FORMATS {
         v.push((
             format!("mv {name}"),
-            decoda::wgpu::mv_shader_source(dtype, bits),
+            decoda::wgpu::mv_shader_source(dtype, bits, group),
         ));
         v.push((
             format!("mv {name} (subgroups)"),
-            decoda::wgpu::mv_shader_source_with(dtype, bits, true),
+            decoda::wgpu::mv_shader_source_with(dtype, bits, group, true),
         ));
         v.push((
             format!("moe {name}"),
-            decoda::wgpu::moe_shader_source_for(dtype, bits),
+            decoda::wgpu::moe_shader_source_for(dtype, bits, group),
         ));
         v.push((
             format!("moe {name} (subgroups)"),
-            decoda::wgpu::moe_shader_source_with(dtype, bits, true),
+            decoda::wgpu::moe_shader_source_with(dtype, bits, group, true),
         ));
     }
     v

@@ -24,22 +24,22 @@ pub const SHADER_MOE: &str = include_str!("moe.wgsl");
 
 /// The complete MoE module (with `fmath.wgsl`) for f32 experts.
 pub fn moe_shader_source() -> String {
-    moe_shader_source_for(0, 0)
+    moe_shader_source_for(0, 0, 0)
 }
 
 /// The complete module for experts of weight format `dtype` (0 f32, 1 bf16, 2 f16,
-/// 3 affine) with `bits`-bit codes: the grouped products are compiled for that format
-/// alone.
-pub fn moe_shader_source_for(dtype: u32, bits: u32) -> String {
-    moe_shader_source_with(dtype, bits, false)
+/// 3 affine) with `bits`-bit codes in groups of `group`: the grouped products are
+/// compiled for that format alone.
+pub fn moe_shader_source_for(dtype: u32, bits: u32, group: u32) -> String {
+    moe_shader_source_with(dtype, bits, group, false)
 }
 
 /// [`moe_shader_source_for`], the experts' team sums with subgroup operations when
 /// `subgroups` (devices with `Features::SUBGROUP`): the same bits.
-pub fn moe_shader_source_with(dtype: u32, bits: u32, subgroups: bool) -> String {
+pub fn moe_shader_source_with(dtype: u32, bits: u32, group: u32, subgroups: bool) -> String {
     format!(
         "{}{SHADER_MOE}\n{}\n{}\n{}",
-        super::shaders::weight_format_source(dtype, bits),
+        super::shaders::weight_format_source(dtype, bits, group),
         super::shaders::SHADER_FMATH,
         super::shaders::SHADER_TILE,
         super::shaders::team_source(subgroups)
@@ -287,8 +287,8 @@ impl WgpuMoe {
             parts.push((weights, offsets));
         }
         let sg = ctx.device().features().contains(wgpu::Features::SUBGROUP);
-        let pipes = ctx.pipelines(&format!("moe {code} {bits} {sg}"), || {
-            build(&device, ctx.info(), code, bits)
+        let pipes = ctx.pipelines(&format!("moe {code} {bits} {group} {sg}"), || {
+            build(&device, ctx.info(), code, bits, group)
         })?;
         // a layer runs many calls: every kernel now, none inside a call
         pipes.build_all();
@@ -931,7 +931,13 @@ fn make_params(device: &wgpu::Device, parts: usize) -> wgpu::Buffer {
     )
 }
 
-fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo, dtype: u32, bits: u32) -> Result<Pipes> {
+fn build(
+    device: &wgpu::Device,
+    info: &wgpu::AdapterInfo,
+    dtype: u32,
+    bits: u32,
+    group: u32,
+) -> Result<Pipes> {
     use super::device::Bind::*;
     lazy_pipelines(
         device,
@@ -939,6 +945,7 @@ fn build(device: &wgpu::Device, info: &wgpu::AdapterInfo, dtype: u32, bits: u32)
         moe_shader_source_with(
             dtype,
             bits,
+            group,
             device.features().contains(wgpu::Features::SUBGROUP),
         ),
         &[Uniform, Read, Read, Read, Write, Write, Write],

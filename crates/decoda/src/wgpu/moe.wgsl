@@ -421,7 +421,7 @@ fn wvec(i: u32) -> vec4<u32> {
 }
 
 fn wgroup() -> u32 {
-    return max(prm.group, 1u);
+    return GROUP;
 }
 
 // Words of one weight row of `inf` inputs on the device (whole vec4s).
@@ -452,14 +452,14 @@ fn xin(sel: u32, base: u32, i: u32, n: u32) -> f32 {
 fn stream(w: u32, s: u32, b: u32, r: u32, inf: u32, src: u32, xb: u32, lane: u32) -> f32 {
     let rw = row_words(inf);
     let base = (w + r * rw) / 4u;
-    let gpr = inf / max(prm.group, 1u);
+    let gpr = inf / GROUP;
     var acc = 0.0;
     for (var c = lane; c < rw / 4u; c = c + TEAM) {
         let i0 = c * per_chunk();
         var sc = 0.0;
         var bi = 0.0;
         if (DTYPE == 3u) {
-            let g = r * gpr + i0 / prm.group;
+            let g = r * gpr + i0 / GROUP;
             sc = bitcast<f32>(wword(s + g));
             bi = bitcast<f32>(wword(b + g));
         }
@@ -748,7 +748,7 @@ fn act_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     }
     let e = at.x;
     let rw = row_words(d);
-    let gpr = d / max(prm.group, 1u);
+    let gpr = d / GROUP;
     let t = TileW(act_row(e, q, 0u, false, rw, gpr), act_row(e, q, 1u, false, rw, gpr),
                   act_row(e, q, 2u, false, rw, gpr), act_row(e, q, 3u, false, rw, gpr),
                   act_row(e, q, 0u, true, rw, gpr), act_row(e, q, 1u, true, rw, gpr),
@@ -793,7 +793,7 @@ fn down_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         return;
     }
     let rw = row_words(h);
-    let gpr = h / max(prm.group, 1u);
+    let gpr = h / GROUP;
     let t = TileW(down_row(at.x, q, 0u, rw, gpr), down_row(at.x, q, 1u, rw, gpr),
                   down_row(at.x, q, 2u, rw, gpr), down_row(at.x, q, 3u, rw, gpr),
                   down_row(at.x, q, 4u, rw, gpr), down_row(at.x, q, 5u, rw, gpr),

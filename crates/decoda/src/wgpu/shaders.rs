@@ -34,23 +34,34 @@ pub const SHADER_FMATH_INT64: &str =
 pub const SHADER_HALF: &str = include_str!("half.wgsl");
 
 /// The weight formats the matrix products and the MoE layer are compiled for, one module
-/// each: (name, `DTYPE`, `BITS`).
-pub const WEIGHT_FORMATS: [(&str, u32, u32); 5] = [
-    ("f32", 0, 0),
-    ("bf16", 1, 0),
-    ("f16", 2, 0),
-    ("q4", 3, 4),
-    ("q8", 3, 8),
+/// each: (name, `DTYPE`, `BITS`, `GROUP`).
+pub const WEIGHT_FORMATS: [(&str, u32, u32, u32); 9] = [
+    ("f32", 0, 0, 0),
+    ("bf16", 1, 0, 0),
+    ("f16", 2, 0, 0),
+    ("q4g32", 3, 4, 32),
+    ("q4g64", 3, 4, 64),
+    ("q4g128", 3, 4, 128),
+    ("q8g32", 3, 8, 32),
+    ("q8g64", 3, 8, 64),
+    ("q8g128", 3, 8, 128),
 ];
 
-/// The weight-format prefix of the matrix products' and the MoE layer's modules: `DTYPE`
-/// and `BITS` as constants (one module per format: no format branch at run time), the
-/// half conversion and one chunk's arithmetic (`chunk.wgsl`), shared by both.
-pub fn weight_format_source(dtype: u32, bits: u32) -> String {
+/// The weight-format prefix of the matrix products' and the MoE layer's modules: `DTYPE`,
+/// `BITS` and the affine group `GROUP` as constants (one module per format: no format
+/// branch and no division by a run-time group size in the inner loop), the half
+/// conversion and one chunk's arithmetic (`chunk.wgsl`), shared by both. `bits` and
+/// `group` matter for affine formats (`dtype` 3) only.
+pub fn weight_format_source(dtype: u32, bits: u32, group: u32) -> String {
     // (a format without codes divides by no zero in its unused affine branch)
-    let bits = if dtype == 3 { bits } else { 16 };
+    let (bits, group) = if dtype == 3 {
+        (bits, group.max(1))
+    } else {
+        (16, 1)
+    };
     format!(
-        "const DTYPE: u32 = {dtype}u;\nconst BITS: u32 = {bits}u;\n{SHADER_HALF}\n{}\n",
+        "const DTYPE: u32 = {dtype}u;\nconst BITS: u32 = {bits}u;\nconst GROUP: u32 = {group}u;\n\
+         {SHADER_HALF}\n{}\n",
         include_str!("chunk.wgsl")
     )
 }

@@ -52,18 +52,19 @@ pub fn model_shader_source() -> String {
 const SHADER_MV: &str = include_str!("mv.wgsl");
 
 /// The matrix products' module for weights of `dtype` (`ModelOp::dtype`: 0 f32, 1 bf16,
-/// 2 f16, 3 affine) and `bits` (affine codes), its team sums a tree in workgroup memory.
-pub fn mv_shader_source(dtype: u32, bits: u32) -> String {
-    mv_shader_source_with(dtype, bits, false)
+/// 2 f16, 3 affine), `bits` and `group` (affine codes and their group size), its team
+/// sums a tree in workgroup memory.
+pub fn mv_shader_source(dtype: u32, bits: u32, group: u32) -> String {
+    mv_shader_source_with(dtype, bits, group, false)
 }
 
 /// [`mv_shader_source`], its team sums with subgroup operations when `subgroups` (for
 /// devices with `Features::SUBGROUP`): the same bits.
-pub fn mv_shader_source_with(dtype: u32, bits: u32, subgroups: bool) -> String {
+pub fn mv_shader_source_with(dtype: u32, bits: u32, group: u32, subgroups: bool) -> String {
     let team = super::shaders::team_source(subgroups);
     format!(
         "{}{}{SHADER_MV}\n{}\n{team}",
-        super::shaders::weight_format_source(dtype, bits),
+        super::shaders::weight_format_source(dtype, bits, group),
         include_str!("op.wgsl"),
         super::shaders::SHADER_TILE
     )
@@ -207,12 +208,18 @@ impl std::fmt::Debug for WgpuModel {
 
 /// The matrix products of one weight format: `mv` and `mv_swiglu`, and both with the
 /// RMS norm before them (`mv_norm`, `mv_swiglu_norm`).
-fn build_mv(device: &wgpu::Device, dtype: u32, bits: u32, sg: bool) -> Result<Pipelines<7>> {
+fn build_mv(
+    device: &wgpu::Device,
+    dtype: u32,
+    bits: u32,
+    group: u32,
+    sg: bool,
+) -> Result<Pipelines<7>> {
     use crate::wgpu::device::Bind::*;
     lazy_pipelines(
         device,
         "decoda mv.wgsl",
-        mv_shader_source_with(dtype, bits, sg),
+        mv_shader_source_with(dtype, bits, group, sg),
         &[Uniform, Read, Read, Read, Write, Write, Write, Write, Write],
         [
             "mv",
@@ -254,12 +261,16 @@ fn mv_pipeline(
     swiglu: bool,
     kind: MvKind,
 ) -> Result<wgpu::ComputePipeline> {
-    let bits = if mat.dtype == 3 { mat.bits } else { 0 };
+    let (bits, group) = if mat.dtype == 3 {
+        (mat.bits, mat.group)
+    } else {
+        (0, 0)
+    };
     let device = ctx.device().clone();
     // subgroup sums where the device was opened with them (as the sampler's)
     let sg = device.features().contains(wgpu::Features::SUBGROUP);
-    let pipes = ctx.pipelines(&format!("mv {} {bits} {sg}", mat.dtype), || {
-        build_mv(&device, mat.dtype, bits, sg)
+    let pipes = ctx.pipelines(&format!("mv {} {bits} {group} {sg}", mat.dtype), || {
+        build_mv(&device, mat.dtype, bits, group, sg)
     })?;
     let index = match kind {
         MvKind::Rows { norm } => 2 * usize::from(norm) + usize::from(swiglu),

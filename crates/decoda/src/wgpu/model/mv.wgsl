@@ -65,7 +65,7 @@ fn wvec(i: u32) -> vec4<u32> {
 }
 
 fn wgroup() -> u32 {
-    return op.group;
+    return GROUP;
 }
 
 // Input i of the call row at `base` of src (0 past its `n` inputs), normed as the `rms`
@@ -127,14 +127,14 @@ fn stream_row(row: u32, valid: bool, r0: u32, nr: u32, lane: u32, lid: u32, norm
     if (valid) {
         let chunks = op.row_words / 4u;
         let base = (op.w_off + row * op.row_words) / 4u;
-        let gpr = op.in_w / op.group;
+        let gpr = op.in_w / GROUP;
         let x0 = (op.src_row0 + r0) * op.src_w;
         for (var c = lane; c < chunks; c = c + TEAM) {
             let i0 = c * per_chunk();
             var sc = 0.0;
             var bi = 0.0;
             if (DTYPE == 3u) {
-                let g = row * gpr + i0 / op.group;
+                let g = row * gpr + i0 / GROUP;
                 sc = bitcast<f32>(word(op.s_off + g));
                 bi = bitcast<f32>(word(op.b_off + g));
             }
@@ -229,7 +229,7 @@ fn mm_body(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, pair: bool) {
     if (r0 >= op.rows) {
         return;
     }
-    let gpr = op.in_w / op.group;
+    let gpr = op.in_w / GROUP;
     let t = TileW(mm_row(o0, 0u, pair, gpr), mm_row(o0, 1u, pair, gpr),
                   mm_row(o0, 2u, pair, gpr), mm_row(o0, 3u, pair, gpr),
                   mm_row(o0, 4u, pair, gpr), mm_row(o0, 5u, pair, gpr),
@@ -297,7 +297,7 @@ fn mv_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
         return;
     }
     let o = min(o0 + lid / 8u, op.out_w - 1u);
-    let gpr = op.in_w / op.group;
+    let gpr = op.in_w / GROUP;
     let t = wrow(op.w_off, op.s_off, op.b_off, o, op.row_words, gpr);
     for (var r0 = 0u; r0 < op.rows; r0 = r0 + CHUNK) {
         let nr = min(CHUNK, op.rows - r0);
