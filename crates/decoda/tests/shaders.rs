@@ -38,7 +38,11 @@ fn shaders() -> Vec<(String, String)> {
         ));
         v.push((
             format!("mv {name} (subgroups)"),
-            decoda::wgpu::mv_shader_source_with(dtype, bits, group, true),
+            decoda::wgpu::mv_shader_source_with(dtype, bits, group, true, true),
+        ));
+        v.push((
+            format!("mv {name} (scalar inputs)"),
+            decoda::wgpu::mv_shader_source_with(dtype, bits, group, false, false),
         ));
         v.push((
             format!("moe {name}"),

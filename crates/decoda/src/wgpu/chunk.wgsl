@@ -2,7 +2,8 @@
 // of the matrix products (model/mv.wgsl) and the MoE layer's (moe.wgsl). The launcher
 // prefixes `DTYPE` (0 f32, 1 bf16, 2 f16, 3 affine) and `BITS` (affine codes), so there
 // is no format branch at run time; the including module defines
-// `xin(sel, base, i, n) -> f32`, input i of the row at `base` (0 past its `n` inputs).
+// `xin4(sel, base, i, n) -> vec4<f32>`, inputs i .. i + 3 (i a multiple of 4) of the row
+// at `base`, each 0 past its `n` inputs.
 // Affine chunks lie in one group (groups hold 32, 64 or 128 inputs, a chunk 32 or 16):
 // scale * sum(q x) + bias * sum(x).
 
@@ -32,10 +33,9 @@ struct XChunk {
     v7: vec4<f32>,
 }
 
-// Inputs i .. i + 3 of the row at `base`.
+// Inputs i .. i + 3 of the row at `base` (the including module's xin4).
 fn x4(sel: u32, base: u32, i: u32, n: u32) -> vec4<f32> {
-    return vec4<f32>(xin(sel, base, i, n), xin(sel, base, i + 1u, n), xin(sel, base, i + 2u, n),
-                     xin(sel, base, i + 3u, n));
+    return xin4(sel, base, i, n);
 }
 
 // A chunk's inputs, i0 .. i0 + per_chunk() of the row at `base` (0 past its `n`), read

@@ -447,6 +447,13 @@ fn xin(sel: u32, base: u32, i: u32, n: u32) -> f32 {
     return select(0.0, v, i < n);
 }
 
+// Inputs i .. i + 3, as xin gives them (chunk.wgsl's loads: the layer's input may be a
+// caller's buffer of any length, so one float at a time).
+fn xin4(sel: u32, base: u32, i: u32, n: u32) -> vec4<f32> {
+    return vec4<f32>(xin(sel, base, i, n), xin(sel, base, i + 1u, n), xin(sel, base, i + 2u, n),
+                     xin(sel, base, i + 3u, n));
+}
+
 // This invocation's share of W[r] . input, for row r of a matrix of `inf` inputs at
 // word `w` (scales at `s`, biases at `b`).
 fn stream(w: u32, s: u32, b: u32, r: u32, inf: u32, src: u32, xb: u32, lane: u32) -> f32 {

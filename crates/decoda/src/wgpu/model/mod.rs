@@ -53,17 +53,31 @@ const SHADER_MV: &str = include_str!("mv.wgsl");
 
 /// The matrix products' module for weights of `dtype` (`ModelOp::dtype`: 0 f32, 1 bf16,
 /// 2 f16, 3 affine), `bits` and `group` (affine codes and their group size), its team
-/// sums a tree in workgroup memory.
+/// sums a tree in workgroup memory, its inputs loaded as vec4s (input widths and call
+/// rows of whole vec4s).
 pub fn mv_shader_source(dtype: u32, bits: u32, group: u32) -> String {
-    mv_shader_source_with(dtype, bits, group, false)
+    mv_shader_source_with(dtype, bits, group, false, true)
 }
 
 /// [`mv_shader_source`], its team sums with subgroup operations when `subgroups` (for
-/// devices with `Features::SUBGROUP`): the same bits.
-pub fn mv_shader_source_with(dtype: u32, bits: u32, group: u32, subgroups: bool) -> String {
+/// devices with `Features::SUBGROUP`): the same bits; its inputs loaded as vec4s when
+/// `vec4_inputs` (`mv_x4.wgsl`: every input width and call row a whole number of vec4s),
+/// else one float at a time (`mv_x1.wgsl`): the same bits.
+pub fn mv_shader_source_with(
+    dtype: u32,
+    bits: u32,
+    group: u32,
+    subgroups: bool,
+    vec4_inputs: bool,
+) -> String {
     let team = super::shaders::team_source(subgroups);
+    let inputs = if vec4_inputs {
+        include_str!("mv_x4.wgsl")
+    } else {
+        include_str!("mv_x1.wgsl")
+    };
     format!(
-        "{}{}{SHADER_MV}\n{}\n{team}",
+        "{}{}{SHADER_MV}\n{inputs}\n{}\n{team}",
         super::shaders::weight_format_source(dtype, bits, group),
         include_str!("op.wgsl"),
         super::shaders::SHADER_TILE
@@ -214,12 +228,13 @@ fn build_mv(
     bits: u32,
     group: u32,
     sg: bool,
+    x4: bool,
 ) -> Result<Pipelines<7>> {
     use crate::wgpu::device::Bind::*;
     lazy_pipelines(
         device,
         "decoda mv.wgsl",
-        mv_shader_source_with(dtype, bits, group, sg),
+        mv_shader_source_with(dtype, bits, group, sg, x4),
         &[Uniform, Read, Read, Read, Write, Write, Write, Write, Write],
         [
             "mv",
@@ -254,12 +269,14 @@ enum MvKind {
 }
 
 /// The matrix products' pipeline for `mat`, SwiGLU or not, of `kind` (built at its
-/// first use).
+/// first use), over inputs `src_w` floats apart: loading them as vec4s where the rows and
+/// the matrix's input width are whole vec4s.
 fn mv_pipeline(
     ctx: &WgpuDevice,
     mat: &Mat,
     swiglu: bool,
     kind: MvKind,
+    src_w: u32,
 ) -> Result<wgpu::ComputePipeline> {
     let (bits, group) = if mat.dtype == 3 {
         (mat.bits, mat.group)
@@ -269,9 +286,11 @@ fn mv_pipeline(
     let device = ctx.device().clone();
     // subgroup sums where the device was opened with them (as the sampler's)
     let sg = device.features().contains(wgpu::Features::SUBGROUP);
-    let pipes = ctx.pipelines(&format!("mv {} {bits} {group} {sg}", mat.dtype), || {
-        build_mv(&device, mat.dtype, bits, group, sg)
-    })?;
+    let x4 = mat.inp.is_multiple_of(4) && src_w.is_multiple_of(4);
+    let pipes = ctx.pipelines(
+        &format!("mv {} {bits} {group} {sg} {x4}", mat.dtype),
+        || build_mv(&device, mat.dtype, bits, group, sg, x4),
+    )?;
     let index = match kind {
         MvKind::Rows { norm } => 2 * usize::from(norm) + usize::from(swiglu),
         MvKind::Tiled => 4 + usize::from(swiglu),
@@ -336,8 +355,8 @@ impl WgpuModel {
                     ],
                     part,
                 )?;
-                mv_pipeline(&ctx, &m, false, MvKind::Rows { norm: true })?;
-                mv_pipeline(&ctx, &m, false, MvKind::Tiled)?;
+                mv_pipeline(&ctx, &m, false, MvKind::Rows { norm: true }, m.inp as u32)?;
+                mv_pipeline(&ctx, &m, false, MvKind::Tiled, m.inp as u32)?;
                 qkv.insert(l, m);
             }
         }
@@ -361,22 +380,28 @@ impl WgpuModel {
         // the matrix products of the model's formats, now (none inside a call)
         for (id, m) in &mats {
             let gate = matches!(id, WeightId::Gate(_));
-            mv_pipeline(&ctx, m, gate, MvKind::Rows { norm: false })?;
-            mv_pipeline(&ctx, m, gate, MvKind::Tiled)?;
+            mv_pipeline(&ctx, m, gate, MvKind::Rows { norm: false }, m.inp as u32)?;
+            mv_pipeline(&ctx, m, gate, MvKind::Tiled, m.inp as u32)?;
             if m.parts.iter().any(|p| p.rows >= WIDE_ROWS) {
-                mv_pipeline(&ctx, m, gate, MvKind::Wide)?;
+                mv_pipeline(&ctx, m, gate, MvKind::Wide, m.inp as u32)?;
             }
             // the router and the dense MLPs' gate and up take the norm before them
             if gate || matches!(id, WeightId::Router(_)) {
-                mv_pipeline(&ctx, m, gate, MvKind::Rows { norm: true })?;
+                mv_pipeline(&ctx, m, gate, MvKind::Rows { norm: true }, m.inp as u32)?;
             }
         }
         let embed = upload(&device, "embed_tokens", &[model.embed()], part)?;
         if model.tied_lm_head() {
-            mv_pipeline(&ctx, &embed, false, MvKind::Rows { norm: false })?;
-            mv_pipeline(&ctx, &embed, false, MvKind::Tiled)?;
+            mv_pipeline(
+                &ctx,
+                &embed,
+                false,
+                MvKind::Rows { norm: false },
+                embed.inp as u32,
+            )?;
+            mv_pipeline(&ctx, &embed, false, MvKind::Tiled, embed.inp as u32)?;
             if embed.parts.iter().any(|p| p.rows >= WIDE_ROWS) {
-                mv_pipeline(&ctx, &embed, false, MvKind::Wide)?;
+                mv_pipeline(&ctx, &embed, false, MvKind::Wide, embed.inp as u32)?;
             }
             mats.insert(WeightId::LmHead, embed.clone());
         }

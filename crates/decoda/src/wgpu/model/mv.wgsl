@@ -29,7 +29,8 @@ const CHUNK: u32 = 8u;
 @group(0) @binding(1) var<storage, read> wts: array<vec4<u32>>;
 // the norm's weights (at word aux_off), for the _norm entry points
 @group(0) @binding(2) var<storage, read> aux: array<u32>;
-@group(0) @binding(3) var<storage, read> src: array<f32>;
+// (binding 3, `src`, the call's inputs: declared with `srcf` and `xin4` by mv_x1.wgsl
+// or mv_x4.wgsl)
 @group(0) @binding(4) var<storage, read_write> dst: array<f32>;
 // q, k and v in one product (`kind` 3): rows past q's go to k_out, then v into the
 // layer's value cache at the row's slot and position (the row map in ctl)
@@ -48,6 +49,10 @@ const RAW: u32 = 0xffffffffu;
 
 fn fp(x: f32) -> f32 {
     return bitcast<f32>(bitcast<u32>(x) ^ op.zero);
+}
+
+fn fp4(x: vec4<f32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) ^ vec4<u32>(op.zero));
 }
 
 // Word `i` of the weights buffer.
@@ -72,7 +77,7 @@ fn wgroup() -> u32 {
 // kernel writes it unless `sel` is RAW (else the row's index in the chunk).
 fn xin(sel: u32, base: u32, i: u32, n: u32) -> f32 {
     let k = min(i, n - 1u);
-    let v = src[base + k];
+    let v = srcf(base + k);
     // (no branch: `sel` is RAW in every call of the entry points that do not norm, so
     // the normed value folds away there, and is always taken in those that do)
     let normed = fp(v * invs[min(sel, 7u)]) * bitcast<f32>(aux[op.aux_off + k]);
@@ -91,7 +96,7 @@ fn norm_rows(r0: u32, nr: u32, team: u32, lane: u32, lid: u32, first: bool) {
             let xb = (op.src_row0 + r0 + j) * op.src_w;
             var s = 0.0;
             for (var i = lane; i < op.in_w; i = i + TEAM) {
-                let x = src[xb + i];
+                let x = srcf(xb + i);
                 s = s + x * x;
             }
             ss[k] = s;

@@ -354,7 +354,7 @@ impl Recorder<'_> {
                 norm: fused.is_some(),
             }
         };
-        let pipeline = super::mv_pipeline(&self.m.ctx, mat, swiglu, kind)?;
+        let pipeline = super::mv_pipeline(&self.m.ctx, mat, swiglu, kind, op.src_w)?;
         // a plain product of many rows (the LM head): 32 output rows a workgroup
         let wide_ok = !tiled && !swiglu && fused.is_none() && op.kind == 0;
         let wide_pipeline = if wide_ok && mat.parts.iter().any(|p| p.rows >= super::WIDE_ROWS) {
@@ -363,6 +363,7 @@ impl Recorder<'_> {
                 mat,
                 false,
                 super::MvKind::Wide,
+                op.src_w,
             )?)
         } else {
             None
