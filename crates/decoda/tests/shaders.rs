@@ -50,7 +50,11 @@ fn shaders() -> Vec<(String, String)> {
         ));
         v.push((
             format!("moe {name} (subgroups)"),
-            decoda::wgpu::moe_shader_source_with(dtype, bits, group, true),
+            decoda::wgpu::moe_shader_source_with(dtype, bits, group, true, true),
+        ));
+        v.push((
+            format!("moe {name} (scalar inputs)"),
+            decoda::wgpu::moe_shader_source_with(dtype, bits, group, false, false),
         ));
     }
     v

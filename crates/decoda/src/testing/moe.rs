@@ -136,6 +136,8 @@ pub fn shapes() -> Vec<(MoeShape, Vec<usize>)> {
     vec![
         (s(4, 2, 64, 32), vec![1, 2, 3, 9]),
         (s(16, 4, 72, 50), vec![1, 5, 40]),
+        // a hidden width of no whole vec4s (the device loads its inputs a float at a time)
+        (s(4, 2, 30, 18), vec![1, 33]),
         (s(128, 8, 64, 32), vec![1, 3, 64]),
         (s(8, 8, 96, 64), vec![1, 7]),
         // more than 8 choices a token (the device's down_combine takes them 8 at a time)
@@ -149,7 +151,8 @@ pub fn shapes() -> Vec<(MoeShape, Vec<usize>)> {
 }
 
 /// Both branches of `make(layer)` against the reference, for every format (affine
-/// formats need D and H in whole groups, so D = 72, H = 50 run the 16-bit and f32 ones).
+/// formats need D and H in whole groups, so D = 72, H = 50 and D = 30, H = 18 run the
+/// 16-bit and f32 ones).
 pub fn branches_match_reference(make: MoeFactory<'_>) -> std::result::Result<usize, String> {
     let mut checked = 0;
     let mut formats = std::collections::BTreeSet::new();

@@ -31,14 +31,27 @@ pub fn moe_shader_source() -> String {
 /// 3 affine) with `bits`-bit codes in groups of `group`: the grouped products are
 /// compiled for that format alone.
 pub fn moe_shader_source_for(dtype: u32, bits: u32, group: u32) -> String {
-    moe_shader_source_with(dtype, bits, group, false)
+    moe_shader_source_with(dtype, bits, group, false, true)
 }
 
 /// [`moe_shader_source_for`], the experts' team sums with subgroup operations when
-/// `subgroups` (devices with `Features::SUBGROUP`): the same bits.
-pub fn moe_shader_source_with(dtype: u32, bits: u32, group: u32, subgroups: bool) -> String {
+/// `subgroups` (devices with `Features::SUBGROUP`): the same bits; the input rows loaded
+/// as vec4s when `vec4_inputs` (`moe_x4.wgsl`: a hidden width of whole vec4s), else one
+/// float at a time (`moe_x1.wgsl`): the same bits.
+pub fn moe_shader_source_with(
+    dtype: u32,
+    bits: u32,
+    group: u32,
+    subgroups: bool,
+    vec4_inputs: bool,
+) -> String {
+    let inputs = if vec4_inputs {
+        include_str!("moe_x4.wgsl")
+    } else {
+        include_str!("moe_x1.wgsl")
+    };
     format!(
-        "{}{SHADER_MOE}\n{}\n{}\n{}",
+        "{}{SHADER_MOE}\n{inputs}\n{}\n{}\n{}",
         super::shaders::weight_format_source(dtype, bits, group),
         super::shaders::SHADER_FMATH,
         super::shaders::SHADER_TILE,
@@ -287,8 +300,9 @@ impl WgpuMoe {
             parts.push((weights, offsets));
         }
         let sg = ctx.device().features().contains(wgpu::Features::SUBGROUP);
-        let pipes = ctx.pipelines(&format!("moe {code} {bits} {group} {sg}"), || {
-            build(&device, ctx.info(), code, bits, group)
+        let x4 = layer.hidden().is_multiple_of(4);
+        let pipes = ctx.pipelines(&format!("moe {code} {bits} {group} {sg} {x4}"), || {
+            build(&device, ctx.info(), code, bits, group, x4)
         })?;
         // a layer runs many calls: every kernel now, none inside a call
         pipes.build_all();
@@ -937,6 +951,7 @@ fn build(
     dtype: u32,
     bits: u32,
     group: u32,
+    x4: bool,
 ) -> Result<Pipes> {
     use super::device::Bind::*;
     lazy_pipelines(
@@ -947,6 +962,7 @@ fn build(
             bits,
             group,
             device.features().contains(wgpu::Features::SUBGROUP),
+            x4,
         ),
         &[Uniform, Read, Read, Read, Write, Write, Write],
         [

@@ -67,7 +67,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> prm: Params;
 @group(0) @binding(1) var<storage, read> weights: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> xs: array<f32>;
+// (binding 2, `xs`, the layer's input rows: declared with `xs_f` and `xin4` by
+// moe_x1.wgsl or moe_x4.wgsl)
 @group(0) @binding(3) var<storage, read> router_logits: array<f32>;
 @group(0) @binding(4) var<storage, read_write> work: array<u32>;
 @group(0) @binding(5) var<storage, read_write> counts: array<atomic<u32>>;
@@ -440,18 +441,11 @@ fn xin(sel: u32, base: u32, i: u32, n: u32) -> f32 {
     let at = base + min(i, n - 1u);
     var v: f32;
     if (sel == 0u) {
-        v = xs[at];
+        v = xs_f(at);
     } else {
         v = bitcast<f32>(work[at]);
     }
     return select(0.0, v, i < n);
-}
-
-// Inputs i .. i + 3, as xin gives them (chunk.wgsl's loads: the layer's input may be a
-// caller's buffer of any length, so one float at a time).
-fn xin4(sel: u32, base: u32, i: u32, n: u32) -> vec4<f32> {
-    return vec4<f32>(xin(sel, base, i, n), xin(sel, base, i + 1u, n), xin(sel, base, i + 2u, n),
-                     xin(sel, base, i + 3u, n));
 }
 
 // This invocation's share of W[r] . input, for row r of a matrix of `inf` inputs at

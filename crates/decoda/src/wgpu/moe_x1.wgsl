@@ -1,0 +1,14 @@
+// The MoE layer's input rows as single floats: for layers whose hidden width is not a
+// whole number of vec4s (moe.rs picks this or moe_x4.wgsl per layer).
+@group(0) @binding(2) var<storage, read> xs: array<f32>;
+
+// Float i of the input.
+fn xs_f(i: u32) -> f32 {
+    return xs[i];
+}
+
+// Inputs i .. i + 3 of the row at `base`, as xin gives them.
+fn xin4(sel: u32, base: u32, i: u32, n: u32) -> vec4<f32> {
+    return vec4<f32>(xin(sel, base, i, n), xin(sel, base, i + 1u, n), xin(sel, base, i + 2u, n),
+                     xin(sel, base, i + 3u, n));
+}
