@@ -148,6 +148,8 @@ const CALL_CACHE: usize = 64;
 
 struct Scratch {
     work: Grow,
+    /// The experts' activations between the gate/up and the down products ([rows, H]).
+    acts: Grow,
     counts: Grow,
     logits: Grow,
     x: Grow,
@@ -300,7 +302,7 @@ impl WgpuMoe {
             parts.push((weights, offsets));
         }
         let sg = ctx.device().features().contains(wgpu::Features::SUBGROUP);
-        let x4 = layer.hidden().is_multiple_of(4);
+        let x4 = layer.hidden().is_multiple_of(4) && layer.intermediate().is_multiple_of(4);
         let pipes = ctx.pipelines(&format!("moe {code} {bits} {group} {sg} {x4}"), || {
             build(&device, ctx.info(), code, bits, group, x4)
         })?;
@@ -311,6 +313,7 @@ impl WgpuMoe {
         Ok(Self {
             scratch: Mutex::new(Scratch {
                 work: Grow::new(&device, "decoda moe work", st),
+                acts: Grow::new(&device, "decoda moe activations", st),
                 counts: Grow::new(&device, "decoda moe counts", st),
                 logits: Grow::new(&device, "decoda moe logits", st),
                 x: Grow::new(&device, "decoda moe x", st),
@@ -340,6 +343,7 @@ impl WgpuMoe {
         x: &wgpu::Buffer,
         logits: &wgpu::Buffer,
         work: &wgpu::Buffer,
+        acts: &wgpu::Buffer,
         counts: &wgpu::Buffer,
         y: &wgpu::Buffer,
     ) -> wgpu::BindGroup {
@@ -361,6 +365,7 @@ impl WgpuMoe {
                 entry(4, work),
                 entry(5, counts),
                 entry(6, y),
+                entry(7, acts),
             ],
         })
     }
@@ -422,8 +427,9 @@ impl WgpuMoe {
         p.w_idx = 3 * rows;
         p.w_inv = 4 * rows;
         p.w_off = 5 * rows;
-        p.w_act = 5 * rows + self.experts as u32 + 1;
-        p.w_out = p.w_act + rows * self.inter as u32;
+        // (the activations have a buffer of their own, loaded as vec4s)
+        p.w_act = 0;
+        p.w_out = 5 * rows + self.experts as u32 + 1;
         p.w_tb = p.w_out + rows * self.hidden as u32;
         p.w_tiles = p.w_tb + self.experts as u32 + 1;
         p
@@ -551,7 +557,14 @@ impl WgpuMoe {
                 work_words * 4
             )));
         }
+        let act_bytes = (4 * n * k * self.inter) as u64;
+        if act_bytes > limit {
+            return Err(Error::Shape(format!(
+                "{n} tokens need {act_bytes} bytes of activations; this adapter binds at most {limit}"
+            )));
+        }
         sc.work.ensure(self.ctx.device(), (work_words * 4) as u64);
+        sc.acts.ensure(self.ctx.device(), act_bytes);
         sc.counts
             .ensure(self.ctx.device(), (self.experts * 4) as u64);
         let (groups, counts) = match routing {
@@ -590,6 +603,7 @@ impl WgpuMoe {
                                 x,
                                 buffer,
                                 &sc.work.buf,
+                                &sc.acts.buf,
                                 &sc.counts.buf,
                                 y,
                             )
@@ -624,6 +638,7 @@ impl WgpuMoe {
                             x,
                             &self.parts[0].0,
                             &sc.work.buf,
+                            &sc.acts.buf,
                             &sc.counts.buf,
                             y,
                         )
@@ -964,7 +979,7 @@ fn build(
             device.features().contains(wgpu::Features::SUBGROUP),
             x4,
         ),
-        &[Uniform, Read, Read, Read, Write, Write, Write],
+        &[Uniform, Read, Read, Read, Write, Write, Write, Write],
         [
             "route",
             "count",

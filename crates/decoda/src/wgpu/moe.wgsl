@@ -56,7 +56,7 @@ struct Params {
     w_idx: u32,         // plan: idx [N*k]
     w_inv: u32,         // plan: inv_order [N*k]
     w_off: u32,         // plan: offsets [E + 1]
-    w_act: u32,         // act [rows, H]
+    w_act: u32,         // act [rows, H] (in `acts`)
     w_out: u32,         // out [rows, D]
     e_lo: u32,          // the experts of this dispatch's weights (a layer in parts)
     e_hi: u32,
@@ -67,8 +67,9 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> prm: Params;
 @group(0) @binding(1) var<storage, read> weights: array<vec4<u32>>;
-// (binding 2, `xs`, the layer's input rows: declared with `xs_f` and `xin4` by
-// moe_x1.wgsl or moe_x4.wgsl)
+// (binding 2, `xs`, the layer's input rows, and binding 7, `acts`, the experts'
+// activations between the gate/up and the down products: declared with `xs_f`, `acts_f`,
+// `put_act4` and `xin4` by moe_x1.wgsl or moe_x4.wgsl)
 @group(0) @binding(3) var<storage, read> router_logits: array<f32>;
 @group(0) @binding(4) var<storage, read_write> work: array<u32>;
 @group(0) @binding(5) var<storage, read_write> counts: array<atomic<u32>>;
@@ -443,7 +444,7 @@ fn xin(sel: u32, base: u32, i: u32, n: u32) -> f32 {
     if (sel == 0u) {
         v = xs_f(at);
     } else {
-        v = bitcast<f32>(work[at]);
+        v = acts_f(at);
     }
     return select(0.0, v, i < n);
 }
@@ -564,8 +565,12 @@ fn act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     red_g[lid] = g;
     red_u[lid] = u;
     reduce_teams(lane, lid);
-    if (lane == 0u && o < h) {
-        work[prm.w_act + c.j * h + o] = bitcast<u32>(silu(red_g[lid]) * red_u[lid]);
+    // the workgroup's 4 outputs (teams 0 .. 3, their sums at lane 0) in one write
+    if (lid == 0u) {
+        let v = vec4<f32>(silu(red_g[0u]) * red_u[0u], silu(red_g[TEAM]) * red_u[TEAM],
+                          silu(red_g[2u * TEAM]) * red_u[2u * TEAM],
+                          silu(red_g[3u * TEAM]) * red_u[3u * TEAM]);
+        put_act4(prm.w_act + c.j * h + o, v, min(4u, h - o));
     }
 }
 
@@ -761,14 +766,16 @@ fn act_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         xb = row_token(at.y + r) * d;
     }
     tile_products(t, rw / 4u, d, 0u, xb, lid, live);
-    if (lid < 128u) {
-        let i = lid / 32u;
-        let r = lid % 32u;
-        let o = q * 4u + i;
-        if (o < h && r < at.z) {
-            let v = silu(tile_out[i * 32u + r]) * tile_out[(4u + i) * 32u + r];
-            work[prm.w_act + (at.y + r) * h + o] = bitcast<u32>(v);
-        }
+    // call row r's 4 outputs (gate i at tile_out[i * 32 + r], up i at [(4 + i) * 32 + r])
+    // in one write
+    if (lid < 32u && lid < at.z) {
+        let r = lid;
+        let o = q * 4u;
+        let v = vec4<f32>(silu(tile_out[r]) * tile_out[128u + r],
+                          silu(tile_out[32u + r]) * tile_out[160u + r],
+                          silu(tile_out[64u + r]) * tile_out[192u + r],
+                          silu(tile_out[96u + r]) * tile_out[224u + r]);
+        put_act4(prm.w_act + (at.y + r) * h + o, v, min(4u, h - o));
     }
 }
 
