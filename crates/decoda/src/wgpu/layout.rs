@@ -483,6 +483,43 @@ mod tests {
         );
     }
 
+    /// The matrix products' and the MoE layer's modules (every weight format, both input
+    /// loads, with and without subgroups) fit every entry point in the 16,384 bytes of
+    /// workgroup memory WebGPU guarantees (the tiles' staged codes share it with their
+    /// partial sums).
+    #[test]
+    fn products_fit_webgpu_workgroup_memory() {
+        use super::super::shaders::WEIGHT_FORMATS;
+        let mut checked = 0;
+        for (name, dtype, bits, group) in WEIGHT_FORMATS {
+            for (sg, x4) in [(false, false), (false, true), (true, true)] {
+                for src in [
+                    super::super::model::mv_shader_source_with(dtype, bits, group, sg, x4),
+                    super::super::moe::moe_shader_source_with(dtype, bits, group, sg, x4),
+                ] {
+                    let m = naga::front::wgsl::parse_str(&src).expect("parses");
+                    let caps = if sg {
+                        naga::valid::Capabilities::SUBGROUP
+                    } else {
+                        naga::valid::Capabilities::empty()
+                    };
+                    let info =
+                        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+                            .validate(&m)
+                            .expect("validates");
+                    for (entry, bytes) in workgroup_bytes(&m, &info) {
+                        assert!(
+                            bytes <= 16384,
+                            "{name} {entry} uses {bytes} bytes of workgroup memory"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 100, "{checked} entry points");
+    }
+
     #[test]
     fn both_variants_have_the_same_entry_points() {
         let names = |sg| {

@@ -12,9 +12,11 @@
 // 16 and 8 in registers (they pair lanes of one invocation), and levels 4, 2 and 1 across
 // the 8 invocations of the call row as reduce_red8's levels (workgroup memory, or a
 // subgroup butterfly: the same bits). The 32 call rows' invocations read the same weight
-// chunks, so a tile reads its weights once from memory (the rest from the cache).
+// chunks, so a tile reads its weights once from memory (the rest from the cache); for
+// affine formats the tile unpacks each word of codes once into workgroup memory
+// (tile_affine) instead of once per call row.
 //
-// The including module defines `xin` (chunk.wgsl), `wvec(i) -> vec4<u32>` (vec4 i of
+// The including module defines `xin4` (chunk.wgsl), `wvec(i) -> vec4<u32>` (vec4 i of
 // its weights), `wword(i) -> u32` (word i) and `wgroup() -> u32` (the affine group).
 
 const TEAM_LANES: u32 = 64u;
@@ -23,6 +25,10 @@ const TEAM_LANES: u32 = 64u;
 var<workgroup> red: array<f32, 2048>;
 // A tile's results: [weight row o][call row r] at o * 32 + r
 var<workgroup> tile_out: array<f32, 256>;
+// Affine formats: a round's codes as floats, unpacked once for the tile's 32 call rows
+// (tile_products): [weight row of the round][chunk of the step (group g)][vec4 of the
+// chunk's inputs], 1,024 floats
+var<workgroup> stage: array<vec4<f32>, 256>;
 
 // Sums each team's 64 partial sums (8 values an invocation, red[lid * 8 + j], of which
 // the first `nv` are wanted) into its lane 0: the tree's levels in workgroup memory down
@@ -186,6 +192,129 @@ fn row_chunk(w: WRow, c: u32, i0: u32, xv: XChunk, sx: f32) -> f32 {
     return chunk_dot_x(wvec(w.wb + c), xv, sx, a.x, a.y);
 }
 
+// Weight row w (< 8) of the tile.
+fn tile_wrow(t: TileW, w: u32) -> WRow {
+    var r = t.r0;
+    if (w == 1u) {
+        r = t.r1;
+    } else if (w == 2u) {
+        r = t.r2;
+    } else if (w == 3u) {
+        r = t.r3;
+    } else if (w == 4u) {
+        r = t.r4;
+    } else if (w == 5u) {
+        r = t.r5;
+    } else if (w == 6u) {
+        r = t.r6;
+    } else if (w == 7u) {
+        r = t.r7;
+    }
+    return r;
+}
+
+fn v8_get(v: V8, j: u32) -> f32 {
+    if (j < 4u) {
+        return v.a[j];
+    }
+    return v.b[j - 4u];
+}
+
+// Affine formats: unpacks the codes of weight rows w0 .. w0 + rows - 1, chunks cb .. cb + 7
+// (those below `chunks`), into `stage` as floats (codes_f32: exact), one word an
+// invocation (4 words a chunk: 8 codes each at 4 bits, 4 at 8).
+fn stage_round(t: TileW, w0: u32, rows: u32, cb: u32, chunks: u32, lid: u32) {
+    let wr = lid / 32u;
+    let gg = (lid / 4u) % 8u;
+    let q = lid % 4u;
+    let c = cb + gg;
+    if (wr < rows && c < chunks) {
+        let row = tile_wrow(t, w0 + wr);
+        let word = vec4<u32>(wword((row.wb + c) * 4u + q));
+        let at = (wr * 8u + gg) * (per_chunk() / 4u);
+        if (BITS == 4u) {
+            stage[at + 2u * q] = codes_f32((word >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));
+            stage[at + 2u * q + 1u] =
+                codes_f32((word >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));
+        } else {
+            stage[at + q] = codes_f32((word >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));
+        }
+    }
+}
+
+// s + the four products q * x, in order.
+fn dot_seq(s: f32, q: vec4<f32>, x: vec4<f32>) -> f32 {
+    var r = s;
+    r = r + q.x * x.x;
+    r = r + q.y * x.y;
+    r = r + q.z * x.z;
+    r = r + q.w * x.w;
+    return r;
+}
+
+// sum(q x) of the staged chunk of round row wr, group g, against the inputs xv, in input
+// order: chunk_dot_x's `qx`, the same bits.
+fn staged_qx(wr: u32, g: u32, xv: XChunk) -> f32 {
+    let at = (wr * 8u + g) * (per_chunk() / 4u);
+    var s = 0.0;
+    s = dot_seq(s, stage[at], xv.v0);
+    s = dot_seq(s, stage[at + 1u], xv.v1);
+    s = dot_seq(s, stage[at + 2u], xv.v2);
+    s = dot_seq(s, stage[at + 3u], xv.v3);
+    if (BITS == 4u) {
+        s = dot_seq(s, stage[at + 4u], xv.v4);
+        s = dot_seq(s, stage[at + 5u], xv.v5);
+        s = dot_seq(s, stage[at + 6u], xv.v6);
+        s = dot_seq(s, stage[at + 7u], xv.v7);
+    }
+    return s;
+}
+
+// tile_products' lane sums for affine formats (every invocation calls it: barriers).
+// The lane sums and their order are tile_lane's; only the codes' unpacking moves: the
+// 32 call rows of a tile read the same weight chunks, and unpacking each word once per
+// workgroup (into `stage`) rather than once per call row cuts the integer operations of
+// a 4-bit tile step from about 768 an invocation (8 rows x 32 codes x a shift, an AND
+// and an OR) to at most 48. A step (lane group m, chunks 64j + 8m .. + 7, one per group
+// g) runs in rounds of 4 weight rows at 4 bits, 8 at 8 (1,024 staged floats).
+fn tile_affine(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, live: bool) -> Fold {
+    let g = lid % 8u;
+    let z = V8(vec4<f32>(0.0), vec4<f32>(0.0));
+    var f = Fold(z, z, z);
+    let rows = 1024u / (8u * per_chunk());
+    for (var k = 0u; k < 8u; k = k + 1u) {
+        let m = fold_m(k);
+        var acc = z;
+        for (var cb = 0u; cb < chunks; cb = cb + TEAM_LANES) {
+            let c = cb + g + 8u * m;
+            let i0 = c * per_chunk();
+            let on = live && c < chunks;
+            let zx = vec4<f32>(0.0);
+            var xv = XChunk(zx, zx, zx, zx, zx, zx, zx, zx);
+            var sx = 0.0;
+            if (on) {
+                xv = chunk_x(sel, xb, i0, n);
+                sx = chunk_sum(xv);
+            }
+            for (var w0 = 0u; w0 < 8u; w0 = w0 + rows) {
+                workgroupBarrier();
+                stage_round(t, w0, rows, cb + 8u * m, chunks, lid);
+                workgroupBarrier();
+                if (on) {
+                    for (var wr = 0u; wr < rows; wr = wr + 1u) {
+                        let w = w0 + wr;
+                        let af = chunk_affine(tile_wrow(t, w), i0);
+                        let d = af.x * staged_qx(wr, g, xv) + af.y * sx;
+                        acc = v8_set(acc, w, v8_get(acc, w) + d);
+                    }
+                }
+            }
+        }
+        f = fold_step(f, k, acc);
+    }
+    return f;
+}
+
 // Lane `lane`'s sums for the tile's 8 weight rows: chunks lane, lane + 64, .. in order.
 fn tile_lane(t: TileW, lane: u32, chunks: u32, n: u32, sel: u32, xb: u32) -> V8 {
     var a = vec4<f32>(0.0);
@@ -214,7 +343,9 @@ fn tile_products(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, liv
     let g = lid % 8u;
     let z = V8(vec4<f32>(0.0), vec4<f32>(0.0));
     var f = Fold(z, z, z);
-    if (live) {
+    if (DTYPE == 3u) {
+        f = tile_affine(t, chunks, n, sel, xb, lid, live);
+    } else if (live) {
         for (var k = 0u; k < 8u; k = k + 1u) {
             f = fold_step(f, k, tile_lane(t, g + 8u * fold_m(k), chunks, n, sel, xb));
         }
