@@ -374,6 +374,30 @@ fn routing_matches_cpu_at(
             ));
         }
     }
+    // a call of more (token, expert) rows grows the layer's working space; the first
+    // call again must still route as the CPU does (a device layer's kept calls must not
+    // compute into the space it had before)
+    let wide = MoeShape {
+        top_k: experts.min(4 * top_k),
+        ..shape
+    };
+    let (_, more) = synthetic::inputs(wide, n, 2).map_err(|e| e.to_string())?;
+    be.forward_with(&x, &more, Dispatch::Sorted)
+        .map_err(|e| e.to_string())?;
+    let router = Router::TopKSoftmax;
+    let want =
+        route_with(&logits, shape.experts, shape.top_k, router).map_err(|e| e.to_string())?;
+    let (got, _) = be
+        .route_forward(&x, &logits, shape.top_k, router)
+        .map_err(|e| e.to_string())?;
+    if got != want {
+        return Err(format!(
+            "E {experts} k {top_k}: after a call of top-k {}, routing {:?}.. vs cpu {:?}..",
+            wide.top_k,
+            &got.indices[..top_k],
+            &want.indices[..top_k]
+        ));
+    }
     Ok(())
 }
 

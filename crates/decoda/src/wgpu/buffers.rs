@@ -23,12 +23,18 @@ impl Grow {
         }
     }
 
-    /// Makes the buffer at least `bytes` long; true when it was replaced.
+    /// Makes the buffer at least `bytes` long; true when it was replaced. It grows by
+    /// doubling, but never past what one binding may hold unless `bytes` itself is more
+    /// (a caller that checked `bytes` against the limit can bind the buffer).
     pub fn ensure(&mut self, device: &wgpu::Device, bytes: u64) -> bool {
         if self.buf.size() >= bytes {
             return false;
         }
-        let size = bytes.max(self.buf.size() * 2).next_multiple_of(256);
+        let cap = device.limits().max_storage_buffer_binding_size;
+        let mut size = bytes.max(self.buf.size() * 2).next_multiple_of(256);
+        if size > cap {
+            size = bytes.max(cap).next_multiple_of(4);
+        }
         self.buf = make_buffer(device, self.label, size, self.usage);
         true
     }

@@ -1,7 +1,8 @@
 // One vec4<u32> of a weight row in its format, against a row of inputs: the inner step
 // of the matrix products (model/mv.wgsl) and the MoE layer's (moe.wgsl). The launcher
-// prefixes `DTYPE` (0 f32, 1 bf16, 2 f16, 3 affine) and `BITS` (affine codes), so there
-// is no format branch at run time; the including module defines
+// prefixes `DTYPE` (0 f32, 1 bf16, 2 f16, 3 affine), `BITS` (affine codes) and `GROUP`
+// (inputs per affine group), so there is no format branch and no division by a run-time
+// group size; the including module defines
 // `xin4(sel, base, i, n) -> vec4<f32>`, inputs i .. i + 3 (i a multiple of 4) of the row
 // at `base`, each 0 past its `n` inputs.
 // Affine chunks lie in one group (groups hold 32, 64 or 128 inputs, a chunk 32 or 16):

@@ -35,9 +35,11 @@ pub fn moe_shader_source_for(dtype: u32, bits: u32, group: u32) -> String {
 }
 
 /// [`moe_shader_source_for`], the experts' team sums with subgroup operations when
-/// `subgroups` (devices with `Features::SUBGROUP`): the same bits; the input rows loaded
-/// as vec4s when `vec4_inputs` (`moe_x4.wgsl`: a hidden width of whole vec4s), else one
-/// float at a time (`moe_x1.wgsl`): the same bits.
+/// `subgroups` (devices with `Features::SUBGROUP`): the same bits; the input rows and the
+/// activations between the gate/up and the down products loaded as vec4s when
+/// `vec4_inputs` (`moe_x4.wgsl`: for layers whose hidden and intermediate widths are
+/// whole vec4s; wrong results otherwise), else one float at a time (`moe_x1.wgsl`): the
+/// same bits.
 pub fn moe_shader_source_with(
     dtype: u32,
     bits: u32,
@@ -563,10 +565,15 @@ impl WgpuMoe {
                 "{n} tokens need {act_bytes} bytes of activations; this adapter binds at most {limit}"
             )));
         }
-        sc.work.ensure(self.ctx.device(), (work_words * 4) as u64);
-        sc.acts.ensure(self.ctx.device(), act_bytes);
-        sc.counts
-            .ensure(self.ctx.device(), (self.experts * 4) as u64);
+        let grew = sc.work.ensure(self.ctx.device(), (work_words * 4) as u64)
+            | sc.acts.ensure(self.ctx.device(), act_bytes)
+            | sc.counts
+                .ensure(self.ctx.device(), (self.experts * 4) as u64);
+        if grew {
+            // a grown buffer is a new buffer: the kept calls' bind groups would compute
+            // into the old one, which the host no longer reads (whichever branch grew it)
+            self.calls.lock().map_err(|_| poisoned())?.clear();
+        }
         let (groups, counts) = match routing {
             // device routing: the parameters and bind group of each (shape, buffers) are
             // made once, so a decode loop writes nothing and creates nothing per call

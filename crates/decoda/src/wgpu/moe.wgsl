@@ -37,7 +37,7 @@ struct Params {
     separate: u32,      // gate and up in two matrices (else fused [E, 2H, D])
     dtype: u32,         // 0 f32, 1 bf16, 2 f16, 3 affine
     bits: u32,
-    group: u32,
+    group: u32,         // (the products take the module's GROUP)
     zero: u32,          // always 0 (fp)
     // word offsets in `weights`: gate (or fused), up, down; each with scales and biases
     gate_w: u32,
@@ -437,7 +437,7 @@ fn row_words(inf: u32) -> u32 {
     return inf * BITS / 32u;
 }
 
-// Input i of a row (0 past its `n` inputs): x (src 0) or the activations in `work`.
+// Input i of a row (0 past its `n` inputs): x (src 0) or the activations in `acts` (1).
 fn xin(sel: u32, base: u32, i: u32, n: u32) -> f32 {
     let at = base + min(i, n - 1u);
     var v: f32;

@@ -1,8 +1,9 @@
 // The model's matrix products (every projection, the router, the dense MLPs, the LM
 // head): dst[r][out_off + o] (=|+=) W[o] . src[r], or for SwiGLU
 // silu(W[o] . src[r]) * W[rows + o] . src[r]. The launcher (model/plan.rs) prefixes
-// `DTYPE` and `BITS` (one module per weight format: no format branch in the loop) and
-// the `Op` block (op.wgsl).
+// `DTYPE`, `BITS` and `GROUP` (one module per weight format: no format branch in the
+// loop) and the `Op` block (op.wgsl), and appends the inputs' loads (mv_x4.wgsl or
+// mv_x1.wgsl).
 //
 // A workgroup of 256 invocations computes 4 output rows, a team of 64 per row. Each
 // invocation streams its share of the weight row as vec4<u32> loads (4 f32, 8 16-bit

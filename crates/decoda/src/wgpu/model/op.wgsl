@@ -8,7 +8,7 @@ struct Op {
     out_w: u32,      // output rows of the matrix (linear; swiglu: I)
     dtype: u32,      // 0 f32, 1 bf16, 2 f16, 3 affine
     bits: u32,
-    group: u32,
+    group: u32,      // (the products take the module's GROUP)
     row_words: u32,  // words per matrix row
     w_off: u32,      // word offsets in wts: codes or values, scales, biases
     s_off: u32,
