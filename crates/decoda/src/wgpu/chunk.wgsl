@@ -80,21 +80,6 @@ fn chunk_sum(xv: XChunk) -> f32 {
     return sx;
 }
 
-// acc + the word's two 16-bit values (low half first) times a and b.
-fn half_word(acc: f32, w: u32, a: f32, b: f32) -> f32 {
-    var lo: f32;
-    var hi: f32;
-    if (DTYPE == 1u) {
-        lo = bitcast<f32>(w << 16u);
-        hi = bitcast<f32>(w & 0xffff0000u);
-    } else {
-        lo = f16_of(w & 0xffffu);
-        hi = f16_of(w >> 16u);
-    }
-    let s = acc + lo * a;
-    return s + hi * b;
-}
-
 // Four codes (each below 2^23) as floats, exactly, without an integer-to-float
 // conversion: the code set into the mantissa of 2^23 is the float 2^23 + q, and taking
 // 2^23 away is exact (Sterbenz). A conversion issues at an eighth of a multiply-add's
@@ -105,66 +90,96 @@ fn codes_f32(q: vec4<u32>) -> vec4<f32> {
     return bitcast<vec4<f32>>(q | vec4<u32>(0x4b000000u)) - vec4<f32>(8388608.0);
 }
 
-// qx + the word's eight 4-bit codes (low bits first) times a, then b.
-fn q4_word(qx: f32, w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    let lo = codes_f32((vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));
-    let hi = codes_f32((vec4<u32>(w) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));
-    var s = qx;
-    s = s + lo.x * a.x;
-    s = s + lo.y * a.y;
-    s = s + lo.z * a.z;
-    s = s + lo.w * a.w;
-    s = s + hi.x * b.x;
-    s = s + hi.y * b.y;
-    s = s + hi.z * b.z;
-    s = s + hi.w * b.w;
-    return s;
+// The 16-bit value in the low (`hi` false) or high half of w, as f32 (exact).
+fn half_f32(w: u32, hi: bool) -> f32 {
+    if (DTYPE == 1u) {
+        return bitcast<f32>(select(w << 16u, w & 0xffff0000u, hi));
+    }
+    return f16_of(select(w & 0xffffu, w >> 16u, hi));
 }
 
-// qx + the word's four 8-bit codes (low bits first) times a.
-fn q8_word(qx: f32, w: u32, a: vec4<f32>) -> f32 {
-    let q = codes_f32((vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));
-    var s = qx;
-    s = s + q.x * a.x;
-    s = s + q.y * a.y;
-    s = s + q.z * a.z;
-    s = s + q.w * a.w;
-    return s;
+// The eight 4-bit codes of w (low bits first) as floats: the first four, then the last.
+fn q4_lo(w: u32) -> vec4<f32> {
+    return codes_f32((vec4<u32>(w) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));
 }
 
-// Chunk `w` of a weight row against its inputs `xv` (`sx` their chunk_sum): every
-// product's one definition, so the matrix-vector and the tiled kernels give the same
-// bits. Each sum runs in input order: f32 and 16-bit weights w * x, affine codes
-// scale * sum(q x) + bias * sum(x).
-fn chunk_dot_x(w: vec4<u32>, xv: XChunk, sx: f32, sc: f32, bi: f32) -> f32 {
+fn q4_hi(w: u32) -> vec4<f32> {
+    return codes_f32((vec4<u32>(w) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));
+}
+
+// The four 8-bit codes of w (low bits first) as floats.
+fn q8_of(w: u32) -> vec4<f32> {
+    return codes_f32((vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));
+}
+
+// A weight chunk's values as floats in input order (XChunk's layout, v0 first): f32 or
+// 16-bit weights, or affine codes (their scale and bias apply in chunk_dot_q). Exact, so
+// a chunk unpacked once serves every call row it meets.
+fn chunk_w(w: vec4<u32>) -> XChunk {
+    let z = vec4<f32>(0.0);
+    var c = XChunk(z, z, z, z, z, z, z, z);
     if (DTYPE == 0u) {
-        var acc = 0.0;
-        acc = acc + bitcast<f32>(w.x) * xv.v0.x;
-        acc = acc + bitcast<f32>(w.y) * xv.v0.y;
-        acc = acc + bitcast<f32>(w.z) * xv.v0.z;
-        acc = acc + bitcast<f32>(w.w) * xv.v0.w;
-        return acc;
-    }
-    if (DTYPE <= 2u) {
-        var acc = half_word(0.0, w.x, xv.v0.x, xv.v0.y);
-        acc = half_word(acc, w.y, xv.v0.z, xv.v0.w);
-        acc = half_word(acc, w.z, xv.v1.x, xv.v1.y);
-        return half_word(acc, w.w, xv.v1.z, xv.v1.w);
-    }
-    // affine: codes from the low bits up
-    var qx = 0.0;
-    if (BITS == 4u) {
-        qx = q4_word(qx, w.x, xv.v0, xv.v1);
-        qx = q4_word(qx, w.y, xv.v2, xv.v3);
-        qx = q4_word(qx, w.z, xv.v4, xv.v5);
-        qx = q4_word(qx, w.w, xv.v6, xv.v7);
+        c.v0 = bitcast<vec4<f32>>(w);
+    } else if (DTYPE <= 2u) {
+        c.v0 = vec4<f32>(half_f32(w.x, false), half_f32(w.x, true), half_f32(w.y, false),
+                         half_f32(w.y, true));
+        c.v1 = vec4<f32>(half_f32(w.z, false), half_f32(w.z, true), half_f32(w.w, false),
+                         half_f32(w.w, true));
+    } else if (BITS == 4u) {
+        c.v0 = q4_lo(w.x);
+        c.v1 = q4_hi(w.x);
+        c.v2 = q4_lo(w.y);
+        c.v3 = q4_hi(w.y);
+        c.v4 = q4_lo(w.z);
+        c.v5 = q4_hi(w.z);
+        c.v6 = q4_lo(w.w);
+        c.v7 = q4_hi(w.w);
     } else {
-        qx = q8_word(qx, w.x, xv.v0);
-        qx = q8_word(qx, w.y, xv.v1);
-        qx = q8_word(qx, w.z, xv.v2);
-        qx = q8_word(qx, w.w, xv.v3);
+        c.v0 = q8_of(w.x);
+        c.v1 = q8_of(w.y);
+        c.v2 = q8_of(w.z);
+        c.v3 = q8_of(w.w);
     }
-    return sc * qx + bi * sx;
+    return c;
+}
+
+// s + the four products q * x, in order.
+fn dot_seq(s: f32, q: vec4<f32>, x: vec4<f32>) -> f32 {
+    var r = s;
+    r = r + q.x * x.x;
+    r = r + q.y * x.y;
+    r = r + q.z * x.z;
+    r = r + q.w * x.w;
+    return r;
+}
+
+// A chunk's weights `q` (chunk_w's floats, or the same floats staged by a tile) against
+// its inputs `xv` (`sx` their chunk_sum): every product's one definition, so the
+// matrix-vector and the tiled kernels give the same bits. Each sum runs in input order:
+// f32 and 16-bit weights w * x, affine codes scale * sum(q x) + bias * sum(x).
+fn chunk_dot_q(q: XChunk, xv: XChunk, sx: f32, sc: f32, bi: f32) -> f32 {
+    var s = dot_seq(0.0, q.v0, xv.v0);
+    if (DTYPE == 0u) {
+        return s;
+    }
+    s = dot_seq(s, q.v1, xv.v1);
+    if (DTYPE <= 2u) {
+        return s;
+    }
+    s = dot_seq(s, q.v2, xv.v2);
+    s = dot_seq(s, q.v3, xv.v3);
+    if (BITS == 4u) {
+        s = dot_seq(s, q.v4, xv.v4);
+        s = dot_seq(s, q.v5, xv.v5);
+        s = dot_seq(s, q.v6, xv.v6);
+        s = dot_seq(s, q.v7, xv.v7);
+    }
+    return sc * s + bi * sx;
+}
+
+// Chunk `w` of a weight row against its inputs `xv` (`sx` their chunk_sum).
+fn chunk_dot_x(w: vec4<u32>, xv: XChunk, sx: f32, sc: f32, bi: f32) -> f32 {
+    return chunk_dot_q(chunk_w(w), xv, sx, sc, bi);
 }
 
 // Chunk `w` of a weight row (its first input `i0`) against the inputs at `base`.

@@ -230,44 +230,30 @@ fn stage_round(t: TileW, w0: u32, rows: u32, cb: u32, chunks: u32, lid: u32) {
     let c = cb + gg;
     if (wr < rows && c < chunks) {
         let row = tile_wrow(t, w0 + wr);
-        let word = vec4<u32>(wword((row.wb + c) * 4u + q));
+        let word = wword((row.wb + c) * 4u + q);
         let at = (wr * 8u + gg) * (per_chunk() / 4u);
+        // (chunk_w's floats for this word)
         if (BITS == 4u) {
-            stage[at + 2u * q] = codes_f32((word >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));
-            stage[at + 2u * q + 1u] =
-                codes_f32((word >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));
+            stage[at + 2u * q] = q4_lo(word);
+            stage[at + 2u * q + 1u] = q4_hi(word);
         } else {
-            stage[at + q] = codes_f32((word >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u));
+            stage[at + q] = q8_of(word);
         }
     }
 }
 
-// s + the four products q * x, in order.
-fn dot_seq(s: f32, q: vec4<f32>, x: vec4<f32>) -> f32 {
-    var r = s;
-    r = r + q.x * x.x;
-    r = r + q.y * x.y;
-    r = r + q.z * x.z;
-    r = r + q.w * x.w;
-    return r;
-}
-
-// sum(q x) of the staged chunk of round row wr, group g, against the inputs xv, in input
-// order: chunk_dot_x's `qx`, the same bits.
-fn staged_qx(wr: u32, g: u32, xv: XChunk) -> f32 {
+// The staged chunk of round row wr, group g: chunk_w's floats for it.
+fn staged_chunk(wr: u32, g: u32) -> XChunk {
     let at = (wr * 8u + g) * (per_chunk() / 4u);
-    var s = 0.0;
-    s = dot_seq(s, stage[at], xv.v0);
-    s = dot_seq(s, stage[at + 1u], xv.v1);
-    s = dot_seq(s, stage[at + 2u], xv.v2);
-    s = dot_seq(s, stage[at + 3u], xv.v3);
+    let z = vec4<f32>(0.0);
+    var c = XChunk(stage[at], stage[at + 1u], stage[at + 2u], stage[at + 3u], z, z, z, z);
     if (BITS == 4u) {
-        s = dot_seq(s, stage[at + 4u], xv.v4);
-        s = dot_seq(s, stage[at + 5u], xv.v5);
-        s = dot_seq(s, stage[at + 6u], xv.v6);
-        s = dot_seq(s, stage[at + 7u], xv.v7);
+        c.v4 = stage[at + 4u];
+        c.v5 = stage[at + 5u];
+        c.v6 = stage[at + 6u];
+        c.v7 = stage[at + 7u];
     }
-    return s;
+    return c;
 }
 
 // tile_products' lane sums for affine formats (every invocation calls it: barriers).
@@ -304,7 +290,7 @@ fn tile_affine(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, live:
                     for (var wr = 0u; wr < rows; wr = wr + 1u) {
                         let w = w0 + wr;
                         let af = chunk_affine(tile_wrow(t, w), i0);
-                        let d = af.x * staged_qx(wr, g, xv) + af.y * sx;
+                        let d = chunk_dot_q(staged_chunk(wr, g), xv, sx, af.x, af.y);
                         acc = v8_set(acc, w, v8_get(acc, w) + d);
                     }
                 }
@@ -374,8 +360,11 @@ fn tile_products(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, liv
 fn rows_dot(w: vec4<u32>, i0: u32, sc: f32, bi: f32, n: u32, sel: u32, per_row: bool, x0: u32,
             stride: u32, nr: u32) -> V8 {
     var r = V8(vec4<f32>(0.0), vec4<f32>(0.0));
+    // the weights unpacked once for every call row (exact: each row's sum is the same)
+    let q = chunk_w(w);
     for (var j = 0u; j < min(nr, 8u); j = j + 1u) {
-        r = v8_set(r, j, chunk_dot(w, i0, select(sel, j, per_row), x0 + j * stride, n, sc, bi));
+        let xv = chunk_x(select(sel, j, per_row), x0 + j * stride, i0, n);
+        r = v8_set(r, j, chunk_dot_q(q, xv, chunk_sum(xv), sc, bi));
     }
     return r;
 }
