@@ -271,7 +271,9 @@ fn tile_affine(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, live:
     for (var k = 0u; k < 8u; k = k + 1u) {
         let m = fold_m(k);
         var acc = z;
-        for (var cb = 0u; cb < chunks; cb = cb + TEAM_LANES) {
+        // (a step past the row's chunks, for every group: skipped, with its barriers;
+        // the condition is the workgroup's)
+        for (var cb = 0u; cb + 8u * m < chunks; cb = cb + TEAM_LANES) {
             let c = cb + g + 8u * m;
             let i0 = c * per_chunk();
             let on = live && c < chunks;
