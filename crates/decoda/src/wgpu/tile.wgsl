@@ -213,6 +213,7 @@ fn tile_wrow(t: TileW, w: u32) -> WRow {
     return r;
 }
 
+// Value j (< 8) of v: a, then b.
 fn v8_get(v: V8, j: u32) -> f32 {
     if (j < 4u) {
         return v.a[j];
