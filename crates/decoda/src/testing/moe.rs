@@ -7,8 +7,8 @@
 use crate::backend::MoeLayer;
 use crate::error::Result;
 use crate::moe::{
-    route_with, Affine, Dispatch, ExpertWeights, GateUp, MoeShape, Router, Routing, SwitchMlp,
-    WeightDtype,
+    route_with, Affine, Dispatch, ExpertWeights, GateUp, MoeOutput, MoeShape, Router, Routing,
+    SwitchMlp, WeightDtype,
 };
 use crate::testing::synthetic;
 
@@ -345,11 +345,8 @@ fn routing_matches_cpu_at(
     row1[0] = -0.0;
     row1[1] = 0.0;
     row1[experts - 1] = 0.0;
-    for router in [
-        Router::SoftmaxTopK { renormalize: true },
-        Router::SoftmaxTopK { renormalize: false },
-        Router::TopKSoftmax,
-    ] {
+    // the layer's routing of the call (and its output) against the CPU's routing
+    let route = |router: Router, when: &str| -> std::result::Result<(Routing, MoeOutput), String> {
         let want =
             route_with(&logits, shape.experts, shape.top_k, router).map_err(|e| e.to_string())?;
         let (got, out) = be
@@ -357,11 +354,19 @@ fn routing_matches_cpu_at(
             .map_err(|e| e.to_string())?;
         if got != want {
             return Err(format!(
-                "E {experts} k {top_k} {router:?}: routing {:?}.. vs cpu {:?}..",
+                "E {experts} k {top_k} {router:?}{when}: routing {:?}.. vs cpu {:?}..",
                 &got.indices[..top_k],
                 &want.indices[..top_k]
             ));
         }
+        Ok((want, out))
+    };
+    for router in [
+        Router::SoftmaxTopK { renormalize: true },
+        Router::SoftmaxTopK { renormalize: false },
+        Router::TopKSoftmax,
+    ] {
+        let (want, out) = route(router, "")?;
         let cpu_out = cpu.forward(&x, &want).map_err(|e| e.to_string())?;
         let err = rel_err(
             &out.y,
@@ -384,20 +389,10 @@ fn routing_matches_cpu_at(
     let (_, more) = synthetic::inputs(wide, n, 2).map_err(|e| e.to_string())?;
     be.forward_with(&x, &more, Dispatch::Sorted)
         .map_err(|e| e.to_string())?;
-    let router = Router::TopKSoftmax;
-    let want =
-        route_with(&logits, shape.experts, shape.top_k, router).map_err(|e| e.to_string())?;
-    let (got, _) = be
-        .route_forward(&x, &logits, shape.top_k, router)
-        .map_err(|e| e.to_string())?;
-    if got != want {
-        return Err(format!(
-            "E {experts} k {top_k}: after a call of top-k {}, routing {:?}.. vs cpu {:?}..",
-            wide.top_k,
-            &got.indices[..top_k],
-            &want.indices[..top_k]
-        ));
-    }
+    route(
+        Router::TopKSoftmax,
+        &format!(", after a call of top-k {}", wide.top_k),
+    )?;
     Ok(())
 }
 

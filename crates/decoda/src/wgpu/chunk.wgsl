@@ -34,6 +34,13 @@ struct XChunk {
     v7: vec4<f32>,
 }
 
+// Inputs i .. i + 3 of the row at `base` one float at a time, through the including
+// module's `xin(sel, base, i, n) -> f32` (the scalar-load modules' xin4).
+fn xin4_floats(sel: u32, base: u32, i: u32, n: u32) -> vec4<f32> {
+    return vec4<f32>(xin(sel, base, i, n), xin(sel, base, i + 1u, n), xin(sel, base, i + 2u, n),
+                     xin(sel, base, i + 3u, n));
+}
+
 // Inputs i .. i + 3 of the row at `base` (the including module's xin4).
 fn x4(sel: u32, base: u32, i: u32, n: u32) -> vec4<f32> {
     return xin4(sel, base, i, n);

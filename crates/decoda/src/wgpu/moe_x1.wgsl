@@ -23,6 +23,5 @@ fn put_act4(at: u32, v: vec4<f32>, n: u32) {
 
 // Inputs i .. i + 3 of the row at `base`, as xin gives them.
 fn xin4(sel: u32, base: u32, i: u32, n: u32) -> vec4<f32> {
-    return vec4<f32>(xin(sel, base, i, n), xin(sel, base, i + 1u, n), xin(sel, base, i + 2u, n),
-                     xin(sel, base, i + 3u, n));
+    return xin4_floats(sel, base, i, n);
 }
