@@ -12,34 +12,43 @@ struct Lanes {
 fn lanes_init(l: Lanes) {
 }
 
-// Each reduction is a tree of fan-in four: a barrier a level, six for 256 invocations
-// (a binary tree takes ten, and lavapipe pays for each barrier by switching between
-// every group of invocations). Sums are exact integers and maxima order-free, so the
-// result is any tree's, and reduce_sg.wgsl's.
+// Each reduction takes two barriers: every invocation leaves its value in workgroup
+// memory; after the first barrier, 16 invocations reduce 16 values each into `rqa`/`rqb`
+// (step/common.wgsl);
+// after the second, every invocation combines the 16 partials. No barrier follows: the
+// next reduction writes the partials only after its own first barrier, which every
+// invocation reaches after reading these. (A tree of fan-in four took six barriers;
+// lavapipe pays for each one by switching between every group of invocations, and its
+// LLVM compile time grows with them: each is a suspension point of the shader's
+// coroutine.) Sums are exact integers and maxima order-free, so the result is any
+// tree's, and reduce_sg.wgsl's.
+
+// (key, index) with the larger key, the smaller index on a tie
+fn argmax_pair(a: vec2<u32>, k: u32, i: u32) -> vec2<u32> {
+    if (k > a.x || (k == a.x && i < a.y)) {
+        return vec2<u32>(k, i);
+    }
+    return a;
+}
 
 fn wg_argmax(lid: u32, key: u32, idx: u32) -> vec2<u32> {
     ra[lid] = key;
     rb[lid] = idx;
     workgroupBarrier();
-    for (var s = 64u; s > 0u; s = s >> 2u) {
-        if (lid < s) {
-            var bk = ra[lid];
-            var bi = rb[lid];
-            for (var q = 1u; q < 4u; q = q + 1u) {
-                let ok = ra[lid + q * s];
-                let oi = rb[lid + q * s];
-                if (ok > bk || (ok == bk && oi < bi)) {
-                    bk = ok;
-                    bi = oi;
-                }
-            }
-            ra[lid] = bk;
-            rb[lid] = bi;
+    if (lid < 16u) {
+        let base = lid * 16u;
+        var b = vec2<u32>(ra[base], rb[base]);
+        for (var q = 1u; q < 16u + opaque_zero(); q = q + 1u) {
+            b = argmax_pair(b, ra[base + q], rb[base + q]);
         }
-        workgroupBarrier();
+        rqa[lid] = b.x;
+        rqb[lid] = b.y;
     }
-    let r = vec2<u32>(ra[0], rb[0]);
     workgroupBarrier();
+    var r = vec2<u32>(rqa[0], rqb[0]);
+    for (var q = 1u; q < 16u + opaque_zero(); q = q + 1u) {
+        r = argmax_pair(r, rqa[q], rqb[q]);
+    }
     return r;
 }
 
@@ -48,16 +57,25 @@ fn wg_sum_max(lid: u32, s: u32, m: u32) -> vec2<u32> {
     ra[lid] = s;
     rb[lid] = m;
     workgroupBarrier();
-    for (var k = 64u; k > 0u; k = k >> 2u) {
-        if (lid < k) {
-            ra[lid] = ra[lid] + ra[lid + k] + ra[lid + 2u * k] + ra[lid + 3u * k];
-            rb[lid] = max(max(rb[lid], rb[lid + k]), max(rb[lid + 2u * k], rb[lid + 3u * k]));
+    if (lid < 16u) {
+        let base = lid * 16u;
+        var ts = ra[base];
+        var tm = rb[base];
+        for (var q = 1u; q < 16u + opaque_zero(); q = q + 1u) {
+            ts = ts + ra[base + q];
+            tm = max(tm, rb[base + q]);
         }
-        workgroupBarrier();
+        rqa[lid] = ts;
+        rqb[lid] = tm;
     }
-    let r = vec2<u32>(ra[0], rb[0]);
     workgroupBarrier();
-    return r;
+    var ts = rqa[0];
+    var tm = rqb[0];
+    for (var q = 1u; q < 16u + opaque_zero(); q = q + 1u) {
+        ts = ts + rqa[q];
+        tm = max(tm, rqb[q]);
+    }
+    return vec2<u32>(ts, tm);
 }
 
 fn wg_sum_u32(lid: u32, v: u32) -> u32 {
@@ -68,18 +86,19 @@ fn wg_sum64(lid: u32, v: vec2<u32>) -> vec2<u32> {
     ra[lid] = v.x;
     rb[lid] = v.y;
     workgroupBarrier();
-    for (var k = 64u; k > 0u; k = k >> 2u) {
-        if (lid < k) {
-            var t = vec2<u32>(ra[lid], rb[lid]);
-            t = add64(t, vec2<u32>(ra[lid + k], rb[lid + k]));
-            t = add64(t, vec2<u32>(ra[lid + 2u * k], rb[lid + 2u * k]));
-            t = add64(t, vec2<u32>(ra[lid + 3u * k], rb[lid + 3u * k]));
-            ra[lid] = t.x;
-            rb[lid] = t.y;
+    if (lid < 16u) {
+        let base = lid * 16u;
+        var t = vec2<u32>(ra[base], rb[base]);
+        for (var q = 1u; q < 16u + opaque_zero(); q = q + 1u) {
+            t = add64(t, vec2<u32>(ra[base + q], rb[base + q]));
         }
-        workgroupBarrier();
+        rqa[lid] = t.x;
+        rqb[lid] = t.y;
     }
-    let r = vec2<u32>(ra[0], rb[0]);
     workgroupBarrier();
-    return r;
+    var t = vec2<u32>(rqa[0], rqb[0]);
+    for (var q = 1u; q < 16u + opaque_zero(); q = q + 1u) {
+        t = add64(t, vec2<u32>(rqa[q], rqb[q]));
+    }
+    return t;
 }

@@ -238,6 +238,10 @@ struct SlotP {
 
 var<workgroup> ra: array<u32, 256>;
 var<workgroup> rb: array<u32, 256>;
+// the partials of reduce_wg.wgsl's reductions and of wg_scan64: one a group of 16
+// invocations
+var<workgroup> rqa: array<u32, 16>;
+var<workgroup> rqb: array<u32, 16>;
 var<workgroup> wtot: vec2<u32>;
 var<workgroup> wflag: u32;
 var<workgroup> wsum: vec3<u32>;
@@ -580,21 +584,31 @@ fn wg_sum96(lid: u32, v: vec3<u32>) -> vec3<u32> {
 }
 
 // Inclusive prefix sum over the workgroup, in thread order; also leaves the total in wtot.
+// Three barriers: 16 invocations sum a group of 16 values each, then every invocation
+// adds the groups before its own and its own group's values up to itself (sums mod 2^64
+// in any order are the same sum).
 fn wg_scan64(lid: u32, v: vec2<u32>) -> vec2<u32> {
     ra[lid] = v.x;
     rb[lid] = v.y;
     workgroupBarrier();
-    for (var s = 1u; s < WG; s = s << 1u) {
-        var cur = vec2<u32>(ra[lid], rb[lid]);
-        if (lid >= s) {
-            cur = add64(cur, vec2<u32>(ra[lid - s], rb[lid - s]));
+    if (lid < 16u) {
+        let base = lid * 16u;
+        var t = vec2<u32>(ra[base], rb[base]);
+        for (var q = 1u; q < 16u + opaque_zero(); q = q + 1u) {
+            t = add64(t, vec2<u32>(ra[base + q], rb[base + q]));
         }
-        workgroupBarrier();
-        ra[lid] = cur.x;
-        rb[lid] = cur.y;
-        workgroupBarrier();
+        rqa[lid] = t.x;
+        rqb[lid] = t.y;
     }
-    let r = vec2<u32>(ra[lid], rb[lid]);
+    workgroupBarrier();
+    let g = lid / 16u;
+    var r = vec2<u32>(0u, 0u);
+    for (var q = 0u; q < g; q = q + 1u) {
+        r = add64(r, vec2<u32>(rqa[q], rqb[q]));
+    }
+    for (var q = g * 16u; q <= lid; q = q + 1u) {
+        r = add64(r, vec2<u32>(ra[q], rb[q]));
+    }
     if (lid == WG - 1u) {
         wtot = r;
     }
