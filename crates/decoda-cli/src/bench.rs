@@ -397,6 +397,19 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
                     // uploading the rows; 500 ms before a group's first cell, 50 ms
                     // before the others
                     let warm_ms = if c == 0 { 500 } else { 50 };
+                    // the cell's first call, stage by stage, before any warm-up: a stage
+                    // whose pipeline this process has not dispatched yet includes what
+                    // the driver does at a first dispatch (llvmpipe compiles the
+                    // machine code then, or loads it from its disk cache)
+                    let mut first = serde_json::Map::new();
+                    if g.has_timestamps() {
+                        for (stage, t) in g
+                            .time_stages(&views[0], &reqs, &out)
+                            .map_err(|e| e.to_string())?
+                        {
+                            first.insert(stage.into(), json!(round2(t)));
+                        }
+                    }
                     let warm = std::time::Instant::now();
                     for view in views.iter().cycle() {
                         g.time_wall(view, &reqs, &out, 1)
@@ -463,6 +476,7 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
                         "workgroups": shape.workgroups,
                         "row_reads": shape.row_reads,
                         "stages_us": stages, "stages_slowest_us": slowest,
+                        "first_stages_us": first,
                         "timer": timer, "median_us": round2(stream.median),
                         "p10_us": round2(stream.p10), "p90_us": round2(stream.p90),
                         "gpu_us": round2(one.median), "gpu_p10_us": round2(one.p10),
@@ -500,6 +514,30 @@ fn run_wgpu(a: &BenchArgs, g: &decoda::wgpu::WgpuSampler) -> Result<ExitCode, St
             "pipelines built by this process (seconds each, the start-up a first call pays): {}",
             built.join(", ")
         );
+        // the first calls' slowest stages: the driver's work at a first dispatch
+        let mut firsts: Vec<(f64, String)> = lines
+            .iter()
+            .flat_map(|l| {
+                let config = l["config"].as_str().unwrap_or("").to_string();
+                l["first_stages_us"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(move |(k, t)| (t.as_f64().unwrap_or(0.0), format!("{k} ({config})")))
+            })
+            .collect();
+        if !firsts.is_empty() {
+            firsts.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let top: Vec<String> = firsts
+                .iter()
+                .take(5)
+                .map(|(t, k)| format!("{k} {:.2}", t / 1e6))
+                .collect();
+            println!(
+                "slowest stages of the cells' first calls (seconds; a first dispatch includes the driver's compile or cache load): {}",
+                top.join(", ")
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -468,6 +468,11 @@ fn bench_device_json_fields() {
                 m.values().map(|t| t.as_f64().unwrap()).sum::<f64>()
             };
             assert!(total(slowest) >= total(stages), "{l}");
+            // the cell's first call, stage by stage: the same stages
+            let first = l["first_stages_us"].as_object().expect("first_stages_us");
+            let names: Vec<&str> = first.keys().map(String::as_str).collect();
+            assert_eq!(names, want, "{l}");
+            assert!(first.values().all(|t| t.as_f64().is_some_and(|t| t >= 0.0)));
         }
     }
 }
