@@ -8,7 +8,7 @@
 #![cfg(feature = "wgpu")]
 
 use decoda::testing::Rng;
-use decoda::wgpu::{WgpuSampler, SHADER_FMATH};
+use decoda::wgpu::{WgpuSampler, SHADER_FMATH, SHADER_FMATH_INT64};
 
 const HARNESS: &str = r#"
 struct P { n: u32, op: u32, zero: u32, per: u32 }
@@ -65,17 +65,26 @@ fn sampler() -> Option<WgpuSampler> {
 
 /// Runs operation `op` of the harness on `(a[i], b[i])` on the device.
 fn run(s: &WgpuSampler, op: u32, a: &[u32], b: &[u32]) -> Vec<u32> {
-    run_n(s, op, a, b, a.len(), 1)
+    run_n(s, op, a, b, a.len(), 1, SHADER_FMATH)
 }
 
 /// `run` over the first `n` inputs, in cases of `per` (the reach test's constants after
-/// them in `a`).
-fn run_n(s: &WgpuSampler, op: u32, a: &[u32], b: &[u32], n: usize, per: usize) -> Vec<u32> {
+/// them in `a`), with the arithmetic `fmath` (`SHADER_FMATH`, or `SHADER_FMATH_INT64` on
+/// a device with 64-bit integers).
+fn run_n(
+    s: &WgpuSampler,
+    op: u32,
+    a: &[u32],
+    b: &[u32],
+    n: usize,
+    per: usize,
+    fmath: &str,
+) -> Vec<u32> {
     use wgpu::util::DeviceExt;
     let dev = s.device();
     let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: None,
-        source: wgpu::ShaderSource::Wgsl(format!("{HARNESS}\n{SHADER_FMATH}").into()),
+        source: wgpu::ShaderSource::Wgsl(format!("{HARNESS}\n{fmath}").into()),
     });
     let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: None,
@@ -247,7 +256,9 @@ fn division_is_correctly_rounded() {
 }
 
 /// Philox4x32-10, unrolled (`philox`) and as a loop (`philox_cold`), is the CPU's, word
-/// for word.
+/// for word: with its 32 x 32-bit products from 16-bit ones (`mulhi32.wgsl`), and, on a
+/// device with 64-bit integers (lavapipe has them), from one 64-bit product
+/// (`mulhi64.wgsl`, what the step kernels use there).
 #[test]
 fn philox_matches_the_cpu() {
     let Some(s) = sampler() else { return };
@@ -261,9 +272,25 @@ fn philox_matches_the_cpu() {
         let w = decoda::philox::philox4x32_10([x, y, x ^ y, 1], [y, x.wrapping_add(1)]);
         w[(x % 4) as usize]
     };
-    for (op, name) in [(5, "philox"), (6, "philox_cold")] {
-        let got = run(&s, op, &a, &b);
-        compare(name, &a, &b, &got, cpu);
+    let int64 = s.uses_int64();
+    if s.adapter().contains("llvmpipe") {
+        assert!(int64, "lavapipe has 64-bit integers");
+    }
+    for (fmath, products) in [
+        (SHADER_FMATH, "16-bit products"),
+        (SHADER_FMATH_INT64, "64-bit products"),
+    ] {
+        if fmath == SHADER_FMATH_INT64 && !int64 {
+            eprintln!(
+                "{}: no SHADER_INT64, the 64-bit products are not run",
+                s.adapter()
+            );
+            continue;
+        }
+        for (op, name) in [(5, "philox"), (6, "philox_cold")] {
+            let got = run_n(&s, op, &a, &b, a.len(), 1, fmath);
+            compare(&format!("{name} ({products})"), &a, &b, &got, cpu);
+        }
     }
 }
 
@@ -363,7 +390,7 @@ fn reach_test_is_safe_and_tight_on_the_device() {
     for &(t, floor) in &cases {
         a.extend([t.to_bits(), floor.to_bits()]);
     }
-    let got = run_n(&s, 8, &a, &b, n, per);
+    let got = run_n(&s, 8, &a, &b, n, per, SHADER_FMATH);
     let (mut kept, mut dropped) = (0, 0);
     for i in 0..n {
         let (t, floor) = cases[i / per];
