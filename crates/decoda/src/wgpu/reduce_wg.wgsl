@@ -1,4 +1,4 @@
-// Workgroup reductions through workgroup memory (tree reductions): the portable path,
+// Workgroup reductions through workgroup memory (two levels of 16): the portable path,
 // used when the adapter has no subgroup operations (or they are turned off). The same
 // functions with subgroup operations are in reduce_sg.wgsl. Call from uniform control
 // flow; every invocation gets the result.

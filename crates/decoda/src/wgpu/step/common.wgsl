@@ -239,7 +239,9 @@ struct SlotP {
 var<workgroup> ra: array<u32, 256>;
 var<workgroup> rb: array<u32, 256>;
 // the partials of reduce_wg.wgsl's reductions and of wg_scan64: one a group of 16
-// invocations
+// invocations. Written only after the writer's first barrier, which every invocation
+// reaches after its last read of the previous partials (the reductions end without a
+// barrier): a new writer must keep to that.
 var<workgroup> rqa: array<u32, 16>;
 var<workgroup> rqb: array<u32, 16>;
 var<workgroup> wtot: vec2<u32>;
