@@ -11,7 +11,8 @@
 # flags) and the CPU sampler's kernels (DECODA_ISA=avx2). The core itself stays this
 # machine's. --cold points Mesa's disk cache at an empty folder (MESA_SHADER_CACHE_DIR),
 # as on a fresh CI machine. Prints the binaries summed (the harness's own figures),
-# the wall time of the run and the largest binaries; the whole log is kept in $LOG.
+# the wall time of the run, its CPU time (how many cores it kept busy) and the largest
+# binaries; the whole log is kept in $LOG.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,11 +38,14 @@ LOG="${LOG:-$(mktemp /tmp/test_times.XXXXXX)}"
 cargo test --release --no-run -q
 start=$(date +%s)
 rc=0
-cargo test --release >"$LOG" 2>&1 || rc=$?
+# the run's CPU time (its processes' user and system time, from bash's `time`): how many
+# of the cores the run kept busy
+TIMEFORMAT='%R %U %S'
+cpu=$({ time cargo test --release >"$LOG" 2>&1; } 2>&1) || rc=$?
 wall=$(($(date +%s) - start))
 
 # "Running tests/x.rs (...)" names a binary; its "test result: ... finished in S s" follows.
-awk -v wall="$wall" -v rc="$rc" '
+awk -v wall="$wall" -v rc="$rc" -v cpu="$cpu" '
   /Running / { name = $2; if (name == "unittests") name = $2 " " $3 }
   /test result:/ {
     s = $NF; sub(/s$/, "", s); total += s
@@ -49,7 +53,9 @@ awk -v wall="$wall" -v rc="$rc" '
   }
   END {
     printf "binaries summed: %.1f s; the run: %d s; rc %d\n", total, wall, rc
+    split(cpu, t, " ")
+    printf "CPU: %.0f s user + %.0f s system over %.0f s: %.2f cores busy on average\n", t[2], t[3], t[1], (t[2] + t[3]) / t[1]
     for (i = 1; i <= n; i++) print line[i]
-  }' "$LOG" | { read -r head; echo "$head"; sort -rn | head -12; }
+  }' "$LOG" | { read -r head; read -r cpuline; echo "$head"; echo "$cpuline"; sort -rn | head -12; }
 echo "log: $LOG"
 exit "$rc"
