@@ -83,19 +83,7 @@ fn wg_sum_u32(lid: u32, v: u32) -> u32 {
 }
 
 fn wg_sum64(lid: u32, v: vec2<u32>) -> vec2<u32> {
-    ra[lid] = v.x;
-    rb[lid] = v.y;
-    workgroupBarrier();
-    if (lid < 16u) {
-        let base = lid * 16u;
-        var t = vec2<u32>(ra[base], rb[base]);
-        for (var q = 1u; q < 16u + opaque_zero(); q = q + 1u) {
-            t = add64(t, vec2<u32>(ra[base + q], rb[base + q]));
-        }
-        rqa[lid] = t.x;
-        rqb[lid] = t.y;
-    }
-    workgroupBarrier();
+    wg_group_sums64(lid, v);
     var t = vec2<u32>(rqa[0], rqb[0]);
     for (var q = 1u; q < 16u + opaque_zero(); q = q + 1u) {
         t = add64(t, vec2<u32>(rqa[q], rqb[q]));

@@ -585,11 +585,10 @@ fn wg_sum96(lid: u32, v: vec3<u32>) -> vec3<u32> {
     return vec3<u32>(a.x, add64(b, vec2<u32>(a.y, 0u)));
 }
 
-// Inclusive prefix sum over the workgroup, in thread order; also leaves the total in wtot.
-// Three barriers: 16 invocations sum a group of 16 values each, then every invocation
-// adds the groups before its own and its own group's values up to itself (sums mod 2^64
-// in any order are the same sum).
-fn wg_scan64(lid: u32, v: vec2<u32>) -> vec2<u32> {
+// The first level of the 64-bit sums (wg_scan64, and reduce_wg.wgsl's wg_sum64): each
+// invocation's v in ra/rb, then, after a barrier, 16 invocations' sums of a group of 16
+// each in rqa/rqb, after a second barrier (ra/rb still hold the values).
+fn wg_group_sums64(lid: u32, v: vec2<u32>) {
     ra[lid] = v.x;
     rb[lid] = v.y;
     workgroupBarrier();
@@ -603,6 +602,14 @@ fn wg_scan64(lid: u32, v: vec2<u32>) -> vec2<u32> {
         rqb[lid] = t.y;
     }
     workgroupBarrier();
+}
+
+// Inclusive prefix sum over the workgroup, in thread order; also leaves the total in wtot.
+// Three barriers: the groups' sums (wg_group_sums64), then every invocation adds the
+// groups before its own and its own group's values up to itself (sums mod 2^64 in any
+// order are the same sum).
+fn wg_scan64(lid: u32, v: vec2<u32>) -> vec2<u32> {
+    wg_group_sums64(lid, v);
     let g = lid / 16u;
     var r = vec2<u32>(0u, 0u);
     for (var q = 0u; q < g; q = q + 1u) {
