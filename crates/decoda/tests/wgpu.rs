@@ -76,6 +76,26 @@ fn subgroup_sampler() -> Option<&'static WgpuSampler> {
     S.get_or_init(|| open(4096, Some(true))).as_ref()
 }
 
+/// Both variants at once: subgroup reductions (where the adapter has them) and Philox's
+/// products from 16-bit ones, as on an adapter with subgroups and no `SHADER_INT64`.
+/// The two are separate code (the reductions never call Philox), so in the quick tier
+/// this one sampler runs each against the default's bits and the step kernels compile
+/// for one variant module, not two; the full tier runs each alone as well.
+fn subgroup_int32_sampler() -> Option<&'static WgpuSampler> {
+    static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
+    S.get_or_init(|| {
+        open_with(
+            4096,
+            WgpuOptions {
+                subgroups: Some(true),
+                int64: Some(false),
+                ..Default::default()
+            },
+        )
+    })
+    .as_ref()
+}
+
 /// A sampler on the shared test device (default options) that cuts every row into
 /// 64-logit pieces, one workgroup each: the multi-workgroup reductions on small
 /// vocabularies.
@@ -123,22 +143,35 @@ mod conformance_int32 {
 }
 
 /// Every variant of the device sampler draws the default sampler's bits: Philox with
-/// 16-bit products (where the adapter has `SHADER_INT64`, the others use 64-bit ones),
-/// subgroup reductions, and rows cut into 64-logit workgroups. Every token,
-/// log-probability and kept distribution of mixed rows (every stage), per call and
-/// through many draws per row, at V = 1 to 151,936.
+/// 16-bit products (where the adapter has `SHADER_INT64`, the others use 64-bit ones)
+/// together with subgroup reductions, and rows cut into 64-logit workgroups; in the full
+/// tier also each of the first two alone. Every token, log-probability and kept
+/// distribution of mixed rows (every stage), per call and through many draws per row, at
+/// V = 1 to 151,936.
 #[test]
 fn variants_give_the_same_bits() {
     let Some(a) = sampler() else {
         return;
     };
-    let (Some(b), Some(c), Some(d)) = (int32_sampler(), subgroup_sampler(), split_sampler()) else {
+    let (Some(both), Some(split)) = (subgroup_int32_sampler(), split_sampler()) else {
         return;
     };
-    assert!(!b.uses_int64());
+    let mut variants = vec![("subgroups and int32", both), ("split", split)];
+    if decoda::testing::full_tier() {
+        let (Some(b), Some(c)) = (int32_sampler(), subgroup_sampler()) else {
+            return;
+        };
+        assert!(!b.uses_int64());
+        variants.extend([("int32", b), ("subgroups", c)]);
+    }
+    assert!(!both.uses_int64());
     if a.adapter().contains("llvmpipe") {
         assert!(a.uses_int64(), "lavapipe has 64-bit integers");
-        assert!(c.uses_subgroups(), "lavapipe has subgroup operations");
+        assert!(
+            !a.uses_subgroups(),
+            "the default sampler's reductions are in workgroup memory"
+        );
+        assert!(both.uses_subgroups(), "lavapipe has subgroup operations");
     }
     if !a.uses_int64() {
         eprintln!(
@@ -155,7 +188,7 @@ fn variants_give_the_same_bits() {
         let one = Logits::f32(&cases[0].0, 1, v).unwrap();
         let want = a.sample(&l, &reqs).unwrap();
         let want_draws = a.sample_draws(&one, &reqs[..1], 64).unwrap();
-        for (name, s) in [("int32", b), ("subgroups", c), ("split", d)] {
+        for &(name, s) in &variants {
             assert_eq!(s.sample(&l, &reqs).unwrap(), want, "{name}, V = {v}");
             assert_eq!(
                 s.sample_draws(&one, &reqs[..1], 64).unwrap(),
@@ -366,7 +399,8 @@ fn stress_run_matches_the_reference() {
 /// of every kind (V from 1 to 262,144; f32, f16, bf16; every filter, penalty, bias,
 /// sentinel and logprobs mode) draw the same token as the CPU, except where the
 /// reference shows a floating-point tie. This test: the small vocabularies, many rows,
-/// also through the multi-workgroup split and with subgroup operations.
+/// also through the multi-workgroup split and with subgroup operations (with Philox's
+/// 16-bit products).
 #[test]
 fn parity_with_cpu_many_rows() {
     let Some(b) = sampler() else { return };
@@ -382,7 +416,8 @@ fn parity_with_cpu_many_rows() {
         }
     }
     // the same through the multi-workgroup split (V = 20,000: more pieces than a
-    // workgroup has invocations), and with subgroup operations
+    // workgroup has invocations), and with subgroup operations and Philox's 16-bit
+    // products
     if let Some(s) = split_sampler() {
         for &(v, n) in &[(300usize, 100usize), (5000, 100), (20000, 25)] {
             run_batch(
@@ -395,7 +430,7 @@ fn parity_with_cpu_many_rows() {
             );
         }
     }
-    if let Some(s) = subgroup_sampler() {
+    if let Some(s) = subgroup_int32_sampler() {
         for &v in &[700usize, 40000, 131072] {
             run_batch(s, &mut count, &mut rng, v, 64, DType::Bf16);
         }
@@ -851,21 +886,29 @@ fn calls_record_the_passes_their_rows_need() {
 /// (32,001 is no multiple of 256: the last piece is short).
 #[test]
 fn probe_in_pieces_gives_the_whole_row_bits() {
-    let (Some(whole), Some(pieces)) = (
-        decoda::testing::gpu::own_device(WgpuOptions {
-            sample_pieces: Some(false),
-            ..Default::default()
-        }),
-        decoda::testing::gpu::own_device(WgpuOptions {
-            sample_pieces: Some(true),
-            ..Default::default()
-        }),
-    ) else {
+    // the shared test device where its probe takes a row in one piece (a software
+    // adapter: its pipelines are built already), else a device of its own
+    let own_whole;
+    let whole = match decoda::testing::gpu::device() {
+        Some(d) if !d.samples_in_pieces() => d,
+        _ => {
+            own_whole = decoda::testing::gpu::own_device(WgpuOptions {
+                sample_pieces: Some(false),
+                ..Default::default()
+            });
+            let Some(d) = own_whole.as_ref() else { return };
+            d
+        }
+    };
+    let Some(pieces) = decoda::testing::gpu::own_device(WgpuOptions {
+        sample_pieces: Some(true),
+        ..Default::default()
+    }) else {
         return;
     };
     assert!(pieces.samples_in_pieces() && !whole.samples_in_pieces());
     let (a, b) = (
-        WgpuSampler::on(&whole).unwrap(),
+        WgpuSampler::on(whole).unwrap(),
         WgpuSampler::on(&pieces).unwrap(),
     );
     for v in [32_001usize, 151_936] {
