@@ -228,45 +228,100 @@ mod wgpu {
         decoda::testing::gpu::sampler().expect("checked by available()")
     }
 
+    /// The device of the tests whose sequences draw by seed through the device's head
+    /// (`wgpu_batch_invariant`, `wgpu_sampling_on_the_host_agrees`,
+    /// `wgpu_speculative_is_plain_decoding`; the others are greedy): a second device, so
+    /// that a cold run (lavapipe's shader cache empty) compiles the step kernels' full
+    /// path on this device's queue while the shared device's compiles the weight
+    /// formats' modules. Lavapipe compiles a pipeline at its first dispatch, on the
+    /// device's one queue: on one device the two sets took turns, about 29 s of the
+    /// binary's cold run with a core idle. Warm, this device only repeats the NIR passes
+    /// of the pipelines it builds. (The harness starts tests in the order of their names,
+    /// two at a time: the seeded tests' names keep them apart, so that while one waits
+    /// for this device's compile the other thread runs the shared device's tests. With
+    /// `wgpu_batch_invariant` and the host-sampling test side by side, both threads
+    /// waited on this queue and the cold run gained nothing.)
+    fn seeded_sampler() -> WgpuSampler {
+        static D: std::sync::OnceLock<decoda::wgpu::WgpuDevice> = std::sync::OnceLock::new();
+        let d = D.get_or_init(|| {
+            decoda::testing::gpu::own_device(Default::default()).expect("checked by available()")
+        });
+        WgpuSampler::on(d).expect("the test device runs the sampler")
+    }
+
+    /// An engine on `s` (its head on the device, or `host`).
+    fn engine_on(
+        s: &WgpuSampler,
+        model: Arc<Qwen3Moe>,
+        slots: usize,
+        positions: usize,
+        host: Option<Box<dyn decoda::head::Head + Send>>,
+    ) -> Result<Box<dyn Engine>, String> {
+        WgpuEngine::new(s, model, slots, positions, host)
+            .map(|e| Box::new(e) as Box<dyn Engine>)
+            .map_err(|e| e.to_string())
+    }
+
+    /// An engine on the shared test device.
     fn dev(
         model: Arc<Qwen3Moe>,
         slots: usize,
         positions: usize,
     ) -> Result<Box<dyn Engine>, String> {
         thread_local!(static S: WgpuSampler = sampler());
-        S.with(|s| {
-            WgpuEngine::new(s, model, slots, positions, None)
-                .map(|e| Box::new(e) as Box<dyn Engine>)
-                .map_err(|e| e.to_string())
-        })
+        S.with(|s| engine_on(s, model, slots, positions, None))
     }
 
-    fn dev_host_sampling(
+    /// An engine on the seeded tests' device ([`seeded_sampler`]).
+    fn seeded_dev(
         model: Arc<Qwen3Moe>,
         slots: usize,
         positions: usize,
     ) -> Result<Box<dyn Engine>, String> {
-        thread_local!(static S: WgpuSampler = sampler());
-        let v = model.config.vocab_size;
-        let host = decoda::CpuHead::new(slots, v).map_err(|e| e.to_string())?;
-        S.with(|s| {
-            WgpuEngine::new(s, model, slots, positions, Some(Box::new(host)))
-                .map(|e| Box::new(e) as Box<dyn Engine>)
-                .map_err(|e| e.to_string())
-        })
+        thread_local!(static S: WgpuSampler = seeded_sampler());
+        S.with(|s| engine_on(s, model, slots, positions, None))
     }
 
-    /// The device model as speculative decoding's forward (128 positions a slot).
+    /// An engine on the seeded tests' device that samples on the host.
+    fn seeded_dev_host_sampling(
+        model: Arc<Qwen3Moe>,
+        slots: usize,
+        positions: usize,
+    ) -> Result<Box<dyn Engine>, String> {
+        thread_local!(static S: WgpuSampler = seeded_sampler());
+        let v = model.config.vocab_size;
+        let host = decoda::CpuHead::new(slots, v).map_err(|e| e.to_string())?;
+        S.with(|s| engine_on(s, model, slots, positions, Some(Box::new(host))))
+    }
+
+    /// The device model as speculative decoding's forward (128 positions a slot), on
+    /// `s`.
+    fn forward_on(
+        s: &WgpuSampler,
+        model: Arc<Qwen3Moe>,
+        slots: usize,
+    ) -> Result<Box<dyn decoda::model::Forward>, String> {
+        decoda::wgpu::WgpuModel::new(s, model, slots, 128)
+            .map(|m| Box::new(m) as Box<dyn decoda::model::Forward>)
+            .map_err(|e| e.to_string())
+    }
+
+    /// [`forward_on`] the shared test device.
     fn dev_forward(
         model: Arc<Qwen3Moe>,
         slots: usize,
     ) -> Result<Box<dyn decoda::model::Forward>, String> {
         thread_local!(static S: WgpuSampler = sampler());
-        S.with(|s| {
-            decoda::wgpu::WgpuModel::new(s, model, slots, 128)
-                .map(|m| Box::new(m) as Box<dyn decoda::model::Forward>)
-                .map_err(|e| e.to_string())
-        })
+        S.with(|s| forward_on(s, model, slots))
+    }
+
+    /// [`forward_on`] the seeded tests' device.
+    fn seeded_forward(
+        model: Arc<Qwen3Moe>,
+        slots: usize,
+    ) -> Result<Box<dyn decoda::model::Forward>, String> {
+        thread_local!(static S: WgpuSampler = seeded_sampler());
+        S.with(|s| forward_on(s, model, slots))
     }
 
     /// The suite's position invariance (`testing::speculate`) on the device: five and
@@ -299,9 +354,9 @@ mod wgpu {
             ))
         };
         decoda::testing::speculate::speculative_is_plain(
-            &dev_forward,
+            &seeded_forward,
             &head,
-            &dev,
+            &seeded_dev,
             &decoda::CpuSampler::new(),
             // the quick tier one K and the close draft (lavapipe's calls cost
             // milliseconds each); the CPU's test runs K = 1, 3 and 5 and both drafts
@@ -448,7 +503,7 @@ mod wgpu {
             return;
         }
         let t = tmp("wgpu-batch");
-        batch_invariant(&dev, &tiny_model(&t, 6).unwrap()).unwrap_or_else(|e| panic!("{e}"));
+        batch_invariant(&seeded_dev, &tiny_model(&t, 6).unwrap()).unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[test]
@@ -462,7 +517,7 @@ mod wgpu {
 
     /// Sampling on the host from logits copied back draws what the device's head draws.
     #[test]
-    fn wgpu_host_sampling_agrees() {
+    fn wgpu_sampling_on_the_host_agrees() {
         if !available() {
             return;
         }
@@ -471,7 +526,7 @@ mod wgpu {
         // batches through the host head (the full tier; the device head's batches are
         // wgpu_batch_invariant's)
         if decoda::testing::full_tier() {
-            batch_invariant(&dev_host_sampling, &dir).unwrap_or_else(|e| panic!("{e}"));
+            batch_invariant(&seeded_dev_host_sampling, &dir).unwrap_or_else(|e| panic!("{e}"));
         }
         let model = Arc::new(Qwen3Moe::load(&dir, 16).unwrap());
         let seq = decoda::model::Sequence {
@@ -484,8 +539,8 @@ mod wgpu {
             .seed(5)
             .max_tokens(24),
         };
-        let mut a = dev(Arc::clone(&model), 1, 40).unwrap();
-        let mut b = dev_host_sampling(model, 1, 40).unwrap();
+        let mut a = seeded_dev(Arc::clone(&model), 1, 40).unwrap();
+        let mut b = seeded_dev_host_sampling(model, 1, 40).unwrap();
         let ra =
             decoda::model::generate(a.as_mut(), std::slice::from_ref(&seq), &mut |_| {}).unwrap();
         let rb =
