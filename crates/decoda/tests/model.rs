@@ -230,21 +230,24 @@ mod wgpu {
 
     /// The device of the tests whose sequences draw by seed through the device's head
     /// (`wgpu_batch_invariant`, `wgpu_sampling_on_the_host_agrees`,
-    /// `wgpu_speculative_is_plain_decoding`; the others are greedy): a second device, so
-    /// that a cold run (lavapipe's shader cache empty) compiles the step kernels' full
-    /// path on this device's queue while the shared device's compiles the weight
-    /// formats' modules. Lavapipe compiles a pipeline at its first dispatch, on the
-    /// device's one queue: on one device the two sets took turns, about 29 s of the
-    /// binary's cold run with a core idle. Warm, this device only repeats the NIR passes
-    /// of the pipelines it builds. (The harness starts tests in the order of their names,
-    /// two at a time: the seeded tests' names keep them apart, so that while one waits
-    /// for this device's compile the other thread runs the shared device's tests. With
-    /// `wgpu_batch_invariant` and the host-sampling test side by side, both threads
-    /// waited on this queue and the cold run gained nothing.)
+    /// `wgpu_speculative_is_plain_decoding`, `wgpu_stops_and_lengths`; the others are
+    /// greedy): a second device, so that a cold run (lavapipe's shader cache empty)
+    /// compiles the step kernels' full path on this device's queue while the shared
+    /// device's compiles the weight formats' modules. Lavapipe compiles a pipeline at its
+    /// first dispatch, on the device's one queue: on one device the two sets took turns,
+    /// about 29 s of the binary's cold run with a core idle. Warm, this device only
+    /// repeats the NIR passes of the pipelines it builds. (The harness starts tests in
+    /// the order of their names, two at a time: `wgpu_batch_invariant` comes first of
+    /// these and compiles the kernels while the other thread works through the shared
+    /// device's tests (the `wgpu_matches_*` ones compile the formats); the next seeded
+    /// test comes after those. When the host-sampling test was named
+    /// `wgpu_host_sampling_agrees` it started beside `wgpu_batch_invariant`, both
+    /// threads waited on this queue, and the cold run gained nothing.)
     fn seeded_sampler() -> WgpuSampler {
         static D: std::sync::OnceLock<decoda::wgpu::WgpuDevice> = std::sync::OnceLock::new();
         let d = D.get_or_init(|| {
-            decoda::testing::gpu::own_device(Default::default()).expect("checked by available()")
+            decoda::testing::gpu::own_device(Default::default())
+                .expect("a second device opens where the first did")
         });
         WgpuSampler::on(d).expect("the test device runs the sampler")
     }
@@ -512,7 +515,8 @@ mod wgpu {
             return;
         }
         let t = tmp("wgpu-stops");
-        stops_and_lengths(&dev, &tiny_model(&t, 7).unwrap()).unwrap_or_else(|e| panic!("{e}"));
+        stops_and_lengths(&seeded_dev, &tiny_model(&t, 7).unwrap())
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Sampling on the host from logits copied back draws what the device's head draws.

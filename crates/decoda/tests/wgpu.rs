@@ -430,7 +430,12 @@ fn parity_with_cpu_many_rows() {
             );
         }
     }
-    if let Some(s) = subgroup_int32_sampler() {
+    // (the full tier: with 64-bit Philox products too)
+    let mut variants = vec![subgroup_int32_sampler()];
+    if full {
+        variants.push(subgroup_sampler());
+    }
+    for s in variants.into_iter().flatten() {
         for &v in &[700usize, 40000, 131072] {
             run_batch(s, &mut count, &mut rng, v, 64, DType::Bf16);
         }
@@ -887,7 +892,7 @@ fn calls_record_the_passes_their_rows_need() {
 #[test]
 fn probe_in_pieces_gives_the_whole_row_bits() {
     // the shared test device where its probe takes a row in one piece (a software
-    // adapter: its pipelines are built already), else a device of its own
+    // adapter), else a device of its own
     let own_whole;
     let whole = match decoda::testing::gpu::device() {
         Some(d) if !d.samples_in_pieces() => d,
