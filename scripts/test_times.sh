@@ -36,24 +36,22 @@ fi
 LOG="${LOG:-$(mktemp /tmp/test_times.XXXXXX)}"
 
 cargo test --release --no-run -q
-start=$(date +%s)
 rc=0
-# the run's CPU time (its processes' user and system time, from bash's `time`): how many
-# of the cores the run kept busy
+# the run's wall and CPU time (its processes' user and system time, from bash's `time`):
+# how many of the cores the run kept busy
 TIMEFORMAT='%R %U %S'
 cpu=$({ time cargo test --release >"$LOG" 2>&1; } 2>&1) || rc=$?
-wall=$(($(date +%s) - start))
 
 # "Running tests/x.rs (...)" names a binary; its "test result: ... finished in S s" follows.
-awk -v wall="$wall" -v rc="$rc" -v cpu="$cpu" '
+awk -v rc="$rc" -v cpu="$cpu" '
   /Running / { name = $2; if (name == "unittests") name = $2 " " $3 }
   /test result:/ {
     s = $NF; sub(/s$/, "", s); total += s
     if (s >= 1) line[++n] = sprintf("%7.1f s  %s", s, name)
   }
   END {
-    printf "binaries summed: %.1f s; the run: %d s; rc %d\n", total, wall, rc
     split(cpu, t, " ")
+    printf "binaries summed: %.1f s; the run: %.0f s; rc %d\n", total, t[1], rc
     printf "CPU: %.0f s user + %.0f s system over %.0f s: %.2f cores busy on average\n", t[2], t[3], t[1], (t[2] + t[3]) / t[1]
     for (i = 1; i <= n; i++) print line[i]
   }' "$LOG" | { read -r head; read -r cpuline; echo "$head"; echo "$cpuline"; sort -rn | head -12; }

@@ -13,18 +13,14 @@ use decoda::testing::{random_case, Rng};
 use decoda::wgpu::{DeviceLogits, WgpuOptions, WgpuSampler};
 use decoda::{Backend, CpuSampler, DType, Error, Logits, Request, RowResult, SamplingParams};
 
-fn open(min_chunk: usize, subgroups: Option<bool>) -> Option<WgpuSampler> {
-    open_with(
-        min_chunk,
-        WgpuOptions {
-            subgroups,
-            ..Default::default()
-        },
-    )
-}
-
-fn open_with(min_chunk: usize, options: WgpuOptions) -> Option<WgpuSampler> {
-    let subgroups = options.subgroups;
+/// A sampler on a device of its own with these reductions (`subgroups`) and Philox
+/// products (`int64`: `None` for the adapter's choice), rows cut at 4,096 logits.
+fn open(subgroups: Option<bool>, int64: Option<bool>) -> Option<WgpuSampler> {
+    let options = WgpuOptions {
+        subgroups,
+        int64,
+        ..Default::default()
+    };
     let s = decoda::testing::gpu::or_skip(WgpuSampler::with_options(options))?;
     eprintln!(
         "wgpu tests on {} (subgroups: {})",
@@ -37,7 +33,7 @@ fn open_with(min_chunk: usize, options: WgpuOptions) -> Option<WgpuSampler> {
     if subgroups == Some(true) && s.adapter().contains("llvmpipe") {
         assert!(s.uses_subgroups(), "lavapipe has subgroup operations");
     }
-    s.set_min_chunk(min_chunk);
+    s.set_min_chunk(4096);
     Some(s)
 }
 
@@ -48,7 +44,7 @@ fn sampler() -> Option<&'static WgpuSampler> {
     static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
     S.get_or_init(|| match decoda::testing::gpu::device() {
         Some(d) if !d.uses_subgroups() => WgpuSampler::on(d).ok(),
-        _ => open(4096, Some(false)),
+        _ => open(Some(false), None),
     })
     .as_ref()
 }
@@ -57,23 +53,13 @@ fn sampler() -> Option<&'static WgpuSampler> {
 /// the adapter has 64-bit integers (which the others use: lavapipe has them).
 fn int32_sampler() -> Option<&'static WgpuSampler> {
     static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
-    S.get_or_init(|| {
-        open_with(
-            4096,
-            WgpuOptions {
-                subgroups: Some(false),
-                int64: Some(false),
-                ..Default::default()
-            },
-        )
-    })
-    .as_ref()
+    S.get_or_init(|| open(Some(false), Some(false))).as_ref()
 }
 
 /// The same with subgroup reductions wherever the adapter has them (lavapipe does).
 fn subgroup_sampler() -> Option<&'static WgpuSampler> {
     static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
-    S.get_or_init(|| open(4096, Some(true))).as_ref()
+    S.get_or_init(|| open(Some(true), None)).as_ref()
 }
 
 /// Both variants at once: subgroup reductions (where the adapter has them) and Philox's
@@ -83,17 +69,7 @@ fn subgroup_sampler() -> Option<&'static WgpuSampler> {
 /// for one variant module, not two; the full tier runs each alone as well.
 fn subgroup_int32_sampler() -> Option<&'static WgpuSampler> {
     static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
-    S.get_or_init(|| {
-        open_with(
-            4096,
-            WgpuOptions {
-                subgroups: Some(true),
-                int64: Some(false),
-                ..Default::default()
-            },
-        )
-    })
-    .as_ref()
+    S.get_or_init(|| open(Some(true), Some(false))).as_ref()
 }
 
 /// A sampler on the shared test device (default options) that cuts every row into
@@ -553,7 +529,7 @@ fn device_api_with_stride_and_offset() {
 #[test]
 fn device_api_steady_state_creates_nothing() {
     // a sampler of its own: the shared ones are used by other tests concurrently
-    let Some(b) = open(4096, None) else { return };
+    let Some(b) = open(None, None) else { return };
     let mut rng = Rng::new(9);
     let v = 3000;
     let rows = 4;
@@ -604,7 +580,7 @@ fn device_api_steady_state_creates_nothing() {
 /// come back once the work is done, so a steady loop stops creating them.
 #[test]
 fn recorded_calls_keep_their_parameters() {
-    let Some(b) = open(4096, None) else { return };
+    let Some(b) = open(None, None) else { return };
     let mut rng = Rng::new(31);
     let v = 2000;
     for (n, one_encoder) in [
