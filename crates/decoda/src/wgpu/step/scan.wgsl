@@ -136,15 +136,15 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
     for (var g = g0 + lid; g < g1; g = g + WG) {
         // A group of four tokens in three steps: x, then z for the tokens whose row has
         // penalties, bias or DRY, then y and what needs it for the tokens that can
-        // matter. Each later step loops over the tokens it concerns (bit masks), so a
-        // token that cannot reach a list, a sum or the draw costs no division or noise
-        // even where every branch is run (lavapipe runs both sides of a branch, masked;
-        // a loop whose mask empties stops). Every token gets the values one pass in
-        // token order gives it; sums are integers, maxima and argmaxima order-free, and
-        // the list's order is its atomics' in either form.
+        // matter. Each later step loops over the tokens it concerns (bit masks), so
+        // where every branch is run (lavapipe runs both sides of a branch, masked) a
+        // group pays for one pass of a step, or as many as its busiest lane has tokens
+        // there, not four (a loop whose mask empties stops; its body still runs once,
+        // masked, when no lane enters it: examples/branch_cost). Every token gets the
+        // values one pass in token order gives it; sums are integers, maxima and
+        // argmaxima order-free, and the list's order is its atomics' in either form.
         // a new best since the reach constants were made: remake them (a loop run at most
-        // once, not an `if`: lavapipe skips a loop no lane enters, but runs both sides of
-        // a branch)
+        // once, which lavapipe, as an `if`, runs masked when no lane needs it)
         for (var stale = draw_only && bi != NO_TOKEN && bk != reach_bk; stale; stale = false) {
             reach = reach_consts(t, from_key(bk));
             reach_bk = bk;
