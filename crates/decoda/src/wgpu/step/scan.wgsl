@@ -133,7 +133,35 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
     let g1 = (end + 3u) / 4u;
     // a row without penalties, bias or DRY leaves z = x (z_of's work is skipped)
     let touch = select(0u, 0xfu, (sp.flags & F_TOUCH) != 0u);
-    for (var g = g0 + lid; g < g1; g = g + WG) {
+    // A greedy row with z = x needs only the counts and the largest z: a loop of its
+    // own, not the general one below with its later steps skipped, because lavapipe runs
+    // each step's body once a pass, masked, even where no token needs it
+    // (examples/branch_cost). A row takes one of the two loops (its bounds say which);
+    // the other runs no pass (lavapipe: one pass masked, not one a group).
+    let plain = isc && touch == 0u;
+    for (var g = select(g1, g0 + lid, plain); g < g1; g = g + WG) {
+        let n = min(4u, end - g * 4u);
+        for (var j = 0u; j < n; j = j + 1u) {
+            let i = g * 4u + j;
+            let x = load_x(row, i);
+            if (is_bad(x)) {
+                bad_x = bad_x + 1u;
+                bad_z = bad_z + 1u;
+                continue;
+            }
+            xk = max(xk, key_of(x));
+            let kz = cmp_key(x);
+            if (kz > zk || (kz == zk && i < zi)) {
+                zk = kz;
+                zi = i;
+            }
+            if (!is_neg_inf(x)) {
+                n_fin = n_fin + 1u;
+                kz_min = min(kz_min, kz);
+            }
+        }
+    }
+    for (var g = select(g0 + lid, g1, plain); g < g1; g = g + WG) {
         // A group of four tokens in three steps: x, then z for the tokens whose row has
         // penalties, bias or DRY, then y and what needs it for the tokens that can
         // matter. Each later step loops over the tokens it concerns (bit masks), so
