@@ -133,11 +133,12 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
     let g1 = (end + 3u) / 4u;
     // a row without penalties, bias or DRY leaves z = x (z_of's work is skipped)
     let touch = select(0u, 0xfu, (sp.flags & F_TOUCH) != 0u);
-    // A greedy row with z = x needs only the counts and the largest z: a loop of its
-    // own, not the general one below with its later steps skipped, because lavapipe runs
-    // each step's body once a pass, masked, even where no token needs it
-    // (examples/branch_cost). A row takes one of the two loops (its bounds say which);
-    // the other runs no pass (lavapipe: one pass masked, not one a group).
+    // A greedy row with z = x needs only the counts, the largest x and z, and (for
+    // top-n-σ's flag) the finite count and the smallest z: a loop of its own, not the
+    // general one below with its later steps skipped, because lavapipe runs each step's
+    // body once a pass, masked, even where no token needs it (examples/branch_cost). A
+    // row takes one of the two loops (its bounds say which); the other runs no pass
+    // (lavapipe: one pass masked, not one a group).
     let plain = isc && touch == 0u;
     for (var g = select(g1, g0 + lid, plain); g < g1; g = g + WG) {
         let n = min(4u, end - g * 4u);
