@@ -12,6 +12,9 @@
 
 use decoda::wgpu::WgpuDevice;
 
+#[path = "common/dispatch.rs"]
+mod dispatch;
+
 /// (name, barriers per workgroup, WGSL). Every kernel writes one value
 /// per invocation; the barrier kernels sum workgroup memory by a tree, `rounds` times.
 fn kernels() -> Vec<(&'static str, u32, String)> {
@@ -52,13 +55,7 @@ fn main(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w: vec3<
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = WgpuDevice::new()?;
-    let (dev, queue) = (ctx.device(), ctx.queue());
-    let out = dev.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("barrier_cost out"),
-        size: 4 << 20,
-        usage: wgpu::BufferUsages::STORAGE,
-        mapped_at_creation: false,
-    });
+    let out = dispatch::storage(&ctx, 4 << 20);
     println!(
         "{}: wall µs per dispatch (µs per workgroup), the best of 3 runs of 20 dispatches",
         ctx.adapter_name()
@@ -68,50 +65,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "kernel", "barriers", "1 wg", "64 wg", "512 wg", "4096 wg"
     );
     for (name, barriers, src) in kernels() {
-        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(name),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        });
-        let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(name),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(name),
-            layout: &pipe.get_bind_group_layout(0),
-            entries: &[wgpu::BindGroupEntry {
-                binding: 0,
-                resource: out.as_entire_binding(),
-            }],
-        });
+        let kernel = dispatch::Kernel::new(&ctx, name, src, &[&out]);
         let mut cells = Vec::new();
         for groups in [1u32, 64, 512, 4096] {
-            let run = |n: usize| -> Result<f64, Box<dyn std::error::Error>> {
-                let t = std::time::Instant::now();
-                let mut enc = dev.create_command_encoder(&Default::default());
-                {
-                    let mut pass = enc.begin_compute_pass(&Default::default());
-                    pass.set_pipeline(&pipe);
-                    pass.set_bind_group(0, &bind, &[]);
-                    for _ in 0..n {
-                        pass.dispatch_workgroups(groups, 1, 1);
-                    }
-                }
-                queue.submit([enc.finish()]);
-                dev.poll(wgpu::PollType::wait_indefinitely())?;
-                Ok(t.elapsed().as_secs_f64())
-            };
-            run(2)?;
-            let n = 20;
-            let mut best = f64::MAX;
-            for _ in 0..3 {
-                best = best.min(run(n)?);
-            }
-            let us = best / n as f64 * 1e6;
+            let us = kernel.seconds(&ctx, groups, 20)? * 1e6;
             cells.push(format!("{us:.1} ({:.2})", us / f64::from(groups)));
         }
         println!(

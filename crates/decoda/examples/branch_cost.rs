@@ -13,6 +13,9 @@
 
 use decoda::wgpu::WgpuDevice;
 
+#[path = "common/dispatch.rs"]
+mod dispatch;
+
 /// The block: 400 dependent pairs of operations on `x`, different per invocation.
 fn block() -> String {
     (0..400)
@@ -65,71 +68,19 @@ fn main(@builtin(local_invocation_index) l: u32, @builtin(workgroup_id) w: vec3<
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = WgpuDevice::new()?;
-    let (dev, queue) = (ctx.device(), ctx.queue());
-    let storage = |size: u64| {
-        dev.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("branch_cost"),
-            size,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
-        })
-    };
     // (a new storage buffer reads as zeros: the flag is 0)
-    let (out, flag) = (storage(4 << 20), storage(16));
+    let (out, flag) = (
+        dispatch::storage(&ctx, 4 << 20),
+        dispatch::storage(&ctx, 16),
+    );
     let groups = 512u32;
     println!(
         "{}: wall µs per workgroup over {groups} workgroups, the best of 3 runs of 10 dispatches",
         ctx.adapter_name()
     );
     for (name, src) in kernels() {
-        let module = dev.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(name),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        });
-        let pipe = dev.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(name),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        let bind = dev.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(name),
-            layout: &pipe.get_bind_group_layout(0),
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: out.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: flag.as_entire_binding(),
-                },
-            ],
-        });
-        let run = |n: usize| -> Result<f64, Box<dyn std::error::Error>> {
-            let t = std::time::Instant::now();
-            let mut enc = dev.create_command_encoder(&Default::default());
-            {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                pass.set_pipeline(&pipe);
-                pass.set_bind_group(0, &bind, &[]);
-                for _ in 0..n {
-                    pass.dispatch_workgroups(groups, 1, 1);
-                }
-            }
-            queue.submit([enc.finish()]);
-            dev.poll(wgpu::PollType::wait_indefinitely())?;
-            Ok(t.elapsed().as_secs_f64())
-        };
-        run(2)?;
-        let n = 10;
-        let mut best = f64::MAX;
-        for _ in 0..3 {
-            best = best.min(run(n)?);
-        }
-        let us = best / n as f64 / f64::from(groups) * 1e6;
+        let kernel = dispatch::Kernel::new(&ctx, name, src, &[&out, &flag]);
+        let us = kernel.seconds(&ctx, groups, 10)? / f64::from(groups) * 1e6;
         println!("{name:28} {us:8.2}");
     }
     Ok(())

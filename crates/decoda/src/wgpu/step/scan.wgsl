@@ -37,6 +37,23 @@ fn mass_floor(r: f32) -> u32 {
     return cmp_key(c);
 }
 
+// What the scan keeps of token i's z (neither NaN nor +inf), in both of its loops: the
+// row's largest z (the smallest id among equal ones) and, for a finite z, the count and
+// the smallest key (top-n-σ's first read). Returns z's key.
+fn see_z(i: u32, z: f32, zk: ptr<function, u32>, zi: ptr<function, u32>,
+         n_fin: ptr<function, u32>, kz_min: ptr<function, u32>) -> u32 {
+    let kz = cmp_key(z);
+    if (kz > *zk || (kz == *zk && i < *zi)) {
+        *zk = kz;
+        *zi = i;
+    }
+    if (!is_neg_inf(z)) {
+        *n_fin = *n_fin + 1u;
+        *kz_min = min(*kz_min, kz);
+    }
+    return kz;
+}
+
 @compute @workgroup_size(256)
 fn scan(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
@@ -151,15 +168,7 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
                 continue;
             }
             xk = max(xk, key_of(x));
-            let kz = cmp_key(x);
-            if (kz > zk || (kz == zk && i < zi)) {
-                zk = kz;
-                zi = i;
-            }
-            if (!is_neg_inf(x)) {
-                n_fin = n_fin + 1u;
-                kz_min = min(kz_min, kz);
-            }
+            see_z(i, x, &zk, &zi, &n_fin, &kz_min);
         }
     }
     for (var g = select(g0 + lid, g1, plain); g < g1; g = g + WG) {
@@ -213,15 +222,7 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
                 bad_z = bad_z + 1u;
                 continue;
             }
-            let kz = cmp_key(z);
-            if (kz > zk || (kz == zk && i < zi)) {
-                zk = kz;
-                zi = i;
-            }
-            if (!is_neg_inf(z)) {
-                n_fin = n_fin + 1u;
-                kz_min = min(kz_min, kz);
-            }
+            let kz = see_z(i, z, &zk, &zi, &n_fin, &kz_min);
             if (is_neg_inf(z) || isc || kz <= zlo) {
                 continue;
             }
