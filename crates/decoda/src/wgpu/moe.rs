@@ -216,6 +216,16 @@ fn expert_words(w: &ExpertWeights) -> usize {
     w.out_features() * (rows::row_words(w) + 2 * rows::row_groups(w))
 }
 
+/// Most tiles `rows` (token, expert) rows routed among `experts` experts can make: the
+/// sum over the experts that hold rows of ceil(rows_e / TILE_ROWS), at most
+/// (rows + (TILE_ROWS - 1) m) / TILE_ROWS for m = min(experts, rows) such experts. A
+/// sorted call's tiled products dispatch this many tiles' workgroups, and those past the
+/// routing's own tiles do nothing; a few rows (N = 1, k = 8: 8 tiles, not 129 at E = 128)
+/// launch few of them.
+fn max_tiles(rows: usize, experts: usize) -> usize {
+    (rows + (TILE_ROWS - 1) * experts.min(rows)) / TILE_ROWS
+}
+
 /// `n` workgroups as a grid within the per-dimension limit (the kernels flatten it).
 fn flat_grid(n: usize) -> (usize, usize) {
     let n = n.max(1);
@@ -437,10 +447,10 @@ impl WgpuMoe {
         p
     }
 
-    /// Most tiles a sorted call of `rows` (token, expert) rows can have: the sum over
-    /// experts of ceil(rows_e / TILE_ROWS).
+    /// Most tiles a sorted call of `rows` (token, expert) rows can have: [`max_tiles`]
+    /// over all the layer's experts.
     fn max_tiles(&self, rows: usize) -> usize {
-        rows.div_ceil(TILE_ROWS) + self.experts
+        max_tiles(rows, self.experts)
     }
 
     /// Records one call into `encoder`: `x [n, D]` f32 (a STORAGE buffer), the routing
@@ -711,7 +721,7 @@ impl WgpuMoe {
             if sorted {
                 // enough tiles for any routing: the sum over the part's experts of
                 // ceil(rows_e / 32)
-                let tiles = rows.div_ceil(TILE_ROWS) + part_e as usize;
+                let tiles = max_tiles(rows, part_e as usize);
                 // the tiles a routing spread evenly over the part's experts reads
                 let expect = |per: u64| {
                     let rows_p = share(rows64).max(1);
@@ -1049,5 +1059,47 @@ impl MoeLayer for WgpuMoe {
             None,
         )?;
         Ok((routing, out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{max_tiles, TILE_ROWS};
+
+    /// The most tiles of every way to route `rows` rows among `experts` experts (counts
+    /// per expert, each ceil(count / TILE_ROWS) tiles): every split, by dynamic
+    /// programming over the experts.
+    fn most_tiles(rows: usize, experts: usize) -> usize {
+        // best[r]: the most tiles r rows make among the experts so far
+        let mut best: Vec<usize> = (0..=rows).map(|r| r.div_ceil(TILE_ROWS)).collect();
+        for _ in 1..experts {
+            best = (0..=rows)
+                .map(|r| {
+                    (0..=r)
+                        .map(|c| c.div_ceil(TILE_ROWS) + best[r - c])
+                        .max()
+                        .unwrap_or(0)
+                })
+                .collect();
+        }
+        best[rows]
+    }
+
+    /// The grid's bound holds every routing's tiles and is the most one can have, so
+    /// no routing's tile goes without a workgroup and no workgroup is spent beyond it.
+    #[test]
+    fn max_tiles_is_the_most_any_routing_makes() {
+        for experts in 1..=9 {
+            for rows in (0..=70).chain([95, 96, 97, 128, 129, 300]) {
+                assert_eq!(
+                    max_tiles(rows, experts),
+                    most_tiles(rows, experts),
+                    "rows {rows}, experts {experts}"
+                );
+            }
+        }
+        // the decode shapes the bound is for: one token of k = 8 at E = 128
+        assert_eq!(max_tiles(8, 128), 8);
+        assert_eq!(max_tiles(512, 16), (512 + 31 * 16) / 32);
     }
 }

@@ -75,7 +75,10 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> counts: array<atomic<u32>>;
 @group(0) @binding(6) var<storage, read_write> ys: array<f32>;
 
-var<workgroup> scan: array<u32, 256>;
+// `place`: which of a chunk's 256 pairs go to the workgroup's expert, a bit each
+var<workgroup> mask: array<atomic<u32>, 8>;
+// `place`: the expert's first pair, first tile and pairs
+var<workgroup> place_at: vec3<u32>;
 
 fn opaque_zero() -> u32 {
     return prm.zero;
@@ -304,14 +307,22 @@ fn place(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     if (e >= prm.experts) {
         return;
     }
-    var off = 0u;
-    var tb = 0u;
-    for (var f = 0u; f < e; f = f + 1u) {
-        let cf = atomicLoad(&counts[f]);
-        off = off + cf;
-        tb = tb + (cf + 31u) / 32u;
+    // the experts before e: their pairs and tiles, summed by one invocation (software
+    // adapters run an atomic once per invocation that executes it)
+    if (lid == 0u) {
+        var off = 0u;
+        var tb = 0u;
+        for (var f = 0u; f < e; f = f + 1u) {
+            let cf = atomicLoad(&counts[f]);
+            off = off + cf;
+            tb = tb + (cf + 31u) / 32u;
+        }
+        place_at = vec3<u32>(off, tb, atomicLoad(&counts[e]));
     }
-    let cnt = atomicLoad(&counts[e]);
+    let pl = workgroupUniformLoad(&place_at);
+    let off = pl.x;
+    let tb = pl.y;
+    let cnt = pl.z;
     let tiles = (cnt + 31u) / 32u;
     if (lid == 0u) {
         work[prm.w_off + e] = off;
@@ -326,33 +337,37 @@ fn place(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         work[prm.w_tiles + 2u * (tb + i)] = off + 32u * i;
         work[prm.w_tiles + 2u * (tb + i) + 1u] = (e << 8u) | min(32u, cnt - 32u * i);
     }
+    // the pairs 256 at a time: a pair's place is `base` plus the expert's pairs before
+    // it in the chunk, counted from a bit mask of the chunk (3 barriers a chunk: software
+    // adapters pay for each barrier in every invocation)
     let rows = prm.tokens * prm.top_k;
     var base = off;
     for (var t0 = 0u; t0 < rows; t0 = t0 + 256u) {
-        let p = t0 + lid;
-        var mine = 0u;
-        if (p < rows && work[prm.w_idx_in + p] == e) {
-            mine = 1u;
+        if (lid < 8u) {
+            atomicStore(&mask[lid], 0u);
         }
-        // inclusive scan of `mine` over the tile
-        scan[lid] = mine;
         workgroupBarrier();
-        for (var s = 1u; s < 256u; s = s << 1u) {
-            var v = scan[lid];
-            if (lid >= s) {
-                v = v + scan[lid - s];
-            }
-            workgroupBarrier();
-            scan[lid] = v;
-            workgroupBarrier();
+        let p = t0 + lid;
+        let mine = p < rows && work[prm.w_idx_in + p] == e;
+        let w = lid / 32u;
+        let bit = 1u << (lid % 32u);
+        if (mine) {
+            atomicOr(&mask[w], bit);
         }
-        if (mine == 1u) {
-            let at = base + scan[lid] - 1u;
+        workgroupBarrier();
+        var before = 0u;
+        var tile = 0u;
+        for (var i = 0u; i < 8u; i = i + 1u) {
+            let c = countOneBits(atomicLoad(&mask[i]));
+            tile = tile + c;
+            before = before + select(0u, c, i < w);
+        }
+        if (mine) {
+            let at = base + before + countOneBits(atomicLoad(&mask[w]) & (bit - 1u));
             work[prm.w_order + at] = p;
             work[prm.w_idx + at] = e;
             work[prm.w_inv + p] = at;
         }
-        let tile = scan[255];
         workgroupBarrier();
         base = base + tile;
     }
@@ -703,8 +718,9 @@ fn down_part(s: u32, nv: u32, o: u32, lane: u32) -> f32 {
 // Sorted calls: the grouped products as tiles (tile.wgsl) of 32 rows of one expert (the
 // plan's rows offsets[e] .., in order) by 8 weight rows, so an expert's weights are read
 // once per 32 of its rows rather than once per row. Each output's sum has the order of
-// `act` and `down` (the same bits). The grid holds ceil(rows / 32) + (this part's
-// experts) tiles, enough for any routing; a workgroup past the routing's tiles returns.
+// `act` and `down` (the same bits). The grid holds the most tiles any routing of the
+// call's rows among this part's experts makes ((rows + 31 min(experts, rows)) / 32,
+// moe.rs's `max_tiles`); a workgroup past the routing's tiles returns.
 
 var<workgroup> tile_at: vec3<u32>;
 

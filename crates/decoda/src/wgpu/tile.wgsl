@@ -145,35 +145,48 @@ fn put_red8(lid: u32, v: V8) {
     red[at + 7u] = v.b.w;
 }
 
-// Lane m's place in the order the team tree's levels 32, 16 and 8 add the lane sums an
-// invocation holds (lanes g + 8m, m < 8): step k takes m = k with its 3 bits reversed
-// (0, 4, 2, 6, 1, 5, 3, 7), pairs of steps make the level-8 sums b0 (m 0 + 4), b2, b1,
-// b3 and the result is (b0 + b2) + (b1 + b3): the tree's own order, with three V8s live.
-struct Fold {
-    pend: V8,
-    half: V8,
-    res: V8,
+// The team tree's levels 32, 16 and 8 over the lane sums an invocation holds (lanes
+// g + 8m, m < 8), taken step by step in m order: slot m % 4 holds lane m's sums and then
+// adds lane m + 4's (level 32), and the sums are (s0 + s2) + (s1 + s3) (levels 16 and
+// 8): the tree's own order, with four V8s live. A step past the row's chunks (8m >=
+// chunks: every group's lane sums are 0) is not run; its slot keeps 0, and x + 0 is x
+// (a lane sum, begun at +0, is never -0), so the sums are those of all eight steps. A
+// software adapter runs a loop's body once, masked, even when no invocation enters it,
+// so an empty step cost it a whole step (8 of 8 steps, for rows of at most 8 chunks).
+struct Tree {
+    s0: V8,
+    s1: V8,
+    s2: V8,
+    s3: V8,
 }
 
-fn fold_m(k: u32) -> u32 {
-    return ((k & 1u) << 2u) | (k & 2u) | (k >> 2u);
+// The steps that have chunks: m < tree_steps(chunks).
+fn tree_steps(chunks: u32) -> u32 {
+    return min(8u, (chunks + 7u) / 8u);
 }
 
-fn fold_step(f: Fold, k: u32, l: V8) -> Fold {
-    var o = f;
-    if ((k & 1u) == 0u) {
-        o.pend = l;
+fn tree_add(t: Tree, m: u32, l: V8) -> Tree {
+    var o = t;
+    let j = m & 3u;
+    if (j == 0u) {
+        o.s0 = v8_add(t.s0, l);
+    } else if (j == 1u) {
+        o.s1 = v8_add(t.s1, l);
+    } else if (j == 2u) {
+        o.s2 = v8_add(t.s2, l);
     } else {
-        let b = v8_add(f.pend, l);
-        if (k == 1u || k == 5u) {
-            o.half = b;
-        } else if (k == 3u) {
-            o.res = v8_add(f.half, b);
-        } else {
-            o.res = v8_add(f.res, v8_add(f.half, b));
-        }
+        o.s3 = v8_add(t.s3, l);
     }
     return o;
+}
+
+fn tree_sum(t: Tree) -> V8 {
+    return v8_add(v8_add(t.s0, t.s2), v8_add(t.s1, t.s3));
+}
+
+fn tree_zero() -> Tree {
+    let z = V8(vec4<f32>(0.0), vec4<f32>(0.0));
+    return Tree(z, z, z, z);
 }
 
 // The scale and bias of weight row `w`'s group holding input i0 (0 for formats
@@ -264,16 +277,13 @@ fn staged_chunk(wr: u32, g: u32) -> XChunk {
 // a 4-bit tile step from about 768 an invocation (8 rows x 32 codes x a shift, an AND
 // and an OR) to at most 48. A step (lane group m, chunks 64j + 8m .. + 7, one per group
 // g) runs in rounds of 4 weight rows at 4 bits, 8 at 8 (1,024 staged floats).
-fn tile_affine(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, live: bool) -> Fold {
+fn tile_affine(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, live: bool) -> V8 {
     let g = lid % 8u;
     let z = V8(vec4<f32>(0.0), vec4<f32>(0.0));
-    var f = Fold(z, z, z);
+    var f = tree_zero();
     let rows = 1024u / (8u * per_chunk());
-    for (var k = 0u; k < 8u; k = k + 1u) {
-        let m = fold_m(k);
+    for (var m = 0u; m < tree_steps(chunks); m = m + 1u) {
         var acc = z;
-        // (a step past the row's chunks, for every group: skipped, with its barriers;
-        // the condition is the workgroup's)
         for (var cb = 0u; cb + 8u * m < chunks; cb = cb + TEAM_LANES) {
             let c = cb + g + 8u * m;
             let i0 = c * per_chunk();
@@ -299,9 +309,9 @@ fn tile_affine(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, live:
                 }
             }
         }
-        f = fold_step(f, k, acc);
+        f = tree_add(f, m, acc);
     }
-    return f;
+    return tree_sum(f);
 }
 
 // Lane `lane`'s sums for the tile's 8 weight rows: chunks lane, lane + 64, .. in order.
@@ -330,16 +340,17 @@ fn tile_lane(t: TileW, lane: u32, chunks: u32, n: u32, sel: u32, xb: u32) -> V8 
 // of `chunks` vec4s.
 fn tile_products(t: TileW, chunks: u32, n: u32, sel: u32, xb: u32, lid: u32, live: bool) {
     let g = lid % 8u;
-    let z = V8(vec4<f32>(0.0), vec4<f32>(0.0));
-    var f = Fold(z, z, z);
+    var sums = V8(vec4<f32>(0.0), vec4<f32>(0.0));
     if (DTYPE == 3u) {
-        f = tile_affine(t, chunks, n, sel, xb, lid, live);
+        sums = tile_affine(t, chunks, n, sel, xb, lid, live);
     } else if (live) {
-        for (var k = 0u; k < 8u; k = k + 1u) {
-            f = fold_step(f, k, tile_lane(t, g + 8u * fold_m(k), chunks, n, sel, xb));
+        var f = tree_zero();
+        for (var m = 0u; m < tree_steps(chunks); m = m + 1u) {
+            f = tree_add(f, m, tile_lane(t, g + 8u * m, chunks, n, sel, xb));
         }
+        sums = tree_sum(f);
     }
-    put_red8(lid, f.res);
+    put_red8(lid, sums);
     // levels 4, 2 and 1 across the row's 8 invocations
     reduce_red8_from(4u, g, lid, 8u);
     if (lid < 32u) {
@@ -393,16 +404,17 @@ fn wide_lane(t: WRow, lane: u32, chunks: u32, n: u32, sel: u32, x0: u32, stride:
 fn wide_products(t: WRow, chunks: u32, n: u32, sel: u32, x0: u32, stride: u32, nr: u32,
                  lid: u32, live: bool) {
     let g = lid % 8u;
-    let z = V8(vec4<f32>(0.0), vec4<f32>(0.0));
-    var f = Fold(z, z, z);
+    var sums = V8(vec4<f32>(0.0), vec4<f32>(0.0));
     if (live) {
-        for (var k = 0u; k < 8u; k = k + 1u) {
-            f = fold_step(f, k, wide_lane(t, g + 8u * fold_m(k), chunks, n, sel, x0, stride, nr));
+        var f = tree_zero();
+        for (var m = 0u; m < tree_steps(chunks); m = m + 1u) {
+            f = tree_add(f, m, wide_lane(t, g + 8u * m, chunks, n, sel, x0, stride, nr));
         }
+        sums = tree_sum(f);
     }
     // the tree's levels 32, 16 and 8 in registers (above), then 4, 2 and 1 across the
     // row's 8 invocations
-    put_red8(lid, f.res);
+    put_red8(lid, sums);
     reduce_red8_from(4u, g, lid, nr);
     if (g == 0u) {
         for (var j = 0u; j < 8u; j = j + 1u) {
