@@ -829,6 +829,17 @@ fn calls_record_the_passes_their_rows_need() {
         )
         .unwrap();
     assert_eq!(mixed.dispatches, 9);
+    // a row the candidate list holds whole (V <= 4,096) has its threshold from the
+    // probe's first pick: no second sample and pick
+    let topk = |v| {
+        let p = SamplingParams {
+            top_k: 50,
+            ..Default::default()
+        };
+        b.call_structure(v, &[Request::new(p, 1)]).unwrap().stages
+    };
+    assert_eq!(topk(4096)[..4], ["probe", "sample", "pick", "scan"]);
+    assert_eq!(topk(4097)[..6], [&PROBE[..], &["scan"]].concat());
     // unfused, settle_finish is settle then draw_finish
     let Some(d) = decoda::testing::gpu::own_device(WgpuOptions {
         fused_settle: Some(false),
@@ -940,7 +951,7 @@ fn probe_in_pieces_gives_the_whole_row_bits() {
 }
 
 /// The probe's dispatches: what each row needs first, then the row's sample counted and
-/// picked from twice.
+/// picked from twice (once where the candidate list holds a row whole, V <= 4,096).
 const PROBE: [&str; 5] = ["probe", "sample", "pick", "sample", "pick"];
 
 fn lp_req() -> [Request; 1] {

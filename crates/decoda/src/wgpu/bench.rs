@@ -266,6 +266,7 @@ impl WgpuSampler {
             plan,
             phases,
             sample_parts: self.kernels.sample_split(vocab, chunk).0,
+            vocab,
         })
     }
 

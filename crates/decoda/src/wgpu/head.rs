@@ -434,6 +434,7 @@ impl WgpuHead {
             plan,
             phases,
             sample_parts,
+            vocab: v,
         };
         self.last_dispatches = self.kernels.dispatches(shape);
         match stamps {

@@ -136,6 +136,7 @@ impl Kernels {
             plan,
             phases: 0,
             sample_parts: 1,
+            vocab: CAP + 1,
         };
         for (e, ..) in self.stages(shape) {
             self.pipe(e);
@@ -177,13 +178,16 @@ impl Kernels {
         let lean = shape.plan == Plan::Lean;
         let pick = |e: Entry, l: Entry| if light { l } else { e };
         let sp = shape.sample_parts as u32;
+        // the probe's second sample and pick: only for rows longer than the list holds
+        // (`pick` gives a row the list holds whole its threshold at the first)
+        let again = !light && shape.vocab > CAP;
         // up to settle, or settle_finish or draw_finish in a lean call
         let head = [
             (!light).then_some((Entry::Probe, b, 1, None)),
             (!light).then_some((Entry::Sample, sp, b, None)),
             (!light).then_some((Entry::Pick, b, 1, None)),
-            (!light).then_some((Entry::Sample, sp, b, None)),
-            (!light).then_some((Entry::Pick, b, 1, None)),
+            again.then_some((Entry::Sample, sp, b, None)),
+            again.then_some((Entry::Pick, b, 1, None)),
             Some((pick(Entry::Scan, Entry::ScanLight), w, b, None)),
             (!fused).then_some((pick(Entry::Settle, Entry::SettleLight), b, 1, None)),
             fused.then_some((
@@ -493,6 +497,10 @@ pub(crate) struct StepShape {
     pub phases: usize,
     /// Workgroups of a row in the probe's sample passes ([`Kernels::sample_split`]).
     pub sample_parts: usize,
+    /// Logits a row. At most [`CAP`] (the candidate list holds every row whole), the
+    /// probe's first pick settles every row, so its second sample and pick are not
+    /// recorded (their workgroups would do nothing).
+    pub vocab: usize,
 }
 
 /// How a row of `v` logits is cut among workgroups for a batch of `b` rows: enough

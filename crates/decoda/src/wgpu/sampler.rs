@@ -601,6 +601,7 @@ impl WgpuSampler {
                 plan,
                 phases,
                 sample_parts,
+                vocab: v,
             },
             stamps,
         );
