@@ -638,6 +638,47 @@ mod wgpu {
         );
     }
 
+    /// attend_part launches the chunks of 64 positions the call's rows reach, not the
+    /// cache's: an engine that holds 1,064 positions (17 chunks) decoding at positions
+    /// 66-68 launches 2 chunks a query head, and draws the ids of an engine that holds
+    /// only the positions it needs.
+    #[test]
+    fn attend_part_launches_the_chunks_its_rows_reach() {
+        if !available() {
+            return;
+        }
+        let t = tmp("wgpu-reach");
+        let model = Arc::new(Qwen3Moe::load(&tiny_model(&t, 7).unwrap(), 16).unwrap());
+        let heads = model.config.num_attention_heads as u64;
+        let steps = 4;
+        let prompt: Vec<u32> = (1..=66).collect();
+        let seq = decoda::model::Sequence {
+            prompt: prompt.clone(),
+            request: greedy(steps as u64, 3),
+        };
+        let mut ids = Vec::new();
+        for positions in [prompt.len() + steps, 1000 + prompt.len()] {
+            let mut e = dev(Arc::clone(&model), 1, positions).unwrap();
+            assert!(e.set_profile(true));
+            let r = decoda::model::generate(e.as_mut(), std::slice::from_ref(&seq), &mut |_| {})
+                .unwrap();
+            let p = e.profile();
+            let attend: Vec<u64> = p
+                .dispatches
+                .iter()
+                .filter(|d| d.launch.kernel == "model.attend_part")
+                .map(|d| d.launch.workgroups)
+                .collect();
+            assert!(!attend.is_empty());
+            assert!(
+                attend.iter().all(|&w| w == 2 * heads),
+                "{positions}: {attend:?}"
+            );
+            ids.push(r.outputs[0].tokens.clone());
+        }
+        assert_eq!(ids[0], ids[1]);
+    }
+
     /// The matrix products of every unquantized format (the goldens are f32 and MLX's
     /// affine ones) at widths that are not whole vec4 loads (rows padded on upload):
     /// CPU and device logits agree to 1e-5 after the prompt, and greedy ids agree.

@@ -128,8 +128,19 @@ impl<'e> Passes<'e> {
         grid: (u32, u32),
         plan: impl FnOnce() -> Launch,
     ) {
+        self.dispatch3(pipe, group, (grid.0, grid.1, 1), plan);
+    }
+
+    /// [`Passes::dispatch`] over a grid of three dimensions.
+    pub fn dispatch3(
+        &mut self,
+        pipe: &wgpu::ComputePipeline,
+        group: &wgpu::BindGroup,
+        grid: (u32, u32, u32),
+        plan: impl FnOnce() -> Launch,
+    ) {
         self.dispatch_with(pipe, group, plan, |pass| {
-            pass.dispatch_workgroups(grid.0, grid.1, 1)
+            pass.dispatch_workgroups(grid.0, grid.1, grid.2)
         });
     }
 

@@ -273,16 +273,16 @@ var<workgroup> qs: array<f32, 256>;
 // attend_part in a decode step: the row's own key, normed and rotated
 var<workgroup> ks: array<f32, 256>;
 
-// grid: rows * heads * groups (chunks per row, op.groups); op.scale: the score scale,
-// op.eps the norms' epsilon
+// grid: (chunks, heads, rows): the chunks the call's longest row reaches (at most
+// op.groups, the cache's, which lays out the partials), so a step launches no
+// workgroup for the cache's unreached chunks; op.scale: the score scale, op.eps the
+// norms' epsilon
 @compute @workgroup_size(64)
-fn attend_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    let id = flat_id(wid, nwg);
-    let c = id % op.groups;
-    let h = (id / op.groups) % op.heads;
-    let r = id / (op.groups * op.heads);
-    if (r >= op.rows) {
+fn attend_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c = wid.x;
+    let h = wid.y;
+    let r = wid.z;
+    if (r >= op.rows || c >= op.groups) {
         return;
     }
     if (lid == 0u) {
