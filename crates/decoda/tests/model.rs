@@ -639,7 +639,7 @@ mod wgpu {
     }
 
     /// attend_part launches the chunks of 64 positions the call's rows reach, not the
-    /// cache's: an engine that holds 1,064 positions (17 chunks) decoding at positions
+    /// cache's: an engine that holds 1,066 positions (17 chunks) decoding at positions
     /// 66-68 launches 2 chunks a query head, and draws the ids of an engine that holds
     /// only the positions it needs.
     #[test]
@@ -677,6 +677,11 @@ mod wgpu {
             ids.push(r.outputs[0].tokens.clone());
         }
         assert_eq!(ids[0], ids[1]);
+        // a cache of more chunks than a grid dimension holds is refused by name
+        let e = dev(model, 1, 65_536 * 64)
+            .err()
+            .expect("too many positions");
+        assert!(e.contains("4194304 positions"), "{e}");
     }
 
     /// The matrix products of every unquantized format (the goldens are f32 and MLX's

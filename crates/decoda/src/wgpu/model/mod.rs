@@ -449,6 +449,13 @@ impl WgpuModel {
                 "{slots} slots: at most {MAX_CALL_ROWS}"
             )));
         }
+        // attend_part's grid has a dimension of the cache's chunks
+        let dim = device.limits().max_compute_workgroups_per_dimension as usize;
+        if positions.div_ceil(ATTEND_CHUNK) > dim {
+            return Err(Error::Model(format!(
+                "{positions} positions: attention runs at most {dim} chunks of {ATTEND_CHUNK}"
+            )));
+        }
         let st = wgpu::BufferUsages::STORAGE
             | wgpu::BufferUsages::COPY_DST
             | wgpu::BufferUsages::COPY_SRC;

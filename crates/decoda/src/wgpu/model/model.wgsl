@@ -10,8 +10,9 @@
 //   (the matrix products are mv.wgsl: one module per weight format)
 //   norm_rope  (rows * heads)      per head: q (dst, in place) and k (src) normed and rotated,
 //                                  k and v (scr) into the cache
-//   attend_part (rows * kv_heads * chunks)  per chunk of 64 positions and query head of
-//                                  the group: max score, sum of exp, weighted values
+//   attend_part (chunks reached, heads, rows)  per chunk of 64 positions up to the call's
+//                                  furthest row and query head: max score, sum of exp,
+//                                  weighted values
 //   attend_merge (rows * heads)    a[r][h] = softmax(q . k_t * scale) . v_t over t <= pos(r),
 //                                  from the chunks
 //   add        (rows * width / 256) dst += src

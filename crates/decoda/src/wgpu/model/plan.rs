@@ -673,7 +673,9 @@ impl Ops for Recorder<'_> {
             }
             None => (op, binds.clone(), (0, 0)),
         };
-        // q in (the caches and partials when recorded), then the output out
+        // q in (the caches and partials when recorded), then the output out; the grid
+        // given here is the cache's bound: a call records the chunks its rows reach
+        // (`WgpuModel::record`)
         let q = self.act_bytes(self.width(Act::Q));
         self.push(
             Pipe::AttendPart,
