@@ -308,7 +308,8 @@ fn place(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         return;
     }
     // the experts before e: their pairs and tiles, summed by one invocation (software
-    // adapters run an atomic once per invocation that executes it)
+    // adapters run an atomic once per invocation that executes it), which writes the
+    // plan's offsets
     if (lid == 0u) {
         var off = 0u;
         var tb = 0u;
@@ -317,21 +318,20 @@ fn place(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             off = off + cf;
             tb = tb + (cf + 31u) / 32u;
         }
-        place_at = vec3<u32>(off, tb, atomicLoad(&counts[e]));
+        let cnt = atomicLoad(&counts[e]);
+        work[prm.w_off + e] = off;
+        work[prm.w_tb + e] = tb;
+        if (e + 1u == prm.experts) {
+            work[prm.w_off + prm.experts] = off + cnt;
+            work[prm.w_tb + prm.experts] = tb + (cnt + 31u) / 32u;
+        }
+        place_at = vec3<u32>(off, tb, cnt);
     }
     let pl = workgroupUniformLoad(&place_at);
     let off = pl.x;
     let tb = pl.y;
     let cnt = pl.z;
     let tiles = (cnt + 31u) / 32u;
-    if (lid == 0u) {
-        work[prm.w_off + e] = off;
-        work[prm.w_tb + e] = tb;
-        if (e + 1u == prm.experts) {
-            work[prm.w_off + prm.experts] = off + cnt;
-            work[prm.w_tb + prm.experts] = tb + tiles;
-        }
-    }
     // the tiled products' table: tile i of expert e holds its rows 32i .. (at most 32)
     for (var i = lid; i < tiles; i = i + 256u) {
         work[prm.w_tiles + 2u * (tb + i)] = off + 32u * i;

@@ -756,17 +756,16 @@ impl WgpuModel {
         } else {
             [(0, 0); 2]
         };
-        // attend_part's chunks: those the call's longest row reaches, not the cache's
+        // attend_part's chunks: those the call's furthest row reaches, not the cache's
         // (a workgroup past its row's position does nothing, and a software adapter
-        // still runs its code)
-        let chunks = self.max_pos.div_ceil(ATTEND_CHUNK);
+        // still runs its code; every position is below max_pos, so they are at most the
+        // cache's)
         let reached = self
             .call_positions
             .iter()
             .map(|&p| p / ATTEND_CHUNK + 1)
             .max()
-            .unwrap_or(1)
-            .min(chunks);
+            .unwrap_or(1);
         let attend_grid = (
             reached as u32,
             cfg.num_attention_heads as u32,
@@ -776,25 +775,24 @@ impl WgpuModel {
         for seg in &plan.segments {
             dispatches += seg.kernels.len();
             for k in &seg.kernels {
-                let launch = || {
+                let grid = match k.pipe {
+                    Pipe::AttendPart => attend_grid,
+                    _ => (k.grid.0, k.grid.1, 1),
+                };
+                passes.dispatch3(&k.pipeline, &k.group, grid, || {
                     let mut l = k.launch.clone();
                     let extra = match k.pipe {
-                        Pipe::AttendPart => attend[0],
+                        Pipe::AttendPart => {
+                            l.workgroups = u64::from(grid.0 * grid.1 * grid.2);
+                            attend[0]
+                        }
                         Pipe::AttendMerge => attend[1],
                         _ => (0, 0),
                     };
-                    if k.pipe == Pipe::AttendPart {
-                        l.workgroups = (reached * cfg.num_attention_heads * key.rows) as u64;
-                    }
                     l.bytes_read += extra.0;
                     l.bytes_written += extra.1;
                     l
-                };
-                if k.pipe == Pipe::AttendPart {
-                    passes.dispatch3(&k.pipeline, &k.group, attend_grid, launch);
-                } else {
-                    passes.dispatch(&k.pipeline, &k.group, k.grid, launch);
-                }
+                });
             }
             if let Some((layer, n, residual)) = seg.moe {
                 let moe = self.moe[layer].as_ref().ok_or_else(|| {

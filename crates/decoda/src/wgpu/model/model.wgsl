@@ -283,7 +283,7 @@ fn attend_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     let c = wid.x;
     let h = wid.y;
     let r = wid.z;
-    if (r >= op.rows || c >= op.groups) {
+    if (r >= op.rows) {
         return;
     }
     if (lid == 0u) {
