@@ -42,7 +42,8 @@ rc=0
 TIMEFORMAT='%R %U %S'
 cpu=$({ time cargo test --release >"$LOG" 2>&1; } 2>&1) || rc=$?
 
-# "Running tests/x.rs (...)" names a binary; its "test result: ... finished in S s" follows.
+# "Running tests/x.rs (...)" names a binary (the library's integration tests are one,
+# tests/suite/main.rs); its "test result: ... finished in S s" follows.
 awk -v rc="$rc" -v cpu="$cpu" '
   /Running / { name = $2; if (name == "unittests") name = $2 " " $3 }
   /test result:/ {

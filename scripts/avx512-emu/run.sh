@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The CPU sampler's AVX-512 kernels, tested on a machine without AVX-512.
 #
-# Builds the library's CPU test binaries static, packs them with a small first process
-# (init.c) into an initramfs, and boots Debian's cloud kernel with it in Bochs, whose
+# Builds the library's test binaries (its unit tests and the integration suite, without
+# the device backend) static, packs them with a small first process (init.c) into an
+# initramfs, and boots Debian's cloud kernel with it in Bochs, whose
 # Debian build emulates a Skylake-X (AVX-512 F/CD/BW/DQ/VL). The test binaries detect
 # AVX-512 there and run the AVX-512 kernels against the reference and the scalar
 # loops. This checks results only: emulated time says nothing about speed.
@@ -63,9 +64,8 @@ if [ ! -f vmlinuz ]; then
 fi
 
 echo "== building the test binaries (static, no compiler-made gathers)"
-tests=(conformance_cpu fast_vs_reference)
 json="$(cd "$root" && RUSTFLAGS="-C target-feature=+crt-static,+prefer-no-gather" \
-  cargo test --release -p decoda --lib "${tests[@]/#/--test=}" --no-run \
+  cargo test --release -p decoda --lib --test=suite --no-run \
   --target x86_64-unknown-linux-gnu --target-dir "$work/target" --message-format=json)"
 exe() { # the test executable of one target: `lib` or a test's name
   printf '%s\n' "$json" | python3 -c '
@@ -80,7 +80,7 @@ for line in sys.stdin:
 rm -rf rd && mkdir -p rd
 gcc -O2 -static -o rd/init "$here/init.c"
 strip -o rd/lib "$(exe decoda lib)"
-for t in "${tests[@]}"; do strip -o "rd/$t" "$(exe "$t" test)"; done
+strip -o rd/suite "$(exe suite test)"
 run=(--test-threads=1)
 if [ "$#" -gt 0 ]; then
   echo "/lib ${run[*]} $*" > rd/cmds
@@ -90,8 +90,8 @@ else
   # contract's suite on one thread, and parity at V = 131072 and at the edges.
   cat > rd/cmds <<EOF
 /lib ${run[*]} cpu::kernels::tests cpu::tests::one_pass_draw_edge_rows cpu::tests::partial_walk cpu::tests::peeled_walk cpu::tests::pruned_walk cpu::tests::whole_row_draw cpu::tests::top_k_with_history cpu::tests::wide_kept_sets cpu::tests::coarse_normaliser_defers_unclear_cuts
-/conformance_cpu ${run[*]} fast_one_thread:: --skip distribution_chi_square
-/fast_vs_reference ${run[*]} large_vocab_parity top_p_one_pass_edge_rows top_k_one_pass_edge_rows
+/suite ${run[*]} conformance_cpu::fast_one_thread:: --skip distribution_chi_square
+/suite ${run[*]} fast_vs_reference::large_vocab_parity fast_vs_reference::top_p_one_pass_edge_rows fast_vs_reference::top_k_one_pass_edge_rows
 EOF
 fi
 (cd rd && find . | cpio -o -H newc --quiet | gzip -1 > ../initrd.gz)

@@ -9,7 +9,8 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 {
   git ls-files -- crates/decoda/src crates/decoda/Cargo.toml Cargo.lock \
-    crates/decoda/tests/conformance_cpu.rs crates/decoda/tests/fast_vs_reference.rs \
+    crates/decoda/tests/suite/main.rs crates/decoda/tests/suite/conformance_cpu.rs \
+    crates/decoda/tests/suite/fast_vs_reference.rs \
     scripts/avx512-emu ':!crates/decoda/src/wgpu' ':!scripts/avx512-emu/checked'
 } | LC_ALL=C sort | while read -r f; do
   printf '%s\n' "$f"

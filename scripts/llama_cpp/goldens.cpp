@@ -1,5 +1,5 @@
 // Golden kept distributions from llama.cpp's own samplers, for decoda's
-// tests/llama_cpp_goldens.rs. Built and run by scripts/llama_cpp/make_goldens.sh, which
+// tests/suite/llama_cpp_goldens.rs. Built and run by scripts/llama_cpp/make_goldens.sh, which
 // writes crates/decoda/tests/golden/llama_cpp_kept.jsonl; `cargo test` reads that file
 // and needs no C++ build.
 //

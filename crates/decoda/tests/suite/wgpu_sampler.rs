@@ -4,7 +4,6 @@
 //!
 //! Without an adapter these tests print why and pass, unless `DECODA_REQUIRE_GPU=1` (as
 //! in CI, which installs Mesa's lavapipe), where "no adapter" fails them.
-#![cfg(feature = "wgpu")]
 
 use std::sync::OnceLock;
 
@@ -100,22 +99,22 @@ fn full_tier_only(variant: &str, s: Option<&'static WgpuSampler>) -> Option<&'st
 }
 
 mod conformance {
-    decoda::conformance_suite!(crate::sampler());
+    decoda::conformance_suite!(super::sampler());
 }
 
 mod conformance_split {
-    decoda::conformance_suite!(crate::split_sampler());
+    decoda::conformance_suite!(super::split_sampler());
 }
 
 mod conformance_subgroups {
-    decoda::conformance_suite!(crate::full_tier_only(
+    decoda::conformance_suite!(super::full_tier_only(
         "subgroups",
-        crate::subgroup_sampler()
+        super::subgroup_sampler()
     ));
 }
 
 mod conformance_int32 {
-    decoda::conformance_suite!(crate::full_tier_only("int32", crate::int32_sampler()));
+    decoda::conformance_suite!(super::full_tier_only("int32", super::int32_sampler()));
 }
 
 /// Every variant of the device sampler draws the default sampler's bits: Philox with

@@ -12,7 +12,7 @@ use decoda::reference::reference_row;
 use decoda::{Backend, CpuSampler, Logits, ReferenceSampler, Request, SamplingParams};
 use serde_json::Value;
 
-const GOLDEN: &str = include_str!("golden/llama_cpp_kept.jsonl");
+const GOLDEN: &str = include_str!("../golden/llama_cpp_kept.jsonl");
 
 struct Case {
     stage: String,

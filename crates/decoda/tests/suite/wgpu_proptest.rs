@@ -6,7 +6,6 @@
 //!
 //! The default number of cases is sized for CI; `DECODA_PROPTEST_CASES=N` runs N (the
 //! long runs before a release use tens of thousands).
-#![cfg(feature = "wgpu")]
 
 use std::sync::OnceLock;
 

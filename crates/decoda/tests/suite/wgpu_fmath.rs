@@ -5,7 +5,6 @@
 //! `div_rn_cold`, `philox` and `philox_cold`; `div_rn` also with its floating-point
 //! estimate skewed, as a GPU's inexact division may leave it), and the scan's reach test (its constants in
 //! f32) on the grid of the CPU's. Runs on any adapter (CI: lavapipe).
-#![cfg(feature = "wgpu")]
 
 use decoda::testing::Rng;
 use decoda::wgpu::{WgpuSampler, SHADER_FMATH, SHADER_FMATH_INT64};

@@ -4,7 +4,6 @@
 //! offset with a row stride, recorded into the caller's encoder) — against the
 //! reference, on fresh samplers and on long-lived ones that just served a larger and then
 //! a smaller call. Also the regression case of the many-draws bug (V = 65,536).
-#![cfg(feature = "wgpu")]
 
 use decoda::reference::reference_row;
 use decoda::testing::full_tier;

@@ -285,8 +285,10 @@ fn parity_on_every_instruction_set() {
         _ => &[],
     };
     for want in lower {
+        // (this file's tests only: the binary holds every file's)
         let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
             .env("DECODA_ISA", want)
+            .arg(crate::tests_of(module_path!()))
             .output()
             .expect("run the tests again");
         let text = String::from_utf8_lossy(&out.stdout);

@@ -1,4 +1,4 @@
-//! Helpers the sharded-sampling tests share (`tests/shard.rs`, `tests/wgpu_shard.rs`):
+//! Helpers the sharded-sampling tests share (`tests/suite/shard.rs`, `tests/suite/wgpu_shard.rs`):
 //! cutting a vocabulary into shards, a row's request from a few knobs, and the contract's
 //! "same result" between a sharded and an unsharded call.
 #![allow(dead_code)]

@@ -8,8 +8,7 @@ use decoda::{Backend, CpuSampler, Logits, LogprobsMode, ReferenceSampler, Reques
 use decoda::{SamplingParams, SequenceState};
 use proptest::prelude::*;
 
-mod shard_util;
-use shard_util::{close, request, spans, split};
+use crate::shard_util::{close, request, spans, split};
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(if decoda::testing::full_tier() { 400 } else { 60 }))]

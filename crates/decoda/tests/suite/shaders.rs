@@ -2,8 +2,6 @@
 //! (Metal) and HLSL (DX12), and each translation is produced for every entry point. Runs
 //! without a GPU, so a shader that would not compile on one of the three fails here.
 
-#![cfg(feature = "wgpu")]
-
 /// The variants of the sampler's module (workgroup-memory and subgroup reductions, 64-bit
 /// Philox products), the sharded sampling's summaries, the model's ops, and the matrix products and the MoE dispatch (a module each
 /// per weight format).

@@ -2,7 +2,6 @@
 //! slots, joins and leaves, stops, long penalised histories, 300 steps), nothing written
 //! by the host across steps of an unchanged batch, steps recorded ahead of their
 //! readbacks, and the token buffer a model's next step reads.
-#![cfg(feature = "wgpu")]
 
 use decoda::head::{FinishReason, Head, SlotRequest};
 use decoda::testing::head::head_matches_sequences;

@@ -2,7 +2,6 @@
 //! against the host's (`decoda::shard`): every round's summary the same (round 2's
 //! partial log-sum-exp within `1e-5`), for random rows, parameters and splits; and the
 //! merged results of device and host shards mixed equal to the unsharded CPU sampler's.
-#![cfg(feature = "wgpu")]
 
 use decoda::shard::{decide, finish, plan, round1, round2, round3, Round2, ShardRows};
 use decoda::wgpu::{DeviceLogits, WgpuShard};
@@ -11,8 +10,7 @@ use decoda::{SamplingParams, SequenceState};
 use proptest::prelude::*;
 use wgpu::util::DeviceExt;
 
-mod shard_util;
-use shard_util::{close, request, spans};
+use crate::shard_util::{close, request, spans};
 
 fn shard_kernels() -> Option<WgpuShard> {
     decoda::testing::gpu::device().map(|d| WgpuShard::new(d).expect("the shard kernels build"))

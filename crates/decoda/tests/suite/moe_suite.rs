@@ -52,12 +52,15 @@ fn cpu_on_every_instruction_set() {
             .env("DECODA_ISA", want)
             // the CPU tests by their exact names: a filter of "cpu_" also ran the device
             // test `wgpu_builds_the_cpu_plan`, opening a device in every child
-            .args([
-                "cpu_branches_match_reference",
-                "cpu_uneven_routings",
-                "cpu_routing",
-                "--exact",
-            ])
+            .args(
+                [
+                    "cpu_branches_match_reference",
+                    "cpu_uneven_routings",
+                    "cpu_routing",
+                ]
+                .map(|t| crate::tests_of(module_path!()) + t),
+            )
+            .arg("--exact")
             .output()
             .expect("run the tests again");
         let text = String::from_utf8_lossy(&out.stdout);
