@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prints one hash of everything the emulated AVX-512 run (run.sh's default set) depends
-# on: the library's sources outside the device backend, the two test files it runs, the
-# lock file, and the emulation scripts. `run.sh` writes it to `checked` when that set
+# on: the library's sources outside the device backend, the two test files it runs and
+# the test binary's root (tests/suite/main.rs), the lock file, and the emulation scripts. `run.sh` writes it to `checked` when that set
 # passes (under Bochs, or natively on an AVX-512 CPU with `run.sh --native`); `.ci/run`
 # runs the emulation only when the hash of the tree differs from `checked`.
 set -euo pipefail

@@ -670,8 +670,8 @@ fn wgpu_selftest_runs_the_rows_asked() {
     let mut args = vec!["selftest", "--device", "wgpu", "--parity-rows", "177"];
     if quick {
         // (the head over 8 steps: `wgpu_head` checks the device head over 60; four
-        // checks of the conformance suite, whose every check the `wgpu` test binary runs
-        // on the same sampler)
+        // checks of the conformance suite, whose every check the library's suite runs
+        // on the same sampler: its `wgpu_sampler` module)
         args.extend_from_slice(&[
             "--quick",
             "--head-steps",
