@@ -279,23 +279,5 @@ fn parity_on_every_instruction_set() {
         );
         return;
     }
-    let lower: &[&str] = match isa {
-        "avx512" => &["avx2", "baseline"],
-        "avx2" => &["baseline"],
-        _ => &[],
-    };
-    for want in lower {
-        // (this file's tests only: the binary holds every file's)
-        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-            .env("DECODA_ISA", want)
-            .arg(crate::tests_of(module_path!()))
-            .output()
-            .expect("run the tests again");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "DECODA_ISA={want}:\n{text}");
-        assert!(
-            text.contains("test result: ok") && !text.contains(" 0 passed"),
-            "DECODA_ISA={want}:\n{text}"
-        );
-    }
+    crate::run_on_lower_isas(module_path!(), &[]);
 }

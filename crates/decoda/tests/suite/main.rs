@@ -43,10 +43,36 @@ mod wgpu_shapes;
 #[cfg(feature = "wgpu")]
 mod wgpu_shard;
 
-/// The harness's filter for the tests of the module `path` names (its `module_path!()`):
-/// the path inside this crate, then `::`. For the tests that run this binary again in a
-/// child process with other settings, which must run their own module's tests only.
-fn tests_of(path: &str) -> String {
-    let inner = path.split_once("::").map_or(path, |(_, rest)| rest);
-    format!("{inner}::")
+/// Runs tests of this binary again, in a child process for each of the CPU kernels'
+/// instruction sets below the one in use (`DECODA_ISA`), and fails unless each child's
+/// tests pass and at least one ran. `module` is the caller's `module_path!()`; `tests`
+/// are test names inside it, run `--exact`, or none for every test of the module (the
+/// binary holds every file's tests: a child runs its caller's only).
+fn run_on_lower_isas(module: &str, tests: &[&str]) {
+    let lower: &[&str] = match decoda::cpu::kernels::isa() {
+        "avx512" => &["avx2", "baseline"],
+        "avx2" => &["baseline"],
+        _ => &[],
+    };
+    // the module's path inside this crate: the prefix of its tests' names
+    let prefix = format!("{}::", module.split_once("::").map_or(module, |(_, m)| m));
+    let args: Vec<String> = if tests.is_empty() {
+        vec![prefix]
+    } else {
+        let names = tests.iter().map(|t| format!("{prefix}{t}"));
+        names.chain(["--exact".to_string()]).collect()
+    };
+    for want in lower {
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .env("DECODA_ISA", want)
+            .args(&args)
+            .output()
+            .expect("run the tests again");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "DECODA_ISA={want}:\n{text}");
+        assert!(
+            text.contains("test result: ok") && !text.contains(" 0 passed"),
+            "DECODA_ISA={want}:\n{text}"
+        );
+    }
 }

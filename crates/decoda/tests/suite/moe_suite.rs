@@ -42,34 +42,16 @@ fn cpu_on_every_instruction_set() {
     if std::env::var("DECODA_ISA").is_ok() {
         return;
     }
-    let lower: &[&str] = match decoda::cpu::kernels::isa() {
-        "avx512" => &["avx2", "baseline"],
-        "avx2" => &["baseline"],
-        _ => &[],
-    };
-    for want in lower {
-        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-            .env("DECODA_ISA", want)
-            // the CPU tests by their exact names: a filter of "cpu_" also ran the device
-            // test `wgpu_builds_the_cpu_plan`, opening a device in every child
-            .args(
-                [
-                    "cpu_branches_match_reference",
-                    "cpu_uneven_routings",
-                    "cpu_routing",
-                ]
-                .map(|t| crate::tests_of(module_path!()) + t),
-            )
-            .arg("--exact")
-            .output()
-            .expect("run the tests again");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "DECODA_ISA={want}:\n{text}");
-        assert!(
-            text.contains("test result: ok") && !text.contains(" 0 passed"),
-            "DECODA_ISA={want}:\n{text}"
-        );
-    }
+    // the CPU tests by their exact names: a filter of "cpu_" also ran the device test
+    // `wgpu_builds_the_cpu_plan`, opening a device in every child
+    crate::run_on_lower_isas(
+        module_path!(),
+        &[
+            "cpu_branches_match_reference",
+            "cpu_uneven_routings",
+            "cpu_routing",
+        ],
+    );
 }
 
 #[cfg(feature = "wgpu")]
