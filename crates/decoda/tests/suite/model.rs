@@ -222,34 +222,13 @@ mod wgpu {
         decoda::testing::gpu::device().is_some()
     }
 
-    /// A fresh sampler on the process's test device (`decoda::testing::gpu`): its
-    /// engines share the device's compiled pipelines.
+    /// A fresh sampler on the calling thread's shared test device
+    /// (`decoda::testing::gpu`): its engines share the device's compiled pipelines. (The
+    /// seeded tests had a device of their own, so that a cold run compiled their kernels
+    /// on a second queue; each of the harness's two threads takes a device of its own
+    /// now, whatever its tests.)
     fn sampler() -> WgpuSampler {
         decoda::testing::gpu::sampler().expect("checked by available()")
-    }
-
-    /// The device of the tests whose sequences draw by seed through the device's head
-    /// (`wgpu_batch_invariant`, `wgpu_sampling_on_the_host_agrees`,
-    /// `wgpu_speculative_is_plain_decoding`, `wgpu_stops_and_lengths`; the others are
-    /// greedy): a second device, so that a cold run (lavapipe's shader cache empty)
-    /// compiles the step kernels' full path on this device's queue while the shared
-    /// device's compiles the weight formats' modules. Lavapipe compiles a pipeline at its
-    /// first dispatch, on the device's one queue: on one device the two sets took turns,
-    /// about 29 s of the binary's cold run with a core idle. Warm, this device only
-    /// repeats the NIR passes of the pipelines it builds. (The harness starts tests in
-    /// the order of their names, two at a time: `wgpu_batch_invariant` comes first of
-    /// these and compiles the kernels while the other thread works through the shared
-    /// device's tests (the `wgpu_matches_*` ones compile the formats); the next seeded
-    /// test comes after those. When the host-sampling test was named
-    /// `wgpu_host_sampling_agrees` it started beside `wgpu_batch_invariant`, both
-    /// threads waited on this queue, and the cold run gained nothing.)
-    fn seeded_sampler() -> WgpuSampler {
-        static D: std::sync::OnceLock<decoda::wgpu::WgpuDevice> = std::sync::OnceLock::new();
-        let d = D.get_or_init(|| {
-            decoda::testing::gpu::own_device(Default::default())
-                .expect("a second device opens where the first did")
-        });
-        WgpuSampler::on(d).expect("the test device runs the sampler")
     }
 
     /// An engine on `s` (its head on the device, or `host`).
@@ -275,23 +254,13 @@ mod wgpu {
         S.with(|s| engine_on(s, model, slots, positions, None))
     }
 
-    /// An engine on the seeded tests' device ([`seeded_sampler`]).
-    fn seeded_dev(
+    /// An engine on the shared test device that samples on the host.
+    fn dev_host_sampling(
         model: Arc<Qwen3Moe>,
         slots: usize,
         positions: usize,
     ) -> Result<Box<dyn Engine>, String> {
-        thread_local!(static S: WgpuSampler = seeded_sampler());
-        S.with(|s| engine_on(s, model, slots, positions, None))
-    }
-
-    /// An engine on the seeded tests' device that samples on the host.
-    fn seeded_dev_host_sampling(
-        model: Arc<Qwen3Moe>,
-        slots: usize,
-        positions: usize,
-    ) -> Result<Box<dyn Engine>, String> {
-        thread_local!(static S: WgpuSampler = seeded_sampler());
+        thread_local!(static S: WgpuSampler = sampler());
         let v = model.config.vocab_size;
         let host = decoda::CpuHead::new(slots, v).map_err(|e| e.to_string())?;
         S.with(|s| engine_on(s, model, slots, positions, Some(Box::new(host))))
@@ -315,15 +284,6 @@ mod wgpu {
         slots: usize,
     ) -> Result<Box<dyn decoda::model::Forward>, String> {
         thread_local!(static S: WgpuSampler = sampler());
-        S.with(|s| forward_on(s, model, slots))
-    }
-
-    /// [`forward_on`] the seeded tests' device.
-    fn seeded_forward(
-        model: Arc<Qwen3Moe>,
-        slots: usize,
-    ) -> Result<Box<dyn decoda::model::Forward>, String> {
-        thread_local!(static S: WgpuSampler = seeded_sampler());
         S.with(|s| forward_on(s, model, slots))
     }
 
@@ -357,9 +317,9 @@ mod wgpu {
             ))
         };
         decoda::testing::speculate::speculative_is_plain(
-            &seeded_forward,
+            &dev_forward,
             &head,
-            &seeded_dev,
+            &dev,
             &decoda::CpuSampler::new(),
             // the quick tier one K and the close draft (lavapipe's calls cost
             // milliseconds each); the CPU's test runs K = 1, 3 and 5 and both drafts
@@ -506,7 +466,7 @@ mod wgpu {
             return;
         }
         let t = tmp("wgpu-batch");
-        batch_invariant(&seeded_dev, &tiny_model(&t, 6).unwrap()).unwrap_or_else(|e| panic!("{e}"));
+        batch_invariant(&dev, &tiny_model(&t, 6).unwrap()).unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[test]
@@ -515,8 +475,7 @@ mod wgpu {
             return;
         }
         let t = tmp("wgpu-stops");
-        stops_and_lengths(&seeded_dev, &tiny_model(&t, 7).unwrap())
-            .unwrap_or_else(|e| panic!("{e}"));
+        stops_and_lengths(&dev, &tiny_model(&t, 7).unwrap()).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Sampling on the host from logits copied back draws what the device's head draws.
@@ -530,7 +489,7 @@ mod wgpu {
         // batches through the host head (the full tier; the device head's batches are
         // wgpu_batch_invariant's)
         if decoda::testing::full_tier() {
-            batch_invariant(&seeded_dev_host_sampling, &dir).unwrap_or_else(|e| panic!("{e}"));
+            batch_invariant(&dev_host_sampling, &dir).unwrap_or_else(|e| panic!("{e}"));
         }
         let model = Arc::new(Qwen3Moe::load(&dir, 16).unwrap());
         let seq = decoda::model::Sequence {
@@ -543,8 +502,8 @@ mod wgpu {
             .seed(5)
             .max_tokens(24),
         };
-        let mut a = seeded_dev(Arc::clone(&model), 1, 40).unwrap();
-        let mut b = seeded_dev_host_sampling(model, 1, 40).unwrap();
+        let mut a = dev(Arc::clone(&model), 1, 40).unwrap();
+        let mut b = dev_host_sampling(model, 1, 40).unwrap();
         let ra =
             decoda::model::generate(a.as_mut(), std::slice::from_ref(&seq), &mut |_| {}).unwrap();
         let rb =

@@ -58,14 +58,14 @@ fn cpu_on_every_instruction_set() {
 mod device {
     use super::*;
     use decoda::moe::{Dispatch, DispatchPlan, MoeShape, WeightDtype};
+    use decoda::testing::gpu::PerDevice;
     use decoda::testing::moe::branches_agree_bitwise;
     use decoda::testing::synthetic;
     use decoda::wgpu::{WgpuMoe, WgpuSampler};
-    use std::sync::OnceLock;
 
     /// A long-lived sampler on the process's test device (`decoda::testing::gpu`).
     fn sampler() -> Option<&'static WgpuSampler> {
-        static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
+        static S: PerDevice<Option<WgpuSampler>> = PerDevice::new();
         S.get_or_init(decoda::testing::gpu::sampler).as_ref()
     }
 

@@ -22,7 +22,8 @@ use decoda::{Backend, Logits, LogprobsMode, Request, RowResult, SamplingParams, 
 
 /// A long-lived sampler on the process's test device (`decoda::testing::gpu`).
 fn sampler() -> Option<&'static WgpuSampler> {
-    static S: std::sync::OnceLock<Option<WgpuSampler>> = std::sync::OnceLock::new();
+    static S: decoda::testing::gpu::PerDevice<Option<WgpuSampler>> =
+        decoda::testing::gpu::PerDevice::new();
     S.get_or_init(decoda::testing::gpu::sampler).as_ref()
 }
 

@@ -7,7 +7,7 @@
 //! The default number of cases is sized for CI; `DECODA_PROPTEST_CASES=N` runs N (the
 //! long runs before a release use tens of thousands).
 
-use std::sync::OnceLock;
+use decoda::testing::gpu::PerDevice;
 
 use decoda::testing::shapes::{
     check, mixed_request, run_entry, styled_logits, Batch, Entry, Tally, DECODE_VOCABS, MIXES,
@@ -20,7 +20,7 @@ use proptest::prelude::*;
 
 /// A long-lived sampler on the process's test device (`decoda::testing::gpu`).
 fn long_lived() -> Option<&'static WgpuSampler> {
-    static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
+    static S: PerDevice<Option<WgpuSampler>> = PerDevice::new();
     S.get_or_init(decoda::testing::gpu::sampler).as_ref()
 }
 

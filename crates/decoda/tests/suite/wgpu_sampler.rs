@@ -8,6 +8,7 @@
 use std::sync::OnceLock;
 
 use decoda::reference::reference_row;
+use decoda::testing::gpu::PerDevice;
 use decoda::testing::{random_case, Rng};
 use decoda::wgpu::{DeviceLogits, WgpuOptions, WgpuSampler};
 use decoda::{Backend, CpuSampler, DType, Error, Logits, Request, RowResult, SamplingParams};
@@ -40,7 +41,7 @@ fn open(subgroups: Option<bool>, int64: Option<bool>) -> Option<WgpuSampler> {
 /// device (`decoda::testing::gpu`) when that one does not use subgroups (lavapipe),
 /// else on a device of its own.
 fn sampler() -> Option<&'static WgpuSampler> {
-    static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
+    static S: PerDevice<Option<WgpuSampler>> = PerDevice::new();
     S.get_or_init(|| match decoda::testing::gpu::device() {
         Some(d) if !d.uses_subgroups() => WgpuSampler::on(d).ok(),
         _ => open(Some(false), None),
@@ -75,7 +76,7 @@ fn subgroup_int32_sampler() -> Option<&'static WgpuSampler> {
 /// 64-logit pieces, one workgroup each: the multi-workgroup reductions on small
 /// vocabularies.
 fn split_sampler() -> Option<&'static WgpuSampler> {
-    static S: OnceLock<Option<WgpuSampler>> = OnceLock::new();
+    static S: PerDevice<Option<WgpuSampler>> = PerDevice::new();
     S.get_or_init(|| {
         let s = decoda::testing::gpu::sampler()?;
         s.set_min_chunk(64);
