@@ -1,12 +1,12 @@
 //! The library's integration tests, in one test binary.
 //!
 //! One binary, not a binary per file: the tests share one process, so the device tests
-//! share one device (`decoda::testing::gpu`) whose pipelines are built once, not once
-//! per binary, and the harness keeps its test threads busy across every file instead
-//! of waiting at the end of each binary for its longest test. Each file is a module;
-//! `cargo test --release --test suite wgpu_head::` runs one of them (a filter matches
-//! any part of a name: `shard::` runs `wgpu_shard::` too). proptest keeps a file's
-//! failure seeds in `tests/proptest-regressions/FILE.txt`.
+//! share its devices (`decoda::testing::gpu`: one per harness thread) whose pipelines
+//! are built once, not once per binary, and the harness keeps its test threads busy
+//! across every file instead of waiting at the end of each binary for its longest test.
+//! Each file is a module; `cargo test --release --test suite wgpu_head::` runs one of
+//! them (a filter matches any part of a name: `shard::` runs `wgpu_shard::` too).
+//! proptest keeps a file's failure seeds in `tests/proptest-regressions/FILE.txt`.
 
 // the CPU's samplers, head, MoE layer, model and shards against the reference (and,
 // in `model` and `moe_suite`, the device's layer and model with the `wgpu` feature)

@@ -63,7 +63,8 @@ mod device {
     use decoda::testing::synthetic;
     use decoda::wgpu::{WgpuMoe, WgpuSampler};
 
-    /// A long-lived sampler on the process's test device (`decoda::testing::gpu`).
+    /// A long-lived sampler on the calling thread's shared test device, one per device
+    /// (`decoda::testing::gpu`).
     fn sampler() -> Option<&'static WgpuSampler> {
         static S: PerDevice<Option<WgpuSampler>> = PerDevice::new();
         S.get_or_init(decoda::testing::gpu::sampler).as_ref()

@@ -12,7 +12,8 @@ use decoda::testing::{classify, Rng, Verdict};
 use decoda::wgpu::{DeviceLogits, WgpuHead, WgpuSampler};
 use decoda::{Backend, CpuHead, DType, Error, Logits, Request, SamplingParams, SequenceState};
 
-/// A long-lived sampler on the process's test device (`decoda::testing::gpu`).
+/// A long-lived sampler on the calling thread's shared test device, one per device
+/// (`decoda::testing::gpu`).
 fn sampler() -> Option<&'static WgpuSampler> {
     static S: decoda::testing::gpu::PerDevice<Option<WgpuSampler>> =
         decoda::testing::gpu::PerDevice::new();

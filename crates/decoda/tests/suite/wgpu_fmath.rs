@@ -57,7 +57,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
 }
 "#;
 
-/// A fresh sampler on the process's test device (`decoda::testing::gpu`).
+/// A fresh sampler on the calling thread's shared test device (`decoda::testing::gpu`).
 fn sampler() -> Option<WgpuSampler> {
     decoda::testing::gpu::sampler()
 }

@@ -9,7 +9,7 @@ use decoda::testing::Rng;
 use decoda::wgpu::{DeviceLogits, WgpuHead, WgpuSampler};
 use decoda::{Backend, CpuSampler, DType, Logits, Request, SamplingParams, SequenceState};
 
-/// A fresh sampler on the process's test device (`decoda::testing::gpu`).
+/// A fresh sampler on the calling thread's shared test device (`decoda::testing::gpu`).
 fn sampler() -> Option<WgpuSampler> {
     decoda::testing::gpu::sampler()
 }

@@ -20,7 +20,8 @@ use decoda::testing::{classify, zipf_logits, Rng, Verdict};
 use decoda::wgpu::{DeviceLogits, WgpuHead, WgpuSampler};
 use decoda::{Backend, Logits, LogprobsMode, Request, RowResult, SamplingParams, SequenceState};
 
-/// A long-lived sampler on the process's test device (`decoda::testing::gpu`).
+/// A long-lived sampler on the calling thread's shared test device, one per device
+/// (`decoda::testing::gpu`).
 fn sampler() -> Option<&'static WgpuSampler> {
     static S: decoda::testing::gpu::PerDevice<Option<WgpuSampler>> =
         decoda::testing::gpu::PerDevice::new();

@@ -18,7 +18,8 @@ use decoda::wgpu::{DeviceLogits, WgpuSampler};
 use decoda::{DType, LogitsData, Request, RowResult};
 use proptest::prelude::*;
 
-/// A long-lived sampler on the process's test device (`decoda::testing::gpu`).
+/// A long-lived sampler on the calling thread's shared test device, one per device
+/// (`decoda::testing::gpu`).
 fn long_lived() -> Option<&'static WgpuSampler> {
     static S: PerDevice<Option<WgpuSampler>> = PerDevice::new();
     S.get_or_init(decoda::testing::gpu::sampler).as_ref()

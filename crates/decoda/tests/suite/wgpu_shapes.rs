@@ -15,7 +15,7 @@ use decoda::testing::Rng;
 use decoda::wgpu::{DeviceLogits, WgpuSampler};
 use decoda::{Backend, LogitsData, Request, SamplingParams};
 
-/// A fresh sampler on the process's test device (`decoda::testing::gpu`).
+/// A fresh sampler on the calling thread's shared test device (`decoda::testing::gpu`).
 fn sampler() -> Option<WgpuSampler> {
     decoda::testing::gpu::sampler()
 }
