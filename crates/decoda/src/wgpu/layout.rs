@@ -70,7 +70,7 @@ pub(crate) const MAX_GRID: usize = 65535;
 pub(crate) const MAX_CHUNK: usize = WG * 4096;
 /// Workgroup memory the largest entry point declares, in bytes (checked against the
 /// shaders by a test; the device must offer at least this much).
-pub(crate) const WORKGROUP_BYTES: u32 = 10400;
+pub(crate) const WORKGROUP_BYTES: u32 = 11492;
 /// Invocations per workgroup of `draw_many`; a draw is shared by 1 to 256 of them.
 pub(crate) const DRAW_WG: usize = 256;
 /// Groups of four tokens one invocation of `draw_many` handles at most before the draw

@@ -89,3 +89,29 @@ fn wg_sum64(lid: u32, v: vec2<u32>) -> vec2<u32> {
     workgroupBarrier();
     return t;
 }
+
+// The 96-bit sum (mod 2^96) in one pass, in 16-bit limbs below the top word (no limb sum
+// can overflow a u32 within a subgroup; the top word's wraps mod 2^32, as the sum's
+// does): two barriers, where two 64-bit sums take four.
+fn wg_sum96(lid: u32, v: vec3<u32>) -> vec3<u32> {
+    let x0 = subgroupAdd(v.x & 0xffffu);
+    let x1 = subgroupAdd(v.x >> 16u);
+    let y0 = subgroupAdd(v.y & 0xffffu);
+    let y1 = subgroupAdd(v.y >> 16u);
+    let z = subgroupAdd(v.z);
+    let lo = add96(vec3<u32>(x0, 0u, 0u), vec3<u32>(x1 << 16u, x1 >> 16u, 0u));
+    let hi = add96(vec3<u32>(0u, y0, 0u), vec3<u32>(0u, y1 << 16u, (y1 >> 16u) + z));
+    let part = add96(lo, hi);
+    if (sg_lane == 0u) {
+        ra[sg_index] = part.x;
+        rb[sg_index] = part.y;
+        rc[sg_index] = part.z;
+    }
+    workgroupBarrier();
+    var t = vec3<u32>(ra[0], rb[0], rc[0]);
+    for (var k = 1u; k < sg_count; k = k + 1u) {
+        t = add96(t, vec3<u32>(ra[k], rb[k], rc[k]));
+    }
+    workgroupBarrier();
+    return t;
+}

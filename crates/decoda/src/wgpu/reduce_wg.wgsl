@@ -90,3 +90,27 @@ fn wg_sum64(lid: u32, v: vec2<u32>) -> vec2<u32> {
     }
     return t;
 }
+
+// The 96-bit sum (mod 2^96) in one pass: two barriers, where two 64-bit sums take four.
+fn wg_sum96(lid: u32, v: vec3<u32>) -> vec3<u32> {
+    ra[lid] = v.x;
+    rb[lid] = v.y;
+    rc[lid] = v.z;
+    workgroupBarrier();
+    if (lid < 16u) {
+        let base = lid * 16u;
+        var t = vec3<u32>(ra[base], rb[base], rc[base]);
+        for (var q = 1u; q < 16u + opaque_zero(); q = q + 1u) {
+            t = add96(t, vec3<u32>(ra[base + q], rb[base + q], rc[base + q]));
+        }
+        rqa[lid] = t.x;
+        rqb[lid] = t.y;
+        rqc[lid] = t.z;
+    }
+    workgroupBarrier();
+    var t = vec3<u32>(rqa[0], rqb[0], rqc[0]);
+    for (var q = 1u; q < 16u + opaque_zero(); q = q + 1u) {
+        t = add96(t, vec3<u32>(rqa[q], rqb[q], rqc[q]));
+    }
+    return t;
+}

@@ -244,6 +244,11 @@ var<workgroup> rb: array<u32, 256>;
 // barrier): a new writer must keep to that.
 var<workgroup> rqa: array<u32, 16>;
 var<workgroup> rqb: array<u32, 16>;
+// the third word of wg_sum96's values (rc) and partials (rqc), kept as ra/rb and rqa/rqb
+var<workgroup> rc: array<u32, 256>;
+var<workgroup> rqc: array<u32, 16>;
+// wg_uniform3's value
+var<workgroup> wuni3: vec3<u32>;
 var<workgroup> wtot: vec2<u32>;
 var<workgroup> wflag: u32;
 var<workgroup> wsum: vec3<u32>;
@@ -576,14 +581,21 @@ fn wg_uniform(lid: u32, v: u32) -> u32 {
     return workgroupUniformLoad(&wflag);
 }
 
-// wg_argmax, wg_sum_max, wg_sum_u32 and wg_sum64 come from reduce_wg.wgsl
-// (workgroup memory) or reduce_sg.wgsl (subgroup operations), appended by the launcher.
-
-fn wg_sum96(lid: u32, v: vec3<u32>) -> vec3<u32> {
-    let a = wg_sum64(lid, vec2<u32>(v.x, 0u));
-    let b = wg_sum64(lid, vec2<u32>(v.y, v.z));
-    return vec3<u32>(a.x, add64(b, vec2<u32>(a.y, 0u)));
+// The three words of `v` of invocation 0 as uniform values, behind one pair of barriers
+// (three wg_uniform calls take three pairs).
+fn wg_uniform3(lid: u32, v: vec3<u32>) -> vec3<u32> {
+    if (lid == 0u) {
+        wuni3 = v;
+    }
+    return workgroupUniformLoad(&wuni3);
 }
+
+// A value that every invocation computes from uniform data alone (the slot's parameters
+// in `sparams`, the call's uniform block) is uniform already: it needs no wg_flag or
+// wg_uniform, whose barriers lavapipe pays for in compile time and in every workgroup.
+
+// wg_argmax, wg_sum_max, wg_sum_u32, wg_sum64 and wg_sum96 come from reduce_wg.wgsl
+// (workgroup memory) or reduce_sg.wgsl (subgroup operations), appended by the launcher.
 
 // The first level of the 64-bit sums (wg_scan64, and reduce_wg.wgsl's wg_sum64): each
 // invocation's v in ra/rb, then, after a barrier, 16 invocations' sums of a group of 16

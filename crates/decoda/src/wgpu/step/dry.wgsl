@@ -97,8 +97,8 @@ fn dry_prepare(lid: u32, slot: u32, sp: SlotP) {
         atomicStore(&pen[db + w], 0u);
     }
     let len = wg_uniform(lid, dry_hist_len(slot, sp));
-    let n = wg_uniform(lid, dry_window(sp, len));
-    let a = wg_uniform(lid, sp.dry_allowed);
+    let n = dry_window(sp, len);
+    let a = sp.dry_allowed;
     storageBarrier();
     if (!wg_flag(lid, n > a && n <= DRY_CAP)) {
         return;

@@ -169,10 +169,13 @@ fn kept_decide(lid: u32, row: u32, sp: SlotP, ph: u32) {
     let kb = kept_area(row);
     var next = PH_DONE;
     if (ph == PH_C0) {
-        let size = wg_uniform(lid, atomicLoad(&ctr[hb + BINS + 1u]));
-        let lo = wg_uniform(lid, atomicLoad(&ctr[hb + BINS]));
-        let hi = wg_uniform(lid, atomicLoad(&ctr[hb + 2u * BINS]));
-        let m = min(wg_uniform(lid, sp.n_kept), size);
+        let c3 = wg_uniform3(lid, vec3<u32>(atomicLoad(&ctr[hb + BINS + 1u]),
+                                            atomicLoad(&ctr[hb + BINS]),
+                                            atomicLoad(&ctr[hb + 2u * BINS])));
+        let size = c3.x;
+        let lo = c3.y;
+        let hi = c3.z;
+        let m = min(sp.n_kept, size);
         if (lid == 0u) {
             atomicStore(&ctr[hb + BINS + 1u], 0u);
             atomicStore(&ctr[hb + BINS], 0u);

@@ -172,7 +172,7 @@ fn lp(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let pb = part(row, split);
     var h = 0u;
     // (a row drawn here without log-probabilities lists nothing: finish reads no list)
-    for (var r = 0u; r < select(0u, NTOP, wg_flag(lid, want_lp)); r = r + 1u) {
+    for (var r = 0u; r < select(0u, NTOP, want_lp); r = r + 1u) {
         var k = 0u;
         var idx = 0xffffffffu;
         if (h < cnt) {

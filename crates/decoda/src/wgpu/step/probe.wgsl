@@ -95,7 +95,7 @@ fn probe(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         scatter(slot, sp, lid, false);
         storageBarrier();
     }
-    if (wg_flag(lid, (sp.flags & F_DRY) != 0u)) {
+    if ((sp.flags & F_DRY) != 0u) {
         dry_prepare(lid, slot, sp);
         storageBarrier();
     }

@@ -297,7 +297,7 @@ fn scan_split(lid: u32, split: u32, row: u32, light: bool) {
         if (wg_flag(lid, typ)) {
             ts = wg_sum96(lid, tsum);
         }
-        if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
+        if ((sp.flags & F_TOP_N_SIGMA) != 0u) {
             fm = wg_sum_max(lid, n_fin, ~kz_min);
         }
         if (wg_flag(lid, sd.on)) {

@@ -202,7 +202,7 @@ fn settle_row(lid: u32, row: u32) {
         let ovt = wg_sum_u32(lid, ov);
         // top-n-σ's threshold left to the full-row path
         var sd_later = false;
-        if (wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u)) {
+        if ((sp.flags & F_TOP_N_SIGMA) != 0u) {
             // stage 5a: a lower bound on y for every stage after it, on the list
             // (settle_list) or the whole row (`member`), from the finite count and the
             // smallest z of the row (words 11-12 are written for its rows only)

@@ -372,10 +372,10 @@ fn list_out(lid: u32, row: u32) {
 // XTC is on never reach `draw_many`).
 fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>,
                xf: bool, typ: Typ) -> bool {
-    let tk = wg_flag(lid, (sp.flags & F_TOP_K) != 0u);
-    let tp = wg_flag(lid, (sp.flags & F_TOP_P) != 0u);
-    let mp = wg_flag(lid, (sp.flags & F_MIN_P) != 0u);
-    let top_k = wg_uniform(lid, sp.top_k);
+    let tk = (sp.flags & F_TOP_K) != 0u;
+    let tp = (sp.flags & F_TOP_P) != 0u;
+    let mp = (sp.flags & F_MIN_P) != 0u;
+    let top_k = sp.top_k;
     let kappa = wg_uniform(lid, sget(row, S_KAPPA));
     let complete = kappa == 0u;
     // K (after top-n-σ and top-k) is the candidates with keys >= lo, when the list
@@ -384,7 +384,7 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
     var hi = KEY_MAX;
     // top-n-σ: every y at or above its threshold (S_TAU_K, from settle_row); the list
     // holds them all when the threshold is at or above kappa
-    let sg = wg_flag(lid, (sp.flags & F_TOP_N_SIGMA) != 0u);
+    let sg = (sp.flags & F_TOP_N_SIGMA) != 0u;
     var n_sig = n;
     var sig_ok = false;
     if (sg) {
@@ -408,7 +408,7 @@ fn settle_list(lid: u32, row: u32, slot: u32, sp: SlotP, n: u32, ymax: f32, s96:
     // when the list holds K (its sums from the list) or, with the scan's sums (K is
     // every finite y), when the cut the walk finds proves the band lies in the list
     var ym = ymax;
-    if (wg_flag(lid, (sp.flags & F_TYPICAL) != 0u)) {
+    if ((sp.flags & F_TYPICAL) != 0u) {
         let whole = k_in || complete;
         if (!wg_flag(lid, whole || typ.pre)) {
             return false;
@@ -668,7 +668,7 @@ fn settle_whole(lid: u32, row: u32, sp: SlotP, n: u32, ymax: f32, s96: vec3<u32>
         }
     }
     if ((sp.flags & F_KEPT) != 0u) {
-        let m = min(wg_uniform(lid, sp.n_kept), n_fin);
+        let m = min(sp.n_kept, n_fin);
         if (!wg_flag(lid, m <= n)) {
             return W_NONE;
         }

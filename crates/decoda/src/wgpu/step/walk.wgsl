@@ -104,10 +104,7 @@ fn count_bin(lid: u32, row: u32, rem: u32) -> vec3<u32> {
             cum = cum + cnts[j];
         }
     }
-    workgroupBarrier();
-    let r = wsum;
-    workgroupBarrier();
-    return vec3<u32>(wg_uniform(lid, r.x), wg_uniform(lid, r.y), wg_uniform(lid, r.z));
+    return workgroupUniformLoad(&wsum);
 }
 
 // Adds a token's mass `fx` (64-bit fixed point) to digit `d`'s bin of the row's mass
