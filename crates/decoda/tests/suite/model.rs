@@ -223,10 +223,7 @@ mod wgpu {
     }
 
     /// A fresh sampler on the calling thread's shared test device
-    /// (`decoda::testing::gpu`): its engines share the device's compiled pipelines. (The
-    /// seeded tests had a device of their own, so that a cold run compiled their kernels
-    /// on a second queue; each of the harness's two threads takes a device of its own
-    /// now, whatever its tests.)
+    /// (`decoda::testing::gpu`): its engines share the device's compiled pipelines.
     fn sampler() -> WgpuSampler {
         decoda::testing::gpu::sampler().expect("checked by available()")
     }
