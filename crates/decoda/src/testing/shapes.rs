@@ -512,8 +512,33 @@ pub fn decode_shapes(
     entries: &[Entry],
     seed: u64,
     full: bool,
+    progress: impl FnMut(&str),
+) -> Result<Tally, String> {
+    decode_shapes_part(make, vocabs, batches, entries, seed, full, (0, 1), progress)
+}
+
+/// [`decode_shapes`]' cases in `parts.1` parts of about the same work, and only part
+/// `parts.0` of them: the cases ranked by their logits' bytes (largest first), every
+/// `parts.1`-th from rank `parts.0`. Each part runs as the whole suite does, on its own
+/// long-lived backend that first served the part's largest case; a case's rows, entry
+/// and element type are those it has in the whole suite, so the parts together run
+/// exactly its cases. A test harness runs the parts side by side (`parts` = (0, 1) is
+/// the whole suite).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_shapes_part(
+    make: Factory<'_>,
+    vocabs: &[usize],
+    batches: &[usize],
+    entries: &[Entry],
+    seed: u64,
+    full: bool,
+    parts: (usize, usize),
     mut progress: impl FnMut(&str),
 ) -> Result<Tally, String> {
+    let (part, of) = parts;
+    if of == 0 || part >= of {
+        return Err(format!("part {part} of {of}: no such part"));
+    }
     let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
     let long = make()?;
@@ -541,15 +566,30 @@ pub fn decode_shapes(
     // changes with the vocabulary (vi + e); the full tier gives every entry of a shape
     // the same type and each batch size another
     let dtype_of = |vi: usize, bi: usize| DTYPES[(2 * vi + bi) % DTYPES.len()];
+    // a case's size: the bytes of its logits, then the logits, then the draws
+    let size = |&(vi, bi, ei): &(usize, usize, usize)| {
+        let n = vocabs[vi] * batches[bi];
+        (n * dtype_of(vi, bi).size(), n, entries[ei].steps())
+    };
+    // this part's cases: every `of`-th by size from rank `part`, in the suite's order
+    if of > 1 {
+        let mut ranked: Vec<usize> = (0..cells.len()).collect();
+        ranked.sort_by_key(|&k| std::cmp::Reverse(size(&cells[k])));
+        let mut keep = vec![false; cells.len()];
+        for &k in ranked.iter().skip(part).step_by(of) {
+            keep[k] = true;
+        }
+        let mut k = 0;
+        cells.retain(|_| {
+            k += 1;
+            keep[k - 1]
+        });
+    }
     // The largest call first, so that every later case runs on a long-lived backend
     // whose buffers a larger call grew: the case of the most bytes of logits (then the
     // most logits, then the most draws) moves to the front, its entry and type
     // unchanged, and is checked like the rest.
-    if let Some(k) = (0..cells.len()).max_by_key(|&k| {
-        let (vi, bi, ei) = cells[k];
-        let n = vocabs[vi] * batches[bi];
-        (n * dtype_of(vi, bi).size(), n, entries[ei].steps())
-    }) {
+    if let Some(k) = (0..cells.len()).max_by_key(|&k| size(&cells[k])) {
         let c = cells.remove(k);
         cells.insert(0, c);
     }

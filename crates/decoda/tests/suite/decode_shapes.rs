@@ -3,7 +3,9 @@
 //! in `wgpu_shapes.rs`).
 
 use decoda::testing::full_tier;
-use decoda::testing::shapes::{decode_shapes, DECODE_BATCHES, DECODE_VOCABS, ENTRIES};
+use decoda::testing::shapes::{
+    decode_shapes, decode_shapes_part, DECODE_BATCHES, DECODE_VOCABS, ENTRIES,
+};
 use decoda::{Backend, CpuSampler};
 
 #[test]
@@ -42,6 +44,36 @@ fn cpu_single_thread_decode_shapes() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("cpu (1 thread): {t:?}");
+}
+
+/// The suite in parts runs the whole suite's cases, each once: the cases the parts pass
+/// (their labels) are the whole's, in both tiers; a part that does not exist is an
+/// error.
+#[test]
+fn decode_shapes_parts_make_the_whole() {
+    let make = || -> Result<Box<dyn Backend>, String> { Ok(Box::new(CpuSampler::new())) };
+    let (vocabs, batches) = (&[40usize, 300, 1000, 2500][..], &[1usize, 2, 3, 5][..]);
+    for full in [false, true] {
+        let run = |parts: (usize, usize)| {
+            let mut seen = Vec::new();
+            decode_shapes_part(&make, vocabs, batches, ENTRIES, 5, full, parts, |c| {
+                seen.push(c.to_string())
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+            seen
+        };
+        let mut whole = run((0, 1));
+        for of in [2, 3] {
+            let mut parts: Vec<String> = (0..of).flat_map(|p| run((p, of))).collect();
+            parts.sort();
+            whole.sort();
+            assert_eq!(parts, whole, "{of} parts, full {full}");
+            // (each part is work: none empty here)
+            assert!((0..of).all(|p| !run((p, of)).is_empty()));
+        }
+    }
+    let err = decode_shapes_part(&make, vocabs, batches, ENTRIES, 5, false, (2, 2), |_| {});
+    assert!(err.is_err_and(|e| e.contains("part 2 of 2")));
 }
 
 /// The CPU head's verify step (speculative decoding) is plain decoding: each slot's

@@ -8,8 +8,8 @@
 use decoda::reference::reference_row;
 use decoda::testing::full_tier;
 use decoda::testing::shapes::{
-    check, decode_batch, decode_shapes, Batch, Entry, Tally, DECODE_BATCHES, DECODE_VOCABS, DTYPES,
-    ENTRIES,
+    check, decode_batch, decode_shapes_part, Batch, Entry, Tally, DECODE_BATCHES, DECODE_VOCABS,
+    DTYPES, ENTRIES,
 };
 use decoda::testing::Rng;
 use decoda::wgpu::{DeviceLogits, WgpuSampler};
@@ -30,23 +30,38 @@ fn make() -> Result<Box<dyn Backend>, String> {
 }
 
 /// `sample`, `sample_draws(1)` and `sample_draws(3)` at every decode shape, fresh and
-/// long-lived.
+/// long-lived: half of the cases (by size, the largest first); the other half is
+/// [`decode_shapes_every_entry_point_other_half`]. Two tests, so the harness runs the
+/// halves side by side: as one, the suite's longest test (about 25 s on lavapipe on two
+/// cores) ran alone at the end of the run.
 #[test]
 fn decode_shapes_every_entry_point() {
+    decode_shapes_half(0);
+}
+
+/// The other half of [`decode_shapes_every_entry_point`]'s cases (by size, the second
+/// largest first).
+#[test]
+fn decode_shapes_every_entry_point_other_half() {
+    decode_shapes_half(1);
+}
+
+fn decode_shapes_half(part: usize) {
     if sampler().is_none() {
         return;
     }
-    let t = decode_shapes(
+    let t = decode_shapes_part(
         &make,
         DECODE_VOCABS,
         DECODE_BATCHES,
         ENTRIES,
         12,
         full_tier(),
+        (part, 2),
         |case| eprintln!("ok {case}"),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    eprintln!("wgpu: {t:?}");
+    eprintln!("wgpu, part {part} of 2: {t:?}");
 }
 
 /// The batch's bytes inside a larger buffer: `offset` elements of padding first, rows
