@@ -77,15 +77,23 @@ pub(crate) fn apply(y: &[f32], p: f32, keep: &mut [bool]) -> (f64, f64) {
     }
     let mut score_margin = f64::INFINITY;
     if cut.is_finite() {
-        let at_cut: Vec<f32> = ids
+        // the y values scored at the cut, sorted for a binary search (a row of many ties
+        // at the cut made a linear search quadratic): -0 as +0 and no NaN, so a hit is
+        // exactly an `==` match
+        let unsigned = |v: f32| if v == 0.0 { 0.0 } else { v };
+        let mut at_cut: Vec<f32> = ids
             .iter()
             .zip(&scores)
-            .filter(|(_, &s)| s == cut)
-            .map(|(&i, _)| y[i])
+            .filter(|(&i, &s)| s == cut && !y[i].is_nan())
+            .map(|(&i, _)| unsigned(y[i]))
             .collect();
+        at_cut.sort_unstable_by(f32::total_cmp);
         let top = f64::from(ymax).abs();
         for (&i, &s) in ids.iter().zip(&scores) {
-            if s.is_finite() && !at_cut.contains(&y[i]) {
+            let tied = at_cut
+                .binary_search_by(|v| v.total_cmp(&unsigned(y[i])))
+                .is_ok();
+            if s.is_finite() && !tied {
                 let scale = 1.0 + f64::from(y[i]).abs() + top;
                 score_margin = score_margin.min((s - cut).abs() / scale);
             }
