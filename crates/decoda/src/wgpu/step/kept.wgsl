@@ -55,106 +55,123 @@ fn kept_greedy(lid: u32, row: u32) {
 // is listed) into the row's kept area at a counter (count bin 0), and, when only some
 // ties are listed, the piece's ties in id order after the pieces' before it, each
 // invocation over its own stretch after a scan of their counts.
+// Every pass over tokens is one loop with one `kept_y` (the token's filters and its y,
+// the largest code of the phases): sweep 0 over the piece's tokens WG apart, then for
+// CG's ties sweep 1 counting them over the invocation's stretch and sweep 2 writing them.
+// A compiler inlines each call, so one site is a third of the code five sites were.
 fn kept_walk(lid: u32, row: u32, slot: u32, sp: SlotP, piece: u32, start: u32, end: u32,
              ph: u32) {
     let hb = hbase(row);
-    if (ph <= PH_C2) {
-        let level = ph - PH_C0;
-        let prefix = sget(row, S_KP_PREFIX);
-        let sh = digit_shift(level);
-        let mask = digit_mask(level);
-        let vmax = set_top(row);
-        var cnt = 0u;
-        var acc = vec2<u32>(0u, 0u);
-        hk_zero(lid);
-        for (var i = start + lid; i < end; i = i + WG) {
-            let y = kept_y(row, slot, sp, i);
-            if (is_neg_inf(y)) {
-                continue;
-            }
-            let key = cmp_key(y);
-            if (!in_prefix(key, level, prefix)) {
-                continue;
-            }
-            if (level == 0u) {
-                cnt = cnt + 1u;
-                acc = add64(acc, fixed40(exp_f32(y - vmax)));
-            }
-            atomicAdd(&hk[(key >> sh) & mask], 1u);
-        }
-        hk_flush(lid, hb);
-        if (level == 0u) {
-            let s = wg_sum64(lid, acc);
-            let c = wg_sum_u32(lid, cnt);
-            if (lid == 0u && c != 0u) {
-                atomicAdd(&ctr[hb + BINS + 1u], c);
-                add_mass(hb, 0u, s);
-            }
-        }
-        return;
-    }
-    let kk = sget(row, S_KP_PREFIX);
-    let left = wg_uniform(lid, sget(row, S_KP_REM));
-    let all_ties = wg_flag(lid, left == sget(row, S_KP_TIES));
-    if (ph == PH_CT) {
-        var c = 0u;
-        for (var i = start + lid; i < end; i = i + WG) {
-            let y = kept_y(row, slot, sp, i);
-            if (!is_neg_inf(y) && cmp_key(y) == kk) {
-                c = c + 1u;
-            }
-        }
-        let n = wg_sum_u32(lid, c);
-        if (lid == 0u) {
-            work[part(row, piece) + 24u] = n;
-        }
-        return;
-    }
     let kb = kept_area(row);
-    for (var i = start + lid; i < end; i = i + WG) {
-        let y = kept_y(row, slot, sp, i);
-        if (is_neg_inf(y)) {
-            continue;
-        }
-        let key = cmp_key(y);
-        if (key > kk || (key == kk && all_ties)) {
-            let at = atomicAdd(&ctr[hb], 1u);
-            out_res[kb + 2u + 2u * at] = i;
-            out_res[kb + 3u + 2u * at] = bitcast<u32>(y);
-        }
-    }
-    if (all_ties) {
-        return;
-    }
-    // the `left` ties with the smallest ids go after the m - left tokens above kk
-    var before = 0u;
-    for (var s = lid; s < piece; s = s + WG) {
-        before = before + work[part(row, s) + 24u];
-    }
-    let b0 = wg_sum_u32(lid, before);
-    if (!wg_flag(lid, b0 < left)) {
-        return;
+    let counting = ph <= PH_C2;
+    // C0-C2's digit (a level of 0 past them: unused)
+    let level = select(0u, ph - PH_C0, counting);
+    let sh = digit_shift(level);
+    let mask = digit_mask(level);
+    // C0-C2: the previous levels' digits; CT and CG: the n-th key
+    let kk = sget(row, S_KP_PREFIX);
+    let vmax = set_top(row);
+    var left = 0u;
+    var all_ties = true;
+    if (counting) {
+        hk_zero(lid);
+    } else {
+        left = wg_uniform(lid, sget(row, S_KP_REM));
+        all_ties = wg_flag(lid, left == sget(row, S_KP_TIES));
     }
     let m = sget(row, S_KP_M);
     let per = (end - start + WG - 1u) / WG;
     let i0 = min(end, start + lid * per);
     let i1 = min(end, i0 + per);
+    var cnt = 0u;
+    var acc = vec2<u32>(0u, 0u);
     var c = 0u;
-    for (var i = i0; i < i1; i = i + 1u) {
-        let y = kept_y(row, slot, sp, i);
-        if (!is_neg_inf(y) && cmp_key(y) == kk) {
-            c = c + 1u;
+    var at = 0u;
+    var b0 = 0u;
+    var first = start + lid;
+    var step = WG;
+    var last = end;
+    var sweep = 0u;
+    loop {
+        for (var i = first; i < last && (sweep != 2u || at < left); i = i + step) {
+            let y = kept_y(row, slot, sp, i);
+            if (is_neg_inf(y)) {
+                continue;
+            }
+            let key = cmp_key(y);
+            if (sweep != 0u || ph == PH_CT) {
+                // a tie at the n-th key: counted (CT, sweep 1) or written (sweep 2)
+                if (key == kk) {
+                    if (sweep == 2u) {
+                        let j = m - left + at;
+                        out_res[kb + 2u + 2u * j] = i;
+                        out_res[kb + 3u + 2u * j] = bitcast<u32>(y);
+                        at = at + 1u;
+                    } else {
+                        c = c + 1u;
+                    }
+                }
+            } else if (counting) {
+                if (in_prefix(key, level, kk)) {
+                    if (level == 0u) {
+                        cnt = cnt + 1u;
+                        acc = add64(acc, fixed40(exp_f32(y - vmax)));
+                    }
+                    atomicAdd(&hk[(key >> sh) & mask], 1u);
+                }
+            } else if (key > kk || (key == kk && all_ties)) {
+                let at_g = atomicAdd(&ctr[hb], 1u);
+                out_res[kb + 2u + 2u * at_g] = i;
+                out_res[kb + 3u + 2u * at_g] = bitcast<u32>(y);
+            }
         }
-    }
-    var at = b0 + wg_scan64(lid, vec2<u32>(c, 0u)).x - c;
-    for (var i = i0; i < i1 && at < left; i = i + 1u) {
-        let y = kept_y(row, slot, sp, i);
-        if (!is_neg_inf(y) && cmp_key(y) == kk) {
-            let j = m - left + at;
-            out_res[kb + 2u + 2u * j] = i;
-            out_res[kb + 3u + 2u * j] = bitcast<u32>(y);
-            at = at + 1u;
+        if (sweep == 1u) {
+            // the ties with the smallest ids go first: this invocation's after the
+            // pieces' before it and the invocations' before it
+            at = b0 + wg_scan64(lid, vec2<u32>(c, 0u)).x - c;
+            sweep = 2u;
+            first = i0;
+            continue;
         }
+        if (sweep == 2u) {
+            return;
+        }
+        if (counting) {
+            hk_flush(lid, hb);
+            if (level == 0u) {
+                let s = wg_sum64(lid, acc);
+                let n = wg_sum_u32(lid, cnt);
+                if (lid == 0u && n != 0u) {
+                    atomicAdd(&ctr[hb + BINS + 1u], n);
+                    add_mass(hb, 0u, s);
+                }
+            }
+            return;
+        }
+        if (ph == PH_CT) {
+            let n = wg_sum_u32(lid, c);
+            if (lid == 0u) {
+                work[part(row, piece) + 24u] = n;
+            }
+            return;
+        }
+        if (all_ties) {
+            return;
+        }
+        // the `left` ties with the smallest ids go after the m - left tokens above kk
+        var before = 0u;
+        for (var s = lid; s < piece; s = s + WG) {
+            before = before + work[part(row, s) + 24u];
+        }
+        b0 = wg_sum_u32(lid, before);
+        if (!wg_flag(lid, b0 < left)) {
+            return;
+        }
+        sweep = 1u;
+        first = i0;
+        step = 1u;
+        last = i1;
+        c = 0u;
     }
 }
 

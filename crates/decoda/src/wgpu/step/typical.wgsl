@@ -268,18 +268,27 @@ fn typ_walk(lid: u32, row: u32, slot: u32, sp: SlotP, start: u32, end: u32, leve
     let hb = hbase(row);
     let kk = cmp_key(sgetf(row, S_TAU_K));
     let ymax = sgetf(row, S_TYP_M);
-    if (level == 3u) {
-        var sw = vec2<u32>(0u, 0u);
-        var swd = vec2<u32>(0u, 0u);
-        for (var i = start + lid; i < end; i = i + WG) {
-            let y = y_in_k(row, slot, sp, i, kk);
-            if (is_neg_inf(y)) {
-                continue;
-            }
+    let c = sgetf(row, S_TYP_C);
+    let prefix = sget(row, S_T_PREFIX);
+    let ts = level == 3u;
+    var sw = vec2<u32>(0u, 0u);
+    var swd = vec2<u32>(0u, 0u);
+    var below = 0u;
+    // (one loop and one y_in_k for both: a compiler inlines each call)
+    for (var i = start + lid; i < end; i = i + WG) {
+        let y = y_in_k(row, slot, sp, i, kk);
+        if (is_neg_inf(y)) {
+            continue;
+        }
+        if (ts) {
             let tw = typ_terms(y, ymax);
             sw = add64(sw, tw.xy);
             swd = add64(swd, tw.zw);
+        } else {
+            below = max(below, typ_add(hb, y, ymax, c, level, prefix));
         }
+    }
+    if (ts) {
         let a = wg_sum64(lid, sw);
         let b = wg_sum64(lid, swd);
         if (lid == 0u) {
@@ -287,15 +296,6 @@ fn typ_walk(lid: u32, row: u32, slot: u32, sp: SlotP, start: u32, end: u32, leve
             add_mass(hb, 1u, b);
         }
         return;
-    }
-    let c = sgetf(row, S_TYP_C);
-    let prefix = sget(row, S_T_PREFIX);
-    var below = 0u;
-    for (var i = start + lid; i < end; i = i + WG) {
-        let y = y_in_k(row, slot, sp, i, kk);
-        if (!is_neg_inf(y)) {
-            below = max(below, typ_add(hb, y, ymax, c, level, prefix));
-        }
     }
     if (level == 2u) {
         let bl = wg_sum_max(lid, 0u, below).y;

@@ -235,32 +235,42 @@ fn walk(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
         typ_walk(lid, row, slot, sp, start, end, select(ph - PH_T0, 3u, ph == PH_TS));
         return;
     }
-    if (ph < PH_TS) {
-        // top-k's counts of z's keys under the prefix, in workgroup memory first
-        let level = ph - PH_K0;
-        let prefix = sget(row, S_K_PREFIX);
-        let sh = digit_shift(level);
-        let mask = digit_mask(level);
+    // top-k's levels (K0-K2: counts of z's keys under the prefix, in workgroup memory
+    // first), top-p's (P0-P2: masses against ymax by digit of the key, over K and
+    // typical-p's band), XTC's kept mass (X0: into count bins 0 and 1, 2^-40 units) and
+    // its top choices (X1: w at least the bar, their count and the smallest y's key, into
+    // count bins 0 and 1): one loop over the piece with one z_of and one member, each of
+    // them code a compiler inlines at every call
+    let topk = ph < PH_TS;
+    let topp = !topk && ph < PH_X0;
+    var level = 0u;
+    var prefix = 0u;
+    if (topk) {
+        level = ph - PH_K0;
+        prefix = sget(row, S_K_PREFIX);
         hk_zero(lid);
-        for (var i = start + lid; i < end; i = i + WG) {
-            let key = key_of(z_of(slot, sp, i, load_x(row, i)));
+    } else if (topp) {
+        level = ph - PH_P0;
+        prefix = sget(row, S_P_PREFIX);
+    }
+    let sh = digit_shift(level);
+    let mask = digit_mask(level);
+    let ym = sgetf(row, S_YMAX);
+    let tau_k = sgetf(row, S_TAU_K);
+    let bar = sgetf(row, S_XBAR);
+    var acc = vec2<u32>(0u, 0u);
+    var c = 0u;
+    var low = 0u;
+    for (var i = start + lid; i < end; i = i + WG) {
+        let z = z_of(slot, sp, i, load_x(row, i));
+        if (topk) {
+            let key = key_of(z);
             if (in_prefix(key, level, prefix)) {
                 atomicAdd(&hk[(key >> sh) & mask], 1u);
             }
+            continue;
         }
-        hk_flush(lid, hb);
-        return;
-    }
-    let ym = sgetf(row, S_YMAX);
-    if (ph < PH_X0) {
-        // top-p's masses against ymax, by digit of the key, over K (and typical-p's band)
-        let level = ph - PH_P0;
-        let prefix = sget(row, S_P_PREFIX);
-        let sh = digit_shift(level);
-        let mask = digit_mask(level);
-        let tau_k = sgetf(row, S_TAU_K);
-        for (var i = start + lid; i < end; i = i + WG) {
-            let z = z_of(slot, sp, i, load_x(row, i));
+        if (topp) {
             if (is_neg_inf(z)) {
                 continue;
             }
@@ -277,35 +287,33 @@ fn walk(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
                 continue;
             }
             add_mass(hb, (key >> sh) & mask, fx);
+            continue;
         }
+        let mb = member(row, z, t);
+        if (!mb.inside) {
+            continue;
+        }
+        let w = exp_f32(mb.y - ym);
+        if (ph == PH_X0) {
+            acc = add64(acc, fixed40(w));
+        } else if (w >= bar) {
+            c = c + 1u;
+            low = max(low, ~cmp_key(mb.y));
+        }
+    }
+    if (topk) {
+        hk_flush(lid, hb);
+        return;
+    }
+    if (topp) {
         return;
     }
     if (ph == PH_X0) {
-        // the kept set's mass Σ w (2^-40 units), into count bins 0 and 1
-        var acc = vec2<u32>(0u, 0u);
-        for (var i = start + lid; i < end; i = i + WG) {
-            let mb = member(row, z_of(slot, sp, i, load_x(row, i)), t);
-            if (mb.inside) {
-                acc = add64(acc, fixed40(exp_f32(mb.y - ym)));
-            }
-        }
         let s = wg_sum64(lid, acc);
         if (lid == 0u && (s.x | s.y) != 0u) {
             add_mass(hb, 0u, s);
         }
         return;
-    }
-    // X1: the top choices (w at least the bar): their count and the smallest y's key,
-    // into count bins 0 and 1
-    let bar = sgetf(row, S_XBAR);
-    var c = 0u;
-    var low = 0u;
-    for (var i = start + lid; i < end; i = i + WG) {
-        let mb = member(row, z_of(slot, sp, i, load_x(row, i)), t);
-        if (mb.inside && exp_f32(mb.y - ym) >= bar) {
-            c = c + 1u;
-            low = max(low, ~cmp_key(mb.y));
-        }
     }
     let top = wg_sum_max(lid, c, low);
     if (lid == 0u && top.x != 0u) {
