@@ -48,20 +48,40 @@ fn finish_row(lid: u32, row: u32) {
                 token = 0u;
             }
         }
-        let want_lp = (sp.flags & F_LOGPROBS) != 0u && status <= 1u;
-        if (wg_flag(lid, want_lp && full)) {
-            // the rank of a token drawn over the whole row: one more pass
-            let vc = lp_value(row, slot, sp, token, status);
-            var b = 0u;
-            for (var i = lid; i < call.vocab; i = i + WG) {
+        let want_lp = wg_flag(lid, (sp.flags & F_LOGPROBS) != 0u && status <= 1u);
+        // the token's value; and the rank of a token drawn over the whole row: one more
+        // pass. One loop and one lp_value for both (a compiler inlines each call): the
+        // token's first, then this invocation's tokens of the row.
+        let rank_pass = wg_flag(lid, want_lp && full);
+        var vc = 0.0;
+        var b = 0u;
+        if (want_lp) {
+            var i = token;
+            var first = true;
+            loop {
                 let v = lp_value(row, slot, sp, i, status);
-                if (!is_neg_inf(v) && before_in_rank(v, i, vc, token)) {
-                    b = b + 1u;
+                if (first) {
+                    vc = v;
+                    if (!rank_pass) {
+                        break;
+                    }
+                    first = false;
+                    i = lid;
+                } else {
+                    if (!is_neg_inf(v) && before_in_rank(v, i, vc, token)) {
+                        b = b + 1u;
+                    }
+                    i = i + WG;
+                }
+                if (i >= call.vocab) {
+                    break;
                 }
             }
+        }
+        if (rank_pass) {
             rank = wg_sum_u32(lid, b) + 1u;
         }
-        if (wg_flag(lid, want_lp)) {
+        if (want_lp) {
             let vmax = vmax_of(row, sp, status);
             let lse_v = ln_f32(max(total, 1.0));
             let n = min(sp.n_lp, NTOP);
@@ -87,7 +107,6 @@ fn finish_row(lid: u32, row: u32) {
                 }
             }
             if (lid == 0u) {
-                let vc = lp_value(row, slot, sp, token, status);
                 out_res[ob] = bitcast<u32>(fp(vc - vmax) - lse_v);
                 out_res[ob + 1u] = rank;
                 out_res[ob + 2u] = listed;
