@@ -154,7 +154,8 @@ impl WgpuDevice {
     }
 
     /// Whether a call without log-probabilities or draws settles and finishes its rows
-    /// in one dispatch, `settle_finish` (else `settle`, then `draw_finish`): see
+    /// in one dispatch, `settle_finish` (else `settle`, then `draw_finish`, and `settle`
+    /// itself two but in a light call: `settle_first`, `settle_rest`): see
     /// [`WgpuOptions::fused_settle`]. The same bits either way.
     pub fn fuses_settle(&self) -> bool {
         self.inner.fused

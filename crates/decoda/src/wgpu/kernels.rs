@@ -8,7 +8,7 @@ use super::device::{lazy_pipelines, Pipelines, WgpuDevice};
 use super::layout::*;
 
 /// The step kernels' entry points, in the order of [`Kernels::pipes`].
-const ENTRIES: [&str; 18] = [
+const ENTRIES: [&str; 20] = [
     "join",
     "wipe",
     "probe",
@@ -27,6 +27,8 @@ const ENTRIES: [&str; 18] = [
     "decide",
     "sample",
     "pick",
+    "settle_first",
+    "settle_rest",
 ];
 
 /// The stage entry point `e` runs as (the names `Kernels::grid` gives): a light call's
@@ -56,11 +58,13 @@ pub(crate) enum Entry {
     Decide,
     Sample,
     Pick,
+    SettleFirst,
+    SettleRest,
 }
 
 /// The compute pipelines, one per entry point of `step/`, each built at its first use.
 pub(crate) struct Kernels {
-    pub pipes: Pipelines<18>,
+    pub pipes: Pipelines<20>,
     /// The probe samples a row in pieces ([`super::WgpuDevice::samples_in_pieces`]).
     pub pieces: bool,
     /// `settle_finish` as one dispatch ([`super::WgpuDevice::fuses_settle`]).
@@ -177,6 +181,10 @@ impl Kernels {
         // finished after, over grids settle counts (none when no row took the path)
         let lean = shape.plan == Plan::Lean;
         let pick = |e: Entry, l: Entry| if light { l } else { e };
+        // where the device does not fuse settle_finish (software adapters), settle is two
+        // dispatches too: `settle_first`, then `settle_rest` for the rows whose candidate
+        // list decides them (the same code in two halves, each far faster to build)
+        let split = !self.fused && !light;
         let sp = shape.sample_parts as u32;
         // the probe's second sample and pick: only for rows longer than the list holds
         // (`pick` gives a row the list holds whole its threshold at the first)
@@ -189,7 +197,9 @@ impl Kernels {
             again.then_some((Entry::Sample, sp, b, None)),
             again.then_some((Entry::Pick, b, 1, None)),
             Some((pick(Entry::Scan, Entry::ScanLight), w, b, None)),
-            (!fused).then_some((pick(Entry::Settle, Entry::SettleLight), b, 1, None)),
+            (!fused && !split).then_some((pick(Entry::Settle, Entry::SettleLight), b, 1, None)),
+            split.then_some((Entry::SettleFirst, b, 1, None)),
+            split.then_some((Entry::SettleRest, b, 1, None)),
             fused.then_some((
                 pick(Entry::SettleFinish, Entry::SettleFinishLight),
                 b,
@@ -386,12 +396,16 @@ pub enum Plan {
     /// code.
     Light,
     /// No row wants log-probabilities or draws: `probe`, `scan`, `settle_finish`, `lp`,
-    /// `finish` (5, or 6 unfused: `settle`, `draw_finish`). `settle_finish` finishes
+    /// `finish` (5, or 7 unfused: `settle_first`, `settle_rest`, `draw_finish`).
+    /// `settle_finish` finishes
     /// every row its candidates settle; a row on the full-row path is drawn by `lp`'s
     /// workgroups (a row's splits, as the scan's) and finished by `finish`, whose
     /// workgroups leave every other row alone (`M_LEAN`).
     Lean,
     /// `probe`, `scan`, `settle`, [`draw_many`], `lp`, `finish` (5, or 6 with draws).
+    /// Where the device does not fuse `settle_finish`, `settle` is two dispatches:
+    /// `settle_first`, then `settle_rest` for the rows whose candidate list decides them
+    /// (the same functions, each half far faster for a software adapter to build).
     Full,
 }
 

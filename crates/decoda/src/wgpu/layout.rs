@@ -14,7 +14,7 @@ pub(crate) const HIST_WORDS: usize = 6144;
 /// grid buffer before the tail (`Kernels::record_step`).
 pub(crate) const IND_ARGS: usize = 8;
 /// State words per row (`ST`).
-pub(crate) const STATE_WORDS: usize = 64;
+pub(crate) const STATE_WORDS: usize = 72;
 /// Partial-result words per (row, split) (`PW`).
 pub(crate) const PART_WORDS: usize = 64;
 /// Log-probability words per row (`LPW`).

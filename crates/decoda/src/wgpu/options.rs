@@ -20,8 +20,9 @@ pub struct WgpuOptions {
     /// one dispatch (`settle_finish`): `None` (default) on hardware adapters, where it
     /// saves a dispatch a step, and not on software ones, where a dispatch costs
     /// nothing and that kernel costs lavapipe about 40 s of LLVM to build (`settle`
-    /// and `draw_finish` instead, a few seconds); `Some(true)` always, `Some(false)`
-    /// never. Results are the same bits either way. `DECODA_WGPU_FUSED=0` or `=1`
+    /// and `draw_finish` instead, a few seconds; and `settle` itself as `settle_first`
+    /// and `settle_rest` in every call but a light one); `Some(true)` always,
+    /// `Some(false)` never. Results are the same bits either way. `DECODA_WGPU_FUSED=0` or `=1`
     /// overrides `None`.
     pub fused_settle: Option<bool>,
     /// The probe samples a row in pieces, the scan's (at least 4,096 logits each): `None`

@@ -178,7 +178,8 @@ fn variants_give_the_same_bits() {
 /// A device builds a step kernel's pipeline only when a call first needs it: none at
 /// construction, 2 for a greedy call (scan, settle_finish; 3 where the device does not
 /// fuse settle_finish: scan, settle, draw_finish), 9 in all after a call with
-/// log-probabilities, and a second sampler on the same device builds none again.
+/// log-probabilities (11 unfused: settle is settle_first and settle_rest there), and a
+/// second sampler on the same device builds none again.
 #[test]
 fn pipelines_are_built_when_first_needed() {
     let Some(d) = decoda::testing::gpu::own_device(Default::default()) else {
@@ -201,8 +202,8 @@ fn pipelines_are_built_when_first_needed() {
     s.sample(&l, &lp).unwrap()[0].as_ref().unwrap();
     // (the greedy call ran the light plan's scan_light and settle_finish_light, or
     // settle_light and draw_finish_light where they are not fused; this one the full
-    // plan's own)
-    let both = if d.fuses_settle() { 9 } else { 10 };
+    // plan's own: settle_first and settle_rest where settle_finish is not fused)
+    let both = if d.fuses_settle() { 9 } else { 11 };
     assert_eq!(
         s.pipelines_built(),
         both,
@@ -850,7 +851,9 @@ fn calls_record_the_passes_their_rows_need() {
     };
     assert_eq!(topk(4096)[..4], ["probe", "sample", "pick", "scan"]);
     assert_eq!(topk(4097)[..6], [&PROBE[..], &["scan"]].concat());
-    // unfused, settle_finish is settle then draw_finish
+    // unfused (a software adapter's default), settle_finish is settle then draw_finish,
+    // and settle itself two dispatches, settle_first and settle_rest (a light call's
+    // settle is one: settle_light)
     let Some(d) = decoda::testing::gpu::own_device(WgpuOptions {
         fused_settle: Some(false),
         ..Default::default()
@@ -871,13 +874,13 @@ fn calls_record_the_passes_their_rows_need() {
     assert_eq!(s.row_reads, 1.0);
     let s = split.call_structure(v, &topk).unwrap();
     let mut want = PROBE.to_vec();
-    want.extend(["scan", "settle", "draw_finish"]);
+    want.extend(["scan", "settle_first", "settle_rest", "draw_finish"]);
     for _ in 0..3 {
         want.extend(["walk", "decide"]);
     }
     want.extend(["lp", "finish"]);
     assert_eq!(s.stages, want);
-    assert_eq!(split.call_structure(v, &lp_req()).unwrap().dispatches, 9);
+    assert_eq!(split.call_structure(v, &lp_req()).unwrap().dispatches, 10);
 }
 
 /// The probe's sample passes in pieces (a hardware adapter's default; forced here on

@@ -42,7 +42,7 @@ const DRAW_WG: u32 = 256u;  // invocations of a draw_many workgroup
 const BINS: u32 = 2048u;
 const HW: u32 = 6144u;      // radix histogram words per row (full-row path)
 const IND_WORDS: u32 = 8u;  // ctr words of a lean call's tail grids, before the rows' counters
-const ST: u32 = 64u;        // state words per row
+const ST: u32 = 72u;        // state words per row
 const PW: u32 = 64u;        // partial words per (row, split)
 const NTOP: u32 = 20u;      // most top log-probabilities a row may ask for
 const LPW: u32 = 44u;       // log-probability words per row
@@ -127,6 +127,13 @@ const S_KP_M: u32 = 59u;     //   how many it lists,
 const S_KP_PREFIX: u32 = 60u; //  the n-th largest key's digits so far,
 const S_KP_REM: u32 = 61u;   //   its rank in the bin (then: its ties listed)
 const S_KP_TIES: u32 = 62u;  //   and the bin's count (then: its ties)
+const S_HAND: u32 = 63u;     // settle's hand-off to `settle_rest` (devices that split settle):
+                             //   0 none, 1 the row's list decisions left to it, 2 the same
+                             //   with XTC acting at this step;
+const S_H_N: u32 = 64u;      //   the list's length,
+const S_H_YMAX: u32 = 65u;   //   ymax,
+const S_H_S96: u32 = 66u;    //   the scan's Σ exp(y - R) (66-68),
+const S_H_TYP: u32 = 69u;    //   typical-p's centre and mass from the scan (`Typ`: 69-71)
 
 // S_NEED flags
 const N_LIST: u32 = 1u;

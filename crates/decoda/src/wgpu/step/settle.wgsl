@@ -9,7 +9,39 @@
 fn settle(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
     lanes_init(lanes);
-    settle_row(lid, wid.x);
+    settle_row(lid, wid.x, false);
+}
+
+// settle in two dispatches (devices that do not fuse settle_finish: a software adapter
+// builds each half far faster than the whole): `settle_first`, which leaves a row's
+// candidate-list decisions (`settle_list`) to `settle_rest` through the row's state
+// (S_HAND), then `settle_rest`. The same functions in the same order: the same bits.
+@compute @workgroup_size(256)
+fn settle_first(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    settle_row(lid, wid.x, true);
+}
+
+@compute @workgroup_size(256)
+fn settle_rest(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
+    lanes_init(lanes);
+    let row = wid.x;
+    let hand = wg_uniform(lid, sget(row, S_HAND));
+    if (hand == 0u) {
+        return;
+    }
+    let slot = rmap[row];
+    let sp = sparams[slot];
+    let xf = hand == 2u;
+    let typ = Typ(sget(row, S_H_TYP) != 0u, sgetf(row, S_H_TYP + 1u), sgetf(row, S_H_TYP + 2u));
+    let s96 = vec3<u32>(sget(row, S_H_S96), sget(row, S_H_S96 + 1u), sget(row, S_H_S96 + 2u));
+    lout = ListOut(0u, 0u, 0u, 0u, 0u, 0u, 0.0, 0.0, 0.0);
+    let n_all = wg_uniform(lid, sget(row, S_H_N));
+    let done = settle_list(lid, row, slot, sp, n_all, sgetf(row, S_H_YMAX), s96, xf, typ);
+    settle_tail(lid, row, sp, xf, typ, done, W_NONE);
+    settle_lp(lid, row, sp);
 }
 
 // A call without log-probabilities or draws (`Plan::Lean` in kernels.rs): settle, and
@@ -20,7 +52,7 @@ fn settle_finish(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let lid = lanes.lid;
     lanes_init(lanes);
     let row = wid.x;
-    settle_row(lid, row);
+    settle_row(lid, row, false);
     storageBarrier();
     draw_finish_row(lid, row);
 }
@@ -138,6 +170,7 @@ fn settle_head(lid: u32, row: u32, slot: u32, sp: SlotP, filt: bool) -> Head {
         sset(row, S_TOKEN, 0u);
         sset(row, S_SD_WALK, 0u);
         sset(row, S_PHASE, PH_DONE);
+        sset(row, S_HAND, 0u);
         if (status == 1u) {
             sset(row, S_TOKEN, zm.y);
             sset(row, S_PATH, P_DONE);
@@ -153,8 +186,9 @@ fn settle_head(lid: u32, row: u32, slot: u32, sp: SlotP, filt: bool) -> Head {
     return Head(wg_uniform(lid, status), ymax, dr.y);
 }
 
-// settle of one row by this workgroup.
-fn settle_row(lid: u32, row: u32) {
+// settle of one row by this workgroup; with `split`, a row the candidate list can settle
+// is left to `settle_rest` (its decisions and all after them) through the row's state.
+fn settle_row(lid: u32, row: u32, split: bool) {
     let slot = rmap[row];
     let sp = sparams[slot];
     let t = sp.temperature;
@@ -262,23 +296,49 @@ fn settle_row(lid: u32, row: u32) {
         }
         var done = whole == W_DONE;
         if (wg_flag(lid, ok_list && others)) {
+            if (split) {
+                // the list's decisions and what follows them: settle_rest's
+                if (lid == 0u) {
+                    sset(row, S_HAND, select(1u, 2u, xf));
+                    sset(row, S_H_N, n_all);
+                    ssetf(row, S_H_YMAX, ymax);
+                    sset(row, S_H_S96, s96.x);
+                    sset(row, S_H_S96 + 1u, s96.y);
+                    sset(row, S_H_S96 + 2u, s96.z);
+                    sset(row, S_H_TYP, select(0u, 1u, typ.pre));
+                    ssetf(row, S_H_TYP + 1u, typ.c);
+                    ssetf(row, S_H_TYP + 2u, typ.total);
+                }
+                return;
+            }
             done = settle_list(lid, row, slot, sp, n_all, ymax, s96, xf, typ);
         }
-        // what a settled row lists: its top log-probabilities and kept tokens
-        list_out(lid, row);
-        // (W_DRAW: only the draw over the row below XTC's bound, S_VMAX, is left)
-        if (!wg_flag(lid, done || whole == W_DRAW)) {
-            full_setup(lid, row, sp, xf, typ);
-        }
-        if (lid == 0u && !done) {
-            sset(row, S_PATH, P_FULL);
-            // into the grids and list of what follows settle: the full-row path's
-            // phases (step/walk.wgsl), and in a lean call lp's draw and finish
-            let at = atomicAdd(&ctr[1], 1u);
-            atomicAdd(&ctr[3], 1u);
-            sset(at, S_TAIL, row);
-        }
+        settle_tail(lid, row, sp, xf, typ, done, whole);
     }
+    settle_lp(lid, row, sp);
+}
+
+// After a filtered row's list decisions (`done`: settled by them; `whole`: what
+// settle_whole left): what a settled row lists, or the full-row path's setup.
+fn settle_tail(lid: u32, row: u32, sp: SlotP, xf: bool, typ: Typ, done: bool, whole: u32) {
+    // what a settled row lists: its top log-probabilities and kept tokens
+    list_out(lid, row);
+    // (W_DRAW: only the draw over the row below XTC's bound, S_VMAX, is left)
+    if (!wg_flag(lid, done || whole == W_DRAW)) {
+        full_setup(lid, row, sp, xf, typ);
+    }
+    if (lid == 0u && !done) {
+        sset(row, S_PATH, P_FULL);
+        // into the grids and list of what follows settle: the full-row path's
+        // phases (step/walk.wgsl), and in a lean call lp's draw and finish
+        let at = atomicAdd(&ctr[1], 1u);
+        atomicAdd(&ctr[3], 1u);
+        sset(at, S_TAIL, row);
+    }
+}
+
+// settle's last word of a row: whether the lp pass computes its log-probabilities.
+fn settle_lp(lid: u32, row: u32, sp: SlotP) {
     storageBarrier();
     if (lid == 0u) {
         let s2 = sget(row, S_STATUS);
