@@ -70,7 +70,16 @@ pub(crate) fn full(values: &[f32], token: u32, n: u32) -> TokenLogprobs {
 pub(crate) fn subset(set: &[(u32, f32)], token: u32, n: u32) -> TokenLogprobs {
     let vmax = set.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
     let lse = log_sum_exp(set.iter().map(|c| c.1), vmax);
+    // the n first under the order (a total one: ties by id), selected, then only they
+    // sorted
     let mut sorted = set.to_vec();
+    let n_top = (n as usize).min(sorted.len());
+    if n_top == 0 {
+        sorted.clear();
+    } else if n_top < sorted.len() {
+        sorted.select_nth_unstable_by(n_top - 1, rank_order);
+        sorted.truncate(n_top);
+    }
     sorted.sort_by(rank_order);
     let chosen = *set
         .iter()
