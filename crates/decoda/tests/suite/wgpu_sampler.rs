@@ -977,7 +977,9 @@ fn lp_req() -> [Request; 1] {
     )]
 }
 
-/// `settle_finish` in one dispatch and as `settle` then `draw_finish` give the same bits:
+/// `settle_finish` in one dispatch and as `settle` then `draw_finish` give the same bits
+/// (and so `settle` whole, a fused device's, and as `settle_first` then `settle_rest`,
+/// an unfused one's):
 /// tokens of mixed rows (greedy, temperature, every filter, the full-row path, penalties,
 /// the later stages and the kept distribution) from the per-call API, and a head's
 /// tokens over steps. Each device runs the default suites with its own choice (a GPU
