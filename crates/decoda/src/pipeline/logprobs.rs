@@ -70,9 +70,13 @@ pub(crate) fn full(values: &[f32], token: u32, n: u32) -> TokenLogprobs {
 pub(crate) fn subset(set: &[(u32, f32)], token: u32, n: u32) -> TokenLogprobs {
     let vmax = set.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
     let lse = log_sum_exp(set.iter().map(|c| c.1), vmax);
-    // the n first under the order (a total one: ties by id), selected, then only they
-    // sorted
-    let mut sorted = set.to_vec();
+    // the n first under the order (a total one: ties by id) of the values
+    // `assemble_logprobs` lists (above -inf, not NaN), selected, then only they sorted
+    let mut sorted: Vec<(u32, f32)> = set
+        .iter()
+        .copied()
+        .filter(|c| c.1 > f32::NEG_INFINITY)
+        .collect();
     let n_top = (n as usize).min(sorted.len());
     if n_top == 0 {
         sorted.clear();

@@ -219,7 +219,10 @@ impl WgpuSampler {
     /// order (the call's plan: `scan, settle_finish` for rows without filters or
     /// log-probabilities, `probe` before them for filtered rows and `lp, finish` after,
     /// with the full-row path's `walk, decide` between for the stages that have phases,
-    /// `probe, scan, settle, lp, finish` with log-probabilities; a stage recorded many
+    /// `probe, scan, settle, lp, finish` with log-probabilities (`settle_first,
+    /// settle_rest` for `settle` where the device does not fuse `settle_finish`, and
+    /// `settle_first, settle_rest, draw_finish` for `settle_finish` but in a light
+    /// call); a stage recorded many
     /// times gives its sum). The passes' boundaries add little to a
     /// call's time, since the stages are dependent dispatches anyway.
     /// [`Error::Device`] when the adapter has no timestamps.

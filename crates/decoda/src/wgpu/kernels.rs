@@ -183,7 +183,7 @@ impl Kernels {
         let pick = |e: Entry, l: Entry| if light { l } else { e };
         // where the device does not fuse settle_finish (software adapters), settle is two
         // dispatches too: `settle_first`, then `settle_rest` for the rows whose candidate
-        // list decides them (the same code in two halves, each far faster to build)
+        // list may settle them (the same code in two halves, each far faster to build)
         let split = !self.fused && !light;
         let sp = shape.sample_parts as u32;
         // the probe's second sample and pick: only for rows longer than the list holds
@@ -404,7 +404,7 @@ pub enum Plan {
     Lean,
     /// `probe`, `scan`, `settle`, [`draw_many`], `lp`, `finish` (5, or 6 with draws).
     /// Where the device does not fuse `settle_finish`, `settle` is two dispatches:
-    /// `settle_first`, then `settle_rest` for the rows whose candidate list decides them
+    /// `settle_first`, then `settle_rest` for the rows whose candidate list may settle them
     /// (the same functions, each half far faster for a software adapter to build).
     Full,
 }

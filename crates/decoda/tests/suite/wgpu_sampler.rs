@@ -1042,6 +1042,19 @@ fn fused_settle_finish_gives_the_unfused_bits() {
     for (r, (x, y)) in ga.iter().zip(&gb).enumerate() {
         assert_eq!(format!("{x:?}"), format!("{y:?}"), "row {r}");
     }
+    // the same rows with log-probabilities on every third (a full call: `settle`
+    // whole against `settle_first` then `settle_rest` where settle_finish is not fused)
+    let mut full = reqs.clone();
+    for (r, q) in full.iter_mut().enumerate() {
+        if r % 3 == 1 {
+            q.params.logprobs = Some(3);
+        }
+    }
+    assert_eq!(
+        format!("{:?}", a.sample(&logits, &full).unwrap()),
+        format!("{:?}", b.sample(&logits, &full).unwrap()),
+        "a call with log-probabilities"
+    );
     // a light call (greedy and temperature rows alone): `settle_finish_light` against
     // `settle_light` then `draw_finish_light`
     let light: Vec<Request> = (0..reqs.len() as u64)

@@ -5,7 +5,8 @@
 // kernels.rs): all five when a row wants log-probabilities (or many draws); probe, scan
 // and settle_finish (settle, a full-row draw by the same workgroup, finish) when none
 // does; scan and settle_finish alone when no row has filters or a history to scatter.
-// (settle_finish is settle then draw_finish on devices that do not fuse them.)
+// (settle_finish is settle then draw_finish on devices that do not fuse them, and there
+// settle itself is settle_first then settle_rest but in a light call.)
 //
 //   probe  (1 x B)  per-call rows first scatter their history into their slot's bitmaps
 //                   and counts; then a 1/16 sample of the row gives the threshold above
