@@ -1,7 +1,7 @@
 //! The kept distribution ([`crate::SamplingParams::kept`]): the kept set's size and
 //! its `n` most likely tokens with their probabilities.
 
-use super::logprobs::rank_order;
+use super::logprobs::top_in_order;
 use super::result::{Kept, KeptToken};
 
 /// The kept distribution of a set `(id, y)`: its size and its `n` most likely tokens
@@ -9,16 +9,7 @@ use super::result::{Kept, KeptToken};
 pub fn kept_of(set: &[(u32, f32)], n: u32) -> Kept {
     let vmax = set.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = set.iter().map(|c| f64::from(c.1 - vmax).exp()).sum();
-    let mut sorted = set.to_vec();
-    // the n first under a total order: selected, then only they are sorted
-    let n_top = (n as usize).min(sorted.len());
-    if n_top == 0 {
-        sorted.clear();
-    } else if n_top < sorted.len() {
-        sorted.select_nth_unstable_by(n_top - 1, rank_order);
-        sorted.truncate(n_top);
-    }
-    sorted.sort_by(rank_order);
+    let sorted = top_in_order(set.to_vec(), n);
     Kept {
         size: set.len() as u32,
         top: sorted

@@ -48,6 +48,20 @@ pub fn assemble_logprobs(
     }
 }
 
+/// The `n` first of `pairs` under [`rank_order`] (a total order: ties by id), in that
+/// order: selected, then only they sorted.
+pub(crate) fn top_in_order(mut pairs: Vec<(u32, f32)>, n: u32) -> Vec<(u32, f32)> {
+    let n_top = (n as usize).min(pairs.len());
+    if n_top == 0 {
+        pairs.clear();
+    } else if n_top < pairs.len() {
+        pairs.select_nth_unstable_by(n_top - 1, rank_order);
+        pairs.truncate(n_top);
+    }
+    pairs.sort_by(rank_order);
+    pairs
+}
+
 /// The rank of `chosen` among `(id, value)` pairs: 1 + the number ordered before it.
 pub fn rank_of(chosen: (u32, f32), all: impl IntoIterator<Item = (u32, f32)>) -> u32 {
     1 + all
@@ -72,19 +86,13 @@ pub(crate) fn subset(set: &[(u32, f32)], token: u32, n: u32) -> TokenLogprobs {
     let lse = log_sum_exp(set.iter().map(|c| c.1), vmax);
     // the n first under the order (a total one: ties by id) of the values
     // `assemble_logprobs` lists (above -inf, not NaN), selected, then only they sorted
-    let mut sorted: Vec<(u32, f32)> = set
-        .iter()
-        .copied()
-        .filter(|c| c.1 > f32::NEG_INFINITY)
-        .collect();
-    let n_top = (n as usize).min(sorted.len());
-    if n_top == 0 {
-        sorted.clear();
-    } else if n_top < sorted.len() {
-        sorted.select_nth_unstable_by(n_top - 1, rank_order);
-        sorted.truncate(n_top);
-    }
-    sorted.sort_by(rank_order);
+    let sorted = top_in_order(
+        set.iter()
+            .copied()
+            .filter(|c| c.1 > f32::NEG_INFINITY)
+            .collect(),
+        n,
+    );
     let chosen = *set
         .iter()
         .find(|c| c.0 == token)
